@@ -1,0 +1,84 @@
+"""Commands: what the core tells the adapter to do (imperative, immutable).
+
+The adapter executes them in order, deciding nothing. ``Log`` commands go to the
+event log, and the adapter writes the log (one ``write()``) before it lets any
+frame produced by the same batch of commands reach a socket.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class OpenLink(NamedTuple):
+    """Answer a peer's attach: mirror its terminus, with our terminus timeout and
+    our link properties. For a publisher the adapter also sets max-message-size."""
+
+    link_id: int
+    timeout: int = 0
+    properties: dict | None = None
+
+
+class DetachLink(NamedTuple):
+    """Detach (``close=False``) or close a link with an AMQP error condition; if the
+    link was never opened the adapter opens it first, as AMQP requires."""
+
+    link_id: int
+    condition: str | None = None
+    description: str | None = None
+    close: bool = True
+
+
+class GrantCredit(NamedTuple):
+    """Give a publisher link ``credit`` more credit (pn_link_flow)."""
+
+    link_id: int
+    credit: int
+
+
+class Forward(NamedTuple):
+    """Send a new delivery to a subscriber link under our disambiguated ``tag``.
+    ``settled`` sends it pre-settled (best effort, no outcome expected)."""
+
+    link_id: int
+    tag: bytes
+    payload: bytes
+    settled: bool
+
+
+class SendOutcome(NamedTuple):
+    """Give a publisher delivery its outcome; ``settle`` also settles our side
+    (used when the publisher's delivery needs no further tracking)."""
+
+    delivery: int
+    outcome: int
+    settle: bool = False
+    condition: str | None = None
+    description: str | None = None
+    delivery_failed: bool = False
+    undeliverable_here: bool = False
+
+
+class SettleOutgoing(NamedTuple):
+    """Settle the delivery we sent on ``link_id`` under ``tag`` (relays the
+    publisher's settlement; a rcv-settle-mode=second subscriber now settles too)."""
+
+    link_id: int
+    tag: bytes
+
+
+class Drained(NamedTuple):
+    """The subscriber asked to drain and nothing is left to send: spend its credit."""
+
+    link_id: int
+
+
+class Log(NamedTuple):
+    """Append an event to the router's event log (schema in ``router.eventlog``)."""
+
+    kind: str
+    fields: dict
+
+
+class ShutdownComplete(NamedTuple):
+    """Every publisher delivery has its outcome; the adapter may close and exit."""

@@ -1,0 +1,27 @@
+"""The knobs the core's decisions depend on (built from the TOML config by router.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.core import outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    router_id: str = "router"
+    # Most publisher deliveries a topic may hold unfinished; bounds memory and is
+    # how a slow subscriber throttles publishers (their credit stops).
+    max_in_flight_per_topic: int = 1000
+    # Most credit one publisher link holds at a time.
+    publisher_credit_window: int = 250
+    max_message_size: int = 1024 * 1024
+    # Terminus timeout bounds (seconds) for durable subscriptions; a peer asking for
+    # 0 gets the default, one asking for more than the maximum gets the maximum.
+    default_terminus_timeout: int = 60
+    max_terminus_timeout: int = 3600
+    # What a publisher hears when a topic has nobody to deliver to.
+    no_subscribers: int = outcomes.RELEASED
+    # How long a settled record is kept when no later evidence shows every receiver
+    # saw the settlement (the publisher's last delivery has no "later" one).
+    record_linger: float = 2.0

@@ -1,0 +1,22 @@
+# Sourced by scripts/*: make (or reuse) the project venv and install the project into it.
+# Idempotent and fast when nothing changed: the install is redone only when pyproject.toml changes.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${EOROUTER_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "eorouter needs Python >= 3.11 (found: $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+    exit 2
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV" >&2
+    "$PY" -m venv "$VENV"
+fi
+STAMP="$VENV/.eorouter-installed"
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+    echo "setup: installing eorouter[test] into $VENV (first run takes a minute)" >&2
+    "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
+    touch "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
