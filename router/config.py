@@ -1,0 +1,375 @@
+"""The router's TOML configuration: parse, validate strictly, build ``RouterConfig``.
+
+Every problem is a ``ConfigError`` whose message names the file, the key path
+(``limits.max_message_size``, ``listener[1].port``) and what was expected versus
+found. Unknown keys are errors (with the closest known key suggested): a typo
+must never silently fall back to a default. Reference: docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from router import eventlog
+from router.core import outcomes
+from router.core.settings import CoreSettings
+
+__all__ = [
+    "ConfigError",
+    "EventLogSettings",
+    "Listener",
+    "RouterConfig",
+    "load_config",
+    "parse_config",
+]
+
+ROUTER_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+UINT_MAX = 2**32 - 1  # AMQP uint: terminus timeouts and link credit
+NO_SUBSCRIBER_OUTCOMES = ("released", "rejected", "accepted", "modified")
+LISTENER_ROLES = ("normal",)
+_CORE_DEFAULTS = CoreSettings()
+
+
+class ConfigError(ValueError):
+    """An invalid configuration. ``source`` is the file, ``key`` the offending key
+    path (None for file-level problems), ``line``/``column`` are set for TOML
+    syntax errors."""
+
+    def __init__(self, message: str, *, source: str, key: str | None = None,
+                 line: int | None = None, column: int | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+        self.key = key
+        self.line = line
+        self.column = column
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    host: str = "127.0.0.1"
+    port: int = 5672
+    role: str = "normal"
+
+
+@dataclass(frozen=True, slots=True)
+class EventLogSettings:
+    max_bytes: int = eventlog.DEFAULT_MAX_BYTES
+    retention: int = eventlog.DEFAULT_RETENTION
+    fsync: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    router_id: str
+    data_dir: Path  # absolute
+    idle_timeout: float = 4.0
+    listeners: tuple[Listener, ...] = (Listener(),)
+    drain_grace: float = 5.0
+    eventlog: EventLogSettings = field(default_factory=EventLogSettings)
+    core: CoreSettings = field(default_factory=CoreSettings)
+    source: str = "<defaults>"  # where this configuration came from
+
+
+# ---------------------------------------------------------------------------
+# Value checks: each returns the converted value or raises _Invalid(expected).
+# ---------------------------------------------------------------------------
+
+
+class _Invalid(Exception):
+    """``expected`` completes "expected ..., found <value>"; ``message`` (when
+    given) replaces that sentence entirely."""
+
+    def __init__(self, expected: str, message: str | None = None) -> None:
+        self.expected = expected
+        self.message = message
+
+
+def _int(lo: int, hi: int | None, expected: str) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            raise _Invalid(expected)
+        return value
+
+    return check
+
+
+def _seconds(positive: bool) -> Callable[[Any], float]:
+    expected = "a positive number of seconds" if positive else "a non-negative number of seconds"
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise _Invalid(expected)
+        if value < 0 or (positive and value == 0):
+            raise _Invalid(expected)
+        return float(value)
+
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid("true or false")
+    return value
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    expected = "one of " + ", ".join(repr(c) for c in choices)
+
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise _Invalid(expected)
+        return value
+
+    return check
+
+
+def _router_id(value: Any) -> str:
+    if not isinstance(value, str) or not ROUTER_ID_RE.fullmatch(value):
+        raise _Invalid("a router id of 1 to 64 characters from A-Z a-z 0-9 . _ -")
+    return value
+
+
+def _nonempty_string(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid("a non-empty string")
+    return value
+
+
+def _host(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        raise _Invalid("a host name or IP address")
+    return value
+
+
+def _listener_role(value: Any) -> str:
+    if value == "inter-router":
+        raise _Invalid("'normal'", "role 'inter-router' is not supported yet (router-to-router links come "
+                                   "in a later version); only 'normal' listeners are accepted for now")
+    return _choice(LISTENER_ROLES)(value)
+
+
+_positive = _int(1, None, "a positive integer")
+_uint_positive = _int(1, UINT_MAX, f"an integer from 1 to {UINT_MAX}")
+_uint = _int(0, UINT_MAX, f"an integer from 0 to {UINT_MAX}")
+_port = _int(0, 65535, "a port number from 0 to 65535 (0: any free port)")
+
+# section -> key -> check; a section's keys are all optional unless listed in _REQUIRED.
+_SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "router": {"id": _router_id, "data_dir": _nonempty_string, "idle_timeout": _seconds(positive=True)},
+    "listener": {"host": _host, "port": _port, "role": _listener_role},
+    "limits": {
+        "max_message_size": _positive,
+        "max_in_flight_per_topic": _positive,
+        "publisher_credit_window": _uint_positive,
+        "default_terminus_timeout": _uint,
+        "max_terminus_timeout": _uint,
+    },
+    "delivery": {
+        "no_subscribers": _choice(NO_SUBSCRIBER_OUTCOMES),
+        "record_linger": _seconds(positive=False),
+        "drain_grace": _seconds(positive=False),
+    },
+    "eventlog": {"max_bytes": _positive, "retention": _positive, "fsync": _bool},
+}
+_REQUIRED = {"router": ("id",)}
+_ARRAYS = {"listener"}  # sections written as arrays of tables ([[listener]])
+
+
+def _describe(value: Any) -> str:
+    """A found value as the user wrote it, TOML-ish."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "...'"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return f"{value!s} (a {type(value).__name__})"
+
+
+# ---------------------------------------------------------------------------
+# Parsing.
+# ---------------------------------------------------------------------------
+
+
+class _Parser:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, key: str | None, message: str) -> ConfigError:
+        where = f"{self.source}: {key}: " if key else f"{self.source}: "
+        return ConfigError(where + message, source=self.source, key=key)
+
+    def unknown(self, key_path: str, known: list[str], section: str | None) -> ConfigError:
+        """An unknown section (``section`` None) or key, with the likeliest intended
+        one: a close spelling in the same table, else the same key in another table
+        (``router.max_bytes`` -> ``eventlog.max_bytes``)."""
+        prefix, _, leaf = key_path.rpartition(".")
+        guess = difflib.get_close_matches(leaf, known, n=1)
+        if guess:
+            suggestion = f"{prefix}.{guess[0]}" if prefix else guess[0]
+        else:
+            elsewhere = [f"{s}.{leaf}" for s, keys in _SECTIONS.items() if leaf in keys and s != section]
+            suggestion = elsewhere[0] if elsewhere else None
+        hint = f" (did you mean '{suggestion}'?)" if suggestion else ""
+        if section is not None and leaf in _SECTIONS:
+            # TOML puts every key after a [table] header into that table.
+            hint = (f" ('{leaf}' is a table of its own: write [{leaf}] or [[{leaf}]], or put the key "
+                    f"before the first [table] header)")
+        if section is None:
+            return self.error(None, f"unknown section '{key_path}'{hint}; known sections: " + ", ".join(_SECTIONS))
+        return self.error(key_path, f"unknown key{hint}; known keys in [{section}]: " + ", ".join(known))
+
+    def table(self, value: Any, key_path: str, section: str) -> dict[str, Any]:
+        """Check one table of ``section`` and return its converted values."""
+        if not isinstance(value, dict):
+            raise self.error(key_path, f"expected a table, found {_describe(value)}")
+        checks = _SECTIONS[section]
+        out = {}
+        for key, raw in value.items():
+            path = f"{key_path}.{key}"
+            if key not in checks:
+                raise self.unknown(path, list(checks), section)
+            try:
+                out[key] = checks[key](raw)
+            except _Invalid as bad:
+                raise self.error(path, bad.message or f"expected {bad.expected}, found {_describe(raw)}") from None
+        for key in _REQUIRED.get(section, ()):
+            if key not in out:
+                raise self.error(f"{key_path}.{key}", "required key is missing")
+        return out
+
+
+def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None = None) -> RouterConfig:
+    """Validate a decoded TOML document and build the RouterConfig.
+
+    ``source`` names the document in error messages. A relative ``data_dir`` is
+    taken relative to ``base_dir``, by default the directory of ``source``."""
+    p = _Parser(source)
+    if not isinstance(data, dict):
+        raise p.error(None, f"expected a TOML document (a table), found {_describe(data)}")
+    for section in data:
+        if section not in _SECTIONS:
+            raise p.unknown(section, list(_SECTIONS), None)
+
+    if "router" not in data:
+        raise p.error("router.id", "required key is missing (add a [router] table with id = \"...\")")
+    router = p.table(data["router"], "router", "router")
+    limits = p.table(data.get("limits", {}), "limits", "limits")
+    delivery = p.table(data.get("delivery", {}), "delivery", "delivery")
+    log = p.table(data.get("eventlog", {}), "eventlog", "eventlog")
+
+    listeners = _listeners(p, data)
+
+    default_timeout = limits.get("default_terminus_timeout", _CORE_DEFAULTS.default_terminus_timeout)
+    max_timeout = limits.get("max_terminus_timeout", _CORE_DEFAULTS.max_terminus_timeout)
+    if default_timeout > max_timeout:
+        key = "limits.default_terminus_timeout" if "default_terminus_timeout" in limits else "limits.max_terminus_timeout"
+        raise p.error(key, f"expected default_terminus_timeout ({default_timeout}) to be at most "
+                           f"max_terminus_timeout ({max_timeout})")
+
+    router_id = router["id"]
+    if base_dir is None:
+        base_dir = Path(source).absolute().parent
+    data_dir = Path(router.get("data_dir", f"./data/{router_id}")).expanduser()
+    if not data_dir.is_absolute():
+        data_dir = Path(base_dir).absolute() / data_dir
+
+    core = CoreSettings(
+        router_id=router_id,
+        max_in_flight_per_topic=limits.get("max_in_flight_per_topic", _CORE_DEFAULTS.max_in_flight_per_topic),
+        publisher_credit_window=limits.get("publisher_credit_window", _CORE_DEFAULTS.publisher_credit_window),
+        max_message_size=limits.get("max_message_size", _CORE_DEFAULTS.max_message_size),
+        default_terminus_timeout=default_timeout,
+        max_terminus_timeout=max_timeout,
+        no_subscribers=outcomes.BY_NAME[delivery["no_subscribers"]] if "no_subscribers" in delivery
+        else _CORE_DEFAULTS.no_subscribers,
+        record_linger=delivery.get("record_linger", _CORE_DEFAULTS.record_linger),
+    )
+    defaults = RouterConfig(router_id=router_id, data_dir=data_dir)
+    return RouterConfig(
+        router_id=router_id,
+        data_dir=data_dir,
+        idle_timeout=router.get("idle_timeout", defaults.idle_timeout),
+        listeners=listeners,
+        drain_grace=delivery.get("drain_grace", defaults.drain_grace),
+        eventlog=EventLogSettings(**log),
+        core=core,
+        source=source,
+    )
+
+
+def _listeners(p: _Parser, data: dict) -> tuple[Listener, ...]:
+    if "listener" not in data:
+        return (Listener(),)
+    raw = data["listener"]
+    if isinstance(raw, dict):
+        raise p.error("listener", "expected an array of tables (write [[listener]], not [listener]), found a table")
+    if not isinstance(raw, list):
+        raise p.error("listener", f"expected an array of tables ([[listener]]), found {_describe(raw)}")
+    if not raw:
+        raise p.error("listener", "expected at least one listener, found an empty array")
+    listeners = []
+    seen: dict[tuple[str, int], int] = {}
+    for i, entry in enumerate(raw):
+        listener = Listener(**p.table(entry, f"listener[{i}]", "listener"))
+        endpoint = (listener.host, listener.port)
+        if listener.port and endpoint in seen:
+            raise p.error(f"listener[{i}]", f"duplicates listener[{seen[endpoint]}] "
+                                            f"({listener.host}:{listener.port})")
+        seen[endpoint] = i
+        listeners.append(listener)
+    return tuple(listeners)
+
+
+_SYNTAX_POSITION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
+
+
+def _syntax_error(exc: tomllib.TOMLDecodeError, text: str, source: str) -> ConfigError:
+    """tomllib (3.11) puts the position only in the message: "... (at line 3,
+    column 7)" or "... (at end of document)"."""
+    message = str(exc)
+    match = _SYNTAX_POSITION.search(message)
+    if not match:
+        return ConfigError(f"{source}: TOML syntax error: {message}", source=source)
+    if match.group(1):
+        line, column = int(match.group(1)), int(match.group(2))
+    else:
+        lines = text.split("\n")
+        line, column = len(lines), len(lines[-1]) + 1
+    detail = message[: match.start()]
+    return ConfigError(f"{source}, line {line}, column {column}: TOML syntax error: {detail}",
+                       source=source, line=line, column=column)
+
+
+def load_config(path: str | os.PathLike) -> RouterConfig:
+    """Read and validate a TOML config file (relative paths in it are relative to
+    the file's directory)."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read config file: {exc.strerror or exc}", source=source) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{source}, line {line}: not valid UTF-8 (TOML files are UTF-8)",
+                          source=source, line=line) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _syntax_error(exc, text, source) from None
+    return parse_config(data, source, base_dir=path.absolute().parent)

@@ -1,0 +1,77 @@
+"""The router's view of publisher links, subscriptions and topics."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from sortedcontainers import SortedDict
+
+
+class PublisherLink:
+    __slots__ = ("link_id", "conn_id", "container_id", "name", "topic", "incarnation", "stream",
+                 "presettled", "credit", "next_seq")
+
+    def __init__(self, link_id: int, conn_id: int, container_id: str, name: str, topic: str,
+                 incarnation: str, stream: bytes, presettled: bool):
+        self.link_id = link_id
+        self.conn_id = conn_id
+        self.container_id = container_id
+        self.name = name
+        self.topic = topic
+        self.incarnation = incarnation
+        self.stream = stream
+        self.presettled = presettled
+        self.credit = 0  # granted and not yet used
+        self.next_seq = 0  # publisher order within this stream
+
+
+class Subscription:
+    """A subscriber, identified by container-id + link name, with or without an
+    attached link. A durable one outlives its link for the terminus timeout."""
+
+    __slots__ = ("key", "container_id", "name", "topic", "durable", "timeout", "link_id", "conn_id",
+                 "best_effort", "credit", "drain", "queue", "send_counter", "awaiting_evidence",
+                 "expires_at", "in_flight")
+
+    def __init__(self, key: str, container_id: str, name: str, topic: str):
+        self.key = key
+        self.container_id = container_id
+        self.name = name
+        self.topic = topic
+        self.durable = False
+        self.timeout = 0
+        self.link_id: int | None = None
+        self.conn_id: int | None = None
+        self.best_effort = False  # attached with snd-settle-mode=settled: at-most-once, never owed
+        self.credit = 0
+        self.drain = False
+        # Records waiting for credit, in publisher order (lazily skipped when done).
+        self.queue: deque = deque()
+        # Counts everything sent on the current link; the evidence rule compares these.
+        self.send_counter = 0
+        # (send_counter at settlement, record): settled deliveries this subscriber
+        # is not yet known to have seen settled, oldest first.
+        self.awaiting_evidence: deque = deque()
+        self.expires_at: float | None = None
+        self.in_flight = 0  # pre-settled copies queued (best effort bound)
+
+    @property
+    def attached(self) -> bool:
+        return self.link_id is not None
+
+
+class Topic:
+    __slots__ = ("name", "subscriptions", "publishers", "records", "unsettled", "outstanding_credit")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.subscriptions: dict[str, Subscription] = {}
+        self.publishers: dict[int, PublisherLink] = {}
+        # order key -> record: the topic's records in publisher (arrival) order, the
+        # index a re-attaching subscriber is replayed from.
+        self.records: SortedDict = SortedDict()
+        self.unsettled = 0  # records the publisher has not settled: the in-flight bound
+        self.outstanding_credit = 0  # credit granted to this topic's publishers, not yet used
+
+    def idle(self) -> bool:
+        return not (self.subscriptions or self.publishers or self.records)

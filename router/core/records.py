@@ -1,0 +1,88 @@
+"""Delivery records: what a router knows about one publisher delivery.
+
+One record per unsettled publisher delivery (and for a short while after its
+settlement, so a resuming receiver's unsettled state can still be matched). The
+fields are the design's list: the message, the publisher's identity
+(container-id + link name), the publisher's tag, the outgoing disambiguated tag,
+each local subscriber's state and each interested remote router's state.
+"""
+
+from __future__ import annotations
+
+from router.core.outcomes import Outcome
+
+
+class SubscriberState:
+    """Where one owed subscriber stands with one delivery.
+
+    ``outcome`` None means in doubt. ``sent`` is the subscription's send counter
+    when the delivery went out on its current link (0: not sent, or to be resent
+    after a re-attach). ``known_settled`` becomes True once the subscriber must
+    know the delivery is settled: it settled it itself, or it answered something
+    we sent after our settlement (the design's inference rule)."""
+
+    __slots__ = ("outcome", "sent", "link", "remote_settled", "settle_relayed", "known_settled")
+
+    def __init__(self) -> None:
+        self.outcome: Outcome | None = None
+        self.sent = 0
+        self.link = 0  # the link it was sent on (a re-attach makes a new one)
+        self.remote_settled = False
+        self.settle_relayed = False
+        self.known_settled = False
+
+
+class DeliveryRecord:
+    __slots__ = (
+        "tag", "delivery_id", "topic", "order", "payload",
+        "publisher", "link_name", "pub_tag", "incarnation", "stream_seq",
+        "pub_link", "pub_delivery",
+        "subscribers", "remote_routers",
+        "outcome", "pub_settled", "expires_at", "reuse",
+    )
+
+    def __init__(self, tag: bytes, topic: str, order: int, payload: bytes, publisher: str,
+                 link_name: str, pub_tag: bytes, incarnation: str, stream_seq: int,
+                 pub_link: int, pub_delivery: int | None, expires_at: float | None, reuse: int = 0):
+        self.tag = tag
+        self.reuse = reuse
+        # The id in the event log: the tag, plus a suffix in the rare case a
+        # publisher reuses a settled tag within one link incarnation.
+        self.delivery_id = tag.hex() if not reuse else f"{tag.hex()}.{reuse}"
+        self.topic = topic
+        self.order = order  # the topic's publisher-order key
+        self.payload: bytes | None = payload  # dropped once settled: the publisher is the store
+        self.publisher = publisher  # container-id
+        self.link_name = link_name
+        self.pub_tag = pub_tag
+        self.incarnation = incarnation
+        self.stream_seq = stream_seq
+        self.pub_link = pub_link
+        self.pub_delivery = pub_delivery  # the adapter's handle; None once the publisher is gone
+        # subscription key ("container/link") -> SubscriberState, in attach order
+        self.subscribers: dict[str, SubscriberState] = {}
+        # router id -> SubscriberState-like state; filled by the router network
+        self.remote_routers: dict[str, SubscriberState] = {}
+        self.outcome: Outcome | None = None  # what the publisher was told
+        self.pub_settled = False
+        self.expires_at = expires_at
+
+    def all_answered(self) -> bool:
+        for state in self.subscribers.values():
+            if state.outcome is None:
+                return False
+        for state in self.remote_routers.values():
+            if state.outcome is None:
+                return False
+        return True
+
+    def every_receiver_knows_settled(self) -> bool:
+        for state in self.subscribers.values():
+            if not state.known_settled:
+                return False
+        return True
+
+    def __repr__(self) -> str:
+        return (f"DeliveryRecord({self.delivery_id[:12]}… topic={self.topic!r} "
+                f"pub={self.publisher}/{self.link_name} tag={self.pub_tag!r} "
+                f"outcome={self.outcome} settled={self.pub_settled} subs={len(self.subscribers)})")

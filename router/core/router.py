@@ -1,0 +1,710 @@
+"""RouterCore: every decision one router makes, as a pure function of events.
+
+``handle(event, now) -> list[command]``: no proton, sockets, threads, files or
+clock in here; ``now`` is an argument and randomness (the boot id) comes in at
+construction. The delivery rule (docs/delivery-rule.md):
+
+- An unsettled publisher delivery is owed to every subscription of its topic at
+  that moment: attached links, plus durable subscriptions detached within their
+  terminus timeout. The record lists them.
+- It is forwarded to those attached (in publisher order, as credit allows) and
+  queued for the rest.
+- The publisher gets its outcome only when every owed subscriber reached a
+  terminal outcome (or stopped being owed: a non-durable detach, a durable
+  subscription's expiry, the message's expiry before it could be sent):
+  accepted only if all accepted, otherwise the most severe (outcomes.aggregate).
+- The publisher's settlement is relayed to every subscriber it was sent to.
+- The record is deleted once every subscriber must know it was settled, or
+  ``record_linger`` seconds after settlement when no later evidence came.
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import count
+
+from router.core import outcomes, tags
+from router.core.commands import (
+    DetachLink, Drained, Forward, GrantCredit, Log, OpenLink, SendOutcome, SettleOutgoing,
+    ShutdownComplete,
+)
+from router.core.errors import ProtocolError
+from router.core.events import (
+    DURABLE_NONE, PUBLISHER, RCV_SECOND, SND_SETTLED, SUBSCRIBER, ConnectionLost, CreditChanged,
+    LinkAttached, LinkDetached, MessageReceived, MessageTooLarge, OutcomeReceived, PublisherSettled,
+    ShutdownRequested, TimerFired,
+)
+from router.core.links import PublisherLink, Subscription, Topic
+from router.core.message import MessageError, Origin, prepare
+from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
+from router.core.records import DeliveryRecord, SubscriberState
+from router.core.settings import CoreSettings
+
+# Link property through which a publisher presents (and learns) its incarnation.
+INCARNATION_PROPERTY = "eorouter:incarnation"
+MAX_ADDRESS_LENGTH = 1024
+
+_TIMER_LINGER = 0
+_TIMER_EXPIRY = 1
+_TIMER_SUBSCRIPTION = 2
+_TIMER_SHUTDOWN = 3
+
+
+class RouterCore:
+    def __init__(self, settings: CoreSettings, *, boot_id: str, epoch: int):
+        self.settings = settings
+        self.boot_id = boot_id
+        self.epoch = epoch
+        self.topics: dict[str, Topic] = {}
+        self.publishers: dict[int, PublisherLink] = {}
+        self.subscribers: dict[int, Subscription] = {}  # link id -> attached subscription
+        self.subscriptions: dict[str, Subscription] = {}  # key -> subscription (attached or durable)
+        self.records: dict[bytes, DeliveryRecord] = {}  # outgoing tag -> record
+        self.by_delivery: dict[int, DeliveryRecord] = {}  # adapter delivery handle -> record
+        self.streams: dict[bytes, tuple[str, str, str]] = {}  # live stream id -> its triple
+        self.links_by_conn: dict[int, set[int]] = {}
+        self.link_conn: dict[int, int] = {}
+        self._incarnations = count(1)
+        self._order = count(1)
+        self._timers: list = []  # heap of (deadline, seq, kind, object)
+        self._timer_seq = count()
+        self.draining = False
+        self._drain_deadline: float | None = None
+        self._shutdown_done = False
+        self._handlers = {
+            MessageReceived: self._on_message,
+            OutcomeReceived: self._on_outcome,
+            PublisherSettled: self._on_publisher_settled,
+            CreditChanged: self._on_credit,
+            LinkAttached: self._on_attach,
+            LinkDetached: self._on_detach,
+            ConnectionLost: self._on_connection_lost,
+            MessageTooLarge: self._on_too_large,
+            TimerFired: self._on_timer,
+            ShutdownRequested: self._on_shutdown,
+        }
+
+    # ------------------------------------------------------------------ API
+
+    def handle(self, event, now: float) -> list:
+        """Apply one event; return the commands it causes, in order."""
+        out: list = []
+        self._handlers[type(event)](event, now, out)
+        if self.draining and not self._shutdown_done:
+            self._maybe_finish_shutdown(now, out)
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self._timers[0][0] if self._timers else None
+
+    def record_count(self) -> int:
+        return len(self.records)
+
+    # ------------------------------------------------------------ attaching
+
+    def _on_attach(self, ev: LinkAttached, now: float, out: list) -> None:
+        address = ev.address
+        if not address:
+            what = "target" if ev.role == PUBLISHER else "source"
+            out.append(DetachLink(ev.link_id, "amqp:invalid-field",
+                                  f"a {ev.role} link needs a {what} address naming the topic"))
+            return
+        if len(address) > MAX_ADDRESS_LENGTH:
+            out.append(DetachLink(ev.link_id, "amqp:invalid-field",
+                                  f"topic address longer than {MAX_ADDRESS_LENGTH} characters"))
+            return
+        self.links_by_conn.setdefault(ev.conn_id, set()).add(ev.link_id)
+        self.link_conn[ev.link_id] = ev.conn_id
+        if ev.role == PUBLISHER:
+            self._attach_publisher(ev, address, now, out)
+        elif ev.role == SUBSCRIBER:
+            self._attach_subscriber(ev, address, now, out)
+        else:
+            raise ProtocolError("amqp:internal-error", f"unknown link role {ev.role!r}")
+
+    def _attach_publisher(self, ev: LinkAttached, address: str, now: float, out: list) -> None:
+        for other in self.publishers.values():
+            if other.container_id == ev.container_id and other.name == ev.name:
+                out.append(DetachLink(other.link_id, "amqp:link:stolen",
+                                      "a newer link with the same container-id and name attached",
+                                      close=False))
+                self._detach_publisher(other, "stolen", now, out)
+                break
+        presented = (ev.properties or {}).get(INCARNATION_PROPERTY)
+        resumed = isinstance(presented, str) and 0 < len(presented) <= 128
+        incarnation = presented if resumed else tags.fresh_incarnation(self.boot_id, next(self._incarnations))
+        stream = tags.stream_id(ev.container_id, ev.name, incarnation)
+        triple = (ev.container_id, ev.name, incarnation)
+        known = self.streams.get(stream)
+        if known is not None and known != triple:
+            out.append(Log("tag-collision", {"link": ev.link_id, "container": ev.container_id,
+                                             "name": ev.name, "incarnation": incarnation}))
+            out.append(DetachLink(ev.link_id, "amqp:internal-error",
+                                  "delivery-tag stream id collision; attach again for a fresh incarnation"))
+            return
+        self.streams[stream] = triple
+        topic = self._topic(address)
+        pub = PublisherLink(ev.link_id, ev.conn_id, ev.container_id, ev.name, address, incarnation,
+                            stream, ev.snd_settle_mode == SND_SETTLED)
+        self.publishers[ev.link_id] = pub
+        topic.publishers[ev.link_id] = pub
+        out.append(OpenLink(ev.link_id, 0, {INCARNATION_PROPERTY: incarnation}))
+        out.append(Log("link-attached", {
+            "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
+            "role": PUBLISHER, "address": address, "durable": ev.durable, "incarnation": incarnation,
+            "resumed": resumed}))
+        self._refill_credit(topic, out)
+
+    def _attach_subscriber(self, ev: LinkAttached, address: str, now: float, out: list) -> None:
+        key = f"{ev.container_id}/{ev.name}"
+        sub = self.subscriptions.get(key)
+        if sub is not None and sub.attached:
+            # Link stealing: the newer attach takes over the same terminus (this is
+            # what a failing-over client does), so the subscription carries on.
+            old_link = sub.link_id
+            out.append(DetachLink(old_link, "amqp:link:stolen",
+                                  "a newer link with the same container-id and name attached", close=False))
+            del self.subscribers[old_link]
+            self._forget_link(old_link)
+            out.append(Log("link-detached", {"link": old_link, "container": sub.container_id, "name": sub.name,
+                                             "role": SUBSCRIBER, "closed": False, "reason": "stolen"}))
+        if sub is not None and sub.topic != address:
+            # The same name re-attached to another topic: the old subscription ends.
+            self._end_subscription(sub, now, out, reason="re-attached-elsewhere")
+            sub = None
+        resumed = sub is not None
+        topic = self._topic(address)
+        if sub is None:
+            sub = Subscription(key, ev.container_id, ev.name, address)
+            self.subscriptions[key] = sub
+            topic.subscriptions[key] = sub
+        sub.durable = ev.durable != DURABLE_NONE
+        sub.timeout = self._terminus_timeout(ev)
+        sub.link_id = ev.link_id
+        sub.conn_id = ev.conn_id
+        sub.best_effort = ev.snd_settle_mode == SND_SETTLED
+        sub.credit = 0
+        sub.drain = False
+        sub.expires_at = None
+        sub.send_counter = 0
+        sub.awaiting_evidence.clear()
+        self.subscribers[ev.link_id] = sub
+        out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None))
+        out.append(Log("link-attached", {
+            "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
+            "role": SUBSCRIBER, "address": address, "durable": ev.durable, "incarnation": "",
+            "resumed": resumed}))
+        if resumed:
+            # Everything still owed to it and not answered goes out again, in
+            # publisher order: what it missed while detached and what was in flight.
+            sub.queue.clear()
+            for record in topic.records.values():
+                state = record.subscribers.get(key)
+                if state is not None and state.outcome is None:
+                    state.sent = 0
+                    sub.queue.append(record)
+
+    def _terminus_timeout(self, ev: LinkAttached) -> int:
+        if ev.durable == DURABLE_NONE:
+            return 0
+        limit = self.settings.max_terminus_timeout
+        if ev.expiry_policy == "never":
+            return limit
+        requested = ev.timeout or self.settings.default_terminus_timeout
+        return min(requested, limit)
+
+    # ------------------------------------------------------------ detaching
+
+    def _on_detach(self, ev: LinkDetached, now: float, out: list) -> None:
+        self._forget_link(ev.link_id)
+        pub = self.publishers.get(ev.link_id)
+        if pub is not None:
+            self._detach_publisher(pub, "closed" if ev.closed else "detached", now, out)
+            return
+        sub = self.subscribers.get(ev.link_id)
+        if sub is not None:
+            self._unlink_subscriber(sub, now, out, reason="closed" if ev.closed else "detached",
+                                    closed=ev.closed)
+
+    def _on_connection_lost(self, ev: ConnectionLost, now: float, out: list) -> None:
+        for link_id in sorted(self.links_by_conn.pop(ev.conn_id, ())):
+            self.link_conn.pop(link_id, None)
+            pub = self.publishers.get(link_id)
+            if pub is not None:
+                self._detach_publisher(pub, "connection-lost", now, out)
+                continue
+            sub = self.subscribers.get(link_id)
+            if sub is not None:
+                self._unlink_subscriber(sub, now, out, reason="connection-lost", closed=False)
+
+    def _forget_link(self, link_id: int) -> None:
+        conn_id = self.link_conn.pop(link_id, None)
+        links = self.links_by_conn.get(conn_id)
+        if links is not None:
+            links.discard(link_id)
+            if not links:
+                del self.links_by_conn[conn_id]
+
+    def _detach_publisher(self, pub: PublisherLink, reason: str, now: float, out: list) -> None:
+        del self.publishers[pub.link_id]
+        topic = self.topics[pub.topic]
+        del topic.publishers[pub.link_id]
+        topic.outstanding_credit -= pub.credit
+        pub.credit = 0
+        out.append(Log("link-detached", {"link": pub.link_id, "container": pub.container_id,
+                                         "name": pub.name, "role": PUBLISHER, "closed": reason == "closed",
+                                         "reason": reason}))
+        # Its unsettled records stay: subscribers still finish them. With nobody to
+        # tell, a record whose outcome is (or becomes) final is settled for it.
+        orphans = [r for r in topic.records.values() if r.pub_link == pub.link_id and not r.pub_settled]
+        for record in orphans:
+            if record.pub_delivery is not None:
+                self.by_delivery.pop(record.pub_delivery, None)
+                record.pub_delivery = None
+            if record.outcome is not None:
+                self._settle_record(record, "publisher-gone", now, out)
+        if not any(r.stream == pub.stream for r in self.publishers.values()):
+            still_used = any(r.pub_link == pub.link_id for r in topic.records.values())
+            if not still_used:
+                self.streams.pop(pub.stream, None)
+        self._refill_credit(topic, out)
+        self._drop_topic_if_idle(topic)
+
+    def _unlink_subscriber(self, sub: Subscription, now: float, out: list, reason: str, closed: bool) -> None:
+        link_id = sub.link_id
+        del self.subscribers[link_id]
+        sub.link_id = None
+        sub.conn_id = None
+        sub.credit = 0
+        out.append(Log("link-detached", {"link": link_id, "container": sub.container_id, "name": sub.name,
+                                         "role": SUBSCRIBER, "closed": closed, "reason": reason}))
+        if closed or not sub.durable or sub.timeout <= 0:
+            self._end_subscription(sub, now, out, reason=reason)
+            return
+        sub.expires_at = now + sub.timeout
+        self._add_timer(sub.expires_at, _TIMER_SUBSCRIPTION, sub)
+        # What was sent and not answered will be resent on re-attach. The settlements
+        # it may not have seen stay unknown until it answers again (or linger ends).
+        sub.queue.clear()
+        sub.awaiting_evidence.clear()
+
+    def _end_subscription(self, sub: Subscription, now: float, out: list, reason: str) -> None:
+        """The subscription is gone: it stops counting toward any outcome."""
+        if sub.link_id is not None:
+            del self.subscribers[sub.link_id]
+            sub.link_id = None
+        self.subscriptions.pop(sub.key, None)
+        topic = self.topics[sub.topic]
+        topic.subscriptions.pop(sub.key, None)
+        sub.queue.clear()
+        sub.awaiting_evidence.clear()
+        if reason == "expired":
+            out.append(Log("subscription-expired", {"container": sub.container_id, "name": sub.name,
+                                                    "address": sub.topic}))
+        for record in list(topic.records.values()):
+            state = record.subscribers.get(sub.key)
+            if state is None:
+                continue
+            if state.outcome is None:
+                del record.subscribers[sub.key]
+                if record.outcome is None:
+                    self._maybe_answer_publisher(record, now, out)
+            else:
+                state.known_settled = True
+                self._maybe_delete(record, now, out)
+        self._drop_topic_if_idle(topic)
+
+    # ------------------------------------------------------------ messages
+
+    def _on_message(self, ev: MessageReceived, now: float, out: list) -> None:
+        pub = self.publishers.get(ev.link_id)
+        if pub is None:
+            raise ProtocolError("amqp:internal-error", f"message on unknown link {ev.link_id}")
+        topic = self.topics[pub.topic]
+        if pub.credit > 0:
+            pub.credit -= 1
+            topic.outstanding_credit -= 1
+        seq = pub.next_seq
+        pub.next_seq = seq + 1
+        if ev.settled or pub.presettled:
+            self._relay_best_effort(pub, topic, ev, now, out)
+            return
+        if self.draining:
+            out.append(SendOutcome(ev.delivery, outcomes.RELEASED, True))
+            out.append(Log("pub-outcome", {"delivery": None, "outcome": "released",
+                                           "condition": outcomes.SHUTTING_DOWN,
+                                           "reason": "router is shutting down"}))
+            return
+        try:
+            tag = tags.outgoing_tag(pub.stream, ev.tag)
+        except ProtocolError as err:
+            self._refuse(ev.delivery, err.condition, err.description, out)
+            return
+        reuse = 0
+        existing = self.records.get(tag)
+        if existing is not None:
+            if existing.pub_tag != ev.tag:
+                out.append(Log("tag-collision", {"delivery": existing.delivery_id, "link": ev.link_id}))
+                self._refuse(ev.delivery, "amqp:internal-error", "delivery-tag hash collision; resend it", out)
+                return
+            if not existing.pub_settled:
+                self._refuse(ev.delivery, "amqp:invalid-field",
+                             "delivery-tag reused while the earlier delivery is unsettled", out)
+                return
+            # The publisher reused a settled tag: the old record has done its job.
+            reuse = existing.reuse + 1
+            self._delete(existing, "tag-reused", out)
+        try:
+            prepared = prepare(ev.payload, Origin(pub.container_id, pub.name, ev.tag, pub.incarnation,
+                                                  self.settings.router_id))
+        except MessageError as err:
+            self._refuse(ev.delivery, err.condition, str(err), out)
+            return
+        expires_at = None
+        if prepared.ttl_ms is not None:
+            expires_at = now + prepared.ttl_ms / 1000.0
+        if prepared.absolute_expiry_ms:
+            absolute = prepared.absolute_expiry_ms / 1000.0
+            expires_at = absolute if expires_at is None else min(expires_at, absolute)
+        if expires_at is not None and expires_at <= now:
+            self._refuse(ev.delivery, outcomes.EXPIRED, "message expired before it could be delivered", out)
+            return
+        record = DeliveryRecord(tag, topic.name, next(self._order), prepared.payload, pub.container_id,
+                                pub.name, ev.tag, pub.incarnation, seq, pub.link_id, ev.delivery,
+                                expires_at, reuse)
+        owed = []
+        for key, sub in topic.subscriptions.items():
+            if not sub.best_effort:
+                record.subscribers[key] = SubscriberState()
+                owed.append(key)
+        out.append(Log("received", {
+            "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
+            "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
+            "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": owed}))
+        self.records[tag] = record
+        self.by_delivery[ev.delivery] = record
+        topic.records[record.order] = record
+        topic.unsettled += 1
+        if not owed:
+            self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
+                                   now, out)
+        else:
+            if expires_at is not None:
+                self._add_timer(expires_at, _TIMER_EXPIRY, record)
+            for key in owed:
+                sub = topic.subscriptions[key]
+                if sub.link_id is None:
+                    continue  # durable, detached: it gets the record on re-attach
+                if sub.credit > 0 and not sub.queue:
+                    self._send(sub, record, record.subscribers[key], out)
+                else:
+                    sub.queue.append(record)
+        # Best-effort copies for at-most-once subscribers.
+        for sub in topic.subscriptions.values():
+            if sub.best_effort and sub.link_id is not None and sub.credit > 0:
+                sub.credit -= 1
+                out.append(Forward(sub.link_id, tag, prepared.payload, True))
+        self._refill_credit(topic, out)
+
+    def _refuse(self, delivery: int, condition: str, description: str, out: list) -> None:
+        """Answer a publisher delivery the router will not carry."""
+        out.append(SendOutcome(delivery, outcomes.REJECTED, True, condition, description))
+        out.append(Log("pub-outcome", {"delivery": None, "outcome": "rejected", "condition": condition,
+                                       "reason": description}))
+
+    def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
+                           out: list) -> None:
+        """Pre-settled: forward to whoever has credit now; never wait, never owe."""
+        try:
+            prepared = prepare(ev.payload, Origin(pub.container_id, pub.name, ev.tag, pub.incarnation,
+                                                  self.settings.router_id))
+        except MessageError:
+            out.append(Log("dropped", {"delivery": None, "reason": "malformed pre-settled message"}))
+            self._refill_credit(topic, out)
+            return
+        tag = tags.outgoing_tag(pub.stream, ev.tag[:tags.MAX_TAG_SIZE])
+        delivery_id = tag.hex()
+        out.append(Log("received", {
+            "delivery": delivery_id, "topic": topic.name, "publisher": pub.container_id,
+            "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
+            "stream_seq": pub.next_seq - 1, "size": len(ev.payload), "settled": True, "owed": []}))
+        payload = prepared.payload
+        for sub in topic.subscriptions.values():
+            if sub.link_id is not None and sub.credit > 0:
+                sub.credit -= 1
+                out.append(Forward(sub.link_id, tag, payload, True))
+        self._refill_credit(topic, out)
+
+    def _on_too_large(self, ev: MessageTooLarge, now: float, out: list) -> None:
+        pub = self.publishers.get(ev.link_id)
+        if pub is not None and pub.credit > 0:
+            pub.credit -= 1
+            self.topics[pub.topic].outstanding_credit -= 1
+        description = f"message of {ev.size}+ bytes exceeds the router's limit of {self.settings.max_message_size}"
+        if ev.settled:
+            out.append(Log("dropped", {"delivery": None, "reason": description}))
+        else:
+            self._refuse(ev.delivery, "amqp:link:message-size-exceeded", description, out)
+        if pub is not None:
+            self._refill_credit(self.topics[pub.topic], out)
+
+    def _send(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, out: list) -> None:
+        sub.credit -= 1
+        sub.send_counter += 1
+        state.sent = sub.send_counter
+        state.link = sub.link_id
+        out.append(Forward(sub.link_id, record.tag, record.payload, False))
+        out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key,
+                                     "link": sub.link_id, "settled": False}))
+
+    def _pump(self, sub: Subscription, now: float, out: list) -> None:
+        """Send queued records while the subscriber has credit."""
+        queue = sub.queue
+        key = sub.key
+        while queue and sub.credit > 0:
+            record = queue.popleft()
+            state = record.subscribers.get(key)
+            if state is None or state.outcome is not None or state.sent or record.payload is None:
+                continue
+            self._send(sub, record, state, out)
+        if sub.drain and not queue and sub.credit > 0:
+            sub.credit = 0
+            sub.drain = False
+            out.append(Drained(sub.link_id))
+
+    def _on_credit(self, ev: CreditChanged, now: float, out: list) -> None:
+        sub = self.subscribers.get(ev.link_id)
+        if sub is None:
+            return
+        sub.credit = ev.credit
+        sub.drain = ev.drain
+        self._pump(sub, now, out)
+
+    # ------------------------------------------------------------ outcomes
+
+    def _on_outcome(self, ev: OutcomeReceived, now: float, out: list) -> None:
+        sub = self.subscribers.get(ev.link_id)
+        if sub is None:
+            return
+        record = self.records.get(ev.tag)
+        if record is None:
+            return  # pre-settled copy, or a record already retired
+        state = record.subscribers.get(sub.key)
+        if state is None:
+            return
+        code = ev.outcome
+        if code not in outcomes.TERMINAL and ev.settled:
+            # Settled with no terminal state: AMQP leaves the default outcome to
+            # the source; ours is released (not delivered, safe to resend).
+            code = outcomes.RELEASED
+        if code in outcomes.TERMINAL and state.outcome is None:
+            if code == outcomes.ACCEPTED:
+                state.outcome = OUTCOME_ACCEPTED
+            else:
+                state.outcome = Outcome(code, ev.condition, ev.description, ev.delivery_failed,
+                                        ev.undeliverable_here)
+            out.append(Log("sub-outcome", {"delivery": record.delivery_id, "subscriber": sub.key,
+                                           "outcome": outcomes.NAMES[code], "settled": ev.settled}))
+        # Evidence: it answered a delivery sent at counter ``state.sent``, so it has
+        # seen every settlement we relayed before that.
+        if state.sent:
+            self._evidence(sub, state.sent, now, out)
+        if ev.settled:
+            state.remote_settled = True
+            if record.pub_settled:
+                state.known_settled = True
+        if record.outcome is None:
+            self._maybe_answer_publisher(record, now, out)
+        elif record.pub_settled:
+            self._maybe_delete(record, now, out)
+
+    def _evidence(self, sub: Subscription, sent_at: int, now: float, out: list) -> None:
+        pending = sub.awaiting_evidence
+        key = sub.key
+        while pending and pending[0][0] < sent_at:
+            _, record = pending.popleft()
+            state = record.subscribers.get(key)
+            if state is not None and not state.known_settled:
+                state.known_settled = True
+                self._maybe_delete(record, now, out)
+
+    def _maybe_answer_publisher(self, record: DeliveryRecord, now: float, out: list) -> None:
+        if not record.all_answered():
+            return
+        states = list(record.subscribers.values()) + list(record.remote_routers.values())
+        if states:
+            outcome = outcomes.aggregate(s.outcome for s in states)
+        else:
+            outcome = Outcome(self.settings.no_subscribers, description="no subscribers left")
+        self._answer_publisher(record, outcome, now, out)
+
+    def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
+        record.outcome = outcome
+        out.append(Log("pub-outcome", {"delivery": record.delivery_id, "outcome": outcomes.NAMES[outcome.code],
+                                       "condition": outcome.condition, "reason": outcome.description}))
+        if record.pub_delivery is None:
+            self._settle_record(record, "publisher-gone", now, out)
+            return
+        if outcome.code == outcomes.REJECTED:
+            out.append(SendOutcome(record.pub_delivery, outcome.code, False, outcome.condition,
+                                   outcome.description))
+        elif outcome.code == outcomes.MODIFIED:
+            out.append(SendOutcome(record.pub_delivery, outcome.code, False, None, None,
+                                   outcome.delivery_failed, outcome.undeliverable_here))
+        else:
+            out.append(SendOutcome(record.pub_delivery, outcome.code))
+
+    # ------------------------------------------------------------ settlement
+
+    def _on_publisher_settled(self, ev: PublisherSettled, now: float, out: list) -> None:
+        record = self.by_delivery.pop(ev.delivery, None)
+        if record is None:
+            return
+        record.pub_delivery = None
+        self._settle_record(record, "publisher", now, out)
+
+    def _settle_record(self, record: DeliveryRecord, by: str, now: float, out: list) -> None:
+        if record.pub_settled:
+            return
+        record.pub_settled = True
+        record.payload = None
+        if record.pub_delivery is not None:
+            self.by_delivery.pop(record.pub_delivery, None)
+            record.pub_delivery = None
+        topic = self.topics[record.topic]
+        topic.unsettled -= 1
+        out.append(Log("settled", {"delivery": record.delivery_id, "by": by}))
+        for key, state in record.subscribers.items():
+            sub = topic.subscriptions.get(key)
+            if state.sent and sub is not None and sub.link_id == state.link:
+                out.append(SettleOutgoing(sub.link_id, record.tag))
+                state.settle_relayed = True
+                if state.remote_settled:
+                    state.known_settled = True
+                else:
+                    sub.awaiting_evidence.append((sub.send_counter, record))
+            elif state.outcome is not None and state.remote_settled:
+                state.known_settled = True
+            elif not state.sent or sub is None or sub.link_id != state.link:
+                # Never reached it, or reached it on a link that is gone: there is no
+                # settlement to relay on the current link.
+                state.known_settled = True
+        if record.outcome is None:
+            # Settled before every subscriber answered (the publisher gave up): stop
+            # waiting; receivers that hold it see the settlement.
+            record.outcome = Outcome(outcomes.RELEASED, description="settled by publisher before outcome")
+        self._add_timer(now + self.settings.record_linger, _TIMER_LINGER, record)
+        self._maybe_delete(record, now, out)
+        self._refill_credit(topic, out)
+
+    def _maybe_delete(self, record: DeliveryRecord, now: float, out: list) -> None:
+        if record.pub_settled and record.tag in self.records and record.every_receiver_knows_settled():
+            self._delete(record, "receivers-know-settled", out)
+
+    def _delete(self, record: DeliveryRecord, reason: str, out: list) -> None:
+        if self.records.get(record.tag) is not record:
+            return
+        del self.records[record.tag]
+        topic = self.topics[record.topic]
+        del topic.records[record.order]
+        if not record.pub_settled:
+            topic.unsettled -= 1
+            if record.pub_delivery is not None:
+                self.by_delivery.pop(record.pub_delivery, None)
+        out.append(Log("record-deleted", {"delivery": record.delivery_id, "reason": reason}))
+        self._drop_topic_if_idle(topic)
+
+    # ------------------------------------------------------------ credit
+
+    def _refill_credit(self, topic: Topic, out: list) -> None:
+        """Keep each publisher's credit topped up within the topic's in-flight bound.
+
+        Credit granted counts toward the bound (a sender may use it at any time), so
+        the window is shared out among the topic's publishers; grants go out once a
+        publisher has used half its window, keeping flow frames rare."""
+        if self.draining or not topic.publishers:
+            return
+        limit = self.settings.max_in_flight_per_topic
+        window = max(1, min(self.settings.publisher_credit_window, limit // len(topic.publishers)))
+        room = limit - topic.unsettled - topic.outstanding_credit
+        for pub in topic.publishers.values():
+            want = window - pub.credit
+            if want * 2 < window:
+                continue
+            if not pub.presettled:
+                want = min(want, room)
+                if want <= 0:
+                    continue
+                room -= want
+            pub.credit += want
+            topic.outstanding_credit += want
+            out.append(GrantCredit(pub.link_id, want))
+
+    # ------------------------------------------------------------ timers
+
+    def _add_timer(self, deadline: float, kind: int, obj) -> None:
+        heapq.heappush(self._timers, (deadline, next(self._timer_seq), kind, obj))
+
+    def _on_timer(self, ev: TimerFired, now: float, out: list) -> None:
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            deadline, _, kind, obj = heapq.heappop(timers)
+            if kind == _TIMER_LINGER:
+                if self.records.get(obj.tag) is obj:
+                    self._delete(obj, "linger-expired", out)
+            elif kind == _TIMER_EXPIRY:
+                self._expire_message(obj, now, out)
+            elif kind == _TIMER_SUBSCRIPTION:
+                if obj.expires_at == deadline and obj.link_id is None and \
+                        self.subscriptions.get(obj.key) is obj:
+                    self._end_subscription(obj, now, out, reason="expired")
+            elif kind == _TIMER_SHUTDOWN:
+                self._release_all_for_shutdown(now, out)
+
+    def _expire_message(self, record: DeliveryRecord, now: float, out: list) -> None:
+        """The message's ttl ran out: subscribers it has not reached yet will not
+        get it; the publisher hears rejected with eorouter:ttl-expired."""
+        if record.outcome is not None or self.records.get(record.tag) is not record:
+            return
+        expired = Outcome(outcomes.REJECTED, outcomes.EXPIRED, "message expired before it reached every subscriber")
+        for key, state in record.subscribers.items():
+            if state.outcome is None and not state.sent:
+                state.outcome = expired
+                out.append(Log("expired", {"delivery": record.delivery_id, "subscriber": key}))
+        self._maybe_answer_publisher(record, now, out)
+
+    # ------------------------------------------------------------ shutdown
+
+    def _on_shutdown(self, ev: ShutdownRequested, now: float, out: list) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        self._drain_deadline = now + ev.grace
+        out.append(Log("router-stopping", {"reason": "shutdown requested"}))
+        self._add_timer(self._drain_deadline, _TIMER_SHUTDOWN, None)
+
+    def _release_all_for_shutdown(self, now: float, out: list) -> None:
+        for record in list(self.records.values()):
+            if record.outcome is None:
+                self._answer_publisher(record, Outcome(outcomes.RELEASED, outcomes.SHUTTING_DOWN,
+                                                       "router shut down before every subscriber answered"),
+                                       now, out)
+
+    def _maybe_finish_shutdown(self, now: float, out: list) -> None:
+        for record in self.records.values():
+            if record.outcome is None:
+                return
+        self._shutdown_done = True
+        out.append(ShutdownComplete())
+
+    # ------------------------------------------------------------ helpers
+
+    def _topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = self.topics[name] = Topic(name)
+        return topic
+
+    def _drop_topic_if_idle(self, topic: Topic) -> None:
+        if topic.idle() and self.topics.get(topic.name) is topic:
+            del self.topics[topic.name]

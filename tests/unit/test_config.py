@@ -1,0 +1,270 @@
+"""router.config: the TOML file, its defaults, and the error messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from router import eventlog
+from router.config import ConfigError, EventLogSettings, Listener, RouterConfig, load_config, parse_config
+from router.core import outcomes
+from router.core.settings import CoreSettings
+
+FULL = """\
+[router]
+id = "A"
+data_dir = "/var/lib/eorouter/A"
+idle_timeout = 2.5
+
+[[listener]]
+host = "0.0.0.0"
+port = 5673
+role = "normal"
+
+[[listener]]
+host = "::1"
+port = 0
+
+[limits]
+max_message_size = 2048
+max_in_flight_per_topic = 10
+publisher_credit_window = 5
+default_terminus_timeout = 30
+max_terminus_timeout = 600
+
+[delivery]
+no_subscribers = "rejected"
+record_linger = 0.5
+drain_grace = 1
+
+[eventlog]
+max_bytes = 1000000
+retention = 3
+fsync = true
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "router.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(tmp_path: Path, text: str) -> ConfigError:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(str(path))  # every message names the file
+    return info.value
+
+
+def test_full_file(tmp_path):
+    config = load_config(write(tmp_path, FULL))
+    assert config == RouterConfig(
+        router_id="A",
+        data_dir=Path("/var/lib/eorouter/A"),
+        idle_timeout=2.5,
+        listeners=(Listener("0.0.0.0", 5673, "normal"), Listener("::1", 0, "normal")),
+        drain_grace=1.0,
+        eventlog=EventLogSettings(max_bytes=1_000_000, retention=3, fsync=True),
+        core=CoreSettings(
+            router_id="A",
+            max_in_flight_per_topic=10,
+            publisher_credit_window=5,
+            max_message_size=2048,
+            default_terminus_timeout=30,
+            max_terminus_timeout=600,
+            no_subscribers=outcomes.REJECTED,
+            record_linger=0.5,
+        ),
+        source=str(tmp_path / "router.toml"),
+    )
+    assert isinstance(config.drain_grace, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.router_id = "B"
+
+
+def test_defaults(tmp_path):
+    config = load_config(write(tmp_path, '[router]\nid = "node-1.eu_west"\n'))
+    assert config.router_id == "node-1.eu_west"
+    assert config.data_dir == tmp_path / "data" / "node-1.eu_west"
+    assert config.idle_timeout == 4.0
+    assert config.listeners == (Listener("127.0.0.1", 5672, "normal"),)  # loopback by default
+    assert config.drain_grace == 5.0
+    assert config.eventlog == EventLogSettings(eventlog.DEFAULT_MAX_BYTES, eventlog.DEFAULT_RETENTION, False)
+    assert config.core == dataclasses.replace(CoreSettings(), router_id="node-1.eu_west")
+    assert config.core.no_subscribers == outcomes.RELEASED
+
+
+@pytest.mark.parametrize("name", ["released", "rejected", "accepted", "modified"])
+def test_no_subscribers_maps_to_outcome_codes(tmp_path, name):
+    config = load_config(write(tmp_path, f'[router]\nid = "A"\n[delivery]\nno_subscribers = "{name}"\n'))
+    assert config.core.no_subscribers == outcomes.BY_NAME[name]
+
+
+def test_relative_data_dir_is_relative_to_the_config_file(tmp_path, monkeypatch):
+    conf_dir = tmp_path / "etc"
+    conf_dir.mkdir()
+    monkeypatch.chdir(tmp_path)  # not the config's directory
+    path = write(conf_dir, '[router]\nid = "A"\ndata_dir = "state/A"\n')
+    assert load_config(path).data_dir == conf_dir / "state" / "A"
+    assert load_config(Path("etc") / "router.toml").data_dir == conf_dir / "state" / "A"  # relative config path too
+    home = load_config(write(conf_dir, '[router]\nid = "A"\ndata_dir = "~/eo"\n'))
+    assert home.data_dir == Path.home() / "eo"
+
+
+def test_parse_config_without_a_file(tmp_path):
+    config = parse_config({"router": {"id": "A"}}, "<test>", base_dir=tmp_path)
+    assert config.data_dir == tmp_path / "data" / "A"
+    assert config.source == "<test>"
+    with pytest.raises(ConfigError, match=r"^<test>: router\.id: required key is missing"):
+        parse_config({"router": {}}, "<test>")
+
+
+BAD_VALUES = [
+    # (section line(s), key path, expected fragment, found fragment)
+    ('[router]\nid = "has space"', "router.id", "a router id", "found 'has space'"),
+    ('[router]\nid = ""', "router.id", "a router id", "found ''"),
+    ('[router]\nid = "' + "x" * 65 + '"', "router.id", "a router id", "found 'xxx"),
+    ("[router]\nid = 7", "router.id", "a router id", "found 7"),
+    ('[router]\nid = "A"\ndata_dir = 3', "router.data_dir", "a non-empty string", "found 3"),
+    ('[router]\nid = "A"\ndata_dir = ""', "router.data_dir", "a non-empty string", "found ''"),
+    ('[router]\nid = "A"\nidle_timeout = 0', "router.idle_timeout", "a positive number of seconds", "found 0"),
+    ('[router]\nid = "A"\nidle_timeout = -1.5', "router.idle_timeout", "a positive number", "found -1.5"),
+    ('[router]\nid = "A"\nidle_timeout = inf', "router.idle_timeout", "a positive number", "found inf"),
+    ('[router]\nid = "A"\nidle_timeout = "abc"', "router.idle_timeout", "a positive number", "found 'abc'"),
+    ('[router]\nid = "A"\nidle_timeout = true', "router.idle_timeout", "a positive number", "found true"),
+    ('[router]\nid = "A"\n[[listener]]\nport = 65536', "listener[0].port", "a port number from 0 to 65535",
+     "found 65536"),
+    ('[router]\nid = "A"\n[[listener]]\nport = -1', "listener[0].port", "a port number", "found -1"),
+    ('[router]\nid = "A"\n[[listener]]\nport = "5672"', "listener[0].port", "a port number", "found '5672'"),
+    ('[router]\nid = "A"\n[[listener]]\nport = 1\n[[listener]]\nhost = ""', "listener[1].host",
+     "a host name or IP address", "found ''"),
+    ('[router]\nid = "A"\n[[listener]]\nrole = "broker"', "listener[0].role", "one of 'normal'", "found 'broker'"),
+    ('[router]\nid = "A"\n[limits]\nmax_message_size = "abc"', "limits.max_message_size",
+     "a positive integer", "found 'abc'"),
+    ('[router]\nid = "A"\n[limits]\nmax_message_size = 0', "limits.max_message_size", "a positive integer",
+     "found 0"),
+    ('[router]\nid = "A"\n[limits]\nmax_message_size = 1.5e6', "limits.max_message_size", "a positive integer",
+     "found 1500000.0"),
+    ('[router]\nid = "A"\n[limits]\nmax_in_flight_per_topic = -3', "limits.max_in_flight_per_topic",
+     "a positive integer", "found -3"),
+    ('[router]\nid = "A"\n[limits]\npublisher_credit_window = 0', "limits.publisher_credit_window",
+     "an integer from 1 to 4294967295", "found 0"),
+    ('[router]\nid = "A"\n[limits]\ndefault_terminus_timeout = -1', "limits.default_terminus_timeout",
+     "an integer from 0 to 4294967295", "found -1"),
+    ('[router]\nid = "A"\n[limits]\nmax_terminus_timeout = 4294967296', "limits.max_terminus_timeout",
+     "an integer from 0", "found 4294967296"),
+    ('[router]\nid = "A"\n[limits]\ndefault_terminus_timeout = 100\nmax_terminus_timeout = 50',
+     "limits.default_terminus_timeout", "at most max_terminus_timeout (50)", "(100)"),
+    ('[router]\nid = "A"\n[delivery]\nno_subscribers = "dropped"', "delivery.no_subscribers",
+     "one of 'released', 'rejected', 'accepted', 'modified'", "found 'dropped'"),
+    ('[router]\nid = "A"\n[delivery]\nno_subscribers = "none"', "delivery.no_subscribers", "one of",
+     "found 'none'"),
+    ('[router]\nid = "A"\n[delivery]\nrecord_linger = -0.1', "delivery.record_linger",
+     "a non-negative number of seconds", "found -0.1"),
+    ('[router]\nid = "A"\n[delivery]\ndrain_grace = nan', "delivery.drain_grace", "a non-negative number",
+     "found nan"),
+    ('[router]\nid = "A"\n[eventlog]\nmax_bytes = 0', "eventlog.max_bytes", "a positive integer", "found 0"),
+    ('[router]\nid = "A"\n[eventlog]\nretention = 0', "eventlog.retention", "a positive integer", "found 0"),
+    ('[router]\nid = "A"\n[eventlog]\nfsync = "yes"', "eventlog.fsync", "true or false", "found 'yes'"),
+    ('[router]\nid = "A"\n[eventlog]\nfsync = 1', "eventlog.fsync", "true or false", "found 1"),
+    ('[router]\nid = "A"\nlimits = 5', "router.limits", "unknown key", "'limits' is a table of its own"),
+    ('[router]\nid = "A"\n[limits]\nmax_message_size = 1979-05-27', "limits.max_message_size",
+     "a positive integer", "found 1979-05-27"),
+    ('router = "A"', "router", "expected a table", "found 'A'"),
+    ('[router]\nid = "A"\neventlog = 3', "router.eventlog", "unknown key", "known keys in [router]"),
+]
+
+
+@pytest.mark.parametrize("text,key,expected,found", BAD_VALUES, ids=[b[1] + ":" + b[3] for b in BAD_VALUES])
+def test_wrong_types_and_ranges(tmp_path, text, key, expected, found):
+    error = error_of(tmp_path, text + "\n")
+    message = str(error)
+    assert error.key == key
+    assert f": {key}: " in message
+    assert expected in message and found in message
+
+
+def test_message_format_matches_the_documented_one(tmp_path):
+    error = error_of(tmp_path, '[router]\nid = "A"\n[limits]\nmax_message_size = "abc"\n')
+    assert str(error) == f"{tmp_path / 'router.toml'}: limits.max_message_size: expected a positive integer, found 'abc'"
+
+
+def test_router_id_is_required(tmp_path):
+    assert error_of(tmp_path, "[limits]\nmax_message_size = 10\n").key == "router.id"
+    assert "required key is missing" in str(error_of(tmp_path, '[router]\ndata_dir = "x"\n'))
+
+
+def test_inter_router_listener_is_not_supported_yet(tmp_path):
+    error = error_of(tmp_path, '[router]\nid = "A"\n[[listener]]\nrole = "inter-router"\n')
+    assert error.key == "listener[0].role"
+    assert "not supported yet" in str(error)
+
+
+def test_listener_shape_errors(tmp_path):
+    assert "write [[listener]]" in str(error_of(tmp_path, '[router]\nid = "A"\n[listener]\nport = 1\n'))
+    assert "at least one listener" in str(error_of(tmp_path, 'listener = []\n[router]\nid = "A"\n'))
+    assert "listener[0]: expected a table, found 1" in str(error_of(tmp_path, 'listener = [1]\n[router]\nid = "A"\n'))
+    assert "found 5" in str(error_of(tmp_path, 'listener = 5\n[router]\nid = "A"\n'))
+    dup = error_of(tmp_path, '[router]\nid = "A"\n[[listener]]\nport = 5\n[[listener]]\nport = 5\n')
+    assert dup.key == "listener[1]" and "duplicates listener[0] (127.0.0.1:5)" in str(dup)
+    # Several ephemeral listeners on one host are fine: each gets its own port.
+    config = load_config(write(tmp_path, '[router]\nid = "A"\n[[listener]]\nport = 0\n[[listener]]\nport = 0\n'))
+    assert len(config.listeners) == 2
+
+
+@pytest.mark.parametrize(
+    "text,key,suggestion",
+    [
+        ('[router]\nid = "A"\n[limits]\nmax_mesage_size = 3', "limits.max_mesage_size", "limits.max_message_size"),
+        ('[router]\nid = "A"\nidle_timout = 3', "router.idle_timout", "router.idle_timeout"),
+        ('[router]\nid = "A"\n[[listener]]\nhots = "h"', "listener[0].hots", "listener[0].host"),
+        ('[router]\nid = "A"\n[delivery]\nno_subscriber = "released"', "delivery.no_subscriber",
+         "delivery.no_subscribers"),
+        ('[router]\nid = "A"\nmax_bytes = 3', "router.max_bytes", "eventlog.max_bytes"),  # wrong table
+        ('[router]\nid = "A"\n[event_log]\nfsync = true', None, "eventlog"),
+        ('[routr]\nid = "A"', None, "router"),
+    ],
+)
+def test_unknown_keys_are_errors_with_a_suggestion(tmp_path, text, key, suggestion):
+    error = error_of(tmp_path, text + "\n")
+    assert error.key == key
+    assert "unknown" in str(error)
+    assert f"(did you mean '{suggestion}'?)" in str(error)
+
+
+def test_unknown_key_without_close_match(tmp_path):
+    error = error_of(tmp_path, '[router]\nid = "A"\n[limits]\nzzz = 1\n')
+    assert error.key == "limits.zzz"
+    assert "did you mean" not in str(error)
+    assert "known keys in [limits]: max_message_size" in str(error)
+
+
+def test_toml_syntax_error_names_file_line_and_column(tmp_path):
+    error = error_of(tmp_path, '[router]\nid = "A"\n[limits]\nmax_message_size = = 3\n')
+    assert (error.line, error.column) == (4, 20)
+    assert str(error).startswith(f"{tmp_path / 'router.toml'}, line 4, column 20: TOML syntax error: ")
+    assert "(at line" not in str(error)
+
+    unterminated = error_of(tmp_path, '[router]\nid = "A\n')
+    assert unterminated.line == 2 and "TOML syntax error" in str(unterminated)
+
+    duplicate = error_of(tmp_path, '[router]\nid = "A"\nid = "B"\n')
+    assert duplicate.line == 3
+
+    at_end = error_of(tmp_path, '[router]\nid = "A"\nx = [1,')
+    assert at_end.line == 3 and at_end.column == 8
+
+
+def test_unreadable_and_non_utf8_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.toml")
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[router]\nid = "\xe9"\n')
+    with pytest.raises(ConfigError, match=r"line 2: not valid UTF-8") as info:
+        load_config(path)
+    assert info.value.line == 2

@@ -1,0 +1,418 @@
+"""The delivery rule, driven through the pure core with exact command lists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from router.core import outcomes, tags
+from router.core.commands import (
+    DetachLink, Drained, Forward, GrantCredit, OpenLink, SendOutcome, SettleOutgoing, ShutdownComplete,
+)
+from router.core.events import DURABLE_CONFIGURATION, DURABLE_UNSETTLED_STATE, MessageTooLarge
+from router.core.message import read_origin
+from router.core.router import INCARNATION_PROPERTY
+
+from corekit import Harness, decode, encode
+
+INCARNATION_1 = "b00t.1"
+
+
+def stream_tag(pub_tag: bytes, container="pub", name="p1", incarnation=INCARNATION_1) -> bytes:
+    return tags.outgoing_tag(tags.stream_id(container, name, incarnation), pub_tag)
+
+
+def forwarded(commands):
+    return [c for c in commands if isinstance(c, Forward)]
+
+
+def outcomes_sent(commands):
+    return [c for c in commands if isinstance(c, SendOutcome)]
+
+
+def test_attach_publisher_opens_with_incarnation_and_grants_window():
+    h = Harness(publisher_credit_window=100)
+    assert h.attach_publisher(1) == [OpenLink(1, 0, {INCARNATION_PROPERTY: INCARNATION_1}), GrantCredit(1, 100)]
+
+
+def test_one_subscriber_full_life_of_a_delivery():
+    h = Harness()
+    h.attach_publisher(1)
+    assert h.attach_subscriber(2) == [OpenLink(2, 0, None)]
+    assert h.credit(2, 10) == []
+    delivery, commands = h.publish(1, b"1", body="hello")
+    tag = stream_tag(b"1")
+    assert [type(c) for c in commands] == [Forward]
+    (fwd,) = commands
+    assert (fwd.link_id, fwd.tag, fwd.settled) == (2, tag, False)
+    message = decode(fwd.payload)
+    assert message.body == "hello"
+    origin = read_origin(fwd.payload)
+    assert (origin.container_id, origin.link_name, origin.tag, origin.ingress_router) == ("pub", "p1", b"1", "A")
+    assert h.answer(2, tag) == [SendOutcome(delivery, outcomes.ACCEPTED)]
+    assert h.core.record_count() == 1
+    assert h.settle(1, delivery) == [SettleOutgoing(2, tag)]
+    # The subscriber settled first (rcv-settle-mode=first): it knows; the record goes.
+    assert h.core.record_count() == 0
+    assert h.log_kinds() == ["link-attached", "link-attached", "received", "forwarded", "sub-outcome",
+                             "pub-outcome", "settled", "record-deleted"]
+    ids = {entry.fields["delivery"] for entry in h.logs if "delivery" in entry.fields}
+    assert ids == {tag.hex()}
+
+
+def test_accepted_only_after_every_subscriber_accepted():
+    h = Harness()
+    h.attach_publisher(1)
+    for link in (2, 3, 4):
+        h.attach_subscriber(link)
+        h.credit(link, 5)
+    delivery, commands = h.publish(1, b"1")
+    assert [c.link_id for c in forwarded(commands)] == [2, 3, 4]
+    tag = stream_tag(b"1")
+    assert h.answer(2, tag) == []
+    assert h.answer(3, tag) == []
+    assert h.answer(4, tag) == [SendOutcome(delivery, outcomes.ACCEPTED)]
+
+
+def test_one_release_among_accepts_gives_released():
+    h = Harness()
+    h.attach_publisher(1)
+    for link in (2, 3):
+        h.attach_subscriber(link)
+        h.credit(link, 5)
+    delivery, _ = h.publish(1, b"1")
+    tag = stream_tag(b"1")
+    h.answer(2, tag)
+    assert h.answer(3, tag, outcomes.RELEASED) == [SendOutcome(delivery, outcomes.RELEASED)]
+
+
+def test_rejection_wins_and_carries_its_condition():
+    h = Harness()
+    h.attach_publisher(1)
+    for link in (2, 3, 4):
+        h.attach_subscriber(link)
+        h.credit(link, 5)
+    delivery, _ = h.publish(1, b"1")
+    tag = stream_tag(b"1")
+    h.answer(2, tag, outcomes.RELEASED)
+    h.answer(3, tag, outcomes.REJECTED, condition="app:bad", description="nope")
+    assert h.answer(4, tag, outcomes.MODIFIED, delivery_failed=True) == [
+        SendOutcome(delivery, outcomes.REJECTED, False, "app:bad", "nope")]
+
+
+def test_modified_flags_are_merged():
+    h = Harness()
+    h.attach_publisher(1)
+    for link in (2, 3):
+        h.attach_subscriber(link)
+        h.credit(link, 5)
+    delivery, _ = h.publish(1, b"1")
+    tag = stream_tag(b"1")
+    h.answer(2, tag, outcomes.MODIFIED, delivery_failed=True)
+    assert h.answer(3, tag, outcomes.MODIFIED, undeliverable_here=True) == [
+        SendOutcome(delivery, outcomes.MODIFIED, False, None, None, True, True)]
+
+
+@pytest.mark.parametrize("answer", ["released", "rejected", "accepted", "modified"])
+def test_no_subscribers_answer_is_configurable(answer):
+    h = Harness(no_subscribers=outcomes.BY_NAME[answer])
+    h.attach_publisher(1)
+    delivery, commands = h.publish(1, b"1")
+    (sent,) = outcomes_sent(commands)
+    assert (sent.delivery, sent.outcome) == (delivery, outcomes.BY_NAME[answer])
+
+
+def test_subscriber_without_credit_holds_the_publisher_and_gets_it_later():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    delivery, commands = h.publish(1, b"1")
+    assert commands == []
+    (fwd,) = h.credit(2, 1)
+    assert fwd.tag == stream_tag(b"1")
+    assert h.answer(2, fwd.tag) == [SendOutcome(delivery, outcomes.ACCEPTED)]
+
+
+def test_queued_deliveries_go_out_in_publisher_order():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    for n in range(5):
+        h.publish(1, str(n).encode())
+    sent = forwarded(h.credit(2, 3)) + forwarded(h.credit(2, 2))
+    assert [decode(f.payload).body for f in sent] == ["m"] * 5
+    assert [f.tag for f in sent] == [stream_tag(str(n).encode()) for n in range(5)]
+
+
+def test_drain_with_nothing_queued_spends_credit():
+    h = Harness()
+    h.attach_subscriber(2)
+    assert h.credit(2, 7, drain=True) == [Drained(2)]
+
+
+def test_slow_subscriber_throttles_publisher_credit():
+    h = Harness(max_in_flight_per_topic=4, publisher_credit_window=4)
+    assert h.attach_publisher(1)[-1] == GrantCredit(1, 4)
+    h.attach_subscriber(2)
+    deliveries = [h.publish(1, str(n).encode())[0] for n in range(4)]
+    # Four unsettled deliveries: the topic is at its bound, so no more credit.
+    assert not any(isinstance(c, GrantCredit) for c in h.credit(2, 1))
+    tag0 = stream_tag(b"0")
+    h.answer(2, tag0)
+    assert h.settle(1, deliveries[0])[-1] == GrantCredit(1, 1)
+
+
+def test_credit_is_shared_among_publishers_of_a_topic():
+    h = Harness(max_in_flight_per_topic=100, publisher_credit_window=250)
+    assert h.attach_publisher(1)[-1] == GrantCredit(1, 100)
+    grants = [c for c in h.attach_publisher(2, name="other") if isinstance(c, GrantCredit)]
+    assert grants == []  # the first publisher still holds the whole bound
+
+
+def test_non_durable_detach_stops_counting():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    h.attach_subscriber(3)
+    h.credit(2, 5)
+    h.credit(3, 5)
+    delivery, _ = h.publish(1, b"1")
+    h.answer(2, stream_tag(b"1"))
+    assert outcomes_sent(h.detach(3)) == [SendOutcome(delivery, outcomes.ACCEPTED)]
+
+
+@pytest.mark.parametrize("durable", [DURABLE_CONFIGURATION, DURABLE_UNSETTLED_STATE])
+def test_durable_reattach_receives_what_it_missed_in_order(durable):
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2, name="d", durable=durable, timeout=30)
+    h.credit(2, 10)
+    d0, (f0,) = h.publish(1, b"0")
+    h.detach(2)
+    d1, c1 = h.publish(1, b"1")
+    d2, c2 = h.publish(1, b"2")
+    assert c1 == c2 == []  # owed to the detached durable subscriber, not forwarded
+    assert outcomes_sent(h.advance(10)) == []
+    assert h.attach_subscriber(5, name="d", durable=durable, timeout=30) == [OpenLink(5, 30, None)]
+    sent = forwarded(h.credit(5, 10))
+    assert [f.tag for f in sent] == [stream_tag(b"0"), stream_tag(b"1"), stream_tag(b"2")]
+    results = [outcomes_sent(h.answer(5, f.tag)) for f in sent]
+    assert results == [[SendOutcome(d, outcomes.ACCEPTED)] for d in (d0, d1, d2)]
+    assert h.log_kinds().count("link-attached") == 3
+
+
+def test_durable_subscription_expires_and_stops_holding_the_publisher():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2, name="d", durable=DURABLE_CONFIGURATION, timeout=5)
+    h.attach_subscriber(3)
+    h.credit(3, 5)
+    h.detach(2)
+    delivery, _ = h.publish(1, b"1")
+    h.answer(3, stream_tag(b"1"))
+    assert h.core.next_deadline() == pytest.approx(h.now + 5)
+    assert outcomes_sent(h.advance(4.9)) == []
+    assert outcomes_sent(h.advance(0.2)) == [SendOutcome(delivery, outcomes.ACCEPTED)]
+    assert "subscription-expired" in h.log_kinds()
+
+
+def test_closing_a_durable_link_ends_the_subscription():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2, name="d", durable=DURABLE_CONFIGURATION, timeout=60)
+    h.detach(2, closed=True)
+    delivery, commands = h.publish(1, b"1")
+    assert outcomes_sent(commands) == [SendOutcome(delivery, outcomes.RELEASED)]
+
+
+def test_durable_terminus_timeout_is_bounded():
+    h = Harness(default_terminus_timeout=60, max_terminus_timeout=100)
+    assert h.attach_subscriber(2, name="a", durable=DURABLE_CONFIGURATION)[0] == OpenLink(2, 60, None)
+    assert h.attach_subscriber(3, name="b", durable=DURABLE_CONFIGURATION, timeout=500)[0] == OpenLink(3, 100, None)
+    assert h.attach_subscriber(4, name="c", durable=DURABLE_CONFIGURATION,
+                               expiry_policy="never")[0] == OpenLink(4, 100, None)
+
+
+def test_second_link_with_same_identity_steals_the_first():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2, name="s", container="c")
+    h.credit(2, 5)
+    h.publish(1, b"1")
+    commands = h.attach_subscriber(3, name="s", container="c")
+    assert commands[0] == DetachLink(2, "amqp:link:stolen",
+                                     "a newer link with the same container-id and name attached", close=False)
+    # The newer link takes over the terminus: what the old one held unanswered is resent.
+    assert commands[1:] == [OpenLink(3, 0, None)]
+    (fwd,) = h.credit(3, 5)
+    assert fwd.tag == stream_tag(b"1")
+    assert outcomes_sent(h.answer(3, fwd.tag)) == [SendOutcome(1, outcomes.ACCEPTED)]
+
+
+def test_publisher_link_stolen():
+    h = Harness()
+    h.attach_publisher(1, name="p")
+    commands = h.attach_publisher(2, name="p")
+    assert commands[0].link_id == 1 and commands[0].condition == "amqp:link:stolen"
+
+
+def test_rcv_settle_second_sees_settlement_only_after_publisher_and_record_needs_evidence():
+    h = Harness(record_linger=30)
+    h.attach_publisher(1)
+    h.attach_subscriber(2, rcv_second=True)
+    h.credit(2, 10)
+    d1, _ = h.publish(1, b"1")
+    t1 = stream_tag(b"1")
+    assert h.answer(2, t1, settled=False) == [SendOutcome(d1, outcomes.ACCEPTED)]
+    assert h.settle(1, d1) == [SettleOutgoing(2, t1)]
+    assert h.core.record_count() == 1  # it may not have seen our settlement yet
+    d2, _ = h.publish(1, b"2")
+    h.answer(2, stream_tag(b"2"), settled=False)
+    # Answering a delivery sent after our settlement proves it saw the settlement.
+    assert h.core.record_count() == 1
+    assert [e.fields["reason"] for e in h.logs if e.kind == "record-deleted"] == ["receivers-know-settled"]
+
+
+def test_last_delivery_record_lingers_then_goes():
+    h = Harness(record_linger=2.0)
+    h.attach_publisher(1)
+    h.attach_subscriber(2, rcv_second=True)
+    h.credit(2, 10)
+    d1, _ = h.publish(1, b"1")
+    h.answer(2, stream_tag(b"1"), settled=False)
+    h.settle(1, d1)
+    assert h.core.record_count() == 1
+    h.advance(2.1)
+    assert h.core.record_count() == 0
+
+
+def test_presettled_publisher_is_best_effort():
+    h = Harness()
+    h.attach_publisher(1, settled=True)
+    h.attach_subscriber(2)
+    h.attach_subscriber(3)
+    h.credit(2, 5)
+    _, commands = h.publish(1, b"1", settled=True)
+    assert [(f.link_id, f.settled) for f in commands] == [(2, True)]  # 3 has no credit: dropped, not waited for
+    assert h.core.record_count() == 0
+
+
+def test_best_effort_subscriber_is_not_owed():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2, best_effort=True)
+    h.credit(2, 5)
+    delivery, commands = h.publish(1, b"1")
+    assert [type(c) for c in commands] == [SendOutcome, Forward]
+    assert commands[0] == SendOutcome(delivery, outcomes.RELEASED)
+    assert commands[1].settled
+
+
+def test_message_ttl_expires_while_queued():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    delivery, commands = h.publish(1, b"1", ttl=1.5)
+    assert commands == []
+    assert outcomes_sent(h.advance(1.6)) == [
+        SendOutcome(delivery, outcomes.REJECTED, False, outcomes.EXPIRED,
+                    "message expired before it reached every subscriber")]
+    assert forwarded(h.credit(2, 5)) == []
+
+
+def test_already_expired_message_is_rejected_at_once():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    h.credit(2, 5)
+    delivery, commands = h.publish(1, b"1", expiry_time=h.now - 1)
+    assert forwarded(commands) == []
+    (sent,) = outcomes_sent(commands)
+    assert (sent.outcome, sent.condition, sent.settle) == (outcomes.REJECTED, outcomes.EXPIRED, True)
+
+
+def test_malformed_message_is_rejected_and_nothing_else_changes():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    h.credit(2, 5)
+    delivery, commands = h.publish(1, b"1", payload=b"\x00\x53\x77\xa1\xff")
+    (sent,) = outcomes_sent(commands)
+    assert (sent.outcome, sent.condition) == (outcomes.REJECTED, "amqp:decode-error")
+    assert h.core.record_count() == 0
+    _, ok = h.publish(1, b"2")
+    assert len(forwarded(ok)) == 1
+
+
+def test_oversized_message_is_rejected():
+    h = Harness(max_message_size=100)
+    h.attach_publisher(1)
+    commands = h.do(MessageTooLarge(1, 9, b"1", 101, False))
+    (sent,) = outcomes_sent(commands)
+    assert (sent.delivery, sent.outcome, sent.condition) == (9, outcomes.REJECTED, "amqp:link:message-size-exceeded")
+
+
+def test_attach_without_address_is_refused():
+    h = Harness()
+    (detach,) = h.attach_subscriber(2, topic=None)
+    assert detach.condition == "amqp:invalid-field" and detach.close
+
+
+def test_tag_reuse_while_unsettled_is_refused():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    h.publish(1, b"1")
+    _, commands = h.publish(1, b"1")
+    (sent,) = outcomes_sent(commands)
+    assert sent.condition == "amqp:invalid-field"
+
+
+def test_connection_loss_detaches_every_link_on_it():
+    h = Harness()
+    h.attach_publisher(1, conn=7)
+    h.attach_subscriber(2, conn=7)
+    h.attach_subscriber(3, conn=8)
+    h.credit(3, 5)
+    h.lose_connection(7)
+    assert h.core.publishers == {} and list(h.core.subscribers) == [3]
+
+
+def test_publisher_gone_records_are_finished_for_it():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    h.credit(2, 5)
+    h.publish(1, b"1")
+    h.detach(1)
+    h.answer(2, stream_tag(b"1"))
+    kinds = h.log_kinds()
+    assert "settled" in kinds and h.core.record_count() == 0
+
+
+def test_shutdown_answers_what_is_in_flight_then_completes():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    h.credit(2, 5)
+    d1, _ = h.publish(1, b"1")
+    assert h.shutdown(grace=3) == []
+    # New deliveries during the drain are released at once.
+    d2, commands = h.publish(1, b"2")
+    assert commands == [SendOutcome(d2, outcomes.RELEASED, True)]
+    commands = h.advance(3.1)
+    assert commands == [SendOutcome(d1, outcomes.RELEASED), ShutdownComplete()]
+
+
+def test_shutdown_with_nothing_in_flight_completes_at_once():
+    h = Harness()
+    h.attach_publisher(1)
+    assert h.shutdown() == [ShutdownComplete()]
+
+
+def test_importing_the_core_does_not_import_proton():
+    code = ("import sys, router.core.router, router.core.message, router.core.tags; "
+            "assert not [m for m in sys.modules if m.startswith(('proton', 'cproton'))], 'proton imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
