@@ -110,11 +110,14 @@ EVENTS: dict[str, dict[str, str]] = {
         "size": "long",
         "settled": "boolean",
         "owed": "array<string>",  # subscriber keys "container/link-name"
+        "forwarded": "array<string>",  # the owed subscribers it was sent to at once
     },
     "forwarded": {"delivery": "string", "subscriber": "string", "link": "long", "settled": "boolean"},
     "sub-outcome": {"delivery": "string", "subscriber": "string", "outcome": "string", "settled": "boolean"},
     "pub-outcome": {"delivery": "string", "outcome": "string", "condition": "string", "reason": "string"},
-    "settled": {"delivery": "string", "by": "string"},  # by: "publisher" or "publisher-gone"
+    # by: "publisher" or "publisher-gone"; deleted: the record went at once (every
+    # receiver already knew), else a "record-deleted" event follows later.
+    "settled": {"delivery": "string", "by": "string", "deleted": "boolean"},
     "record-deleted": {"delivery": "string", "reason": "string"},
     "expired": {"delivery": "string", "subscriber": "string"},
     "router-stopping": {"reason": "string"},

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from sortedcontainers import SortedDict
-
 
 class PublisherLink:
     __slots__ = ("link_id", "conn_id", "container_id", "name", "topic", "incarnation", "stream",
@@ -68,8 +66,10 @@ class Topic:
         self.subscriptions: dict[str, Subscription] = {}
         self.publishers: dict[int, PublisherLink] = {}
         # order key -> record: the topic's records in publisher (arrival) order, the
-        # index a re-attaching subscriber is replayed from.
-        self.records: SortedDict = SortedDict()
+        # index a re-attaching subscriber is replayed from. Keys only ever grow, so a
+        # plain dict (insertion-ordered, O(1) delete) is already sorted; a SortedDict
+        # cost ~3 µs per message here for nothing.
+        self.records: dict = {}
         self.unsettled = 0  # records the publisher has not settled: the in-flight bound
         self.outstanding_credit = 0  # credit granted to this topic's publishers, not yet used
 

@@ -210,6 +210,13 @@ class RouterCore:
         limit = self.settings.max_terminus_timeout
         if ev.expiry_policy == "never":
             return limit
+        if ev.expiry_policy == "link-detach":
+            # The peer asked for expiry to start at detach: a timeout of 0 ends the
+            # subscription with its link. (For session-end and connection-close the
+            # router grants the default instead: for a crashed client those moments
+            # coincide with the detach, and the router's source terminus is the one
+            # that counts.)
+            return min(ev.timeout, limit)
         requested = ev.timeout or self.settings.default_terminus_timeout
         return min(requested, limit)
 
@@ -369,42 +376,53 @@ class RouterCore:
         if expires_at is not None and expires_at <= now:
             self._refuse(ev.delivery, outcomes.EXPIRED, "message expired before it could be delivered", out)
             return
-        record = DeliveryRecord(tag, topic.name, next(self._order), prepared.payload, pub.container_id,
+        payload = prepared.payload
+        record = DeliveryRecord(tag, topic.name, next(self._order), payload, pub.container_id,
                                 pub.name, ev.tag, pub.incarnation, seq, pub.link_id, ev.delivery,
                                 expires_at, reuse)
-        owed = []
+        states = record.subscribers
+        sent_to = []
+        best_effort = None
         for key, sub in topic.subscriptions.items():
-            if not sub.best_effort:
-                record.subscribers[key] = SubscriberState()
-                owed.append(key)
+            if sub.best_effort:
+                best_effort = True
+                continue
+            state = states[key] = SubscriberState()
+            link_id = sub.link_id
+            if link_id is None:
+                continue  # durable, detached: it gets the record on re-attach
+            if sub.credit > 0 and not sub.queue:
+                sub.credit -= 1
+                state.sent = sub.send_counter = sub.send_counter + 1
+                state.link = link_id
+                out.append(Forward(link_id, tag, payload, False))
+                sent_to.append(key)
+            else:
+                sub.queue.append(record)
+        # One record for arrival and the immediate sends keeps the log cheap: later
+        # sends (from a queue) get "forwarded" events of their own.
         out.append(Log("received", {
             "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
             "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
-            "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": owed}))
+            "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": list(states),
+            "forwarded": sent_to}))
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record
         topic.records[record.order] = record
         topic.unsettled += 1
-        if not owed:
+        if not states:
             self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
                                    now, out)
-        else:
-            if expires_at is not None:
-                self._add_timer(expires_at, _TIMER_EXPIRY, record)
-            for key in owed:
-                sub = topic.subscriptions[key]
-                if sub.link_id is None:
-                    continue  # durable, detached: it gets the record on re-attach
-                if sub.credit > 0 and not sub.queue:
-                    self._send(sub, record, record.subscribers[key], out)
-                else:
-                    sub.queue.append(record)
-        # Best-effort copies for at-most-once subscribers.
-        for sub in topic.subscriptions.values():
-            if sub.best_effort and sub.link_id is not None and sub.credit > 0:
-                sub.credit -= 1
-                out.append(Forward(sub.link_id, tag, prepared.payload, True))
-        self._refill_credit(topic, out)
+        elif expires_at is not None:
+            self._add_timer(expires_at, _TIMER_EXPIRY, record)
+        if best_effort:
+            # Best-effort copies for at-most-once subscribers.
+            for sub in topic.subscriptions.values():
+                if sub.best_effort and sub.link_id is not None and sub.credit > 0:
+                    sub.credit -= 1
+                    out.append(Forward(sub.link_id, tag, payload, True))
+        if pub.credit * 2 < self.settings.publisher_credit_window:
+            self._refill_credit(topic, out)
 
     def _refuse(self, delivery: int, condition: str, description: str, out: list) -> None:
         """Answer a publisher delivery the router will not carry."""
@@ -450,8 +468,7 @@ class RouterCore:
 
     def _send(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, out: list) -> None:
         sub.credit -= 1
-        sub.send_counter += 1
-        state.sent = sub.send_counter
+        state.sent = sub.send_counter = sub.send_counter + 1
         state.link = sub.link_id
         out.append(Forward(sub.link_id, record.tag, record.payload, False))
         out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key,
@@ -529,13 +546,27 @@ class RouterCore:
                 self._maybe_delete(record, now, out)
 
     def _maybe_answer_publisher(self, record: DeliveryRecord, now: float, out: list) -> None:
-        if not record.all_answered():
-            return
-        states = list(record.subscribers.values()) + list(record.remote_routers.values())
-        if states:
-            outcome = outcomes.aggregate(s.outcome for s in states)
-        else:
+        all_accepted = True
+        for state in record.subscribers.values():
+            outcome = state.outcome
+            if outcome is None:
+                return
+            if outcome is not OUTCOME_ACCEPTED:
+                all_accepted = False
+        for state in record.remote_routers.values():
+            outcome = state.outcome
+            if outcome is None:
+                return
+            if outcome is not OUTCOME_ACCEPTED:
+                all_accepted = False
+        if not (record.subscribers or record.remote_routers):
             outcome = Outcome(self.settings.no_subscribers, description="no subscribers left")
+        elif all_accepted:
+            outcome = OUTCOME_ACCEPTED
+        else:
+            outcome = outcomes.aggregate(
+                [s.outcome for s in record.subscribers.values()]
+                + [s.outcome for s in record.remote_routers.values()])
         self._answer_publisher(record, outcome, now, out)
 
     def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
@@ -573,9 +604,14 @@ class RouterCore:
             record.pub_delivery = None
         topic = self.topics[record.topic]
         topic.unsettled -= 1
-        out.append(Log("settled", {"delivery": record.delivery_id, "by": by}))
+        if record.outcome is None:
+            # Settled before every subscriber answered (the publisher gave up): stop
+            # waiting; receivers that hold it see the settlement.
+            record.outcome = Outcome(outcomes.RELEASED, description="settled by publisher before outcome")
+        everyone_knows = True
+        subscriptions = topic.subscriptions
         for key, state in record.subscribers.items():
-            sub = topic.subscriptions.get(key)
+            sub = subscriptions.get(key)
             if state.sent and sub is not None and sub.link_id == state.link:
                 out.append(SettleOutgoing(sub.link_id, record.tag))
                 state.settle_relayed = True
@@ -583,25 +619,25 @@ class RouterCore:
                     state.known_settled = True
                 else:
                     sub.awaiting_evidence.append((sub.send_counter, record))
-            elif state.outcome is not None and state.remote_settled:
+                    everyone_knows = False
+            else:
+                # It settled it itself, never got it, or got it on a link that is
+                # gone: there is no settlement to relay on the current link.
                 state.known_settled = True
-            elif not state.sent or sub is None or sub.link_id != state.link:
-                # Never reached it, or reached it on a link that is gone: there is no
-                # settlement to relay on the current link.
-                state.known_settled = True
-        if record.outcome is None:
-            # Settled before every subscriber answered (the publisher gave up): stop
-            # waiting; receivers that hold it see the settlement.
-            record.outcome = Outcome(outcomes.RELEASED, description="settled by publisher before outcome")
-        self._add_timer(now + self.settings.record_linger, _TIMER_LINGER, record)
-        self._maybe_delete(record, now, out)
+        if everyone_knows:
+            self._delete(record, None, out)
+            out.append(Log("settled", {"delivery": record.delivery_id, "by": by, "deleted": True}))
+        else:
+            out.append(Log("settled", {"delivery": record.delivery_id, "by": by, "deleted": False}))
+            self._add_timer(now + self.settings.record_linger, _TIMER_LINGER, record)
         self._refill_credit(topic, out)
 
     def _maybe_delete(self, record: DeliveryRecord, now: float, out: list) -> None:
         if record.pub_settled and record.tag in self.records and record.every_receiver_knows_settled():
             self._delete(record, "receivers-know-settled", out)
 
-    def _delete(self, record: DeliveryRecord, reason: str, out: list) -> None:
+    def _delete(self, record: DeliveryRecord, reason: str | None, out: list) -> None:
+        """Forget a record; ``reason`` None when the caller logs the deletion itself."""
         if self.records.get(record.tag) is not record:
             return
         del self.records[record.tag]
@@ -611,8 +647,10 @@ class RouterCore:
             topic.unsettled -= 1
             if record.pub_delivery is not None:
                 self.by_delivery.pop(record.pub_delivery, None)
-        out.append(Log("record-deleted", {"delivery": record.delivery_id, "reason": reason}))
-        self._drop_topic_if_idle(topic)
+        if reason is not None:
+            out.append(Log("record-deleted", {"delivery": record.delivery_id, "reason": reason}))
+        if not topic.records:
+            self._drop_topic_if_idle(topic)
 
     # ------------------------------------------------------------ credit
 

@@ -56,8 +56,10 @@ def test_one_subscriber_full_life_of_a_delivery():
     assert h.settle(1, delivery) == [SettleOutgoing(2, tag)]
     # The subscriber settled first (rcv-settle-mode=first): it knows; the record goes.
     assert h.core.record_count() == 0
-    assert h.log_kinds() == ["link-attached", "link-attached", "received", "forwarded", "sub-outcome",
-                             "pub-outcome", "settled", "record-deleted"]
+    assert h.log_kinds() == ["link-attached", "link-attached", "received", "sub-outcome", "pub-outcome", "settled"]
+    received, settled = h.logs[2].fields, h.logs[-1].fields
+    assert (received["owed"], received["forwarded"]) == (["sub/s2"], ["sub/s2"])
+    assert settled["deleted"] is True
     ids = {entry.fields["delivery"] for entry in h.logs if "delivery" in entry.fields}
     assert ids == {tag.hex()}
 
@@ -416,3 +418,13 @@ def test_importing_the_core_does_not_import_proton():
     code = ("import sys, router.core.router, router.core.message, router.core.tags; "
             "assert not [m for m in sys.modules if m.startswith(('proton', 'cproton'))], 'proton imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_expiry_policy_link_detach_with_no_timeout_ends_at_detach():
+    h = Harness()
+    h.attach_publisher(1)
+    assert h.attach_subscriber(2, name="d", durable=DURABLE_CONFIGURATION,
+                               expiry_policy="link-detach")[0] == OpenLink(2, 0, None)
+    h.detach(2)
+    delivery, commands = h.publish(1, b"1")
+    assert outcomes_sent(commands) == [SendOutcome(delivery, outcomes.RELEASED)]

@@ -1,0 +1,211 @@
+"""What the adapter keeps per connection and per link, and the proton calls of the
+rare path (attach, terminus mirroring, link properties, error conditions).
+
+The hot path (deliveries, flow, dispositions) lives in ``engine.py``; everything
+here runs a few times per link or connection, so it may use proton-python's
+``Data`` codec and ``PropertyDict`` where that is simpler than raw ``pn_data``.
+"""
+
+from __future__ import annotations
+
+from cproton_ffi import ffi, lib
+from proton._data import Data, PropertyDict, symbol
+
+from router.core.events import PUBLISHER, SUBSCRIBER, LinkAttached
+
+_EXPIRY_NAMES = {
+    lib.PN_EXPIRE_WITH_LINK: "link-detach",
+    lib.PN_EXPIRE_WITH_SESSION: "session-end",
+    lib.PN_EXPIRE_WITH_CONNECTION: "connection-close",
+    lib.PN_EXPIRE_NEVER: "never",
+}
+
+# Endpoint state bits (pn_state_t).
+LOCAL_UNINIT = lib.PN_LOCAL_UNINIT
+LOCAL_ACTIVE = lib.PN_LOCAL_ACTIVE
+LOCAL_CLOSED = lib.PN_LOCAL_CLOSED
+
+
+class Conn:
+    """One accepted socket with its proton transport, connection and collector."""
+
+    __slots__ = ("conn_id", "sock", "fd", "peer", "transport", "connection", "collector",
+                 "links", "reported", "closing", "dead", "lost", "want_write", "tail_closed",
+                 "head_closed", "tick_at", "handshake_at")
+
+    def __init__(self, conn_id: int, sock, peer: str, transport, connection, collector):
+        self.conn_id = conn_id
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer = peer
+        self.transport = transport
+        self.connection = connection
+        self.collector = collector
+        self.links: dict[int, Link] = {}  # link_id -> Link, links of this connection we track
+        self.reported = False  # the core has heard of this connection (a LinkAttached named it)
+        self.closing = False  # we closed the AMQP connection (error, shutdown)
+        self.dead = False  # the transport is closed: tear down after the current batch
+        self.lost = False  # ConnectionLost already told
+        self.want_write = False  # output is waiting for the socket to drain
+        self.tail_closed = False
+        self.head_closed = False
+        self.tick_at = 0  # next pn_transport_tick deadline, monotonic ms (0: none)
+        self.handshake_at = 0  # until proton runs its own idle timer: cut the peer at this time
+
+    def __repr__(self) -> str:
+        return f"<Conn {self.conn_id} {self.peer}>"
+
+
+class Link:
+    """A link the adapter has reported to the core (or refused)."""
+
+    __slots__ = ("link_id", "conn", "ptr", "is_receiver", "name", "core_attached",
+                 "out", "rx_d", "rx_buf", "rx_handle", "rx_tag", "rx_settled", "rx_size")
+
+    def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str):
+        self.link_id = link_id
+        self.conn = conn
+        self.ptr = ptr
+        self.is_receiver = is_receiver  # our end receives: the peer is a publisher
+        self.name = name
+        # The core believes this link is attached: it accepted the LinkAttached and has
+        # not seen a LinkDetached nor issued a DetachLink for it.
+        self.core_attached = False
+        # Sender links: our unsettled outgoing deliveries, tag -> pn_delivery.
+        self.out: dict[bytes, object] = {}
+        # Receiver links: the delivery being received over several transfers.
+        self.rx_d = None  # its pn_delivery (None: no multi-frame delivery in progress)
+        self.rx_buf: bytearray | None = None  # its bytes so far (None once it is too large)
+        self.rx_handle: int | None = None  # set once reported as MessageTooLarge
+        self.rx_tag = b""
+        self.rx_settled = False
+        self.rx_size = 0
+
+    def __repr__(self) -> str:
+        return f"<Link {self.link_id} {self.name!r} on conn {self.conn.conn_id}>"
+
+
+def cstr(ptr) -> str | None:
+    """A C string from proton as str (None for NULL)."""
+    if ptr == ffi.NULL:
+        return None
+    return ffi.string(ptr).decode("utf-8", "replace")
+
+
+def _plain(value):
+    """proton-decoded AMQP values as plain Python: symbol -> str, memoryview -> bytes."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, str) and type(value) is not str:
+        return str(value)
+    return value
+
+
+def decode_properties(data_ptr) -> dict | None:
+    """Decode a link-properties ``pn_data_t`` into a dict; None when absent or when
+    proton-python cannot decode it (maps with binary keys)."""
+    if data_ptr == ffi.NULL:
+        return None
+    try:
+        data = Data(data_ptr)
+        data.rewind()
+        if not data.next():
+            return None
+        obj = data.get_object()
+        data.rewind()
+    except Exception:  # proton-python's decoder fails on e.g. binary map keys
+        return None
+    if not isinstance(obj, dict):
+        return None
+    return _plain(obj)
+
+
+def encode_properties(props: dict, data_ptr) -> None:
+    """Write a dict as link properties (AMQP wants symbol keys)."""
+    fixed = PropertyDict({symbol(k) if isinstance(k, str) else k: v for k, v in props.items()},
+                         raise_on_error=False)
+    data = Data(data_ptr)
+    data.clear()
+    data.put_object(fixed)
+
+
+def set_condition(cond_ptr, name: str | None, description: str | None) -> None:
+    if name:
+        lib.pn_condition_set_name(cond_ptr, name.encode("utf-8"))
+        if description:
+            lib.pn_condition_set_description(cond_ptr, description.encode("utf-8"))
+
+
+def condition_of(cond_ptr) -> tuple[str | None, str | None]:
+    if cond_ptr == ffi.NULL or not lib.pn_condition_is_set(cond_ptr):
+        return None, None
+    return cstr(lib.pn_condition_get_name(cond_ptr)), cstr(lib.pn_condition_get_description(cond_ptr))
+
+
+def attach_event(link: Link, container_id: str) -> LinkAttached:
+    """The LinkAttached for a link the peer just attached (AMQP_link_attach)."""
+    ptr = link.ptr
+    if link.is_receiver:  # the peer sends: a publisher; the address is its target's
+        role = PUBLISHER
+        terminus = lib.pn_link_remote_target(ptr)
+    else:
+        role = SUBSCRIBER
+        terminus = lib.pn_link_remote_source(ptr)
+    if lib.pn_terminus_get_type(terminus) == lib.PN_UNSPECIFIED:
+        address = None
+    else:
+        address = cstr(lib.pn_terminus_get_address(terminus))
+    return LinkAttached(
+        link_id=link.link_id,
+        conn_id=link.conn.conn_id,
+        container_id=container_id,
+        name=link.name,
+        role=role,
+        address=address,
+        durable=int(lib.pn_terminus_get_durability(terminus)),
+        expiry_policy=_EXPIRY_NAMES.get(lib.pn_terminus_get_expiry_policy(terminus), "session-end"),
+        timeout=int(lib.pn_terminus_get_timeout(terminus)),
+        snd_settle_mode=int(lib.pn_link_remote_snd_settle_mode(ptr)),
+        rcv_settle_mode=int(lib.pn_link_remote_rcv_settle_mode(ptr)),
+        properties=decode_properties(lib.pn_link_remote_properties(ptr)),
+    )
+
+
+def open_link(link: Link, timeout: int, properties: dict | None, max_message_size: int) -> None:
+    """CORE_open_link: mirror the peer's termini and settle modes, set our terminus
+    timeout and link properties, then send our attach."""
+    ptr = link.ptr
+    lib.pn_terminus_copy(lib.pn_link_source(ptr), lib.pn_link_remote_source(ptr))
+    lib.pn_terminus_copy(lib.pn_link_target(ptr), lib.pn_link_remote_target(ptr))
+    # The terminus that lives at the router: the target of a publisher's link, the
+    # source of a subscriber's.
+    ours = lib.pn_link_target(ptr) if link.is_receiver else lib.pn_link_source(ptr)
+    lib.pn_terminus_set_timeout(ours, timeout)
+    lib.pn_link_set_snd_settle_mode(ptr, lib.pn_link_remote_snd_settle_mode(ptr))
+    lib.pn_link_set_rcv_settle_mode(ptr, lib.pn_link_remote_rcv_settle_mode(ptr))
+    if properties:
+        encode_properties(properties, lib.pn_link_properties(ptr))
+    if link.is_receiver and max_message_size:
+        lib.pn_link_set_max_message_size(ptr, max_message_size)
+    lib.pn_link_open(ptr)
+
+
+def detach_link(link: Link, condition: str | None, description: str | None, close: bool) -> None:
+    """CORE_detach_link: detach or close with a condition; a link never opened is
+    opened first (with no terminus: AMQP's way to refuse an attach)."""
+    ptr = link.ptr
+    state = lib.pn_link_state(ptr)
+    if state & LOCAL_CLOSED:
+        return
+    set_condition(lib.pn_link_condition(ptr), condition, description)
+    if state & LOCAL_UNINIT:
+        lib.pn_link_open(ptr)
+    if close:
+        lib.pn_link_close(ptr)
+    else:
+        lib.pn_link_detach(ptr)
+        lib.pn_link_close(ptr)

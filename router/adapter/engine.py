@@ -1,0 +1,573 @@
+"""Translation between proton's engine and the core, in both directions.
+
+Inbound, ``AMQP_*``: drain a connection's ``pn_collector`` and turn engine events
+into core events (``LinkAttached``, ``MessageReceived``, ``OutcomeReceived``...).
+Outbound, ``CORE_*``: execute the commands ``core.handle()`` returns as proton
+calls (``Forward`` -> ``pn_delivery``/``pn_link_send``/``pn_link_advance``...).
+The two halves are kept apart the way qpid-dispatch's ``router_node.c`` keeps its
+``AMQP_*`` and ``CORE_*`` functions apart. Nothing here decides anything: every
+decision is the core's.
+
+Hot path rules (see docs in /work/shared/notes/performance.md): raw ``cproton_ffi``
+calls, ``if``/``elif`` on event type ints, no proton ``Event``/``Wrapper`` objects,
+payload bytes passed through untouched, one reusable receive buffer.
+
+Handles: ``link_id`` and the publisher-delivery ``delivery`` handle are ints from
+process-wide counters, never reused. Maps: ``_links_by_ptr`` (pn_link -> Link),
+``_links`` (link_id -> Link), ``_incoming`` (pn_delivery -> handle) and
+``_handles`` (handle -> (pn_delivery, Link)) for unsettled publisher deliveries the
+core knows, ``_outgoing`` (pn_delivery -> [Link, tag, last state]) for our
+unsettled deliveries to subscribers (each Link also keeps tag -> pn_delivery).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cproton_ffi import ffi, lib
+
+from router.adapter import endpoints
+from router.adapter.endpoints import Conn, Link, condition_of, cstr, set_condition
+from router.core import outcomes
+from router.core.commands import (DetachLink, Drained, Forward, GrantCredit, Log, OpenLink,
+                                  SendOutcome, SettleOutgoing, ShutdownComplete)
+from router.core.errors import ProtocolError
+from router.core.events import (ConnectionLost, CreditChanged, LinkDetached, MessageReceived,
+                                MessageTooLarge, OutcomeReceived, PublisherSettled)
+
+log = logging.getLogger("eorouter.adapter")
+
+# Engine event types (ints, compared with ==).
+PN_CONNECTION_REMOTE_OPEN = lib.PN_CONNECTION_REMOTE_OPEN
+PN_CONNECTION_REMOTE_CLOSE = lib.PN_CONNECTION_REMOTE_CLOSE
+PN_SESSION_REMOTE_OPEN = lib.PN_SESSION_REMOTE_OPEN
+PN_SESSION_REMOTE_CLOSE = lib.PN_SESSION_REMOTE_CLOSE
+PN_LINK_REMOTE_OPEN = lib.PN_LINK_REMOTE_OPEN
+PN_LINK_REMOTE_DETACH = lib.PN_LINK_REMOTE_DETACH
+PN_LINK_REMOTE_CLOSE = lib.PN_LINK_REMOTE_CLOSE
+PN_LINK_FLOW = lib.PN_LINK_FLOW
+PN_DELIVERY = lib.PN_DELIVERY
+PN_TRANSPORT_ERROR = lib.PN_TRANSPORT_ERROR
+PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
+
+ACCEPTED = outcomes.ACCEPTED
+REJECTED = outcomes.REJECTED
+RELEASED = outcomes.RELEASED
+MODIFIED = outcomes.MODIFIED
+NONE = outcomes.NONE
+
+INTERNAL_ERROR = "amqp:internal-error"
+NULL = ffi.NULL
+
+_collector_peek = lib.pn_collector_peek
+_collector_pop = lib.pn_collector_pop
+_event_type = lib.pn_event_type
+_event_delivery = lib.pn_event_delivery
+_event_link = lib.pn_event_link
+_delivery_link = lib.pn_delivery_link
+_delivery_readable = lib.pn_delivery_readable
+_delivery_partial = lib.pn_delivery_partial
+_delivery_pending = lib.pn_delivery_pending
+_delivery_aborted = lib.pn_delivery_aborted
+_delivery_settled = lib.pn_delivery_settled
+_delivery_settle = lib.pn_delivery_settle
+_delivery_tag = lib.pn_delivery_tag
+_delivery_update = lib.pn_delivery_update
+_delivery_remote_state = lib.pn_delivery_remote_state
+_delivery_new = lib.pn_delivery
+_link_recv = lib.pn_link_recv
+_link_send = lib.pn_link_send
+_link_advance = lib.pn_link_advance
+_link_credit = lib.pn_link_credit
+_link_get_drain = lib.pn_link_get_drain
+_link_flow = lib.pn_link_flow
+_unpack = ffi.unpack
+_from_buffer = ffi.from_buffer
+
+
+class Engine:
+    """Drives proton's engine for every connection of one router process."""
+
+    def __init__(self, core, eventlog, *, max_message_size: int):
+        self.core = core
+        self.eventlog = eventlog
+        self.max_message_size = max_message_size
+        self.now = 0.0  # set by the loop once per iteration (one timestamp per iteration)
+        self.touched: set[Conn] = set()  # connections that got engine work during this batch
+        self.opened: list[Conn] = []  # connections whose peer's open frame just arrived
+        self.shutdown_complete = False
+        self._links_by_ptr: dict = {}
+        self._links: dict[int, Link] = {}
+        self._incoming: dict = {}
+        self._handles: dict[int, tuple] = {}
+        self._outgoing: dict = {}
+        self._last_link_id = 0
+        self._last_handle = 0
+        self._rbuf_size = 64 * 1024
+        self._rbuf = ffi.new("char[]", self._rbuf_size)
+
+    # ------------------------------------------------------------------ stats / tests
+    def counts(self) -> dict:
+        """Sizes of the adapter's maps (a leak shows here first)."""
+        return {"links": len(self._links), "incoming": len(self._incoming),
+                "outgoing": len(self._outgoing)}
+
+    # ================================================================== inbound: AMQP_*
+    def drain(self, conn: Conn) -> None:
+        """Process every pending engine event of one connection."""
+        collector = conn.collector
+        while not conn.dead:
+            event = _collector_peek(collector)
+            if event == NULL:
+                return
+            etype = _event_type(event)
+            try:
+                if etype == PN_DELIVERY:
+                    self.AMQP_delivery(_event_delivery(event), conn)
+                elif etype == PN_LINK_FLOW:
+                    self.AMQP_link_flow(_event_link(event))
+                elif etype == PN_LINK_REMOTE_OPEN:
+                    self.AMQP_link_attach(_event_link(event), conn)
+                elif etype == PN_LINK_REMOTE_DETACH:
+                    self.AMQP_link_detach(_event_link(event), False)
+                elif etype == PN_LINK_REMOTE_CLOSE:
+                    self.AMQP_link_detach(_event_link(event), True)
+                elif etype == PN_SESSION_REMOTE_OPEN:
+                    session = lib.pn_event_session(event)
+                    if lib.pn_session_state(session) & endpoints.LOCAL_UNINIT:
+                        lib.pn_session_open(session)
+                elif etype == PN_SESSION_REMOTE_CLOSE:
+                    self.AMQP_session_end(lib.pn_event_session(event), conn)
+                elif etype == PN_CONNECTION_REMOTE_OPEN:
+                    if lib.pn_connection_state(conn.connection) & endpoints.LOCAL_UNINIT:
+                        lib.pn_connection_open(conn.connection)
+                    self.opened.append(conn)
+                elif etype == PN_CONNECTION_REMOTE_CLOSE:
+                    self.AMQP_connection_close(conn)
+                elif etype == PN_TRANSPORT_ERROR:
+                    name, desc = condition_of(lib.pn_transport_condition(conn.transport))
+                    log.info("connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer,
+                             name, desc)
+                elif etype == PN_TRANSPORT_CLOSED:
+                    self.AMQP_connection_lost(conn)
+            except Exception as exc:  # a bad peer (or a bug) ends this connection, not the router
+                log.exception("connection %d (%s): error handling engine event %s", conn.conn_id,
+                              conn.peer, cstr(lib.pn_event_type_name(etype)))
+                self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
+            _collector_pop(collector)
+
+    def AMQP_delivery(self, d, conn: Conn) -> None:
+        # Known deliveries first (one dict lookup each): a pointer is in these maps
+        # only while the delivery is unsettled on our side, so it cannot be stale.
+        entry = self._outgoing.get(d)
+        if entry is not None:  # a subscriber updated a delivery we sent
+            self.AMQP_disposition(d, entry)
+            return
+        handle = self._incoming.get(d)
+        if handle is not None:  # a publisher delivery the core has
+            link = self._handles[handle][1]
+            if link.rx_d is not None and d == link.rx_d:
+                self._receive_more(d, link)  # too large, still arriving
+            elif _delivery_settled(d):
+                self._publisher_settled(handle, d, link)
+            return
+        link = self._links_by_ptr.get(_delivery_link(d))
+        if link is None or not link.is_receiver:
+            return  # a link we no longer track, or our pre-settled/settled sends
+        if link.rx_d is not None and d == link.rx_d:
+            self._receive_more(d, link)
+            return
+        if not _delivery_readable(d):  # already settled and advanced past: stale event
+            return
+        if not link.core_attached:  # a link the router closed: drop what still arrives
+            _delivery_settle(d)
+            return
+        if _delivery_aborted(d):
+            _delivery_settle(d)
+            _link_flow(link.ptr, 1)  # the core never saw it: give its credit back
+            return
+        lp = link.ptr
+        n = _delivery_pending(d)
+        if _delivery_partial(d):
+            link.rx_d = d
+            link.rx_buf = bytearray()
+            link.rx_handle = None
+            t = _delivery_tag(d)
+            link.rx_tag = _unpack(t.start, t.size)
+            link.rx_settled = False
+            link.rx_size = 0
+            self._receive_more(d, link)
+            return
+        # The common case: the whole message is here.
+        t = _delivery_tag(d)
+        tag = _unpack(t.start, t.size)
+        settled = bool(_delivery_settled(d))
+        if n > self.max_message_size:
+            self._last_handle = handle = self._last_handle + 1
+            if settled:  # pre-settled: nobody waits for an outcome
+                self.dispatch(MessageTooLarge(link.link_id, handle, tag, n, True), conn, link)
+                _delivery_settle(d)
+                return
+            self._incoming[d] = handle
+            self._handles[handle] = (d, link)
+            self.dispatch(MessageTooLarge(link.link_id, handle, tag, n, False), conn, link)
+            if handle in self._handles:  # not settled by the core yet: move past its bytes
+                _link_advance(lp)
+            return
+        if n > self._rbuf_size:
+            self._grow(n)
+        got = _link_recv(lp, self._rbuf, n)
+        payload = _unpack(self._rbuf, got) if got > 0 else b""
+        _link_advance(lp)
+        self._last_handle = handle = self._last_handle + 1
+        if settled:
+            self.dispatch(MessageReceived(link.link_id, handle, tag, payload, True), conn, link)
+            _delivery_settle(d)  # pre-settled: settle our side once the core has it
+            return
+        self._incoming[d] = handle
+        self._handles[handle] = (d, link)
+        self.dispatch(MessageReceived(link.link_id, handle, tag, payload, False), conn, link)
+
+    def _grow(self, n: int) -> None:
+        self._rbuf_size = max(n, 2 * self._rbuf_size)
+        self._rbuf = ffi.new("char[]", self._rbuf_size)
+
+    def _receive_more(self, d, link: Link) -> None:
+        """A multi-frame delivery: accumulate its bytes, or discard them once it grew
+        past the max message size (the core then has it as MessageTooLarge)."""
+        handle = link.rx_handle
+        if _delivery_aborted(d):  # the publisher gave up on it
+            link.rx_d = None
+            link.rx_buf = None
+            _delivery_settle(d)
+            if handle is None:
+                _link_flow(link.ptr, 1)  # the core never saw it: give its credit back
+            elif self._forget_incoming(handle):
+                self.dispatch(PublisherSettled(link.link_id, handle), link.conn, link)
+            return
+        if _delivery_settled(d):
+            link.rx_settled = True
+        n = _delivery_pending(d)
+        if n:
+            if n > self._rbuf_size:
+                self._grow(n)
+            got = _link_recv(link.ptr, self._rbuf, n)
+            if got > 0:
+                link.rx_size += got
+                if link.rx_buf is not None:
+                    if link.rx_size > self.max_message_size:
+                        link.rx_buf = None
+                        self._last_handle = handle = self._last_handle + 1
+                        link.rx_handle = handle
+                        if link.rx_settled:
+                            self.dispatch(MessageTooLarge(link.link_id, handle, link.rx_tag,
+                                                          link.rx_size, True), link.conn, link)
+                        else:
+                            self._incoming[d] = handle
+                            self._handles[handle] = (d, link)
+                            self.dispatch(MessageTooLarge(link.link_id, handle, link.rx_tag,
+                                                          link.rx_size, False), link.conn, link)
+                    else:
+                        link.rx_buf += ffi.buffer(self._rbuf, got)
+        if link.rx_d is None or _delivery_partial(d):
+            return  # settled meanwhile by the core's outcome, or more frames to come
+        link.rx_d = None
+        if link.rx_buf is None:  # too large, and now complete
+            if handle is None:
+                handle = link.rx_handle
+            if handle in self._handles:  # unsettled, the core has it: move past its bytes
+                _link_advance(link.ptr)
+                if _delivery_settled(d):
+                    self._publisher_settled(handle, d, link)
+            else:  # reported pre-settled
+                _delivery_settle(d)
+            return
+        payload = bytes(link.rx_buf)
+        link.rx_buf = None
+        _link_advance(link.ptr)
+        self._last_handle = handle = self._last_handle + 1
+        if link.rx_settled or _delivery_settled(d):
+            self.dispatch(MessageReceived(link.link_id, handle, link.rx_tag, payload, True),
+                          link.conn, link)
+            _delivery_settle(d)
+            return
+        self._incoming[d] = handle
+        self._handles[handle] = (d, link)
+        self.dispatch(MessageReceived(link.link_id, handle, link.rx_tag, payload, False),
+                      link.conn, link)
+
+    def _publisher_settled(self, handle: int, d, link: Link) -> None:
+        if link.rx_d is not None and d == link.rx_d:
+            return  # settled mid-transfer: reported when its last frame arrives
+        self.dispatch(PublisherSettled(link.link_id, handle), link.conn, link)
+        if self._forget_incoming(handle):
+            _delivery_settle(d)
+
+    def _forget_incoming(self, handle: int) -> bool:
+        entry = self._handles.pop(handle, None)
+        if entry is None:
+            return False
+        del self._incoming[entry[0]]
+        return True
+
+    def AMQP_disposition(self, d, entry: list) -> None:
+        """A subscriber updated a delivery we sent (outcome and/or settlement)."""
+        state = _delivery_remote_state(d)
+        settled = bool(_delivery_settled(d))
+        if state == entry[2] and settled == entry[3]:
+            return  # nothing new (proton raises one event per frame touching it)
+        entry[2] = state
+        entry[3] = settled
+        link = entry[0]
+        if state == ACCEPTED:
+            event = OutcomeReceived(link.link_id, entry[1], ACCEPTED, settled)
+        elif state == RELEASED:
+            event = OutcomeReceived(link.link_id, entry[1], RELEASED, settled)
+        elif state == REJECTED:
+            name, desc = condition_of(lib.pn_disposition_condition(lib.pn_delivery_remote(d)))
+            event = OutcomeReceived(link.link_id, entry[1], REJECTED, settled, name, desc)
+        elif state == MODIFIED:
+            remote = lib.pn_delivery_remote(d)
+            event = OutcomeReceived(link.link_id, entry[1], MODIFIED, settled, None, None,
+                                    bool(lib.pn_disposition_is_failed(remote)),
+                                    bool(lib.pn_disposition_is_undeliverable(remote)))
+        else:  # received, a transactional state, or no state: not an outcome
+            event = OutcomeReceived(link.link_id, entry[1], NONE, settled)
+        self.dispatch(event, link.conn, link)
+
+    def AMQP_link_flow(self, lp) -> None:
+        link = self._links_by_ptr.get(lp)
+        if link is None or link.is_receiver or not link.core_attached:
+            return
+        self.dispatch(CreditChanged(link.link_id, _link_credit(lp), bool(_link_get_drain(lp))),
+                      link.conn, link)
+
+    def AMQP_link_attach(self, lp, conn: Conn) -> None:
+        if lp in self._links_by_ptr:
+            return
+        self._last_link_id = link_id = self._last_link_id + 1
+        link = Link(link_id, conn, lp, bool(lib.pn_link_is_receiver(lp)),
+                    cstr(lib.pn_link_name(lp)) or "")
+        self._links_by_ptr[lp] = link
+        self._links[link_id] = link
+        conn.links[link_id] = link
+        container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
+        event = endpoints.attach_event(link, container_id)
+        conn.reported = True
+        link.core_attached = True
+        try:
+            commands = self.core.handle(event, self.now)
+        except ProtocolError as err:
+            link.core_attached = False
+            log.info("connection %d: refused link %r: %s", conn.conn_id, link.name, err)
+            endpoints.detach_link(link, err.condition, err.description, True)
+            self.touched.add(conn)
+            return
+        except Exception:
+            link.core_attached = False
+            raise
+        self.execute(commands)
+
+    def AMQP_link_detach(self, lp, closed: bool) -> None:
+        link = self._links_by_ptr.get(lp)
+        if link is None:
+            return
+        if link.core_attached:
+            link.core_attached = False
+            self.dispatch(LinkDetached(link.link_id, closed), link.conn, None)
+        state = lib.pn_link_state(lp)
+        if not state & endpoints.LOCAL_CLOSED:  # answer the peer's detach in kind
+            if state & endpoints.LOCAL_UNINIT:
+                lib.pn_link_open(lp)
+            if not closed:
+                lib.pn_link_detach(lp)
+            lib.pn_link_close(lp)
+        self.touched.add(link.conn)
+        self._forget_link(link)
+        lib.pn_link_free(lp)
+
+    def AMQP_session_end(self, session, conn: Conn) -> None:
+        """Ending a session detaches its links (their termini are not closed)."""
+        for link in list(conn.links.values()):
+            if lib.pn_link_session(link.ptr) == session:
+                if link.core_attached:
+                    link.core_attached = False
+                    self.dispatch(LinkDetached(link.link_id, False), conn, None)
+                self._forget_link(link)
+        if not lib.pn_session_state(session) & endpoints.LOCAL_CLOSED:
+            lib.pn_session_close(session)
+        lib.pn_session_free(session)  # frees its links too
+        self.touched.add(conn)
+
+    def AMQP_connection_close(self, conn: Conn) -> None:
+        name, desc = condition_of(lib.pn_connection_remote_condition(conn.connection))
+        if name:
+            log.info("connection %d (%s) closed by peer: %s: %s", conn.conn_id, conn.peer, name, desc)
+        if not lib.pn_connection_state(conn.connection) & endpoints.LOCAL_CLOSED:
+            lib.pn_connection_close(conn.connection)
+        self.touched.add(conn)
+
+    def AMQP_connection_lost(self, conn: Conn) -> None:
+        """The transport is closed: tell the core (once), forget the links; the loop
+        tears the connection down after this batch."""
+        conn.dead = True
+        if conn.lost:
+            return
+        conn.lost = True
+        for link in list(conn.links.values()):
+            link.core_attached = False
+            self._forget_link(link)
+        if conn.reported:
+            self.dispatch(ConnectionLost(conn.conn_id), conn, None)
+
+    def _forget_link(self, link: Link) -> None:
+        self._links_by_ptr.pop(link.ptr, None)
+        self._links.pop(link.link_id, None)
+        link.conn.links.pop(link.link_id, None)
+        for d in link.out.values():
+            self._outgoing.pop(d, None)
+        link.out.clear()
+        if link.is_receiver:
+            stale = [h for h, (_, owner) in self._handles.items() if owner is link]
+            for handle in stale:
+                self._forget_incoming(handle)
+            link.rx_d = None
+            link.rx_buf = None
+
+    # ================================================================== core calls
+    def dispatch(self, event, conn: Conn | None, link: Link | None) -> None:
+        """Feed one event to the core and execute what it answers. A ProtocolError is
+        answered on the link it concerns (or logged when it concerns no link)."""
+        try:
+            commands = self.core.handle(event, self.now)
+        except ProtocolError as err:
+            if link is not None and link.link_id in self._links:
+                log.info("link %d %r: protocol error %s", link.link_id, link.name, err)
+                endpoints.detach_link(link, err.condition, err.description, True)
+                self.touched.add(link.conn)
+            else:
+                log.warning("protocol error on %s: %s", type(event).__name__, err)
+            return
+        if commands:
+            self.execute(commands)
+
+    def timer(self, event) -> None:
+        """Events that concern no connection (TimerFired, ShutdownRequested)."""
+        try:
+            commands = self.core.handle(event, self.now)
+        except ProtocolError as err:
+            log.warning("core refused %s: %s", type(event).__name__, err)
+            return
+        if commands:
+            self.execute(commands)
+
+    # ================================================================== outbound: CORE_*
+    def execute(self, commands) -> None:
+        for cmd in commands:
+            cls = cmd.__class__
+            if cls is Log:
+                self.eventlog.append(cmd.kind, self.now, cmd.fields)
+            elif cls is Forward:
+                self.CORE_forward(cmd)
+            elif cls is SendOutcome:
+                self.CORE_send_outcome(cmd)
+            elif cls is SettleOutgoing:
+                self.CORE_settle_outgoing(cmd)
+            elif cls is GrantCredit:
+                link = self._links.get(cmd.link_id)
+                if link is not None:
+                    _link_flow(link.ptr, cmd.credit)
+                    self.touched.add(link.conn)
+            elif cls is OpenLink:
+                self.CORE_open_link(cmd)
+            elif cls is DetachLink:
+                self.CORE_detach_link(cmd)
+            elif cls is Drained:
+                link = self._links.get(cmd.link_id)
+                if link is not None:
+                    lib.pn_link_drained(link.ptr)
+                    self.touched.add(link.conn)
+            elif cls is ShutdownComplete:
+                self.shutdown_complete = True
+            else:
+                raise TypeError(f"unknown core command {cmd!r}")
+
+    def CORE_forward(self, cmd: Forward) -> None:
+        link = self._links.get(cmd.link_id)
+        if link is None:
+            return  # the link went away in this batch; the core hears of it next
+        lp = link.ptr
+        tag = cmd.tag
+        d = _delivery_new(lp, (len(tag), _from_buffer(tag)))
+        payload = cmd.payload
+        _link_send(lp, payload, len(payload))
+        _link_advance(lp)
+        if cmd.settled:
+            _delivery_settle(d)
+        else:
+            link.out[tag] = d
+            self._outgoing[d] = [link, tag, 0, False]
+        self.touched.add(link.conn)
+
+    def CORE_send_outcome(self, cmd: SendOutcome) -> None:
+        entry = self._handles.get(cmd.delivery)
+        if entry is None:
+            return  # the publisher's link is gone, or it was pre-settled
+        d, link = entry
+        code = cmd.outcome
+        if code:
+            if code == REJECTED:
+                if cmd.condition:
+                    set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(d)),
+                                  cmd.condition, cmd.description)
+            elif code == MODIFIED:
+                local = lib.pn_delivery_local(d)
+                lib.pn_disposition_set_failed(local, cmd.delivery_failed)
+                lib.pn_disposition_set_undeliverable(local, cmd.undeliverable_here)
+            _delivery_update(d, code)
+        if cmd.settle:
+            self._forget_incoming(cmd.delivery)
+            if link.rx_d is not None and d == link.rx_d:
+                link.rx_d = None  # still arriving: proton drops the rest once we settle
+                link.rx_buf = None
+            _delivery_settle(d)
+        self.touched.add(link.conn)
+
+    def CORE_settle_outgoing(self, cmd: SettleOutgoing) -> None:
+        link = self._links.get(cmd.link_id)
+        if link is None:
+            return
+        d = link.out.pop(cmd.tag, None)
+        if d is None:
+            return
+        del self._outgoing[d]
+        _delivery_settle(d)
+        self.touched.add(link.conn)
+
+    def CORE_open_link(self, cmd: OpenLink) -> None:
+        link = self._links.get(cmd.link_id)
+        if link is None:
+            return
+        endpoints.open_link(link, cmd.timeout, cmd.properties, self.max_message_size)
+        self.touched.add(link.conn)
+
+    def CORE_detach_link(self, cmd: DetachLink) -> None:
+        link = self._links.get(cmd.link_id)
+        if link is None:
+            return
+        link.core_attached = False
+        endpoints.detach_link(link, cmd.condition, cmd.description, cmd.close)
+        self.touched.add(link.conn)
+
+    # ================================================================== connection-wide
+    def close_connection(self, conn: Conn, condition: str | None, description: str | None) -> None:
+        """Close the AMQP connection (with an error condition, or cleanly with None)."""
+        if conn.dead or conn.closing:
+            return
+        conn.closing = True
+        if condition:
+            set_condition(lib.pn_connection_condition(conn.connection), condition, description)
+        if lib.pn_connection_state(conn.connection) & endpoints.LOCAL_UNINIT:
+            lib.pn_connection_open(conn.connection)
+        lib.pn_connection_close(conn.connection)
+        self.touched.add(conn)

@@ -1,0 +1,120 @@
+"""``eorouter``: the command line.
+
+``eorouter run --config router.toml`` runs one router process until SIGTERM or
+SIGINT. Startup prints exactly one line to stderr once the listeners are bound::
+
+    eorouter: router <id> ready on 127.0.0.1:<port>[,<host>:<port>...] epoch <n>
+
+Exit codes: 0 after a graceful shutdown (also when a second signal arrives after
+the core answered every publisher delivery), 1 when a second signal cut the drain
+short or for a startup failure outside the configuration (data directory locked,
+port taken), 2 for an invalid configuration or command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+log = logging.getLogger("eorouter")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eorouter",
+                                     description="Exactly-once AMQP 1.0 topic router.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    run = commands.add_parser("run", help="run one router process",
+                              description="Run one router until SIGTERM/SIGINT.")
+    run.add_argument("--config", "-c", required=True, metavar="PATH",
+                     help="the router's TOML configuration file")
+    run.add_argument("--log-level", default="INFO",
+                     choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                     help="operational log level on stderr (default: INFO)")
+    run.set_defaults(func=cmd_run)
+    demo = commands.add_parser("demo", help="the demo: one router, two publishers, three subscribers",
+                               add_help=False)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from router import demo  # a client application: imports proton's Container, unlike the router
+    return demo.main(args.rest)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"eorouter: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from router.config import ConfigError, load_config
+
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _fail(str(exc), 2)
+
+    from router.adapter import Server
+    from router.core.router import RouterCore
+    from router.eventlog import EventLog, EventLogError
+
+    try:
+        eventlog = EventLog(config.data_dir, config.router_id,
+                            max_bytes=config.eventlog.max_bytes,
+                            retention=config.eventlog.retention,
+                            fsync=config.eventlog.fsync)
+    except (EventLogError, OSError) as exc:
+        return _fail(f"cannot open the event log in {config.data_dir}: {exc}", 1)
+    server = None
+    try:
+        core = RouterCore(config.core, boot_id=eventlog.boot_id, epoch=eventlog.epoch)
+        server = Server(router_id=config.router_id, core=core, eventlog=eventlog,
+                        listeners=config.listeners, max_message_size=config.core.max_message_size,
+                        idle_timeout=config.idle_timeout, drain_grace=config.drain_grace)
+        try:
+            bound = server.bind()
+        except OSError as exc:
+            return _fail(f"cannot listen: {exc}", 1)
+
+        def on_signal(signum, frame):
+            if server.stop_requested:
+                log.warning("%s again: exiting now", signal.Signals(signum).name)
+            else:
+                log.info("%s: shutting down", signal.Signals(signum).name)
+            server.request_stop()
+
+        signal.set_wakeup_fd(server.wakeup_socket(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        eventlog.flush()  # router-started is on disk before anyone can connect
+        addresses = ",".join(f"{host}:{port}" for host, port in bound)
+        print(f"eorouter: router {config.router_id} ready on {addresses} epoch {eventlog.epoch}",
+              file=sys.stderr, flush=True)
+        return server.run()
+    finally:
+        # From here on a signal must not kill the process half-way through its exit
+        # (Python restores SIG_DFL for handled signals while it finalizes).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if server is not None:
+            server.close()
+        eventlog.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "demo":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
