@@ -361,11 +361,16 @@ class RouterCore:
             # The publisher reused a settled tag: the old record has done its job.
             reuse = existing.reuse + 1
             self._delete(existing, "tag-reused", out)
+        origin = Origin(pub.container_id, pub.name, ev.tag, pub.incarnation, self.settings.router_id)
         try:
-            prepared = prepare(ev.payload, Origin(pub.container_id, pub.name, ev.tag, pub.incarnation,
-                                                  self.settings.router_id))
+            prepared = prepare(ev.payload, origin)
         except MessageError as err:
             self._refuse(ev.delivery, err.condition, str(err), out)
+            return
+        if prepared.origin is not origin:
+            # Only routers set the origin annotation: a client's would be a forgery.
+            self._refuse(ev.delivery, "amqp:unauthorized-access",
+                         "message already carries an x-opt-eorouter-origin annotation", out)
             return
         expires_at = None
         if prepared.ttl_ms is not None:

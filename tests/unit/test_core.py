@@ -428,3 +428,16 @@ def test_expiry_policy_link_detach_with_no_timeout_ends_at_detach():
     h.detach(2)
     delivery, commands = h.publish(1, b"1")
     assert outcomes_sent(commands) == [SendOutcome(delivery, outcomes.RELEASED)]
+
+
+def test_a_client_cannot_forge_the_origin_annotation():
+    from router.core.message import Origin, prepare
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    h.credit(2, 5)
+    forged = prepare(encode("x"), Origin("someone", "else", b"9", "i", "B")).payload
+    delivery, commands = h.publish(1, b"1", payload=forged)
+    (sent,) = outcomes_sent(commands)
+    assert (sent.outcome, sent.condition) == (outcomes.REJECTED, "amqp:unauthorized-access")
+    assert forwarded(commands) == []

@@ -1,0 +1,676 @@
+"""Which subscribers are attached at which router: announcements and the table.
+
+Pure: no I/O, no clock (``now`` is an argument), no randomness.
+
+A router announces each subscriber (receiving link on a topic) that attaches or
+detaches to every other router (``LocalAnnouncer``); every router keeps what the
+others announced in a ``MembershipTable``. Announcements travel over a mesh, so
+they may arrive late, twice, or in any order; the rules below make every order
+converge to the same table.
+
+Rules
+-----
+Identity
+    A subscriber is a ``SubscriberKey`` (container-id, link name): a pair, not
+    the string "container/link", which would be ambiguous when either contains
+    a "/" (``str(key)`` gives that string for display and logs). The table
+    holds one entry per (router, key): the same subscriber can be known at two
+    routers at once (it moved, and the news has not all arrived).
+
+Versions
+    Each router numbers its announcements 1, 2, 3... per incarnation
+    ``(epoch, boot)`` (``routing.Incarnation``). For each router the table
+    remembers which versions it has applied: ``through`` (every version up to it
+    is applied or known superseded) plus the ones above it. An announcement
+    whose version was already seen is a duplicate and changes nothing.
+    Otherwise it is news about its key, applied only if its version is higher
+    than the announcement we hold for that key (last writer wins, per key, by
+    the origin's own counter). Detaches are kept as tombstones until ``through``
+    passes them, so a late attach can never undo a newer detach (and a late
+    detach never undoes a newer attach). Since the outcome for a key is always
+    "the highest version about that key", any order and any duplication give
+    the same table.
+
+Where a subscriber is
+    A detach from router A removes the subscriber *at A only*: its attach at B
+    is untouched, so a late detach from A never undoes a move A -> B. An attach
+    at B while the key is known at other routers also reports
+    ``SubscriberMoved`` for each of them.
+
+    ``where(key)`` is the router at which the key is attached, counting only
+    attached (not retained) entries at routers not marked lost. If it is
+    attached at several (transiently, during a move), the answer is the router
+    whose attach *this table applied last* (a local counter; the items of one
+    snapshot count in version order). That is local knowledge: two routers may
+    answer differently while the double attachment lasts; all agree once the
+    stale router's detach (or its restart, or expiry) arrives.
+
+Detach, retained, closed
+    ``SubscriberDetached.retained`` is True when the router still holds the
+    subscription after the link went (a durable terminus detached without
+    closing, within its timeout): deliveries for the topic are still owed to it
+    there, so the router still counts in ``routers_with_subscribers``. The
+    table reports ``RemoteSubscriberRetained``. When the subscription really
+    ends (closed, non-durable detach, the retained timeout expired at its
+    router), the entry goes: ``RemoteSubscriberRemoved``.
+
+Incarnations
+    A newer incarnation of a router replaces everything we held from the older
+    one (``RemoteSubscriberRemoved`` with reason "restarted"): its old
+    subscribers are gone unless it announces them again. Announcements of an
+    older incarnation are ignored. A restarted router's first message is its
+    snapshot, even an empty one: that is what tells the others its previous
+    incarnation's subscribers are gone.
+
+Snapshots
+    A joining or restarted router gets ``SubscribersSnapshot`` messages: for
+    each router, every live announcement (plus, from a relaying router, the
+    detaches it still keeps above ``through``), and ``through``, meaning "this is
+    that router's state as of all its versions up to ``through``". The
+    receiver applies the items like deltas, drops what it holds at or below
+    ``through`` that the snapshot no longer lists (it was superseded by a
+    detach we missed), and advances its own ``through``. Snapshot then deltas,
+    deltas then snapshot, or snapshots from different routers: all converge.
+
+Lost routers
+    ``router_lost(router, now)`` keeps that router's subscribers, marked lost
+    at ``now``: they are "waiting to re-attach" (``awaiting_reattach``), so a
+    router waiting on acceptance from a failed router can follow them as they
+    re-attach elsewhere (``SubscriberMoved``). A lost router is left out of
+    ``routers_with_subscribers`` and ``where`` (nothing can be sent to it).
+    ``expire_lost(now)`` removes those lost for longer than their terminus
+    timeout (reason "expired"); ``router_regained`` clears the mark and brings
+    back what had expired (the router was only cut off; its own announcements
+    and a snapshot from it then correct anything that changed meanwhile).
+    Late news from a lost router is applied like any other; if the router's
+    lost time already exceeds the timeout, ``next_expiry`` is already due.
+
+Our own subscribers
+    The table ignores announcements claiming our own router id (echoes, and
+    our previous incarnation's news still in flight): our own subscribers are
+    ``LocalAnnouncer``'s.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Union
+
+from sortedcontainers import SortedDict, SortedSet
+
+from router.core.errors import ProtocolError
+from router.core.routing import Incarnation, RouterId
+
+# Reasons in RemoteSubscriberRemoved.
+REASON_DETACHED = "detached"  # the link detached and its router kept nothing
+REASON_CLOSED = "closed"  # the terminus was closed (or its timeout expired at its router)
+REASON_SUPERSEDED = "superseded"  # a snapshot or a re-attach on another topic replaced it
+REASON_RESTARTED = "restarted"  # a newer incarnation of its router replaced the old one's state
+REASON_EXPIRED = "expired"  # its router was lost for longer than the terminus timeout
+
+
+class SubscriberKey(NamedTuple):
+    container_id: str
+    link_name: str
+
+    def __str__(self) -> str:
+        return f"{self.container_id}/{self.link_name}"
+
+
+# --- announcements (flooded between routers) -------------------------------------------------
+
+class SubscriberAttached(NamedTuple):
+    """A subscriber's link attached at ``router``. ``resumed``: it attached with
+    unsettled state (an old link resuming, not a new one). ``timeout``: the
+    terminus timeout the router granted, seconds (0 when not durable)."""
+
+    router: RouterId
+    epoch: int
+    boot: str
+    version: int
+    topic: str
+    container_id: str
+    link_name: str
+    durable: bool
+    resumed: bool
+    timeout: int
+
+    @property
+    def key(self) -> SubscriberKey:
+        return SubscriberKey(self.container_id, self.link_name)
+
+
+class SubscriberDetached(NamedTuple):
+    """A subscriber's link detached at ``router``. ``closed`` is the detach's AMQP
+    closed flag (or the terminus expired there); ``retained`` says the router
+    still holds the subscription for ``timeout`` seconds (durable, not closed)."""
+
+    router: RouterId
+    epoch: int
+    boot: str
+    version: int
+    topic: str
+    container_id: str
+    link_name: str
+    closed: bool
+    retained: bool = False
+    timeout: int = 0
+
+    @property
+    def key(self) -> SubscriberKey:
+        return SubscriberKey(self.container_id, self.link_name)
+
+
+Announcement = Union[SubscriberAttached, SubscriberDetached]
+
+
+class SubscribersSnapshot(NamedTuple):
+    """One router's subscribers as of every version up to ``through``: its live
+    announcements, plus detaches newer than ``through`` (from a relaying router)."""
+
+    router: RouterId
+    epoch: int
+    boot: str
+    through: int
+    announcements: tuple[Announcement, ...]
+
+
+# --- changes (what the caller must react to) -------------------------------------------------
+
+class RemoteSubscriberAdded(NamedTuple):
+    """Attached at ``router`` (an upsert: also sent when a newer attach replaces one)."""
+
+    router: RouterId
+    key: SubscriberKey
+    topic: str
+    durable: bool
+    resumed: bool
+    timeout: int
+
+
+class RemoteSubscriberRetained(NamedTuple):
+    """Detached at ``router``, which still holds the subscription (still owed messages)."""
+
+    router: RouterId
+    key: SubscriberKey
+    topic: str
+    timeout: int
+
+
+class RemoteSubscriberRemoved(NamedTuple):
+    router: RouterId
+    key: SubscriberKey
+    topic: str
+    reason: str
+
+
+class RemoteSubscriberLost(NamedTuple):
+    """Its router was lost: the subscriber is waiting to re-attach somewhere."""
+
+    router: RouterId
+    key: SubscriberKey
+    topic: str
+    lost_at: float
+
+
+class SubscriberMoved(NamedTuple):
+    """``key`` attached at ``to_router`` while still known at ``from_router``."""
+
+    key: SubscriberKey
+    from_router: RouterId
+    to_router: RouterId
+
+
+Change = Union[RemoteSubscriberAdded, RemoteSubscriberRetained, RemoteSubscriberRemoved,
+               RemoteSubscriberLost, SubscriberMoved]
+
+
+class RemoteSubscriber(NamedTuple):
+    """The table's view of one subscriber at one router."""
+
+    router: RouterId
+    key: SubscriberKey
+    topic: str
+    attached: bool  # False: detached, retained by its router
+    durable: bool
+    resumed: bool
+    timeout: int
+    version: int
+    lost_at: float | None  # when its router was marked lost
+
+
+class MembershipStamp(NamedTuple):
+    """How much of a router's announcements we hold: a peer with a higher
+    ``through`` for the same incarnation can send us its snapshot of it."""
+
+    epoch: int
+    boot: str
+    through: int
+
+
+# --- validation -----------------------------------------------------------------------------
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_origin(router: object, epoch: object, boot: object) -> None:
+    if not isinstance(router, str) or not router:
+        raise ProtocolError("amqp:invalid-field", f"announcing router {router!r}")
+    if not _is_int(epoch) or epoch < 0 or not isinstance(boot, str):
+        raise ProtocolError("amqp:invalid-field", f"incarnation {epoch!r}/{boot!r} of {router!r}")
+
+
+def validate_announcement(message: Announcement) -> None:
+    """Raise ``ProtocolError`` unless ``message`` is a well-formed announcement."""
+    if not isinstance(message, (SubscriberAttached, SubscriberDetached)):
+        raise ProtocolError("amqp:invalid-field", f"not a subscriber announcement: {message!r}")
+    _check_origin(message.router, message.epoch, message.boot)
+    if not _is_int(message.version) or message.version < 1:
+        raise ProtocolError("amqp:invalid-field", f"announcement version {message.version!r}")
+    for name in ("topic", "container_id", "link_name"):
+        if not isinstance(getattr(message, name), str):
+            raise ProtocolError("amqp:invalid-field", f"announcement {name} {getattr(message, name)!r}")
+    flags = ("durable", "resumed") if isinstance(message, SubscriberAttached) else ("closed", "retained")
+    for name in flags:
+        if not isinstance(getattr(message, name), bool):
+            raise ProtocolError("amqp:invalid-field", f"announcement {name} {getattr(message, name)!r}")
+    if not _is_int(message.timeout) or message.timeout < 0:
+        raise ProtocolError("amqp:invalid-field", f"announcement timeout {message.timeout!r}")
+
+
+def validate_snapshot(snapshot: SubscribersSnapshot) -> None:
+    """Raise ``ProtocolError`` unless ``snapshot`` is well formed and consistent."""
+    _check_origin(snapshot.router, snapshot.epoch, snapshot.boot)
+    if not _is_int(snapshot.through) or snapshot.through < 0:
+        raise ProtocolError("amqp:invalid-field", f"snapshot through {snapshot.through!r}")
+    if not isinstance(snapshot.announcements, tuple):
+        raise ProtocolError("amqp:invalid-field", "snapshot announcements must be a tuple")
+    keys, versions = set(), set()
+    for item in snapshot.announcements:
+        validate_announcement(item)
+        if (item.router, item.epoch, item.boot) != (snapshot.router, snapshot.epoch, snapshot.boot):
+            raise ProtocolError("amqp:invalid-field", f"snapshot of {snapshot.router!r} holds {item!r}")
+        if item.key in keys:
+            raise ProtocolError("amqp:invalid-field", f"snapshot lists {item.key} twice")
+        if item.version in versions:
+            raise ProtocolError("amqp:invalid-field", f"snapshot lists version {item.version} twice")
+        keys.add(item.key)
+        versions.add(item.version)
+
+
+def _is_live(message: Announcement) -> bool:
+    """Does this announcement leave a subscription at its router?"""
+    return isinstance(message, SubscriberAttached) or message.retained
+
+
+# --- the table ------------------------------------------------------------------------------
+
+class _Entry:
+    __slots__ = ("message", "learnt", "expired")
+
+    def __init__(self, message: Announcement, learnt: int):
+        self.message = message  # the newest announcement about this key at this router
+        self.learnt = learnt  # table-local order in which entries were applied
+        self.expired = False  # its router is lost and the timeout passed
+
+
+class _RouterView:
+    """What we know of one incarnation of one router."""
+
+    __slots__ = ("incarnation", "through", "above", "entries", "tombstones", "lost_at")
+
+    def __init__(self, incarnation: Incarnation):
+        self.incarnation = incarnation
+        self.through = 0  # every version <= through is applied or known superseded
+        self.above: SortedSet = SortedSet()  # versions > through applied
+        self.entries: dict[SubscriberKey, _Entry] = {}  # live entries and detach tombstones
+        self.tombstones: SortedDict = SortedDict()  # tombstone version -> key
+        self.lost_at: float | None = None
+
+    def put(self, key: SubscriberKey, entry: _Entry) -> _Entry | None:
+        """Hold ``entry`` as the newest about ``key``; return the one it replaces."""
+        held = self.pop(key)
+        self.entries[key] = entry
+        if not _is_live(entry.message):
+            self.tombstones[entry.message.version] = key
+        return held
+
+    def pop(self, key: SubscriberKey) -> _Entry | None:
+        held = self.entries.pop(key, None)
+        if held is not None and not _is_live(held.message):
+            del self.tombstones[held.message.version]
+        return held
+
+    def seen(self, version: int) -> bool:
+        return version <= self.through or version in self.above
+
+    def mark(self, version: int) -> None:
+        self.above.add(version)
+        self._fold()
+
+    def advance_to(self, through: int) -> None:
+        if through > self.through:
+            self.through = through
+            del self.above[:self.above.bisect_right(through)]
+            self._fold()
+
+    def _fold(self) -> None:
+        while self.above and self.above[0] == self.through + 1:
+            self.through = self.above.pop(0)
+        # Tombstones at or below ``through`` are no longer needed: anything older
+        # about their key is a version we have already seen.
+        while self.tombstones and self.tombstones.keys()[0] <= self.through:
+            _, key = self.tombstones.popitem(0)
+            del self.entries[key]
+
+
+def _view_of(router: RouterId, entry: _Entry, lost_at: float | None) -> RemoteSubscriber:
+    m = entry.message
+    if isinstance(m, SubscriberAttached):
+        return RemoteSubscriber(router, m.key, m.topic, True, m.durable, m.resumed, m.timeout,
+                                m.version, lost_at)
+    return RemoteSubscriber(router, m.key, m.topic, False, True, False, m.timeout, m.version, lost_at)
+
+
+class MembershipTable:
+    """The subscribers announced by every other router (see module rules)."""
+
+    def __init__(self, self_id: RouterId):
+        self.self_id = self_id
+        self._views: dict[RouterId, _RouterView] = {}
+        # Indexes over live, unexpired entries.
+        self._by_topic: dict[str, dict[RouterId, set[SubscriberKey]]] = {}
+        self._locations: dict[SubscriberKey, set[RouterId]] = {}
+        self._learnt = 0
+
+    # --- input ----------------------------------------------------------------------------
+
+    def apply(self, message: Announcement | SubscribersSnapshot) -> list[Change]:
+        """Apply an announcement or a snapshot; return what changed. Raises
+        ``ProtocolError`` (changing nothing) on a malformed message."""
+        if isinstance(message, SubscribersSnapshot):
+            return self._apply_snapshot(message)
+        validate_announcement(message)
+        out: list[Change] = []
+        if message.router == self.self_id:
+            return out
+        view = self._current_view(message.router, Incarnation(message.epoch, message.boot), out)
+        if view is not None:
+            self._apply_news(view, message, out)
+        return out
+
+    def _apply_snapshot(self, snapshot: SubscribersSnapshot) -> list[Change]:
+        validate_snapshot(snapshot)
+        out: list[Change] = []
+        if snapshot.router == self.self_id:
+            return out
+        view = self._current_view(snapshot.router, Incarnation(snapshot.epoch, snapshot.boot), out)
+        if view is None:
+            return out
+        for item in sorted(snapshot.announcements, key=lambda a: a.version):
+            self._apply_news(view, item, out)
+        if snapshot.through > view.through:
+            listed = {item.key for item in snapshot.announcements}
+            for key in sorted(view.entries):
+                entry = view.entries[key]
+                if entry.message.version <= snapshot.through and key not in listed:
+                    # Superseded by a detach at or below ``through`` that we missed.
+                    self._drop(snapshot.router, view, key, REASON_SUPERSEDED, out)
+            view.advance_to(snapshot.through)
+        return out
+
+    def _current_view(self, router: RouterId, incarnation: Incarnation,
+                      out: list[Change]) -> _RouterView | None:
+        """The view for this incarnation; a newer one replaces an older one's view;
+        None when the message is from an older incarnation."""
+        view = self._views.get(router)
+        if view is not None:
+            if incarnation == view.incarnation:
+                return view
+            if incarnation < view.incarnation:
+                return None
+            for key in sorted(view.entries):
+                self._drop(router, view, key, REASON_RESTARTED, out)
+        view = _RouterView(incarnation)
+        self._views[router] = view
+        return view
+
+    def _apply_news(self, view: _RouterView, message: Announcement, out: list[Change]) -> None:
+        if view.seen(message.version):
+            return  # a duplicate, or covered by a snapshot
+        router, key = message.router, message.key
+        held = view.entries.get(key)
+        if held is not None and held.message.version > message.version:
+            view.mark(message.version)
+            return  # older news about this key
+        self._learnt += 1
+        entry = _Entry(message, self._learnt)
+        view.put(key, entry)
+        was_live = held is not None and _is_live(held.message) and not held.expired
+        if was_live:
+            self._unindex(router, held.message)
+        if _is_live(message):
+            if was_live and held.message.topic != message.topic:
+                out.append(RemoteSubscriberRemoved(router, key, held.message.topic, REASON_SUPERSEDED))
+            elsewhere = sorted(self._locations.get(key, set()) - {router})
+            self._index(router, message)
+            if isinstance(message, SubscriberAttached):
+                out.append(RemoteSubscriberAdded(router, key, message.topic, message.durable,
+                                                 message.resumed, message.timeout))
+                out.extend(SubscriberMoved(key, other, router) for other in elsewhere)
+            else:
+                out.append(RemoteSubscriberRetained(router, key, message.topic, message.timeout))
+        elif was_live:
+            reason = REASON_CLOSED if message.closed else REASON_DETACHED
+            out.append(RemoteSubscriberRemoved(router, key, held.message.topic, reason))
+        view.mark(message.version)
+
+    def _drop(self, router: RouterId, view: _RouterView, key: SubscriberKey, reason: str,
+              out: list[Change]) -> None:
+        entry = view.pop(key)
+        if _is_live(entry.message) and not entry.expired:
+            self._unindex(router, entry.message)
+            out.append(RemoteSubscriberRemoved(router, key, entry.message.topic, reason))
+
+    def _index(self, router: RouterId, message: Announcement) -> None:
+        self._by_topic.setdefault(message.topic, {}).setdefault(router, set()).add(message.key)
+        self._locations.setdefault(message.key, set()).add(router)
+
+    def _unindex(self, router: RouterId, message: Announcement) -> None:
+        at_router = self._by_topic[message.topic]
+        keys = at_router[router]
+        keys.discard(message.key)
+        if not keys:
+            del at_router[router]
+            if not at_router:
+                del self._by_topic[message.topic]
+        routers = self._locations[message.key]
+        routers.discard(router)
+        if not routers:
+            del self._locations[message.key]
+
+    # --- failures -------------------------------------------------------------------------
+
+    def router_lost(self, router: RouterId, now: float) -> list[Change]:
+        """Mark ``router``'s subscribers as waiting to re-attach elsewhere."""
+        view = self._views.get(router)
+        if view is None or view.lost_at is not None:
+            return []
+        view.lost_at = now
+        return [RemoteSubscriberLost(router, key, entry.message.topic, now)
+                for key, entry in sorted(view.entries.items())
+                if _is_live(entry.message) and not entry.expired]
+
+    def router_regained(self, router: RouterId) -> list[Change]:
+        """``router`` is reachable again (same incarnation): clear the lost mark and
+        restore the entries that expired meanwhile."""
+        view = self._views.get(router)
+        if view is None or view.lost_at is None:
+            return []
+        view.lost_at = None
+        out: list[Change] = []
+        for key, entry in sorted(view.entries.items()):
+            if entry.expired:
+                entry.expired = False
+                m = entry.message
+                self._index(router, m)
+                if isinstance(m, SubscriberAttached):
+                    out.append(RemoteSubscriberAdded(router, key, m.topic, m.durable, m.resumed, m.timeout))
+                else:
+                    out.append(RemoteSubscriberRetained(router, key, m.topic, m.timeout))
+        return out
+
+    def expire_lost(self, now: float) -> list[Change]:
+        """Remove subscribers whose router has been lost for longer than their
+        terminus timeout (reason "expired")."""
+        out: list[Change] = []
+        for router in sorted(self._views):
+            view = self._views[router]
+            if view.lost_at is None:
+                continue
+            for key, entry in sorted(view.entries.items()):
+                m = entry.message
+                if _is_live(m) and not entry.expired and view.lost_at + m.timeout <= now:
+                    entry.expired = True
+                    self._unindex(router, m)
+                    out.append(RemoteSubscriberRemoved(router, key, m.topic, REASON_EXPIRED))
+        return out
+
+    def next_expiry(self) -> float | None:
+        """When ``expire_lost`` next has something to do (for a timer)."""
+        deadlines = [view.lost_at + entry.message.timeout
+                     for view in self._views.values() if view.lost_at is not None
+                     for entry in view.entries.values()
+                     if _is_live(entry.message) and not entry.expired]
+        return min(deadlines, default=None)
+
+    # --- queries --------------------------------------------------------------------------
+
+    def _reachable(self, router: RouterId) -> bool:
+        return self._views[router].lost_at is None
+
+    def routers_with_subscribers(self, topic: str) -> frozenset[RouterId]:
+        """Routers (not lost) holding a subscription to ``topic``, attached or retained."""
+        return frozenset(router for router in self._by_topic.get(topic, {}) if self._reachable(router))
+
+    def subscribers_at(self, router: RouterId, topic: str) -> tuple[RemoteSubscriber, ...]:
+        """The subscriptions to ``topic`` at ``router`` (lost or not), by key."""
+        view = self._views.get(router)
+        keys = self._by_topic.get(topic, {}).get(router, ())
+        return tuple(_view_of(router, view.entries[key], view.lost_at) for key in sorted(keys))
+
+    def locations(self, key: SubscriberKey) -> tuple[RemoteSubscriber, ...]:
+        """Every router where ``key`` is known, attached or retained, lost or not."""
+        return tuple(_view_of(router, self._views[router].entries[key], self._views[router].lost_at)
+                     for router in sorted(self._locations.get(key, ())))
+
+    def where(self, key: SubscriberKey) -> RouterId | None:
+        """The router where ``key`` is attached; among several, the attach applied last."""
+        best, best_learnt = None, -1
+        for router in self._locations.get(key, ()):
+            view = self._views[router]
+            entry = view.entries[key]
+            if view.lost_at is None and isinstance(entry.message, SubscriberAttached) \
+                    and entry.learnt > best_learnt:
+                best, best_learnt = router, entry.learnt
+        return best
+
+    def awaiting_reattach(self, router: RouterId) -> frozenset[SubscriberKey]:
+        """Subscribers of lost ``router`` (not expired) not yet attached at a router
+        that is not lost."""
+        view = self._views.get(router)
+        if view is None or view.lost_at is None:
+            return frozenset()
+        return frozenset(key for key, entry in view.entries.items()
+                         if _is_live(entry.message) and not entry.expired and self.where(key) is None)
+
+    def all_subscribers(self) -> tuple[RemoteSubscriber, ...]:
+        """Every live entry, by router then key."""
+        return tuple(_view_of(router, entry, view.lost_at)
+                     for router, view in sorted(self._views.items())
+                     for _, entry in sorted(view.entries.items())
+                     if _is_live(entry.message) and not entry.expired)
+
+    def incarnation_of(self, router: RouterId) -> Incarnation | None:
+        view = self._views.get(router)
+        return view.incarnation if view is not None else None
+
+    def lost_routers(self) -> frozenset[RouterId]:
+        return frozenset(router for router, view in self._views.items() if view.lost_at is not None)
+
+    def digest(self) -> dict[RouterId, MembershipStamp]:
+        """Per router, its incarnation and how far we hold its announcements."""
+        return {router: MembershipStamp(view.incarnation.epoch, view.incarnation.boot, view.through)
+                for router, view in self._views.items()}
+
+    # --- snapshots ------------------------------------------------------------------------
+
+    def snapshot_for(self, router: RouterId) -> SubscribersSnapshot | None:
+        """What we know of ``router``, to relay to a joining router."""
+        view = self._views.get(router)
+        if view is None:
+            return None
+        items = tuple(sorted((entry.message for entry in view.entries.values()), key=lambda m: m.version))
+        return SubscribersSnapshot(router, view.incarnation.epoch, view.incarnation.boot, view.through, items)
+
+    def full_snapshot(self) -> list[SubscribersSnapshot]:
+        """A snapshot of every router we know, by router id (add our own from
+        ``LocalAnnouncer.snapshot``)."""
+        return [self.snapshot_for(router) for router in sorted(self._views)]
+
+
+# --- our own side ---------------------------------------------------------------------------
+
+class LocalAnnouncer:
+    """Numbers this router's own announcements and remembers its live subscribers."""
+
+    def __init__(self, self_id: RouterId, epoch: int, boot: str):
+        _check_origin(self_id, epoch, boot)
+        self.self_id = self_id
+        self.epoch = epoch
+        self.boot = boot
+        self.version = 0  # the last version announced
+        self._live: dict[SubscriberKey, Announcement] = {}
+
+    def attached(self, topic: str, container_id: str, link_name: str, *, durable: bool,
+                 resumed: bool, timeout: int) -> SubscriberAttached:
+        """A subscriber attached here: the announcement to flood."""
+        self.version += 1
+        message = SubscriberAttached(self.self_id, self.epoch, self.boot, self.version, topic,
+                                     container_id, link_name, durable, resumed, timeout)
+        self._live[message.key] = message
+        return message
+
+    def detached(self, container_id: str, link_name: str, *, closed: bool) -> SubscriberDetached:
+        """A subscriber's link detached here. The subscription is retained (still
+        owed messages) when it is durable with a timeout and was not closed;
+        the core's rule for keeping a durable subscription."""
+        key = SubscriberKey(container_id, link_name)
+        held = self._live.get(key)
+        if not isinstance(held, SubscriberAttached):
+            raise KeyError(f"subscriber {key} is not attached at {self.self_id}")
+        retained = held.durable and held.timeout > 0 and not closed
+        return self._detach(held, closed=closed, retained=retained)
+
+    def expired(self, container_id: str, link_name: str) -> SubscriberDetached:
+        """A retained subscription's terminus timeout passed here: it ends."""
+        key = SubscriberKey(container_id, link_name)
+        held = self._live.get(key)
+        if not isinstance(held, SubscriberDetached):
+            raise KeyError(f"subscriber {key} is not retained at {self.self_id}")
+        return self._detach(held, closed=True, retained=False)
+
+    def _detach(self, held: Announcement, *, closed: bool, retained: bool) -> SubscriberDetached:
+        self.version += 1
+        message = SubscriberDetached(self.self_id, self.epoch, self.boot, self.version, held.topic,
+                                     held.container_id, held.link_name, closed, retained, held.timeout)
+        if retained:
+            self._live[message.key] = message
+        else:
+            del self._live[message.key]
+        return message
+
+    def snapshot(self) -> SubscribersSnapshot:
+        """Our live subscribers as of our latest version: what a joining router gets."""
+        items = tuple(sorted(self._live.values(), key=lambda m: m.version))
+        return SubscribersSnapshot(self.self_id, self.epoch, self.boot, self.version, items)
