@@ -111,6 +111,8 @@ EVENTS: dict[str, dict[str, str]] = {
         "settled": "boolean",
         "owed": "array<string>",  # subscriber keys "container/link-name"
         "forwarded": "array<string>",  # the owed subscribers it was sent to at once
+        "routers": "array<string>",  # the interested remote routers it is owed to (origin router)
+        "origin_router": "string",  # set when another router took it from its publisher
     },
     "forwarded": {"delivery": "string", "subscriber": "string", "link": "long", "settled": "boolean"},
     "sub-outcome": {"delivery": "string", "subscriber": "string", "outcome": "string", "settled": "boolean"},
@@ -125,6 +127,21 @@ EVENTS: dict[str, dict[str, str]] = {
     "tag-collision": {"delivery": "string", "link": "long", "container": "string", "name": "string",
                       "incarnation": "string"},
     "dropped": {"delivery": "string", "reason": "string"},
+    # Inter-router connections, written by the adapter (docs/inter-router.md).
+    # peer: the neighbour's router id (as it claimed it, for a refusal; null when it
+    # never said); conn: the adapter's connection id.
+    "peer-connected": {"peer": "string", "conn": "long", "peer_epoch": "long", "peer_boot": "string",
+                       "role": "string"},
+    "peer-lost": {"peer": "string", "conn": "long", "reason": "string"},
+    "peer-refused": {"peer": "string", "conn": "long", "reason": "string"},
+    # The router network, written by the core (docs/inter-router.md): a delivery
+    # followed across every hop.
+    "forwarded-to-router": {"delivery": "string", "to_router": "string", "dests": "array<string>"},
+    "outcome-to-router": {"delivery": "string", "to_router": "string", "outcome": "string"},
+    "outcome-from-router": {"delivery": "string", "from_router": "string", "outcome": "string"},
+    "settlement-relayed": {"delivery": "string", "to_router": "string"},
+    "peer-restarted": {"peer": "string", "peer_epoch": "long", "peer_boot": "string"},
+    "announce-timeout": {"subscriber": "string", "routers": "array<string>"},
 }
 
 

@@ -82,3 +82,25 @@ class Log(NamedTuple):
 
 class ShutdownComplete(NamedTuple):
     """Every publisher delivery has its outcome; the adapter may close and exit."""
+
+
+# ---------------------------------------------------------------- router network
+
+
+class SendControl(NamedTuple):
+    """Send one control message (a dict with a type field "t") to the neighbour
+    ``router_id``. The adapter batches every control message for one neighbour
+    produced in one loop iteration into one transfer, in order."""
+
+    router_id: str
+    message: dict
+
+
+class SendData(NamedTuple):
+    """Relay a topic delivery to the neighbour ``router_id`` with a routing header
+    (its destination routers, origin, publisher identity; docs/inter-router.md)."""
+
+    router_id: str
+    tag: bytes
+    header: dict
+    payload: bytes

@@ -128,3 +128,44 @@ class ShutdownRequested(NamedTuple):
     within ``grace`` seconds."""
 
     grace: float = 5.0
+
+
+# ---------------------------------------------------------------- router network
+
+
+class PeerConnected(NamedTuple):
+    """An inter-router connection is up and authenticated, with its control and data
+    links attached both ways. ``router_id``/``epoch``/``boot`` are the peer's proven
+    identity (docs/inter-router.md)."""
+
+    conn_id: int
+    router_id: str
+    epoch: int
+    boot: str
+
+
+class PeerLost(NamedTuple):
+    """An inter-router connection ended (closed, transport error, idle timeout)."""
+
+    conn_id: int
+    router_id: str
+
+
+class ControlReceived(NamedTuple):
+    """Control messages from a neighbour, decoded from one control transfer (a batch).
+    Each message is a dict with a type field "t" (docs/inter-router.md)."""
+
+    conn_id: int
+    router_id: str
+    messages: list
+
+
+class DataReceived(NamedTuple):
+    """A topic delivery relayed by a neighbour: the routing ``header`` (a dict) and the
+    origin-annotated message bytes, exactly as the ingress router forwarded them."""
+
+    conn_id: int
+    router_id: str
+    tag: bytes
+    header: dict
+    payload: bytes

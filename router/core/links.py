@@ -29,7 +29,7 @@ class Subscription:
 
     __slots__ = ("key", "container_id", "name", "topic", "durable", "timeout", "link_id", "conn_id",
                  "best_effort", "credit", "drain", "queue", "send_counter", "awaiting_evidence",
-                 "expires_at", "in_flight")
+                 "expires_at", "in_flight", "ready", "announced")
 
     def __init__(self, key: str, container_id: str, name: str, topic: str):
         self.key = key
@@ -52,6 +52,8 @@ class Subscription:
         self.awaiting_evidence: deque = deque()
         self.expires_at: float | None = None
         self.in_flight = 0  # pre-settled copies queued (best effort bound)
+        self.ready = True  # False while its attach waits for the network to know it
+        self.announced = False  # our announcer holds it (attached or retained)
 
     @property
     def attached(self) -> bool:

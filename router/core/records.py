@@ -32,13 +32,26 @@ class SubscriberState:
         self.known_settled = False
 
 
+class RouterState:
+    """Where one interested remote router stands with a delivery this router took
+    from its publisher (the origin router tracks each one individually)."""
+
+    __slots__ = ("outcome", "sent", "settle_sent", "settle_acked")
+
+    def __init__(self) -> None:
+        self.outcome: Outcome | None = None  # its local subscribers' combined outcome
+        self.sent = False  # a copy went towards it on the current routes
+        self.settle_sent = False
+        self.settle_acked = False
+
+
 class DeliveryRecord:
     __slots__ = (
         "tag", "delivery_id", "topic", "order", "payload",
         "publisher", "link_name", "pub_tag", "incarnation", "stream_seq",
         "pub_link", "pub_delivery",
         "subscribers", "remote_routers",
-        "outcome", "pub_settled", "expires_at", "reuse",
+        "outcome", "pub_settled", "expires_at", "reuse", "origin_router", "header",
     )
 
     def __init__(self, tag: bytes, topic: str, order: int, payload: bytes, publisher: str,
@@ -61,8 +74,11 @@ class DeliveryRecord:
         self.pub_delivery = pub_delivery  # the adapter's handle; None once the publisher is gone
         # subscription key ("container/link") -> SubscriberState, in attach order
         self.subscribers: dict[str, SubscriberState] = {}
-        # router id -> SubscriberState-like state; filled by the router network
-        self.remote_routers: dict[str, SubscriberState] = {}
+        # router id -> RouterState: the interested remote routers (origin router only)
+        self.remote_routers: dict[str, RouterState] = {}
+        # None when our publisher sent it; else the ingress router we answer to
+        self.origin_router: str | None = None
+        self.header: dict | None = None  # the inter-router routing header, once built
         self.outcome: Outcome | None = None  # what the publisher was told
         self.pub_settled = False
         self.expires_at = expires_at
@@ -79,6 +95,9 @@ class DeliveryRecord:
     def every_receiver_knows_settled(self) -> bool:
         for state in self.subscribers.values():
             if not state.known_settled:
+                return False
+        for state in self.remote_routers.values():
+            if not state.settle_acked:
                 return False
         return True
 

@@ -25,19 +25,22 @@ from itertools import count
 
 from router.core import outcomes, tags
 from router.core.commands import (
-    DetachLink, Drained, Forward, GrantCredit, Log, OpenLink, SendOutcome, SettleOutgoing,
-    ShutdownComplete,
+    DetachLink, Drained, Forward, GrantCredit, Log, OpenLink, SendControl, SendData, SendOutcome,
+    SettleOutgoing, ShutdownComplete,
 )
 from router.core.errors import ProtocolError
 from router.core.events import (
-    DURABLE_NONE, PUBLISHER, RCV_SECOND, SND_SETTLED, SUBSCRIBER, ConnectionLost, CreditChanged,
-    LinkAttached, LinkDetached, MessageReceived, MessageTooLarge, OutcomeReceived, PublisherSettled,
-    ShutdownRequested, TimerFired,
+    DURABLE_NONE, PUBLISHER, SND_SETTLED, SUBSCRIBER, ConnectionLost, ControlReceived, CreditChanged,
+    DataReceived, LinkAttached, LinkDetached, MessageReceived, MessageTooLarge, OutcomeReceived, PeerConnected,
+    PeerLost, PublisherSettled, ShutdownRequested, TimerFired,
 )
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, Origin, prepare
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
-from router.core.records import DeliveryRecord, SubscriberState
+from router.core.network import (
+    Network, announcement_from, announcement_message, link_state_from, link_state_message, snapshot_from,
+)
+from router.core.records import DeliveryRecord, RouterState, SubscriberState
 from router.core.settings import CoreSettings
 
 # Link property through which a publisher presents (and learns) its incarnation.
@@ -48,6 +51,14 @@ _TIMER_LINGER = 0
 _TIMER_EXPIRY = 1
 _TIMER_SUBSCRIPTION = 2
 _TIMER_SHUTDOWN = 3
+_TIMER_ANNOUNCE = 4
+
+# How long a new subscriber's attach waits for every reachable router to confirm
+# it knows of the subscriber (docs/inter-router.md, "the propagation race").
+ANNOUNCE_TIMEOUT = 2.0
+# A relayed copy that has crossed this many routers is dropped: routes that
+# disagree while link state floods must not loop a message for ever.
+MAX_HOPS = 16
 
 
 class RouterCore:
@@ -68,6 +79,9 @@ class RouterCore:
         self._order = count(1)
         self._timers: list = []  # heap of (deadline, seq, kind, object)
         self._timer_seq = count()
+        self.net = Network(settings.router_id, epoch, boot_id)
+        self._flooded: set = set()  # announcements already flooded on: (router, epoch, boot, version)
+        self._awaiting_acks: dict[str, tuple] = {}  # subscriber key -> (link id, routers yet to confirm)
         self.draining = False
         self._drain_deadline: float | None = None
         self._shutdown_done = False
@@ -82,6 +96,10 @@ class RouterCore:
             MessageTooLarge: self._on_too_large,
             TimerFired: self._on_timer,
             ShutdownRequested: self._on_shutdown,
+            PeerConnected: self._on_peer_connected,
+            PeerLost: self._on_peer_lost,
+            ControlReceived: self._on_control,
+            DataReceived: self._on_data,
         }
 
     # ------------------------------------------------------------------ API
@@ -189,7 +207,21 @@ class RouterCore:
         sub.send_counter = 0
         sub.awaiting_evidence.clear()
         self.subscribers[ev.link_id] = sub
-        out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None))
+        announcement = self.net.announcer.attached(address, ev.container_id, ev.name, durable=sub.durable,
+                                                   resumed=resumed, timeout=sub.timeout)
+        sub.announced = True
+        self._flood(announcement_message(announcement), None, out)
+        waiting_for = self.net.reachable()
+        if waiting_for:
+            # The propagation race: answer the attach only once every reachable router
+            # confirmed it knows this subscriber, so a publisher anywhere that starts
+            # after this subscriber saw its attach cannot miss it.
+            sub.ready = False
+            self._awaiting_acks[key] = (ev.link_id, set(waiting_for), announcement.version)
+            self._add_timer(now + ANNOUNCE_TIMEOUT, _TIMER_ANNOUNCE, (key, ev.link_id))
+        else:
+            sub.ready = True
+            out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None))
         out.append(Log("link-attached", {
             "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
             "role": SUBSCRIBER, "address": address, "durable": ev.durable, "incarnation": "",
@@ -285,6 +317,11 @@ class RouterCore:
         sub.credit = 0
         out.append(Log("link-detached", {"link": link_id, "container": sub.container_id, "name": sub.name,
                                          "role": SUBSCRIBER, "closed": closed, "reason": reason}))
+        self._awaiting_acks.pop(sub.key, None)
+        if sub.announced:
+            detached = self.net.announcer.detached(sub.container_id, sub.name, closed=closed)
+            sub.announced = detached.retained
+            self._flood(announcement_message(detached), None, out)
         if closed or not sub.durable or sub.timeout <= 0:
             self._end_subscription(sub, now, out, reason=reason)
             return
@@ -305,6 +342,9 @@ class RouterCore:
         topic.subscriptions.pop(sub.key, None)
         sub.queue.clear()
         sub.awaiting_evidence.clear()
+        if sub.announced:  # a retained (durable, detached) subscription ends now
+            sub.announced = False
+            self._flood(announcement_message(self.net.announcer.expired(sub.container_id, sub.name)), None, out)
         if reason == "expired":
             out.append(Log("subscription-expired", {"container": sub.container_id, "name": sub.name,
                                                     "address": sub.topic}))
@@ -386,8 +426,44 @@ class RouterCore:
                                 pub.name, ev.tag, pub.incarnation, seq, pub.link_id, ev.delivery,
                                 expires_at, reuse)
         states = record.subscribers
+        sent_to, best_effort = self._distribute(record, topic, out)
+        routers = None
+        interested = self.net.interested_routers(topic.name)
+        if interested:
+            routers = sorted(interested)
+            for router_id in routers:
+                record.remote_routers[router_id] = RouterState()
+        # One record for arrival and the immediate sends keeps the log cheap: later
+        # sends (from a queue) get "forwarded" events of their own.
+        out.append(Log("received", {
+            "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
+            "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
+            "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": list(states),
+            "forwarded": sent_to, "routers": routers}))
+        self.records[tag] = record
+        self.by_delivery[ev.delivery] = record
+        topic.records[record.order] = record
+        topic.unsettled += 1
+        if routers:
+            self._send_towards(record, routers, now, out)
+        if not states and not routers:
+            self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
+                                   now, out)
+        elif expires_at is not None:
+            self._add_timer(expires_at, _TIMER_EXPIRY, record)
+        if best_effort:
+            self._best_effort_copies(topic, tag, payload, out)
+        if pub.credit * 2 < self.settings.publisher_credit_window:
+            self._refill_credit(topic, out)
+
+    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list) -> tuple[list, bool]:
+        """Owe ``record`` to the topic's subscriptions and send it to those that can
+        take it now. Returns (keys sent to, whether best-effort subscribers exist)."""
+        states = record.subscribers
+        tag = record.tag
+        payload = record.payload
         sent_to = []
-        best_effort = None
+        best_effort = False
         for key, sub in topic.subscriptions.items():
             if sub.best_effort:
                 best_effort = True
@@ -396,7 +472,7 @@ class RouterCore:
             link_id = sub.link_id
             if link_id is None:
                 continue  # durable, detached: it gets the record on re-attach
-            if sub.credit > 0 and not sub.queue:
+            if sub.credit > 0 and sub.ready and not sub.queue:
                 sub.credit -= 1
                 state.sent = sub.send_counter = sub.send_counter + 1
                 state.link = link_id
@@ -404,30 +480,14 @@ class RouterCore:
                 sent_to.append(key)
             else:
                 sub.queue.append(record)
-        # One record for arrival and the immediate sends keeps the log cheap: later
-        # sends (from a queue) get "forwarded" events of their own.
-        out.append(Log("received", {
-            "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
-            "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
-            "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": list(states),
-            "forwarded": sent_to}))
-        self.records[tag] = record
-        self.by_delivery[ev.delivery] = record
-        topic.records[record.order] = record
-        topic.unsettled += 1
-        if not states:
-            self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
-                                   now, out)
-        elif expires_at is not None:
-            self._add_timer(expires_at, _TIMER_EXPIRY, record)
-        if best_effort:
-            # Best-effort copies for at-most-once subscribers.
-            for sub in topic.subscriptions.values():
-                if sub.best_effort and sub.link_id is not None and sub.credit > 0:
-                    sub.credit -= 1
-                    out.append(Forward(sub.link_id, tag, payload, True))
-        if pub.credit * 2 < self.settings.publisher_credit_window:
-            self._refill_credit(topic, out)
+        return sent_to, best_effort
+
+    def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list) -> None:
+        """Pre-settled copies for at-most-once subscribers that have credit now."""
+        for sub in topic.subscriptions.values():
+            if sub.best_effort and sub.link_id is not None and sub.credit > 0:
+                sub.credit -= 1
+                out.append(Forward(sub.link_id, tag, payload, True))
 
     def _refuse(self, delivery: int, condition: str, description: str, out: list) -> None:
         """Answer a publisher delivery the router will not carry."""
@@ -481,6 +541,8 @@ class RouterCore:
 
     def _pump(self, sub: Subscription, now: float, out: list) -> None:
         """Send queued records while the subscriber has credit."""
+        if not sub.ready:
+            return
         queue = sub.queue
         key = sub.key
         while queue and sub.credit > 0:
@@ -576,6 +638,9 @@ class RouterCore:
 
     def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
         record.outcome = outcome
+        if record.origin_router is not None:
+            self._answer_origin(record, out)
+            return
         out.append(Log("pub-outcome", {"delivery": record.delivery_id, "outcome": outcomes.NAMES[outcome.code],
                                        "condition": outcome.condition, "reason": outcome.description}))
         if record.pub_delivery is None:
@@ -608,7 +673,8 @@ class RouterCore:
             self.by_delivery.pop(record.pub_delivery, None)
             record.pub_delivery = None
         topic = self.topics[record.topic]
-        topic.unsettled -= 1
+        if record.origin_router is None:
+            topic.unsettled -= 1
         if record.outcome is None:
             # Settled before every subscriber answered (the publisher gave up): stop
             # waiting; receivers that hold it see the settlement.
@@ -629,6 +695,11 @@ class RouterCore:
                 # It settled it itself, never got it, or got it on a link that is
                 # gone: there is no settlement to relay on the current link.
                 state.known_settled = True
+        for router_id, state in record.remote_routers.items():
+            state.settle_sent = True
+            everyone_knows = False
+            self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
+            out.append(Log("settlement-relayed", {"delivery": record.delivery_id, "to_router": router_id}))
         if everyone_knows:
             self._delete(record, None, out)
             out.append(Log("settled", {"delivery": record.delivery_id, "by": by, "deleted": True}))
@@ -648,7 +719,7 @@ class RouterCore:
         del self.records[record.tag]
         topic = self.topics[record.topic]
         del topic.records[record.order]
-        if not record.pub_settled:
+        if not record.pub_settled and record.origin_router is None:
             topic.unsettled -= 1
             if record.pub_delivery is not None:
                 self.by_delivery.pop(record.pub_delivery, None)
@@ -703,6 +774,12 @@ class RouterCore:
                     self._end_subscription(obj, now, out, reason="expired")
             elif kind == _TIMER_SHUTDOWN:
                 self._release_all_for_shutdown(now, out)
+            elif kind == _TIMER_ANNOUNCE:
+                key, link_id = obj
+                waiting = self._awaiting_acks.get(key)
+                if waiting is not None and waiting[0] == link_id:
+                    out.append(Log("announce-timeout", {"subscriber": key, "routers": sorted(waiting[1])}))
+                    self._subscriber_ready(key, out)
 
     def _expire_message(self, record: DeliveryRecord, now: float, out: list) -> None:
         """The message's ttl ran out: subscribers it has not reached yet will not
@@ -739,6 +816,309 @@ class RouterCore:
                 return
         self._shutdown_done = True
         out.append(ShutdownComplete())
+
+    # ------------------------------------------------------------ network
+
+    def _neighbours_except(self, source: str | None):
+        return [peer for peer in self.net.neighbours if peer != source]
+
+    def _flood(self, message: dict, source: str | None, out: list) -> None:
+        """Send a link state or announcement to every neighbour but the one it came from."""
+        for peer in self._neighbours_except(source):
+            out.append(SendControl(peer, message))
+
+    def _route_control(self, to: str, message: dict, out: list) -> bool:
+        """Send a control message for router ``to`` one hop along the best path.
+        False when there is no path now: the resend on the next topology change
+        covers it (docs/inter-router.md, "reliability")."""
+        hop = self.net.next_hop(to)
+        if hop is None:
+            return False
+        message["to"] = to
+        message["from"] = message.get("from", self.settings.router_id)
+        out.append(SendControl(hop, message))
+        return True
+
+    def _base_header(self, record: DeliveryRecord) -> dict:
+        header = record.header
+        if header is None:
+            header = record.header = {
+                "origin": self.settings.router_id, "epoch": self.epoch, "boot": self.boot_id,
+                "topic": record.topic, "pub": record.publisher, "link": record.link_name,
+                "ptag": record.pub_tag.hex(), "inc": record.incarnation, "seq": record.stream_seq,
+                "exp": record.expires_at, "hops": 0}
+        return header
+
+    def _send_towards(self, record: DeliveryRecord, routers, now: float, out: list) -> None:
+        """One copy per next hop, carrying the set of routers it is for."""
+        if record.payload is None:
+            return
+        split = self.net.split(routers)
+        base = self._base_header(record)
+        for hop, dests in split.by_next_hop.items():
+            header = dict(base)
+            header["dests"] = sorted(dests)
+            out.append(SendData(hop, record.tag, header, record.payload))
+            out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop,
+                                                   "dests": header["dests"]}))
+            for router_id in dests:
+                state = record.remote_routers.get(router_id)
+                if state is not None:
+                    state.sent = True
+
+    def _answer_origin(self, record: DeliveryRecord, out: list) -> None:
+        outcome = record.outcome
+        # With no subscriber left here that was owed it, we are not owed it either.
+        code = outcome.code if record.subscribers else outcomes.NONE
+        message = {"t": "outcome", "d": record.tag.hex(), "o": code}
+        if outcome.condition:
+            message["cond"] = outcome.condition
+            message["desc"] = outcome.description
+        if outcome.code == outcomes.MODIFIED:
+            message["failed"] = outcome.delivery_failed
+            message["undeliv"] = outcome.undeliverable_here
+        self._route_control(record.origin_router, message, out)
+        out.append(Log("outcome-to-router", {"delivery": record.delivery_id, "to_router": record.origin_router,
+                                             "outcome": outcomes.NAMES[code]}))
+
+    def _subscriber_ready(self, key: str, out: list) -> None:
+        link_id, _, _ = self._awaiting_acks.pop(key)
+        sub = self.subscriptions.get(key)
+        if sub is None or sub.link_id != link_id:
+            return
+        sub.ready = True
+        out.append(OpenLink(link_id, sub.timeout if sub.durable else 0, None))
+        self._pump(sub, 0.0, out)
+
+    def _on_peer_connected(self, ev: PeerConnected, now: float, out: list) -> None:
+        known = self.net.membership.incarnation_of(ev.router_id)
+        own = self.net.peer_connected(ev.router_id, ev.conn_id, ev.epoch, ev.boot)
+        for message in self.net.sync_messages():
+            out.append(SendControl(ev.router_id, message))
+        if own is not None:
+            self._flood(link_state_message(own), ev.router_id, out)
+        if known is not None and (known.epoch, known.boot) != (ev.epoch, ev.boot):
+            out.append(Log("peer-restarted", {"peer": ev.router_id, "peer_epoch": ev.epoch, "peer_boot": ev.boot}))
+        self._topology_changed(now, out)
+
+    def _on_peer_lost(self, ev: PeerLost, now: float, out: list) -> None:
+        own = self.net.peer_lost(ev.router_id, ev.conn_id)
+        if own is not None:
+            self._flood(link_state_message(own), None, out)
+        self._topology_changed(now, out)
+
+    def _on_control(self, ev: ControlReceived, now: float, out: list) -> None:
+        routes_changed = False
+        for message in ev.messages:
+            kind = message.get("t")
+            to = message.get("to")
+            if to is not None and to != self.settings.router_id:
+                hop = self.net.next_hop(to)
+                if hop is not None and hop != ev.router_id:
+                    out.append(SendControl(hop, message))
+                continue
+            if kind == "outcome":
+                self._on_router_outcome(message, now, out)
+            elif kind == "settle":
+                self._on_router_settle(message, now, out)
+            elif kind == "settle-ack":
+                self._on_settle_ack(message, now, out)
+            elif kind == "ls":
+                ls = link_state_from(message)
+                if self.net.lsdb.apply(ls):
+                    self._flood(message, ev.router_id, out)
+                    routes_changed = True
+            elif kind in ("sub+", "sub-"):
+                self._on_announcement(message, ev.router_id, now, out)
+            elif kind == "sub-ack":
+                waiting = self._awaiting_acks.get(message.get("key"))
+                if waiting is not None and waiting[2] == message.get("version"):
+                    waiting[1].discard(message.get("from"))
+                    if not waiting[1]:
+                        self._subscriber_ready(message["key"], out)
+            elif kind == "subs":
+                changes = self.net.membership.apply(snapshot_from(message))
+                self._membership_changed(changes, now, out)
+            elif kind == "synced":
+                pass
+            else:
+                raise ProtocolError("amqp:not-implemented", f"unknown control message type {kind!r}")
+        if routes_changed:
+            self._topology_changed(now, out)
+
+    def _on_announcement(self, message: dict, source: str, now: float, out: list) -> None:
+        announcement = announcement_from(message)
+        stamp = (announcement.router, announcement.epoch, announcement.boot, announcement.version)
+        if announcement.router == self.settings.router_id:
+            return
+        if stamp not in self._flooded:
+            self._flooded.add(stamp)
+            self._flood(message, source, out)
+            self._membership_changed(self.net.membership.apply(announcement), now, out)
+        if message["t"] == "sub+":
+            # Confirm even a duplicate: the announcing router may be holding an attach.
+            key = f"{announcement.container_id}/{announcement.link_name}"
+            self._route_control(announcement.router, {"t": "sub-ack", "key": key,
+                                                      "version": announcement.version}, out)
+
+    def _membership_changed(self, changes, now: float, out: list) -> None:
+        """A router no longer holding any subscription to a topic stops being owed
+        that topic's deliveries (as a local non-durable subscriber that left)."""
+        for change in changes:
+            topic_name = getattr(change, "topic", None)
+            router_id = getattr(change, "router", None)
+            if topic_name is None or router_id is None:
+                continue
+            if router_id in self.net.interested_routers(topic_name):
+                continue
+            topic = self.topics.get(topic_name)
+            if topic is None:
+                continue
+            for record in list(topic.records.values()):
+                state = record.remote_routers.get(router_id)
+                if state is not None and state.outcome is None:
+                    del record.remote_routers[router_id]
+                    if record.outcome is None:
+                        self._maybe_answer_publisher(record, now, out)
+                    else:
+                        self._maybe_delete(record, now, out)
+
+    def _on_data(self, ev: DataReceived, now: float, out: list) -> None:
+        header = ev.header
+        me = self.settings.router_id
+        dests = header.get("dests") or []
+        hops = header.get("hops", 0) + 1
+        if hops > MAX_HOPS:
+            out.append(Log("dropped", {"delivery": ev.tag.hex(), "reason": f"crossed {MAX_HOPS} routers"}))
+            return
+        others = [d for d in dests if d != me]
+        if others:
+            split = self.net.split(others)
+            for hop, sub_dests in split.by_next_hop.items():
+                if hop == ev.router_id:
+                    continue  # routes disagree while link state floods: never bounce back
+                relayed = dict(header)
+                relayed["dests"] = sorted(sub_dests)
+                relayed["hops"] = hops
+                out.append(SendData(hop, ev.tag, relayed, ev.payload))
+                out.append(Log("forwarded-to-router", {"delivery": ev.tag.hex(), "to_router": hop,
+                                                       "dests": relayed["dests"]}))
+        if me in dests:
+            self._deliver_from_router(ev, header, now, out)
+
+    def _deliver_from_router(self, ev: DataReceived, header: dict, now: float, out: list) -> None:
+        """A delivery another router took from its publisher: owe it to our
+        subscribers, and answer the origin router once they all answered."""
+        tag = ev.tag
+        record = self.records.get(tag)
+        if record is not None:
+            # A resend (a hop failed, or routes changed): never delivered twice. If
+            # we already answered, the answer may have been lost: answer again.
+            if record.origin_router is not None and record.outcome is not None and not record.pub_settled:
+                self._answer_origin(record, out)
+            return
+        origin = header["origin"]
+        topic_name = header["topic"]
+        topic = self.topics.get(topic_name)
+        owed_here = topic is not None and any(not s.best_effort for s in topic.subscriptions.values())
+        if not owed_here:
+            # Nobody here (any more): we are not owed this delivery.
+            message = {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE}
+            self._route_control(origin, message, out)
+            if topic is not None:
+                self._best_effort_copies(topic, tag, ev.payload, out)
+            return
+        record = DeliveryRecord(tag, topic_name, next(self._order), ev.payload, header.get("pub", ""),
+                                header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
+                                header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"))
+        record.origin_router = origin
+        sent_to, best_effort = self._distribute(record, topic, out)
+        out.append(Log("received", {
+            "delivery": record.delivery_id, "topic": topic_name, "publisher": record.publisher,
+            "link_name": record.link_name, "pub_tag": header.get("ptag"), "incarnation": record.incarnation,
+            "stream_seq": record.stream_seq, "size": len(ev.payload), "settled": False,
+            "owed": list(record.subscribers), "forwarded": sent_to, "origin_router": origin}))
+        self.records[tag] = record
+        topic.records[record.order] = record
+        if record.expires_at is not None:
+            if record.expires_at <= now:
+                self._expire_message(record, now, out)
+            else:
+                self._add_timer(record.expires_at, _TIMER_EXPIRY, record)
+        if best_effort:
+            self._best_effort_copies(topic, tag, ev.payload, out)
+
+    def _on_router_outcome(self, message: dict, now: float, out: list) -> None:
+        record = self.records.get(bytes.fromhex(message["d"]))
+        sender = message.get("from")
+        if record is None or record.origin_router is not None:
+            return
+        state = record.remote_routers.get(sender)
+        if state is None:
+            return
+        code = message.get("o", outcomes.NONE)
+        out.append(Log("outcome-from-router", {"delivery": record.delivery_id, "from_router": sender,
+                                               "outcome": outcomes.NAMES.get(code, str(code))}))
+        if state.outcome is not None:
+            if record.pub_settled and not state.settle_acked:
+                self._route_control(sender, {"t": "settle", "d": record.tag.hex()}, out)
+            return
+        if code == outcomes.NONE:
+            del record.remote_routers[sender]  # nobody there was owed it
+        elif code == outcomes.ACCEPTED:
+            state.outcome = OUTCOME_ACCEPTED
+        elif code in outcomes.TERMINAL:
+            state.outcome = Outcome(code, message.get("cond"), message.get("desc"),
+                                    bool(message.get("failed")), bool(message.get("undeliv")))
+        else:
+            raise ProtocolError("amqp:invalid-field", f"outcome code {code!r} from router {sender}")
+        if record.outcome is None:
+            self._maybe_answer_publisher(record, now, out)
+        else:
+            self._maybe_delete(record, now, out)
+
+    def _on_router_settle(self, message: dict, now: float, out: list) -> None:
+        tag = bytes.fromhex(message["d"])
+        record = self.records.get(tag)
+        sender = message.get("from")
+        if record is not None and record.origin_router == sender:
+            self._settle_record(record, "origin-router", now, out)
+        self._route_control(sender, {"t": "settle-ack", "d": message["d"]}, out)
+
+    def _on_settle_ack(self, message: dict, now: float, out: list) -> None:
+        record = self.records.get(bytes.fromhex(message["d"]))
+        if record is None or record.origin_router is not None:
+            return
+        state = record.remote_routers.get(message.get("from"))
+        if state is not None:
+            state.settle_acked = True
+            self._maybe_delete(record, now, out)
+
+    def _topology_changed(self, now: float, out: list) -> None:
+        """Routes may have changed: whatever may have been lost with a hop goes again.
+        Receivers recognise resent deliveries by their tag."""
+        if not self.net.recompute():
+            return
+        me = self.settings.router_id
+        for record in list(self.records.values()):
+            if record.origin_router is None:
+                if not record.pub_settled:
+                    pending = [r for r, st in record.remote_routers.items() if st.outcome is None]
+                    if pending:
+                        self._send_towards(record, pending, now, out)
+                else:
+                    for router_id, state in record.remote_routers.items():
+                        if not state.settle_acked:
+                            self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
+            elif record.outcome is not None and not record.pub_settled and record.origin_router != me:
+                self._answer_origin(record, out)
+        # Subscribers waiting for confirmation from routers we can no longer reach
+        # need not wait for them.
+        reachable = self.net.reachable()
+        for key, (link_id, waiting, _) in list(self._awaiting_acks.items()):
+            waiting &= reachable
+            if not waiting:
+                self._subscriber_ready(key, out)
 
     # ------------------------------------------------------------ helpers
 

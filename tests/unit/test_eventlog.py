@@ -45,6 +45,16 @@ SAMPLE_FIELDS = {
     "router-stopping": {"reason": "SIGTERM"},
     "tag-collision": {"delivery": "a1b2", "link": 4, "container": "pub-1", "name": "send-1", "incarnation": "77aa"},
     "dropped": {"delivery": None, "reason": "malformed pre-settled message"},
+    "peer-connected": {"peer": "B", "conn": 7, "peer_epoch": 2, "peer_boot": "422ab44afffadaaf",
+                       "role": "connector"},
+    "peer-lost": {"peer": "B", "conn": 7, "reason": "amqp:resource-limit-exceeded: local-idle-timeout expired"},
+    "peer-refused": {"peer": "B", "conn": 8, "reason": "wrong proof (auth): the secrets differ"},
+    "forwarded-to-router": {"delivery": "ab12", "to_router": "B", "dests": ["C", "D"]},
+    "outcome-to-router": {"delivery": "ab12", "to_router": "A", "outcome": "accepted"},
+    "outcome-from-router": {"delivery": "ab12", "from_router": "C", "outcome": "accepted"},
+    "settlement-relayed": {"delivery": "ab12", "to_router": "C"},
+    "peer-restarted": {"peer": "B", "peer_epoch": 4, "peer_boot": "77aa"},
+    "announce-timeout": {"subscriber": "sub-1/recv-1", "routers": ["C"]},
 }
 
 

@@ -1,0 +1,138 @@
+"""A mesh of pure cores over a fake network: the router network without sockets.
+
+Commands a core addresses to another router (SendControl, SendData) become that
+router's ControlReceived/DataReceived events, after a JSON round trip (what the
+wire does to them). Everything else a core says is for its clients and is kept
+per router for the test to read. Links can be cut and restored; messages in
+flight on a cut link are lost, as on a real connection.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import orjson
+
+from router.core import outcomes
+from router.core.commands import Forward, Log, SendControl, SendData, SendOutcome
+from router.core.events import (
+    PUBLISHER, SND_MIXED, SUBSCRIBER, ControlReceived, CreditChanged, DataReceived, LinkAttached,
+    LinkDetached, MessageReceived, OutcomeReceived, PeerConnected, PeerLost, PublisherSettled, TimerFired,
+)
+from router.core.router import RouterCore
+from router.core.settings import CoreSettings
+
+from corekit import encode
+
+
+class Mesh:
+    def __init__(self, names, links=(), **settings):
+        self.now = 1000.0
+        self.cores = {n: RouterCore(CoreSettings(router_id=n, **settings), boot_id=f"boot-{n}", epoch=1)
+                      for n in names}
+        self.inflight: deque = deque()
+        self.links: dict[frozenset, int] = {}
+        self.client: dict[str, list] = {n: [] for n in names}
+        self.logs: dict[str, list] = {n: [] for n in names}
+        self._conn = itertools.count(1000)
+        self._link = itertools.count(1)
+        self._delivery = itertools.count(1)
+        for a, b in links:
+            self.connect(a, b)
+        self.settle()
+
+    # ------------------------------------------------------------ plumbing
+
+    def feed(self, name, event):
+        commands = self.cores[name].handle(event, self.now)
+        for c in commands:
+            if isinstance(c, SendControl):
+                wire = orjson.loads(orjson.dumps(c.message))
+                self._send(name, c.router_id, lambda conn, w=wire: ControlReceived(conn, name, [w]))
+            elif isinstance(c, SendData):
+                header = orjson.loads(orjson.dumps(c.header))
+                self._send(name, c.router_id,
+                           lambda conn, c=c, h=header: DataReceived(conn, name, c.tag, h, c.payload))
+            elif isinstance(c, Log):
+                self.logs[name].append(c)
+            else:
+                self.client[name].append(c)
+        return commands
+
+    def _send(self, source, target, make):
+        pair = frozenset((source, target))
+        conn = self.links.get(pair)
+        assert conn is not None, f"{source} sent to {target}, which is not its neighbour"
+        self.inflight.append((pair, conn, target, make(conn)))
+
+    def settle(self, limit=100_000):
+        """Deliver everything in flight (and whatever that causes)."""
+        steps = 0
+        while self.inflight:
+            pair, conn, target, event = self.inflight.popleft()
+            if self.links.get(pair) != conn:
+                continue  # the link was cut while this was in flight
+            self.feed(target, event)
+            steps += 1
+            assert steps < limit, "the mesh does not quiesce"
+
+    def connect(self, a, b):
+        conn = next(self._conn)
+        self.links[frozenset((a, b))] = conn
+        self.feed(a, PeerConnected(conn, b, 1, f"boot-{b}"))
+        self.feed(b, PeerConnected(conn, a, 1, f"boot-{a}"))
+
+    def cut(self, a, b):
+        conn = self.links.pop(frozenset((a, b)))
+        self.feed(a, PeerLost(conn, b))
+        self.feed(b, PeerLost(conn, a))
+
+    def advance(self, seconds):
+        self.now += seconds
+        for name in self.cores:
+            self.feed(name, TimerFired())
+        self.settle()
+
+    # ------------------------------------------------------------ clients
+
+    def publisher(self, router, name="pub", container="P"):
+        link = next(self._link)
+        self.feed(router, LinkAttached(link, link, container, name, PUBLISHER, "t", snd_settle_mode=SND_MIXED))
+        self.settle()
+        return link
+
+    def subscriber(self, router, name, credit=100, **attach):
+        link = next(self._link)
+        self.feed(router, LinkAttached(link, link, f"S-{name}", name, SUBSCRIBER, "t", **attach))
+        self.feed(router, CreditChanged(link, credit))
+        self.settle()
+        return link
+
+    def publish(self, router, link, tag: bytes, body="m"):
+        delivery = next(self._delivery)
+        self.feed(router, MessageReceived(link, delivery, tag, encode(body), False))
+        self.settle()
+        return delivery
+
+    def forwarded(self, router, link):
+        return [c for c in self.client[router] if isinstance(c, Forward) and c.link_id == link]
+
+    def answer(self, router, link, tag, outcome=outcomes.ACCEPTED):
+        self.feed(router, OutcomeReceived(link, tag, outcome, True))
+        self.settle()
+
+    def outcomes_for(self, router, delivery):
+        return [c for c in self.client[router] if isinstance(c, SendOutcome) and c.delivery == delivery]
+
+    def settle_publisher(self, router, link, delivery):
+        self.feed(router, PublisherSettled(link, delivery))
+        self.settle()
+
+    def detach(self, router, link, closed=False):
+        self.feed(router, LinkDetached(link, closed))
+        self.settle()
+
+    def opened(self, router, link):
+        from router.core.commands import OpenLink
+        return any(isinstance(c, OpenLink) and c.link_id == link for c in self.client[router])

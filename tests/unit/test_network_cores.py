@@ -1,0 +1,146 @@
+"""The router network as pure cores over a fake network (tests/unit/meshkit.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.core import outcomes
+from router.core.commands import SendOutcome, SettleOutgoing
+
+from meshkit import Mesh
+
+
+def test_line_routes_converge():
+    """A - B - C"""
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C")])
+    assert dict(mesh.cores["A"].net.routes.next_hop) == {"B": "B", "C": "B"}
+    assert dict(mesh.cores["C"].net.routes.next_hop) == {"A": "B", "B": "B"}
+
+
+def test_subscribers_everywhere_get_it_once_and_accept_waits_for_the_farthest():
+    """A - B - C, publisher on A, a subscriber on each router."""
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C")])
+    subs = {r: mesh.subscriber(r, f"s{r}") for r in "ABC"}
+    assert all(mesh.opened(r, subs[r]) for r in "ABC"), "attaches confirmed by the network"
+    pub = mesh.publisher("A")
+    delivery = mesh.publish("A", pub, b"1")
+    copies = {r: mesh.forwarded(r, subs[r]) for r in "ABC"}
+    assert all(len(c) == 1 for c in copies.values()), copies
+    tag = copies["A"][0].tag
+    assert {c[0].tag for c in copies.values()} == {tag}, "every router uses the same tag"
+    assert {c[0].payload for c in copies.values()} == {copies["A"][0].payload}
+    mesh.answer("A", subs["A"], tag)
+    mesh.answer("B", subs["B"], tag)
+    assert mesh.outcomes_for("A", delivery) == [], "C has not answered"
+    mesh.answer("C", subs["C"], tag)
+    assert mesh.outcomes_for("A", delivery) == [SendOutcome(delivery, outcomes.ACCEPTED)]
+    mesh.settle_publisher("A", pub, delivery)
+    for r in "ABC":
+        assert SettleOutgoing(subs[r], tag) in mesh.client[r], f"settlement relayed to {r}"
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
+def test_a_rejection_far_away_reaches_the_publisher():
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C")])
+    sa, sc = mesh.subscriber("A", "sa"), mesh.subscriber("C", "sc")
+    pub = mesh.publisher("A")
+    delivery = mesh.publish("A", pub, b"1")
+    tag = mesh.forwarded("A", sa)[0].tag
+    mesh.answer("A", sa, tag)
+    mesh.answer("C", sc, tag, outcomes.REJECTED)
+    (sent,) = mesh.outcomes_for("A", delivery)
+    assert sent.outcome == outcomes.REJECTED
+
+
+def test_one_copy_per_link():
+    """A - B, with C and D behind B: the message crosses A-B once."""
+    mesh = Mesh("ABCD", [("A", "B"), ("B", "C"), ("B", "D")])
+    for r in "CD":
+        mesh.subscriber(r, f"s{r}")
+    pub = mesh.publisher("A")
+    mesh.publish("A", pub, b"1")
+    to_b = [e for e in mesh.logs["A"] if e.kind == "forwarded-to-router"]
+    assert [(e.fields["to_router"], e.fields["dests"]) for e in to_b] == [("B", ["C", "D"])]
+
+
+def test_no_subscriber_anywhere_is_released():
+    mesh = Mesh("AB", [("A", "B")])
+    pub = mesh.publisher("A")
+    delivery = mesh.publish("A", pub, b"1")
+    (sent,) = mesh.outcomes_for("A", delivery)
+    assert sent.outcome == outcomes.RELEASED
+
+
+def test_remote_subscriber_leaving_stops_counting():
+    mesh = Mesh("AB", [("A", "B")])
+    sa, sb = mesh.subscriber("A", "sa"), mesh.subscriber("B", "sb")
+    pub = mesh.publisher("A")
+    delivery = mesh.publish("A", pub, b"1")
+    mesh.answer("A", sa, mesh.forwarded("A", sa)[0].tag)
+    mesh.detach("B", sb)
+    assert [c.outcome for c in mesh.outcomes_for("A", delivery)] == [outcomes.ACCEPTED]
+
+
+def test_cut_link_resends_on_the_new_path_and_nothing_is_delivered_twice():
+    """Ring A - B - C - A: cut A-C while C's copy is in flight; it goes via B."""
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
+    sc = mesh.subscriber("C", "sc")
+    pub = mesh.publisher("A")
+    from router.core.events import MessageReceived
+    from corekit import encode
+    mesh.feed("A", MessageReceived(pub, 1, b"1", encode("x"), False))
+    mesh.cut("A", "C")  # the copy on A-C is lost
+    mesh.settle()
+    copies = mesh.forwarded("C", sc)
+    assert len(copies) == 1
+    mesh.answer("C", sc, copies[0].tag)
+    assert [c.outcome for c in mesh.outcomes_for("A", 1)] == [outcomes.ACCEPTED]
+
+
+def test_a_duplicate_copy_is_not_delivered_twice_and_the_answer_is_repeated():
+    mesh = Mesh("AB", [("A", "B")])
+    sb = mesh.subscriber("B", "sb")
+    pub = mesh.publisher("A")
+    delivery = mesh.publish("A", pub, b"1")
+    tag = mesh.forwarded("B", sb)[0].tag
+    mesh.answer("B", sb, tag)
+    # Force a resend as after a topology change.
+    record = mesh.cores["A"].records[tag]
+    record.remote_routers["B"].outcome = None
+    out = []
+    mesh.cores["A"]._send_towards(record, ["B"], mesh.now, out)
+    for c in out:
+        if c.__class__.__name__ == "SendData":
+            mesh._send("A", "B", lambda conn, c=c: __import__("router.core.events", fromlist=["x"]).DataReceived(
+                conn, "A", c.tag, dict(c.header), c.payload))
+    mesh.settle()
+    assert len(mesh.forwarded("B", sb)) == 1
+    assert record.remote_routers["B"].outcome == outcomes.OUTCOME_ACCEPTED
+
+
+def test_subscriber_attach_waits_for_the_network_to_know():
+    mesh = Mesh("AB", [("A", "B")])
+    from router.core.events import LinkAttached, SUBSCRIBER
+    mesh.feed("B", LinkAttached(77, 77, "S", "s", SUBSCRIBER, "t"))
+    assert not mesh.opened("B", 77), "answered before A confirmed"
+    mesh.settle()
+    assert mesh.opened("B", 77)
+
+
+def test_attach_is_answered_after_a_timeout_if_confirmation_never_comes():
+    mesh = Mesh("AB", [("A", "B")])
+    from router.core.events import LinkAttached, SUBSCRIBER
+    mesh.feed("B", LinkAttached(77, 77, "S", "s", SUBSCRIBER, "t"))
+    mesh.inflight.clear()  # the announcement is lost
+    mesh.advance(2.5)
+    assert mesh.opened("B", 77)
+    assert any(e.kind == "announce-timeout" for e in mesh.logs["B"])
+
+
+def test_a_subscriber_that_moved_keeps_its_router_interested():
+    """A late detach from A must not undo the subscriber's attach at B."""
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C")])
+    first = mesh.subscriber("A", "s", durable=2, timeout=60)
+    mesh.detach("A", first, closed=True)
+    mesh.subscriber("B", "s", durable=2, timeout=60)
+    assert mesh.cores["C"].net.interested_routers("t") == frozenset({"B"})
