@@ -142,6 +142,7 @@ EVENTS: dict[str, dict[str, str]] = {
     "settlement-relayed": {"delivery": "string", "to_router": "string"},
     "peer-restarted": {"peer": "string", "peer_epoch": "long", "peer_boot": "string"},
     "announce-timeout": {"subscriber": "string", "routers": "array<string>"},
+    "order-gap": {"delivery": "string", "missing_seq": "long"},
 }
 
 

@@ -36,9 +36,12 @@ class RouterState:
     """Where one interested remote router stands with a delivery this router took
     from its publisher (the origin router tracks each one individually)."""
 
-    __slots__ = ("outcome", "sent", "settle_sent", "settle_acked")
+    __slots__ = ("outcome", "sent", "settle_sent", "settle_acked", "prev")
 
     def __init__(self) -> None:
+        # stream_seq of the delivery from the same publisher stream sent to that
+        # router before this one (-1: none): its receiver keeps publisher order by it.
+        self.prev: int | None = None
         self.outcome: Outcome | None = None  # its local subscribers' combined outcome
         self.sent = False  # a copy went towards it on the current routes
         self.settle_sent = False

@@ -52,6 +52,11 @@ _TIMER_EXPIRY = 1
 _TIMER_SUBSCRIPTION = 2
 _TIMER_SHUTDOWN = 3
 _TIMER_ANNOUNCE = 4
+_TIMER_ORDER_GAP = 5
+
+# How long a relayed copy may wait for its predecessor from the same publisher
+# before it is delivered anyway (the predecessor is then logged as a gap).
+ORDER_HOLD_TIMEOUT = 5.0
 
 # How long a new subscriber's attach waits for every reachable router to confirm
 # it knows of the subscriber (docs/inter-router.md, "the propagation race").
@@ -82,6 +87,10 @@ class RouterCore:
         self.net = Network(settings.router_id, epoch, boot_id)
         self._flooded: set = set()  # announcements already flooded on: (router, epoch, boot, version)
         self._awaiting_acks: dict[str, tuple] = {}  # subscriber key -> (link id, routers yet to confirm)
+        # Publisher order across routers (docs/inter-router.md, "publisher order"):
+        self._last_sent: dict[tuple[bytes, str], int] = {}  # (stream, router) -> last stream_seq sent
+        self._chain_head: dict[bytes, int] = {}  # stream -> last stream_seq delivered here
+        self._held: dict[bytes, dict[int, tuple]] = {}  # stream -> {prev seq: (event, header)}
         self.draining = False
         self._drain_deadline: float | None = None
         self._shutdown_done = False
@@ -306,6 +315,8 @@ class RouterCore:
             still_used = any(r.pub_link == pub.link_id for r in topic.records.values())
             if not still_used:
                 self.streams.pop(pub.stream, None)
+                for key in [k for k in self._last_sent if k[0] == pub.stream]:
+                    del self._last_sent[key]
         self._refill_credit(topic, out)
         self._drop_topic_if_idle(topic)
 
@@ -774,6 +785,15 @@ class RouterCore:
                     self._end_subscription(obj, now, out, reason="expired")
             elif kind == _TIMER_SHUTDOWN:
                 self._release_all_for_shutdown(now, out)
+            elif kind == _TIMER_ORDER_GAP:
+                stream, prev = obj
+                held = self._held.get(stream)
+                if held and prev in held:
+                    ev, header = held.pop(prev)
+                    if not held:
+                        del self._held[stream]
+                    out.append(Log("order-gap", {"delivery": ev.tag.hex(), "missing_seq": prev}))
+                    self._deliver_chain(stream, ev, header, now, out)
             elif kind == _TIMER_ANNOUNCE:
                 key, link_id = obj
                 waiting = self._awaiting_acks.get(key)
@@ -855,9 +875,21 @@ class RouterCore:
             return
         split = self.net.split(routers)
         base = self._base_header(record)
+        stream = record.tag[:tags.STREAM_ID_SIZE]
         for hop, dests in split.by_next_hop.items():
             header = dict(base)
             header["dests"] = sorted(dests)
+            prev = {}
+            for router_id in header["dests"]:
+                state = record.remote_routers.get(router_id)
+                if state is None:
+                    continue
+                if state.prev is None:
+                    key = (stream, router_id)
+                    state.prev = self._last_sent.get(key, -1)
+                    self._last_sent[key] = record.stream_seq
+                prev[router_id] = state.prev
+            header["prev"] = prev
             out.append(SendData(hop, record.tag, header, record.payload))
             out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop,
                                                    "dests": header["dests"]}))
@@ -1004,7 +1036,33 @@ class RouterCore:
                 out.append(Log("forwarded-to-router", {"delivery": ev.tag.hex(), "to_router": hop,
                                                        "dests": relayed["dests"]}))
         if me in dests:
+            self._in_publisher_order(ev, header, now, out)
+
+    def _in_publisher_order(self, ev: DataReceived, header: dict, now: float, out: list) -> None:
+        """Deliver a relayed copy only after its predecessor from the same publisher
+        stream (named by the origin in ``prev``): a copy that took a newer path after
+        a route change must not overtake an earlier one still on its way."""
+        stream = ev.tag[:tags.STREAM_ID_SIZE]
+        prev = (header.get("prev") or {}).get(self.settings.router_id, -1)
+        head = self._chain_head.get(stream)
+        if ev.tag in self.records or prev == -1 or (head is not None and prev <= head):
+            self._deliver_chain(stream, ev, header, now, out)
+            return
+        self._held.setdefault(stream, {})[prev] = (ev, header)
+        self._add_timer(now + ORDER_HOLD_TIMEOUT, _TIMER_ORDER_GAP, (stream, prev))
+
+    def _deliver_chain(self, stream: bytes, ev: DataReceived, header: dict, now: float, out: list) -> None:
+        while True:
             self._deliver_from_router(ev, header, now, out)
+            seq = header.get("seq", 0)
+            if seq > self._chain_head.get(stream, -1):
+                self._chain_head[stream] = seq
+            held = self._held.get(stream)
+            if not held or seq not in held:
+                return
+            ev, header = held.pop(seq)
+            if not held:
+                del self._held[stream]
 
     def _deliver_from_router(self, ev: DataReceived, header: dict, now: float, out: list) -> None:
         """A delivery another router took from its publisher: owe it to our

@@ -55,6 +55,7 @@ SAMPLE_FIELDS = {
     "settlement-relayed": {"delivery": "ab12", "to_router": "C"},
     "peer-restarted": {"peer": "B", "peer_epoch": 4, "peer_boot": "77aa"},
     "announce-timeout": {"subscriber": "sub-1/recv-1", "routers": ["C"]},
+    "order-gap": {"delivery": "ab12", "missing_seq": 16},
 }
 
 
