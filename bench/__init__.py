@@ -1,0 +1,1 @@
+"""eorouter benchmark: `scripts/bench` (python -m bench.run), C clients built by bench.build."""
