@@ -1,9 +1,11 @@
 """``eorouter``: the command line.
 
 ``eorouter run --config router.toml`` runs one router process until SIGTERM or
-SIGINT. Startup prints exactly one line to stderr once the listeners are bound::
+SIGINT. Startup prints exactly one line to stderr once the listeners are bound,
+naming every listener with its role, in config order::
 
-    eorouter: router <id> ready on 127.0.0.1:<port>[,<host>:<port>...] epoch <n>
+    eorouter: router <id> ready on <role>=<host>:<port>[,<role>=<host>:<port>...] epoch <n>
+    eorouter: router A ready on normal=127.0.0.1:5672,inter-router=127.0.0.1:5673 epoch 3
 
 Exit codes: 0 after a graceful shutdown (also when a second signal arrives after
 the core answered every publisher delivery), 1 when a second signal cut the drain
@@ -34,10 +36,22 @@ def _build_parser() -> argparse.ArgumentParser:
                      choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                      help="operational log level on stderr (default: INFO)")
     run.set_defaults(func=cmd_run)
+    network = commands.add_parser("network", help="launch a network of routers on loopback",
+                                  description="Start the routers of a topology file on loopback, wait until "
+                                              "their routes converge, and stop them all on Ctrl-C.")
+    network.add_argument("--topology", "-t", metavar="PATH",
+                         help="topology TOML file (default: the embedded 3-router triangle)")
+    network.add_argument("--workdir", "-w", metavar="DIR", help="where configs and data go (default: ./network)")
+    network.set_defaults(func=cmd_network)
     demo = commands.add_parser("demo", help="the demo: one router, two publishers, three subscribers",
                                add_help=False)
     demo.set_defaults(func=cmd_demo)
     return parser
+
+
+def cmd_network(args: argparse.Namespace) -> int:
+    from router import topology
+    return topology.main(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -76,9 +90,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         core = RouterCore(config.core, boot_id=eventlog.boot_id, epoch=eventlog.epoch)
         server = Server(router_id=config.router_id, core=core, eventlog=eventlog,
                         listeners=config.listeners, max_message_size=config.core.max_message_size,
-                        idle_timeout=config.idle_timeout, drain_grace=config.drain_grace)
+                        idle_timeout=config.idle_timeout, drain_grace=config.drain_grace,
+                        connectors=config.connectors, network=config.network)
         try:
-            bound = server.bind()
+            server.bind()
         except OSError as exc:
             return _fail(f"cannot listen: {exc}", 1)
 
@@ -93,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         eventlog.flush()  # router-started is on disk before anyone can connect
-        addresses = ",".join(f"{host}:{port}" for host, port in bound)
+        addresses = ",".join(f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners)
         print(f"eorouter: router {config.router_id} ready on {addresses} epoch {eventlog.epoch}",
               file=sys.stderr, flush=True)
         return server.run()

@@ -23,8 +23,10 @@ from router.core.settings import CoreSettings
 
 __all__ = [
     "ConfigError",
+    "Connector",
     "EventLogSettings",
     "Listener",
+    "NetworkSettings",
     "RouterConfig",
     "load_config",
     "parse_config",
@@ -33,7 +35,8 @@ __all__ = [
 ROUTER_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 UINT_MAX = 2**32 - 1  # AMQP uint: terminus timeouts and link credit
 NO_SUBSCRIBER_OUTCOMES = ("released", "rejected", "accepted", "modified")
-LISTENER_ROLES = ("normal",)
+LISTENER_ROLES = ("normal", "inter-router")
+CONNECTOR_ROLES = ("inter-router",)
 _CORE_DEFAULTS = CoreSettings()
 
 
@@ -59,6 +62,26 @@ class Listener:
 
 
 @dataclass(frozen=True, slots=True)
+class Connector:
+    """An outgoing inter-router connection: dialled at start, re-dialled forever."""
+
+    host: str
+    port: int
+    role: str = "inter-router"
+    name: str = ""  # for logs; defaults to "host:port"
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkSettings:
+    """``[network]``: the shared secret inter-router connections prove at open
+    (docs/inter-router.md) and the connectors' reconnect backoff."""
+
+    secret: str | None = field(default=None, repr=False)  # never printed
+    reconnect_delay: float = 0.5  # seconds before the first re-dial; doubles per failure
+    reconnect_max: float = 2.0  # the backoff's ceiling
+
+
+@dataclass(frozen=True, slots=True)
 class EventLogSettings:
     max_bytes: int = eventlog.DEFAULT_MAX_BYTES
     retention: int = eventlog.DEFAULT_RETENTION
@@ -71,6 +94,8 @@ class RouterConfig:
     data_dir: Path  # absolute
     idle_timeout: float = 4.0
     listeners: tuple[Listener, ...] = (Listener(),)
+    connectors: tuple[Connector, ...] = ()
+    network: NetworkSettings = field(default_factory=NetworkSettings)
     drain_grace: float = 5.0
     eventlog: EventLogSettings = field(default_factory=EventLogSettings)
     core: CoreSettings = field(default_factory=CoreSettings)
@@ -148,22 +173,30 @@ def _host(value: Any) -> str:
     return value
 
 
-def _listener_role(value: Any) -> str:
-    if value == "inter-router":
-        raise _Invalid("'normal'", "role 'inter-router' is not supported yet (router-to-router links come "
-                                   "in a later version); only 'normal' listeners are accepted for now")
-    return _choice(LISTENER_ROLES)(value)
+def _secret(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid("a non-empty string")
+    return value
 
 
 _positive = _int(1, None, "a positive integer")
 _uint_positive = _int(1, UINT_MAX, f"an integer from 1 to {UINT_MAX}")
 _uint = _int(0, UINT_MAX, f"an integer from 0 to {UINT_MAX}")
 _port = _int(0, 65535, "a port number from 0 to 65535 (0: any free port)")
+_remote_port = _int(1, 65535, "a port number from 1 to 65535")
 
 # section -> key -> check; a section's keys are all optional unless listed in _REQUIRED.
 _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "router": {"id": _router_id, "data_dir": _nonempty_string, "idle_timeout": _seconds(positive=True)},
-    "listener": {"host": _host, "port": _port, "role": _listener_role},
+    "listener": {"host": _host, "port": _port, "role": _choice(LISTENER_ROLES)},
+    "connector": {"host": _host, "port": _remote_port, "role": _choice(CONNECTOR_ROLES),
+                  "name": _nonempty_string},
+    "network": {
+        "secret": _secret,
+        "secret_file": _nonempty_string,
+        "reconnect_delay": _seconds(positive=True),
+        "reconnect_max": _seconds(positive=True),
+    },
     "limits": {
         "max_message_size": _positive,
         "max_in_flight_per_topic": _positive,
@@ -178,8 +211,8 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "eventlog": {"max_bytes": _positive, "retention": _positive, "fsync": _bool},
 }
-_REQUIRED = {"router": ("id",)}
-_ARRAYS = {"listener"}  # sections written as arrays of tables ([[listener]])
+_REQUIRED = {"router": ("id",), "connector": ("host", "port", "role")}
+_ARRAYS = {"listener", "connector"}  # sections written as arrays of tables ([[listener]])
 
 
 def _describe(value: Any) -> str:
@@ -271,6 +304,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     log = p.table(data.get("eventlog", {}), "eventlog", "eventlog")
 
     listeners = _listeners(p, data)
+    connectors = _connectors(p, data)
 
     default_timeout = limits.get("default_terminus_timeout", _CORE_DEFAULTS.default_terminus_timeout)
     max_timeout = limits.get("max_terminus_timeout", _CORE_DEFAULTS.max_terminus_timeout)
@@ -282,6 +316,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     router_id = router["id"]
     if base_dir is None:
         base_dir = Path(source).absolute().parent
+    network = _network(p, data, listeners, connectors, Path(base_dir))
     data_dir = Path(router.get("data_dir", f"./data/{router_id}")).expanduser()
     if not data_dir.is_absolute():
         data_dir = Path(base_dir).absolute() / data_dir
@@ -303,6 +338,8 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         data_dir=data_dir,
         idle_timeout=router.get("idle_timeout", defaults.idle_timeout),
         listeners=listeners,
+        connectors=connectors,
+        network=network,
         drain_grace=delivery.get("drain_grace", defaults.drain_grace),
         eventlog=EventLogSettings(**log),
         core=core,
@@ -331,6 +368,72 @@ def _listeners(p: _Parser, data: dict) -> tuple[Listener, ...]:
         seen[endpoint] = i
         listeners.append(listener)
     return tuple(listeners)
+
+
+def _connectors(p: _Parser, data: dict) -> tuple[Connector, ...]:
+    if "connector" not in data:
+        return ()
+    raw = data["connector"]
+    if isinstance(raw, dict):
+        raise p.error("connector", "expected an array of tables (write [[connector]], not [connector]), found a table")
+    if not isinstance(raw, list):
+        raise p.error("connector", f"expected an array of tables ([[connector]]), found {_describe(raw)}")
+    connectors = []
+    by_endpoint: dict[tuple[str, int], int] = {}
+    by_name: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        values = p.table(entry, f"connector[{i}]", "connector")
+        values.setdefault("name", f"{values['host']}:{values['port']}")
+        connector = Connector(**values)
+        endpoint = (connector.host, connector.port)
+        if endpoint in by_endpoint:
+            raise p.error(f"connector[{i}]", f"duplicates connector[{by_endpoint[endpoint]}] "
+                                             f"({connector.host}:{connector.port})")
+        if connector.name in by_name:
+            raise p.error(f"connector[{i}].name",
+                          f"expected a name no other connector has, found {_describe(connector.name)} "
+                          f"(also connector[{by_name[connector.name]}])")
+        by_endpoint[endpoint] = i
+        by_name[connector.name] = i
+        connectors.append(connector)
+    return tuple(connectors)
+
+
+def _network(p: _Parser, data: dict, listeners: tuple[Listener, ...], connectors: tuple[Connector, ...],
+             base_dir: Path) -> NetworkSettings:
+    """``[network]``; the secret is required as soon as anything speaks inter-router."""
+    values = p.table(data.get("network", {}), "network", "network")
+    defaults = NetworkSettings()
+    delay = values.get("reconnect_delay", defaults.reconnect_delay)
+    ceiling = values.get("reconnect_max", defaults.reconnect_max)
+    if delay > ceiling:
+        key = "network.reconnect_delay" if "reconnect_delay" in values else "network.reconnect_max"
+        raise p.error(key, f"expected reconnect_delay ({delay:g}) to be at most reconnect_max ({ceiling:g})")
+    if "secret" in values and "secret_file" in values:
+        raise p.error("network.secret_file", "expected either network.secret or network.secret_file, found both")
+    secret = values.get("secret")
+    if "secret_file" in values:
+        path = Path(values["secret_file"]).expanduser()
+        if not path.is_absolute():
+            path = base_dir.absolute() / path
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise p.error("network.secret_file", f"cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise p.error("network.secret_file", f"expected a UTF-8 text file, found bytes that are not UTF-8 "
+                                                 f"in {path}") from None
+        secret = text.strip()
+        if not secret:
+            raise p.error("network.secret_file", f"expected a non-empty secret, found an empty file ({path})")
+    if secret is None:
+        needs = [f"listener[{i}]" for i, lst in enumerate(listeners) if lst.role == "inter-router"]
+        needs += [f"connector[{i}]" for i in range(len(connectors))]
+        if needs:
+            raise p.error("network.secret", "required key is missing (needed by the inter-router "
+                          + ", ".join(needs) + ": routers prove a shared secret when they connect; "
+                            "set network.secret or network.secret_file)")
+    return NetworkSettings(secret=secret, reconnect_delay=delay, reconnect_max=ceiling)
 
 
 _SYNTAX_POSITION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")

@@ -143,6 +143,8 @@ EVENTS: dict[str, dict[str, str]] = {
     "peer-restarted": {"peer": "string", "peer_epoch": "long", "peer_boot": "string"},
     "announce-timeout": {"subscriber": "string", "routers": "array<string>"},
     "order-gap": {"delivery": "string", "missing_seq": "long"},
+    # routes changed: the routers reachable now, and "destination>next hop" pairs
+    "routes": {"reachable": "array<string>", "next_hops": "array<string>"},
 }
 
 

@@ -29,9 +29,24 @@ from pathlib import Path
 # The directory holding the `router` package: the child must import the same code.
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]
 
+# "eorouter: router A ready on normal=127.0.0.1:5672,inter-router=127.0.0.1:5673 epoch 3"
 READY_RE = re.compile(
-    r"eorouter: router (?P<id>\S+) ready on (?P<host>[^\s:]+):(?P<port>\d+) epoch (?P<epoch>\d+)"
+    r"eorouter: router (?P<id>\S+) ready on (?P<listeners>[^\s=,]+=[^\s,]+(?:,[^\s=,]+=[^\s,]+)*)"
+    r" epoch (?P<epoch>\d+)"
 )
+
+
+def parse_listeners(text: str) -> list[tuple[str, str, int]]:
+    """The ready line's listeners, ``role=host:port,...`` -> [(role, host, port), ...]."""
+    out = []
+    for item in text.split(","):
+        role, _, address = item.partition("=")
+        host, _, port = address.rpartition(":")
+        out.append((role, host.strip("[]"), int(port)))
+    return out
+
+# After a ``prelude``: run the `router` package's __main__ as `python -m router` would.
+_RUN_ROUTER_MAIN = "import runpy\nrunpy.run_module('router', run_name='__main__', alter_sys=True)"
 
 # Every router this process started and has not reaped yet: the last line of defence
 # against orphans (atexit) and what the failure hook prints stderr for.
@@ -138,11 +153,17 @@ class RouterProcess:
     """One router process and its directory.
 
     ``workdir/<id>.toml`` (config), ``workdir/<id>/`` (data_dir), ``workdir/<id>.stderr``,
-    ``workdir/<id>.stdout``. Attributes after ``start()``: ``host``, ``port``, ``url``
-    ("127.0.0.1:PORT"), ``epoch`` (from the ready line)."""
+    ``workdir/<id>.stdout``. Attributes after ``start()``, from the ready line: ``host``,
+    ``port``, ``url`` ("127.0.0.1:PORT": the first normal listener), ``epoch``,
+    ``listeners`` ([(role, host, port)] in config order), ``ports_by_role``
+    ({"normal": [P1], "inter-router": [P2]}), ``inter_router_port``.
+
+    ``prelude``: Python source the child runs before the router's own ``__main__``
+    (``python -c PRELUDE+runpy`` instead of ``python -m router``), on every start: for
+    tests that patch the router in its own process (e.g. inject a core failure)."""
 
     def __init__(self, workdir: Path, router_id: str = "A", overrides: dict | None = None,
-                 ready_timeout: float = 20.0):
+                 ready_timeout: float = 20.0, prelude: str | None = None):
         self.id = router_id
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -151,6 +172,7 @@ class RouterProcess:
         self.stderr_path = self.workdir / f"{router_id}.stderr"
         self.stdout_path = self.workdir / f"{router_id}.stdout"
         self.ready_timeout = ready_timeout
+        self.prelude = prelude
         self.config = merge_config(DEFAULT_CONFIG, {"router": {"id": router_id, "data_dir": str(self.data_dir)}})
         if overrides:
             self.config = merge_config(self.config, overrides)
@@ -159,6 +181,7 @@ class RouterProcess:
         self.host: str | None = None
         self.port: int | None = None
         self.epoch: int | None = None
+        self.listeners: list[tuple[str, str, int]] = []
         self.expected_exit: int | None = None  # set by terminate()/kill(): the exit is ours
         self.starts = 0
 
@@ -184,13 +207,18 @@ class RouterProcess:
             err.write(f"--- start #{self.starts} ---\n".encode())
             err.flush()
             self._stderr_offset = err.tell()
+            if self.prelude is None:
+                command = [sys.executable, "-m", "router", *args]
+            else:  # the prelude, then exactly what `-m router` runs (argv included)
+                command = [sys.executable, "-c", f"{self.prelude}\n{_RUN_ROUTER_MAIN}", *args]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "router", *args],
+                command,
                 cwd=str(self.workdir), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                 start_new_session=True,  # a ^C in the terminal reaches pytest, not the router
             )
         self.expected_exit = None
         self.host = self.port = self.epoch = None
+        self.listeners = []
         if self not in _LIVE:
             _LIVE.append(self)
         return self
@@ -215,7 +243,9 @@ class RouterProcess:
             if match:
                 if match["id"] != self.id:
                     raise RouterError(f"ready line names router {match['id']!r}, expected {self.id!r}")
-                self.host, self.port, self.epoch = match["host"], int(match["port"]), int(match["epoch"])
+                self.listeners = parse_listeners(match["listeners"])
+                first = next((item for item in self.listeners if item[0] == "normal"), self.listeners[0])
+                self.host, self.port, self.epoch = first[1], first[2], int(match["epoch"])
                 return
             if self.proc.poll() is not None:
                 raise RouterError(
@@ -303,6 +333,22 @@ class RouterProcess:
                 f"exit code {self.returncode}; stderr:\n{self.stderr_tail()}")
 
     @property
+    def ports_by_role(self) -> dict[str, list[int]]:
+        """Bound ports per listener role, from the ready line."""
+        ports: dict[str, list[int]] = {}
+        for role, _, port in self.listeners:
+            ports.setdefault(role, []).append(port)
+        return ports
+
+    @property
+    def inter_router_port(self) -> int:
+        """The first inter-router listener's port."""
+        ports = self.ports_by_role.get("inter-router")
+        if not ports:
+            raise RouterError(f"router {self.id} has no inter-router listener (or is not ready)")
+        return ports[0]
+
+    @property
     def url(self) -> str:
         if self.port is None:
             raise RouterError(f"router {self.id} has no port (not started or not ready)")
@@ -348,13 +394,16 @@ class RouterSet:
         self.routers: list[RouterProcess] = []
 
     def __call__(self, router_id: str | None = None, *, start: bool = True,
-                 ready_timeout: float = 20.0, **overrides) -> RouterProcess:
-        """``routers("A", delivery={"no_subscribers": "rejected"})`` -> a started router."""
+                 ready_timeout: float = 20.0, prelude: str | None = None,
+                 **overrides) -> RouterProcess:
+        """``routers("A", delivery={"no_subscribers": "rejected"})`` -> a started router.
+        ``prelude``: see ``RouterProcess``."""
         router_id = router_id or "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[len(self.routers) % 26] + (
             str(len(self.routers) // 26) if len(self.routers) >= 26 else "")
         if any(r.id == router_id for r in self.routers):
             raise ValueError(f"router id {router_id!r} already used in {self.workdir}")
-        router = RouterProcess(self.workdir, router_id, overrides, ready_timeout=ready_timeout)
+        router = RouterProcess(self.workdir, router_id, overrides, ready_timeout=ready_timeout,
+                               prelude=prelude)
         self.routers.append(router)
         if start:
             router.start()

@@ -31,7 +31,7 @@ class Conn:
 
     __slots__ = ("conn_id", "sock", "fd", "peer", "transport", "connection", "collector",
                  "links", "reported", "closing", "dead", "lost", "want_write", "tail_closed",
-                 "head_closed", "tick_at", "handshake_at")
+                 "head_closed", "tick_at", "handshake_at", "ir", "refused")
 
     def __init__(self, conn_id: int, sock, peer: str, transport, connection, collector):
         self.conn_id = conn_id
@@ -51,6 +51,8 @@ class Conn:
         self.head_closed = False
         self.tick_at = 0  # next pn_transport_tick deadline, monotonic ms (0: none)
         self.handshake_at = 0  # until proton runs its own idle timer: cut the peer at this time
+        self.ir = None  # inter-router connections: their interrouter.Peer (None: a client connection)
+        self.refused = False  # a client connection closed at open (it claimed to be a router)
 
     def __repr__(self) -> str:
         return f"<Conn {self.conn_id} {self.peer}>"

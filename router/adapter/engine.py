@@ -28,9 +28,11 @@ from cproton_ffi import ffi, lib
 
 from router.adapter import endpoints
 from router.adapter.endpoints import Conn, Link, condition_of, cstr, set_condition
+from router.adapter.interrouter import InterRouter
 from router.core import outcomes
 from router.core.commands import (DetachLink, Drained, Forward, GrantCredit, Log, OpenLink,
-                                  SendOutcome, SettleOutgoing, ShutdownComplete)
+                                  SendControl, SendData, SendOutcome, SettleOutgoing,
+                                  ShutdownComplete)
 from router.core.errors import ProtocolError
 from router.core.events import (ConnectionLost, CreditChanged, LinkDetached, MessageReceived,
                                 MessageTooLarge, OutcomeReceived, PublisherSettled)
@@ -57,6 +59,8 @@ MODIFIED = outcomes.MODIFIED
 NONE = outcomes.NONE
 
 INTERNAL_ERROR = "amqp:internal-error"
+UNAUTHORIZED = "amqp:unauthorized-access"
+RESERVED_PREFIX = "_eorouter/"  # the inter-router protocol's addresses: never a client's
 NULL = ffi.NULL
 
 _collector_peek = lib.pn_collector_peek
@@ -88,7 +92,8 @@ _from_buffer = ffi.from_buffer
 class Engine:
     """Drives proton's engine for every connection of one router process."""
 
-    def __init__(self, core, eventlog, *, max_message_size: int):
+    def __init__(self, core, eventlog, *, max_message_size: int, router_id: str = "router",
+                 secret: str | None = None, handshake_timeout: float = 10.0):
         self.core = core
         self.eventlog = eventlog
         self.max_message_size = max_message_size
@@ -105,16 +110,24 @@ class Engine:
         self._last_handle = 0
         self._rbuf_size = 64 * 1024
         self._rbuf = ffi.new("char[]", self._rbuf_size)
+        # Inter-router connections (and the refusals on client listeners).
+        self.peers = InterRouter(self, router_id=router_id, epoch=eventlog.epoch,
+                                 boot=eventlog.boot_id, secret=secret,
+                                 max_message_size=max_message_size,
+                                 handshake_timeout=handshake_timeout)
 
     # ------------------------------------------------------------------ stats / tests
     def counts(self) -> dict:
         """Sizes of the adapter's maps (a leak shows here first)."""
         return {"links": len(self._links), "incoming": len(self._incoming),
-                "outgoing": len(self._outgoing)}
+                "outgoing": len(self._outgoing), **self.peers.counts()}
 
     # ================================================================== inbound: AMQP_*
     def drain(self, conn: Conn) -> None:
         """Process every pending engine event of one connection."""
+        if conn.ir is not None:
+            self.peers.drain(conn)
+            return
         collector = conn.collector
         while not conn.dead:
             event = _collector_peek(collector)
@@ -139,9 +152,11 @@ class Engine:
                 elif etype == PN_SESSION_REMOTE_CLOSE:
                     self.AMQP_session_end(lib.pn_event_session(event), conn)
                 elif etype == PN_CONNECTION_REMOTE_OPEN:
-                    if lib.pn_connection_state(conn.connection) & endpoints.LOCAL_UNINIT:
-                        lib.pn_connection_open(conn.connection)
                     self.opened.append(conn)
+                    if self.peers.refuse_router_open(conn):
+                        pass  # it claimed to be a router: closed with unauthorized-access
+                    elif lib.pn_connection_state(conn.connection) & endpoints.LOCAL_UNINIT:
+                        lib.pn_connection_open(conn.connection)
                 elif etype == PN_CONNECTION_REMOTE_CLOSE:
                     self.AMQP_connection_close(conn)
                 elif etype == PN_TRANSPORT_ERROR:
@@ -343,8 +358,8 @@ class Engine:
                       link.conn, link)
 
     def AMQP_link_attach(self, lp, conn: Conn) -> None:
-        if lp in self._links_by_ptr:
-            return
+        if lp in self._links_by_ptr or conn.refused:
+            return  # known already, or on a connection refused at open (its close frees it)
         self._last_link_id = link_id = self._last_link_id + 1
         link = Link(link_id, conn, lp, bool(lib.pn_link_is_receiver(lp)),
                     cstr(lib.pn_link_name(lp)) or "")
@@ -353,6 +368,15 @@ class Engine:
         conn.links[link_id] = link
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
         event = endpoints.attach_event(link, container_id)
+        if event.address is not None and event.address.startswith(RESERVED_PREFIX):
+            # The inter-router protocol's addresses: never a client's, never the core's.
+            log.warning("connection %d (%s): refused link %r to %r: a reserved address",
+                        conn.conn_id, conn.peer, link.name, event.address)
+            endpoints.detach_link(link, UNAUTHORIZED,
+                                  f"addresses starting with {RESERVED_PREFIX} are reserved for "
+                                  "inter-router connections", True)
+            self.touched.add(conn)
+            return
         conn.reported = True
         link.core_attached = True
         try:
@@ -410,6 +434,9 @@ class Engine:
     def AMQP_connection_lost(self, conn: Conn) -> None:
         """The transport is closed: tell the core (once), forget the links; the loop
         tears the connection down after this batch."""
+        if conn.ir is not None:
+            self.peers.lost(conn)
+            return
         conn.dead = True
         if conn.lost:
             return
@@ -471,8 +498,12 @@ class Engine:
                 self.CORE_forward(cmd)
             elif cls is SendOutcome:
                 self.CORE_send_outcome(cmd)
+            elif cls is SendData:
+                self.peers.CORE_send_data(cmd)
             elif cls is SettleOutgoing:
                 self.CORE_settle_outgoing(cmd)
+            elif cls is SendControl:
+                self.peers.CORE_send_control(cmd)
             elif cls is GrantCredit:
                 link = self._links.get(cmd.link_id)
                 if link is not None:

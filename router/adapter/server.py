@@ -13,12 +13,22 @@ SASL: a server transport autodetects the protocol header, so clients that open
 with the SASL header get a SASL layer offering ANONYMOUS, and clients that skip
 SASL and send the plain AMQP header are accepted as well (``pn_transport_require_auth``
 stays off).
+
+Inter-router connections (docs/inter-router.md): listeners with role
+``inter-router`` accept them, ``[[connector]]`` entries dial them (a non-blocking
+``connect``, then a client-mode transport without SASL; re-dialled with backoff,
+``network.reconnect_delay`` doubling up to ``network.reconnect_max``, until
+shutdown). ``interrouter.py`` runs their handshake and links. Control messages
+the core produced during an iteration go out as one transfer per neighbour just
+before the event-log flush.
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import logging
+import os
 import selectors
 import socket
 import time
@@ -53,26 +63,62 @@ _collector_peek = lib.pn_collector_peek
 class Listener:
     __slots__ = ("host", "port", "role", "sock")
 
-    def __init__(self, host: str, port: int, role: str = "client"):
+    def __init__(self, host: str, port: int, role: str = "normal"):
         self.host = host
         self.port = port
-        self.role = role
+        self.role = role  # "normal" (clients) or "inter-router"
         self.sock: socket.socket | None = None
+
+
+class Dialer:
+    """One ``[[connector]]``: dials its peer, and again after every loss, with backoff."""
+
+    __slots__ = ("host", "port", "name", "sock", "retry_at", "connect_by", "delay", "base_delay",
+                 "max_delay", "failures")
+
+    def __init__(self, host: str, port: int, name: str, base_delay: float, max_delay: float):
+        self.host = host
+        self.port = port
+        self.name = name or f"{host}:{port}"
+        self.sock: socket.socket | None = None  # while a connect is in progress
+        self.retry_at = 0.0  # monotonic time of the next dial (0: none scheduled)
+        self.connect_by = 0.0  # a connect in progress fails at this monotonic time
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.delay = base_delay  # the next wait; doubles per failed attempt
+        self.failures = 0  # attempts since the last connection that came up
+
+    def connected(self) -> None:
+        """The connection came up (PeerConnected): the next loss re-dials quickly."""
+        self.delay = self.base_delay
+        self.failures = 0
+
+    def __repr__(self) -> str:
+        return f"<Dialer {self.name}>"
 
 
 class Server:
     """Owns the sockets and the proton objects; the Engine translates, the core decides."""
 
     def __init__(self, *, router_id: str, core, eventlog, listeners, max_message_size: int,
-                 idle_timeout: float = 0.0, drain_grace: float = 5.0):
+                 idle_timeout: float = 0.0, drain_grace: float = 5.0, connectors=(),
+                 network=None):
         self.router_id = router_id
         self.core = core
         self.eventlog = eventlog
-        self.listeners = [Listener(item.host, item.port, getattr(item, "role", "client"))
+        self.listeners = [Listener(item.host, item.port, getattr(item, "role", "normal"))
                           for item in listeners]
         self.idle_timeout_ms = int(max(0.0, idle_timeout) * 1000)
         self.drain_grace = drain_grace
-        self.engine = Engine(core, eventlog, max_message_size=max_message_size)
+        base_delay = getattr(network, "reconnect_delay", 0.5)
+        max_delay = getattr(network, "reconnect_max", 2.0)
+        self.dialers = [Dialer(c.host, c.port, getattr(c, "name", ""), base_delay, max_delay)
+                        for c in connectors]
+        # How long a connect, and then the inter-router handshake, may take.
+        self.handshake_timeout = idle_timeout if idle_timeout > 0 else 10.0
+        self.engine = Engine(core, eventlog, max_message_size=max_message_size,
+                             router_id=router_id, secret=getattr(network, "secret", None),
+                             handshake_timeout=self.handshake_timeout)
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}
         self._last_conn_id = 0
@@ -131,7 +177,10 @@ class Server:
     def run(self) -> int:
         """Serve until shut down; returns the process exit code."""
         engine = self.engine
+        peers = engine.peers
         eventlog = self.eventlog
+        for dialer in self.dialers:
+            self._dial(dialer)
         try:
             while True:
                 timeout = self._timeout()
@@ -158,14 +207,22 @@ class Server:
                         self._accept(key.fileobj)
                     elif data is _WAKEUP:
                         self._drain_wakeup()
+                    elif data.__class__ is Dialer:
+                        self._dial_done(data)
                 if self._next_tick:
                     self._tick(active)
+                if self.dialers or peers.handshakes:
+                    self._inter_router_timers()
                 if self.stop_requested and self._phase == "running":
                     self._begin_drain()
                 deadline = self.core.next_deadline()
                 if deadline is not None and now >= deadline:
                     self._core_timer(TimerFired())
                 self._process(active)
+                if peers.batches:  # this iteration's control messages: one transfer per neighbour
+                    peers.flush()
+                    active |= engine.touched
+                    engine.touched.clear()
                 eventlog.flush()
                 for conn in active:
                     if not conn.dead:
@@ -191,6 +248,10 @@ class Server:
             timeout = min(timeout, deadline - now)
         if self._next_tick:
             timeout = min(timeout, (self._next_tick - _mono_ms()) / 1000.0)
+        if self.dialers or self.engine.peers.handshakes:
+            soonest = self._next_inter_router_deadline()
+            if soonest is not None:
+                timeout = min(timeout, soonest - time.monotonic())
         if self._phase != "running":
             timeout = min(timeout, 0.1)
         return max(0.0, timeout)
@@ -241,25 +302,38 @@ class Server:
                 log.warning("accept failed: %s", exc)
                 return
             try:
-                self._open_connection(sock, addr)
+                self._open_connection(sock, addr, self._listener_role(lsock))
             except Exception:
                 log.exception("could not set up a connection from %s", addr)
                 sock.close()
 
-    def _open_connection(self, sock: socket.socket, addr) -> None:
+    def _listener_role(self, lsock: socket.socket) -> str:
+        for lst in self.listeners:
+            if lst.sock is lsock:
+                return lst.role
+        return "normal"
+
+    def _open_connection(self, sock: socket.socket, addr, role: str = "normal",
+                         dialer: Dialer | None = None) -> Conn:
+        """Wrap a connected socket in a transport, connection and collector. Accepted
+        sockets get a server transport; dialled ones (``dialer``) a client transport
+        without SASL (the acceptor autodetects the plain AMQP header)."""
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport = lib.pn_transport()
-        lib.pn_transport_set_server(transport)
-        # SASL layer for clients that send the SASL header; clients that skip SASL are
-        # still accepted because authentication is not required.
-        sasl = lib.pn_sasl(transport)
-        lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
+        if dialer is None:
+            lib.pn_transport_set_server(transport)
+            # SASL layer for clients that send the SASL header; clients that skip SASL are
+            # still accepted because authentication is not required.
+            sasl = lib.pn_sasl(transport)
+            lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
         if self.idle_timeout_ms:
             lib.pn_transport_set_idle_timeout(transport, self.idle_timeout_ms)
         connection = lib.pn_connection()
         lib.pn_connection_set_container(connection, self._container)
+        if dialer is not None:
+            lib.pn_connection_set_hostname(connection, dialer.host.encode("utf-8"))
         collector = lib.pn_collector()
         lib.pn_connection_collect(connection, collector)
         lib.pn_transport_bind(transport, connection)
@@ -271,8 +345,105 @@ class Server:
         now_ms = _mono_ms()
         if self.idle_timeout_ms:
             conn.handshake_at = now_ms + self.idle_timeout_ms
+        if dialer is not None:
+            self.engine.peers.start_connector(conn, dialer)
+            self._redo.add(conn)  # our protocol header and open go out next iteration
+            log.info("connection %d dialled to %s (connector %s)", conn.conn_id, peer, dialer.name)
+        elif role == "inter-router":
+            self.engine.peers.start_acceptor(conn)
+            log.info("inter-router connection %d accepted from %s", conn.conn_id, peer)
+        else:
+            log.info("connection %d accepted from %s", conn.conn_id, peer)
         self._tick_one(conn, now_ms)
-        log.info("connection %d accepted from %s", conn.conn_id, peer)
+        return conn
+
+    # ------------------------------------------------------------------ connectors
+    def _dial(self, dialer: Dialer) -> None:
+        """Start a non-blocking connect; _dial_done finishes it when the socket is writable."""
+        dialer.retry_at = 0.0
+        if self._phase != "running" or self.stop_requested:
+            return
+        try:
+            family, type_, proto, _, address = socket.getaddrinfo(
+                dialer.host, dialer.port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(family, type_, proto)
+        except OSError as exc:
+            self._dial_failed(dialer, f"cannot resolve or create a socket: {exc}")
+            return
+        sock.setblocking(False)
+        err = sock.connect_ex(address)
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY, errno.EINTR):
+            sock.close()
+            self._dial_failed(dialer, os.strerror(err))
+            return
+        dialer.sock = sock
+        dialer.connect_by = time.monotonic() + self.handshake_timeout
+        self.sel.register(sock, WRITE, dialer)
+
+    def _dial_done(self, dialer: Dialer) -> None:
+        sock = dialer.sock
+        dialer.sock = None
+        if sock is None:
+            return
+        try:
+            self.sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            sock.close()
+            self._dial_failed(dialer, os.strerror(err))
+            return
+        if self._phase != "running":
+            sock.close()
+            return
+        try:
+            self._open_connection(sock, (dialer.host, dialer.port), "inter-router", dialer)
+        except Exception:
+            log.exception("connector %s: could not set up the connection", dialer.name)
+            sock.close()
+            self._schedule_dial(dialer)
+
+    def _dial_failed(self, dialer: Dialer, why: str) -> None:
+        dialer.failures += 1
+        level = logging.INFO if dialer.failures == 1 or dialer.failures % 30 == 0 else logging.DEBUG
+        log.log(level, "connector %s: cannot connect to %s:%d: %s (attempt %d; next in %.1fs)",
+                dialer.name, dialer.host, dialer.port, why, dialer.failures, dialer.delay)
+        self._schedule_dial(dialer)
+
+    def _schedule_dial(self, dialer: Dialer) -> None:
+        if self._phase != "running" or self.stop_requested:
+            return
+        dialer.retry_at = time.monotonic() + dialer.delay
+        dialer.delay = min(dialer.delay * 2, dialer.max_delay)
+
+    def _next_inter_router_deadline(self) -> float | None:
+        """Earliest re-dial or handshake deadline, monotonic seconds."""
+        times = [d.retry_at for d in self.dialers if d.retry_at]
+        times += [d.connect_by for d in self.dialers if d.sock is not None]
+        handshake = self.engine.peers.next_deadline()
+        if handshake is not None:
+            times.append(handshake)
+        return min(times) if times else None
+
+    def _inter_router_timers(self) -> None:
+        now = time.monotonic()
+        for dialer in self.dialers:
+            if dialer.retry_at and now >= dialer.retry_at:
+                self._dial(dialer)
+            elif dialer.sock is not None and now >= dialer.connect_by:  # e.g. SYNs dropped
+                sock, dialer.sock = dialer.sock, None
+                try:
+                    self.sel.unregister(sock)
+                except (KeyError, ValueError):
+                    pass
+                sock.close()
+                self._dial_failed(dialer, f"no connection within {self.handshake_timeout:g}s")
+        peers = self.engine.peers
+        if peers.handshakes:
+            deadline = peers.next_deadline()
+            if deadline is not None and now >= deadline:
+                peers.expire(now)  # touched connections are drained by _process
 
     def _read(self, conn: Conn) -> None:
         transport = conn.transport
@@ -402,6 +573,9 @@ class Server:
             log.info("connection %d (%s) closed: %s: %s", conn.conn_id, conn.peer, name, desc)
         else:
             log.info("connection %d (%s) closed", conn.conn_id, conn.peer)
+        dialer = conn.ir.dialer if conn.ir is not None else None
+        if dialer is not None:  # re-dial (quickly if it had come up: Dialer.connected())
+            self._schedule_dial(dialer)
 
     # ------------------------------------------------------------------ timers
     def _tick(self, active: set) -> None:
@@ -446,6 +620,15 @@ class Server:
     # ------------------------------------------------------------------ shutdown
     def _begin_drain(self) -> None:
         log.info("shutdown requested: draining (grace %.1fs)", self.drain_grace)
+        for dialer in self.dialers:  # no new inter-router connections; live ones keep working
+            dialer.retry_at = 0.0
+            if dialer.sock is not None:
+                try:
+                    self.sel.unregister(dialer.sock)
+                except (KeyError, ValueError):
+                    pass
+                dialer.sock.close()
+                dialer.sock = None
         for lst in self.listeners:
             if lst.sock is not None:
                 try:
@@ -495,6 +678,10 @@ class Server:
             if lst.sock is not None:
                 lst.sock.close()
                 lst.sock = None
+        for dialer in self.dialers:
+            if dialer.sock is not None:
+                dialer.sock.close()
+                dialer.sock = None
         if self._wake_r is not None:
             self._wake_r.close()
             self._wake_w.close()
@@ -513,4 +700,4 @@ def _mono_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-__all__ = ["Server", "Listener"]
+__all__ = ["Server", "Listener", "Dialer"]

@@ -71,6 +71,9 @@ class Network:
         # other, so one neighbour can briefly have two connections.
         self.neighbours: dict[str, dict[int, tuple[int, str]]] = {}
         self.routes: Routes = compute_routes(self_id, self.lsdb)
+        # topic -> interested routers; asked once per published message, so cached
+        # and cleared whenever the membership table changes.
+        self._interest: dict[str, frozenset[str]] = {}
 
     # ---------------------------------------------------------------- queries
 
@@ -87,7 +90,13 @@ class Network:
         return split_by_next_hop(self.routes, destinations)
 
     def interested_routers(self, topic: str) -> frozenset[str]:
-        return self.membership.routers_with_subscribers(topic)
+        routers = self._interest.get(topic)
+        if routers is None:
+            routers = self._interest[topic] = self.membership.routers_with_subscribers(topic)
+        return routers
+
+    def membership_changed(self) -> None:
+        self._interest.clear()
 
     # ---------------------------------------------------------------- changes
 

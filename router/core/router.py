@@ -996,6 +996,7 @@ class RouterCore:
     def _membership_changed(self, changes, now: float, out: list) -> None:
         """A router no longer holding any subscription to a topic stops being owed
         that topic's deliveries (as a local non-durable subscriber that left)."""
+        self.net.membership_changed()
         for change in changes:
             topic_name = getattr(change, "topic", None)
             router_id = getattr(change, "router", None)
@@ -1157,6 +1158,8 @@ class RouterCore:
         Receivers recognise resent deliveries by their tag."""
         if not self.net.recompute():
             return
+        out.append(Log("routes", {"reachable": sorted(self.net.reachable()),
+                                  "next_hops": [f"{d}>{h}" for d, h in sorted(self.net.routes.next_hop.items())]}))
         me = self.settings.router_id
         for record in list(self.records.values()):
             if record.origin_router is None:

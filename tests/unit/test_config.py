@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from router import eventlog
-from router.config import ConfigError, EventLogSettings, Listener, RouterConfig, load_config, parse_config
+from router.config import (ConfigError, Connector, EventLogSettings, Listener, NetworkSettings, RouterConfig,
+                           load_config, parse_config)
 from router.core import outcomes
 from router.core.settings import CoreSettings
 
@@ -199,10 +200,97 @@ def test_router_id_is_required(tmp_path):
     assert "required key is missing" in str(error_of(tmp_path, '[router]\ndata_dir = "x"\n'))
 
 
-def test_inter_router_listener_is_not_supported_yet(tmp_path):
-    error = error_of(tmp_path, '[router]\nid = "A"\n[[listener]]\nrole = "inter-router"\n')
-    assert error.key == "listener[0].role"
-    assert "not supported yet" in str(error)
+NETWORK = """\
+[router]
+id = "B"
+
+[[listener]]
+port = 0
+
+[[listener]]
+port = 5673
+role = "inter-router"
+
+[[connector]]
+host = "10.0.0.1"
+port = 5673
+role = "inter-router"
+name = "to-A"
+
+[[connector]]
+host = "10.0.0.2"
+port = 5673
+role = "inter-router"
+
+[network]
+secret = "s3cret"
+reconnect_delay = 0.25
+reconnect_max = 8
+"""
+
+
+def test_inter_router_listeners_connectors_and_network(tmp_path):
+    config = load_config(write(tmp_path, NETWORK))
+    assert config.listeners == (Listener("127.0.0.1", 0, "normal"), Listener("127.0.0.1", 5673, "inter-router"))
+    assert config.connectors == (Connector("10.0.0.1", 5673, "inter-router", "to-A"),
+                                 Connector("10.0.0.2", 5673, "inter-router", "10.0.0.2:5673"))
+    assert config.network == NetworkSettings(secret="s3cret", reconnect_delay=0.25, reconnect_max=8.0)
+    assert "s3cret" not in repr(config), "the secret is never printed"
+
+
+def test_network_defaults(tmp_path):
+    config = load_config(write(tmp_path, '[router]\nid = "A"\n'))
+    assert config.connectors == ()
+    assert config.network == NetworkSettings(secret=None, reconnect_delay=0.5, reconnect_max=2.0)
+
+
+def test_secret_file_is_relative_to_the_config_and_stripped(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "secret.txt").write_text("  s3cret from a file \n\n")
+    path = write(tmp_path / "etc", '[router]\nid = "A"\n[[listener]]\nrole = "inter-router"\n'
+                                   '[network]\nsecret_file = "secret.txt"\n')
+    assert load_config(path).network.secret == "s3cret from a file"
+
+
+@pytest.mark.parametrize("text,key,fragment", [
+    ('[router]\nid = "A"\n[[listener]]\nrole = "inter-router"\n', "network.secret",
+     "required key is missing (needed by the inter-router listener[0]"),
+    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n', "network.secret",
+     "connector[0]"),
+    ('[router]\nid = "A"\n[network]\nsecret = "a"\nsecret_file = "b"\n', "network.secret_file", "found both"),
+    ('[router]\nid = "A"\n[network]\nsecret_file = "missing.txt"\n', "network.secret_file", "cannot read"),
+    ('[router]\nid = "A"\n[network]\nsecret = "   "\n', "network.secret", "a non-empty string"),
+    ('[router]\nid = "A"\n[network]\nsecret = 5\n', "network.secret", "found 5"),
+    ('[router]\nid = "A"\n[network]\nreconnect_delay = 0\n', "network.reconnect_delay",
+     "a positive number of seconds"),
+    ('[router]\nid = "A"\n[network]\nreconnect_delay = 3\n', "network.reconnect_delay",
+     "reconnect_delay (3) to be at most reconnect_max (2)"),
+    ('[router]\nid = "A"\n[network]\nreconnect_max = 0.1\n', "network.reconnect_max", "at most reconnect_max"),
+    ('[router]\nid = "A"\n[network]\nsecrt = "x"\n', "network.secrt", "did you mean 'network.secret'"),
+    ('[router]\nid = "A"\n[[connector]]\nport = 1\nrole = "inter-router"\n', "connector[0].host",
+     "required key is missing"),
+    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nrole = "inter-router"\n', "connector[0].port",
+     "required key is missing"),
+    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\n', "connector[0].role", "required key is missing"),
+    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "normal"\n', "connector[0].role",
+     "expected one of 'inter-router', found 'normal'"),
+    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 0\nrole = "inter-router"\n', "connector[0].port",
+     "a port number from 1 to 65535, found 0"),
+    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nname = ""\n',
+     "connector[0].name", "a non-empty string"),
+    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nhots = 1\n',
+     "connector[0].hots", "did you mean 'connector[0].host'"),
+    ('[router]\nid = "A"\n[connector]\nhost = "h"\n', "connector", "write [[connector]]"),
+    ('[router]\nid = "A"\n[network]\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n'
+     '[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n', "connector[1]", "duplicates connector[0]"),
+    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nname = "x"\n'
+     '[[connector]]\nhost = "h"\nport = 2\nrole = "inter-router"\nname = "x"\n', "connector[1].name",
+     "no other connector has"),
+])
+def test_network_errors(tmp_path, text, key, fragment):
+    error = error_of(tmp_path, text)
+    assert error.key == key, str(error)
+    assert fragment in str(error), str(error)
 
 
 def test_listener_shape_errors(tmp_path):

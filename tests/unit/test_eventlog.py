@@ -56,6 +56,7 @@ SAMPLE_FIELDS = {
     "peer-restarted": {"peer": "B", "peer_epoch": 4, "peer_boot": "77aa"},
     "announce-timeout": {"subscriber": "sub-1/recv-1", "routers": ["C"]},
     "order-gap": {"delivery": "ab12", "missing_seq": 16},
+    "routes": {"reachable": ["B", "C"], "next_hops": ["B>B", "C>B"]},
 }
 
 
