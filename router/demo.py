@@ -1,14 +1,18 @@
-"""The demo: one router on loopback, two publishers, three subscribers.
+"""The demo: a network of routers on loopback, two publishers, three subscribers.
 
-Shows the delivery rule at work with standard python-qpid-proton clients:
+By default three routers A, B and C, each linked to the other two (any topology
+file works: --topology). Subscribers and publishers are spread over them, and
+the delivery rule is shown at work across the network with standard
+python-qpid-proton clients:
 - alice accepts everything at once;
 - bob accepts everything, but only after holding each delivery for a while, so
   every publisher outcome waits for him;
 - carol (a durable subscription) rejects one "poison" message, so that one
   delivery's publisher hears rejected although alice and bob accepted it.
 
-Then it stops the router with SIGTERM and reads its event log: every delivery
-received, forwarded to all three, answered, settled and its record deleted.
+Then it stops the routers with SIGTERM and reads their event logs: every
+delivery received, relayed to the routers with subscribers, answered, settled and
+its record deleted on every router.
 """
 
 from __future__ import annotations
@@ -25,16 +29,16 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container, DurableSubscription
 
 from router.eventlog import read_events
-from router.launcher import RouterProcess
+from router.topology import RouterNetwork, TopologyError, load_topology
 
 TOPIC = "demo/news"
 POISON = "poison"
 
 
 class Demo(MessagingHandler):
-    def __init__(self, url: str, messages: int, hold: float):
+    def __init__(self, urls: dict[str, str], messages: int, hold: float):
         super().__init__(auto_accept=False, auto_settle=True)
-        self.url = url
+        self.urls = urls
         self.messages = messages
         self.hold = hold
         self.received = collections.defaultdict(list)  # subscriber -> bodies
@@ -54,7 +58,7 @@ class Demo(MessagingHandler):
     def on_start(self, event):
         self.container = event.container
         for name in ("alice", "bob", "carol"):
-            conn = event.container.connect(self.url)
+            conn = event.container.connect(self.urls[name])
             options = [DurableSubscription()] if name == "carol" else []
             event.container.create_receiver(conn, TOPIC, name=f"{name}-sub", options=options)
         self.deadline = event.container.schedule(60, self)
@@ -67,7 +71,7 @@ class Demo(MessagingHandler):
             self.subscribers_ready += 1
             if self.subscribers_ready == 3:
                 for name in ("sensor-1", "sensor-2"):
-                    conn = event.container.connect(self.url)
+                    conn = event.container.connect(self.urls[name])
                     self.senders[event.container.create_sender(conn, TOPIC, name=name)] = name
 
     # ---------------------------------------------------------- publishing
@@ -129,32 +133,56 @@ class _Later:
         self.action()
 
 
-def _summarise_log(data_dir: Path) -> dict:
-    reader = read_events(data_dir)
+def _summarise_logs(data_dirs: list[Path]) -> dict:
     kinds = collections.Counter()
+    left = 0
     deliveries = set()
-    deleted = set()
-    for event in reader:
-        kinds[event["event"]] += 1
-        if event["event"] == "received" and not event.get("settled"):
-            deliveries.add(event["delivery"])
-        elif event["event"] == "record-deleted" or (event["event"] == "settled" and event.get("deleted")):
-            deleted.add(event["delivery"])
-    return {"kinds": kinds, "deliveries": len(deliveries), "left": len(deliveries - deleted)}
+    for data_dir in data_dirs:
+        received, deleted = set(), set()
+        for event in read_events(data_dir):
+            kinds[event["event"]] += 1
+            if event["event"] == "received" and not event.get("settled"):
+                received.add(event["delivery"])
+                if not event.get("origin_router"):
+                    deliveries.add(event["delivery"])
+            elif event["event"] == "record-deleted" or (event["event"] == "settled" and event.get("deleted")):
+                deleted.add(event["delivery"])
+        left += len(received - deleted)
+    return {"kinds": kinds, "deliveries": len(deliveries), "left": left}
 
 
-def run(messages: int = 10, hold: float = 0.05, workdir: str | None = None) -> int:
-    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="eorouter-demo-"))
-    router = RouterProcess(base, "A")
-    router.start()
-    print(f"router A ready on {router.url} (data in {router.data_dir})")
-    demo = Demo(router.url, messages, hold)
-    started = time.monotonic()
+def _placement(routers: list[str]) -> dict[str, str]:
+    """Who connects where: spread over the network, farthest apart first."""
+    at = lambda i: routers[i % len(routers)]  # noqa: E731
+    return {"alice": at(0), "bob": at(1), "carol": at(2), "sensor-1": at(0), "sensor-2": at(1)}
+
+
+def run(messages: int = 10, hold: float = 0.05, workdir: str | None = None, topology: str | None = None) -> int:
     try:
+        layout = load_topology(topology)
+    except TopologyError as err:
+        print(f"eorouter demo: {err}", file=sys.stderr)
+        return 2
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="eorouter-demo-"))
+    network = RouterNetwork(base, layout)
+    placement = _placement(list(layout.routers))
+    try:
+        network.start()
+        print(f"{len(layout.routers)} routers on loopback, routes converged (data in {base}):")
+        print(network.describe())
+        urls = {who: network.routers[router].url for who, router in placement.items()}
+        demo = Demo(urls, messages, hold)
+        started = time.monotonic()
         Container(demo).run()
+        elapsed = time.monotonic() - started
+        # Settlements and record deletions travel on after the last outcome: let
+        # every router finish (records return to zero) before stopping them.
+        deadline = time.monotonic() + 10
+        data_dirs = [router.data_dir for router in network.routers.values()]
+        while _summarise_logs(data_dirs)["left"] and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
-        router.terminate()
-    elapsed = time.monotonic() - started
+        network.stop()
     if demo.error:
         print(f"demo failed: {demo.error}", file=sys.stderr)
         return 1
@@ -164,22 +192,23 @@ def run(messages: int = 10, hold: float = 0.05, workdir: str | None = None) -> i
         bodies = demo.received[name]
         note = {"alice": "accepts at once", "bob": f"holds each delivery {hold * 1000:.0f} ms, then accepts",
                 "carol": f"durable; rejects {POISON!r}"}[name]
-        print(f"  {name:6} {len(bodies):3} messages ({note})")
+        print(f"  {name:6} on {placement[name]}: {len(bodies):3} messages ({note})")
     print("\nwhat each publisher was told:")
     for name in ("sensor-1", "sensor-2"):
         counts = ", ".join(f"{k} {v}" for k, v in sorted(demo.outcomes[name].items()))
         rejected = f"  (rejected: {', '.join(map(repr, demo.rejected[name]))})" if demo.rejected[name] else ""
-        print(f"  {name}: {counts}{rejected}")
+        print(f"  {name} on {placement[name]}: {counts}{rejected}")
     print(f"  fastest outcome came {min(demo.waited) * 1000:.0f} ms after its send: bob holds each "
           f"delivery {hold * 1000:.0f} ms, and no publisher heard anything before all three answered")
-    summary = _summarise_log(router.data_dir)
-    print(f"\nevent log: {summary['deliveries']} deliveries, records left at the end: {summary['left']}")
+    summary = _summarise_logs([router.data_dir for router in network.routers.values()])
+    print(f"\nevent logs: {summary['deliveries']} deliveries, records left on all routers at the end: "
+          f"{summary['left']}")
     print("  " + ", ".join(f"{k} {v}" for k, v in sorted(summary["kinds"].items())))
     ok = (all(len(demo.received[n]) == 2 * messages for n in ("alice", "bob", "carol"))
           and demo.outcomes["sensor-2"]["rejected"] == 1 and summary["left"] == 0
           and min(demo.waited) >= hold)
-    print("\nthe delivery rule held: every subscriber got every message once; a publisher heard "
-          "'accepted' only when all three accepted" if ok else "\nUNEXPECTED RESULT: see above")
+    print("\nthe delivery rule held across the network: every subscriber got every message once; a "
+          "publisher heard 'accepted' only when all three accepted" if ok else "\nUNEXPECTED RESULT: see above")
     return 0 if ok else 1
 
 
@@ -187,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eorouter demo", description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10, help="messages per publisher (default 10)")
     parser.add_argument("--hold", type=float, default=0.05, help="seconds bob holds each delivery")
-    parser.add_argument("--workdir", help="where the router's config and data go (default: a temp dir)")
+    parser.add_argument("--workdir", help="where the routers' configs and data go (default: a temp dir)")
+    parser.add_argument("--topology", help="topology TOML file (default: three routers, fully linked)")
     args = parser.parse_args(argv)
-    return run(args.messages, args.hold, args.workdir)
+    return run(args.messages, args.hold, args.workdir, args.topology)
 
 
 if __name__ == "__main__":
