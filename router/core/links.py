@@ -29,7 +29,7 @@ class Subscription:
 
     __slots__ = ("key", "container_id", "name", "topic", "durable", "timeout", "link_id", "conn_id",
                  "best_effort", "credit", "drain", "queue", "send_counter", "awaiting_evidence",
-                 "expires_at", "in_flight", "ready", "announced")
+                 "expires_at", "in_flight", "ready", "announced", "placeholders", "held")
 
     def __init__(self, key: str, container_id: str, name: str, topic: str):
         self.key = key
@@ -54,6 +54,10 @@ class Subscription:
         self.in_flight = 0  # pre-settled copies queued (best effort bound)
         self.ready = True  # False while its attach waits for the network to know it
         self.announced = False  # our announcer holds it (attached or retained)
+        # Resumption (docs/resumption.md): publisher stream -> tags it reported that
+        # this router has not seen yet; deliveries of that stream wait in ``held``.
+        self.placeholders: dict[bytes, set[bytes]] = {}
+        self.held: dict[bytes, list] = {}
 
     @property
     def attached(self) -> bool:

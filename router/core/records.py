@@ -21,7 +21,7 @@ class SubscriberState:
     know the delivery is settled: it settled it itself, or it answered something
     we sent after our settlement (the design's inference rule)."""
 
-    __slots__ = ("outcome", "sent", "link", "remote_settled", "settle_relayed", "known_settled")
+    __slots__ = ("outcome", "sent", "link", "remote_settled", "settle_relayed", "known_settled", "resend")
 
     def __init__(self) -> None:
         self.outcome: Outcome | None = None
@@ -30,13 +30,14 @@ class SubscriberState:
         self.remote_settled = False
         self.settle_relayed = False
         self.known_settled = False
+        self.resend = False  # a resumed receiver reported it: send it again whatever its outcome
 
 
 class RouterState:
     """Where one interested remote router stands with a delivery this router took
     from its publisher (the origin router tracks each one individually)."""
 
-    __slots__ = ("outcome", "sent", "settle_sent", "settle_acked", "prev")
+    __slots__ = ("outcome", "sent", "prev")
 
     def __init__(self) -> None:
         # stream_seq of the delivery from the same publisher stream sent to that
@@ -44,8 +45,18 @@ class RouterState:
         self.prev: int | None = None
         self.outcome: Outcome | None = None  # its local subscribers' combined outcome
         self.sent = False  # a copy went towards it on the current routes
-        self.settle_sent = False
-        self.settle_acked = False
+
+
+class MovedState:
+    """A durable subscriber this router was waiting on through another router (that
+    died) or locally (it re-attached elsewhere): owed the delivery wherever it is
+    now. ``router`` is where a copy addressed to it went (None: not re-attached yet)."""
+
+    __slots__ = ("outcome", "router")
+
+    def __init__(self) -> None:
+        self.outcome: Outcome | None = None
+        self.router: str | None = None
 
 
 class DeliveryRecord:
@@ -55,6 +66,7 @@ class DeliveryRecord:
         "pub_link", "pub_delivery",
         "subscribers", "remote_routers",
         "outcome", "pub_settled", "expires_at", "reuse", "origin_router", "header",
+        "moved", "targeted", "settle_pending",
     )
 
     def __init__(self, tag: bytes, topic: str, order: int, payload: bytes, publisher: str,
@@ -82,27 +94,23 @@ class DeliveryRecord:
         # None when our publisher sent it; else the ingress router we answer to
         self.origin_router: str | None = None
         self.header: dict | None = None  # the inter-router routing header, once built
+        # subscriber key -> MovedState: subscribers owed it that moved to another router
+        self.moved: dict[str, MovedState] = {}
+        # subscriber key -> router to report its outcome to, for subscribers here that
+        # another router addressed a copy to (they answer individually)
+        self.targeted: dict[str, str] = {}
+        # routers we relayed the settlement to that have not acknowledged it
+        self.settle_pending: set[str] = set()
         self.outcome: Outcome | None = None  # what the publisher was told
         self.pub_settled = False
         self.expires_at = expires_at
 
-    def all_answered(self) -> bool:
-        for state in self.subscribers.values():
-            if state.outcome is None:
-                return False
-        for state in self.remote_routers.values():
-            if state.outcome is None:
-                return False
-        return True
 
     def every_receiver_knows_settled(self) -> bool:
         for state in self.subscribers.values():
             if not state.known_settled:
                 return False
-        for state in self.remote_routers.values():
-            if not state.settle_acked:
-                return False
-        return True
+        return not self.settle_pending
 
     def __repr__(self) -> str:
         return (f"DeliveryRecord({self.delivery_id[:12]}… topic={self.topic!r} "

@@ -41,10 +41,12 @@ from router.core.network import (
     Network, announcement_from, announcement_message, link_state_from, link_state_message, snapshot_from,
 )
 from router.core.records import DeliveryRecord, RouterState, SubscriberState
+from router.core.resumption import ResumptionMixin, reported_unsettled
 from router.core.settings import CoreSettings
 
 # Link property through which a publisher presents (and learns) its incarnation.
 INCARNATION_PROPERTY = "eorouter:incarnation"
+UNSETTLED_PROPERTY = "eorouter:unsettled"
 MAX_ADDRESS_LENGTH = 1024
 
 _TIMER_LINGER = 0
@@ -53,6 +55,10 @@ _TIMER_SUBSCRIPTION = 2
 _TIMER_SHUTDOWN = 3
 _TIMER_ANNOUNCE = 4
 _TIMER_ORDER_GAP = 5
+_TIMER_PLACEHOLDER = 6
+_TIMER_PUBLISHER_GONE = 7
+_TIMER_MEMBERSHIP = 8
+GONE = -1  # DeliveryRecord.pub_link once its publisher is gone for good
 
 # How long a relayed copy may wait for its predecessor from the same publisher
 # before it is delivered anyway (the predecessor is then logged as a gap).
@@ -66,7 +72,10 @@ ANNOUNCE_TIMEOUT = 2.0
 MAX_HOPS = 16
 
 
-class RouterCore:
+class RouterCore(ResumptionMixin):
+    _TIMER_PLACEHOLDER = _TIMER_PLACEHOLDER
+    _TIMER_MEMBERSHIP = _TIMER_MEMBERSHIP
+
     def __init__(self, settings: CoreSettings, *, boot_id: str, epoch: int):
         self.settings = settings
         self.boot_id = boot_id
@@ -85,6 +94,9 @@ class RouterCore:
         self._timers: list = []  # heap of (deadline, seq, kind, object)
         self._timer_seq = count()
         self.net = Network(settings.router_id, epoch, boot_id)
+        self._open_properties: dict[int, dict] = {}  # held subscriber attaches' answer properties
+        self._known_routers: set[str] = set()  # every router we ever reached
+        self._lost: set[str] = set()  # of those, the ones unreachable now
         self._flooded: set = set()  # announcements already flooded on: (router, epoch, boot, version)
         self._awaiting_acks: dict[str, tuple] = {}  # subscriber key -> (link id, routers yet to confirm)
         # Publisher order across routers (docs/inter-router.md, "publisher order"):
@@ -175,11 +187,14 @@ class RouterCore:
                             stream, ev.snd_settle_mode == SND_SETTLED)
         self.publishers[ev.link_id] = pub
         topic.publishers[ev.link_id] = pub
-        out.append(OpenLink(ev.link_id, 0, {INCARNATION_PROPERTY: incarnation}))
+        properties = {INCARNATION_PROPERTY: incarnation}
         out.append(Log("link-attached", {
             "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
             "role": PUBLISHER, "address": address, "durable": ev.durable, "incarnation": incarnation,
             "resumed": resumed}))
+        if resumed:
+            properties[UNSETTLED_PROPERTY] = self._resume_publisher(pub, ev.properties, topic, now, out)
+        out.append(OpenLink(ev.link_id, 0, properties))
         self._refill_credit(topic, out)
 
     def _attach_subscriber(self, ev: LinkAttached, address: str, now: float, out: list) -> None:
@@ -235,15 +250,31 @@ class RouterCore:
             "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
             "role": SUBSCRIBER, "address": address, "durable": ev.durable, "incarnation": "",
             "resumed": resumed}))
-        if resumed:
-            # Everything still owed to it and not answered goes out again, in
-            # publisher order: what it missed while detached and what was in flight.
+        resuming, _, _ = reported_unsettled(ev.properties)
+        for record in topic.records.values():
+            if key in record.moved and not record.pub_settled:
+                self._owe_here(record, key)  # it had moved away and came back here
+        if resuming:
+            answer = self._resume_subscriber(sub, ev.properties, topic, now, out)
+            self._set_open_properties(ev.link_id, {UNSETTLED_PROPERTY: answer}, out)
+        if resumed or resuming or sub.durable:
+            # Everything still owed to it goes out again, in publisher order: what it
+            # missed while detached and what was in flight (a resuming receiver also
+            # gets again what it reported, to answer and to see settled on).
             sub.queue.clear()
             for record in topic.records.values():
                 state = record.subscribers.get(key)
-                if state is not None and state.outcome is None:
+                if state is not None and (state.outcome is None or state.resend) and not record.pub_settled:
                     state.sent = 0
                     sub.queue.append(record)
+
+    def _set_open_properties(self, link_id: int, properties: dict, out: list) -> None:
+        """Add link properties to our (possibly held) answer to an attach."""
+        for index, command in enumerate(out):
+            if isinstance(command, OpenLink) and command.link_id == link_id:
+                out[index] = command._replace(properties={**(command.properties or {}), **properties})
+                return
+        self._open_properties[link_id] = properties
 
     def _terminus_timeout(self, ev: LinkAttached) -> int:
         if ev.durable == DURABLE_NONE:
@@ -302,15 +333,19 @@ class RouterCore:
         out.append(Log("link-detached", {"link": pub.link_id, "container": pub.container_id,
                                          "name": pub.name, "role": PUBLISHER, "closed": reason == "closed",
                                          "reason": reason}))
-        # Its unsettled records stay: subscribers still finish them. With nobody to
-        # tell, a record whose outcome is (or becomes) final is settled for it.
+        # Its unsettled records stay: subscribers still finish them. It may resume
+        # (on any router) within publisher_resume_timeout; after that, or at once if
+        # it closed its link, a record whose outcome is final is settled for it.
         orphans = [r for r in topic.records.values() if r.pub_link == pub.link_id and not r.pub_settled]
         for record in orphans:
             if record.pub_delivery is not None:
                 self.by_delivery.pop(record.pub_delivery, None)
                 record.pub_delivery = None
-            if record.outcome is not None:
-                self._settle_record(record, "publisher-gone", now, out)
+        if reason == "closed":
+            self._publisher_gone(orphans, now, out)
+        elif orphans:
+            self._add_timer(now + self.settings.publisher_resume_timeout, _TIMER_PUBLISHER_GONE,
+                            (pub.link_id, orphans))
         if not any(r.stream == pub.stream for r in self.publishers.values()):
             still_used = any(r.pub_link == pub.link_id for r in topic.records.values())
             if not still_used:
@@ -319,6 +354,14 @@ class RouterCore:
                     del self._last_sent[key]
         self._refill_credit(topic, out)
         self._drop_topic_if_idle(topic)
+
+    def _publisher_gone(self, records, now: float, out: list) -> None:
+        for record in records:
+            if record.pub_settled or record.pub_delivery is not None or self.records.get(record.tag) is not record:
+                continue  # settled, resumed meanwhile, or gone
+            record.pub_link = GONE
+            if record.outcome is not None:
+                self._settle_record(record, "publisher-gone", now, out)
 
     def _unlink_subscriber(self, sub: Subscription, now: float, out: list, reason: str, closed: bool) -> None:
         link_id = sub.link_id
@@ -405,6 +448,9 @@ class RouterCore:
                 out.append(Log("tag-collision", {"delivery": existing.delivery_id, "link": ev.link_id}))
                 self._refuse(ev.delivery, "amqp:internal-error", "delivery-tag hash collision; resend it", out)
                 return
+            if existing.pub_link != ev.link_id and self._resent_by_publisher(existing, pub, ev, now, out):
+                self._refill_credit(topic, out)
+                return
             if not existing.pub_settled:
                 self._refuse(ev.delivery, "amqp:invalid-field",
                              "delivery-tag reused while the earlier delivery is unsettled", out)
@@ -457,7 +503,10 @@ class RouterCore:
         topic.unsettled += 1
         if routers:
             self._send_towards(record, routers, now, out)
-        if not states and not routers:
+        if self._lost:
+            self._owe_lost_subscribers(record, out)
+        self._fulfil_placeholders(record, now, out)
+        if not states and not routers and not record.moved:
             self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
                                    now, out)
         elif expires_at is not None:
@@ -559,7 +608,12 @@ class RouterCore:
         while queue and sub.credit > 0:
             record = queue.popleft()
             state = record.subscribers.get(key)
-            if state is None or state.outcome is not None or state.sent or record.payload is None:
+            if state is None or state.sent or record.payload is None:
+                continue
+            if state.outcome is not None and not state.resend:
+                continue
+            if sub.placeholders and self._placeholder_blocks(sub, record):
+                sub.held.setdefault(record.tag[:tags.STREAM_ID_SIZE], []).append(record)
                 continue
             self._send(sub, record, state, out)
         if sub.drain and not queue and sub.credit > 0:
@@ -608,6 +662,12 @@ class RouterCore:
             state.remote_settled = True
             if record.pub_settled:
                 state.known_settled = True
+        self._after_subscriber_outcome(record, sub.key, now, out)
+
+    def _after_subscriber_outcome(self, record: DeliveryRecord, key: str, now: float, out: list) -> None:
+        if record.targeted and key in record.targeted and record.subscribers[key].outcome is not None \
+                and not record.pub_settled:
+            self._report_targeted(record, key, out)
         if record.outcome is None:
             self._maybe_answer_publisher(record, now, out)
         elif record.pub_settled:
@@ -624,27 +684,44 @@ class RouterCore:
                 self._maybe_delete(record, now, out)
 
     def _maybe_answer_publisher(self, record: DeliveryRecord, now: float, out: list) -> None:
+        """Answer once every owed party answered: local subscribers (but those another
+        router addressed a copy to: they answer that router individually), interested
+        remote routers, and subscribers that moved away from a dead router."""
         all_accepted = True
-        for state in record.subscribers.values():
+        targeted = record.targeted
+        answered = 0
+        for key, state in record.subscribers.items():
+            if targeted and key in targeted:
+                continue
             outcome = state.outcome
             if outcome is None:
                 return
+            answered += 1
             if outcome is not OUTCOME_ACCEPTED:
                 all_accepted = False
         for state in record.remote_routers.values():
             outcome = state.outcome
             if outcome is None:
                 return
+            answered += 1
             if outcome is not OUTCOME_ACCEPTED:
                 all_accepted = False
-        if not (record.subscribers or record.remote_routers):
+        for state in record.moved.values():
+            outcome = state.outcome
+            if outcome is None:
+                return
+            answered += 1
+            if outcome is not OUTCOME_ACCEPTED:
+                all_accepted = False
+        if not answered:
             outcome = Outcome(self.settings.no_subscribers, description="no subscribers left")
         elif all_accepted:
             outcome = OUTCOME_ACCEPTED
         else:
             outcome = outcomes.aggregate(
-                [s.outcome for s in record.subscribers.values()]
-                + [s.outcome for s in record.remote_routers.values()])
+                [s.outcome for k, s in record.subscribers.items() if k not in targeted]
+                + [s.outcome for s in record.remote_routers.values()]
+                + [s.outcome for s in record.moved.values()])
         self._answer_publisher(record, outcome, now, out)
 
     def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
@@ -655,16 +732,21 @@ class RouterCore:
         out.append(Log("pub-outcome", {"delivery": record.delivery_id, "outcome": outcomes.NAMES[outcome.code],
                                        "condition": outcome.condition, "reason": outcome.description}))
         if record.pub_delivery is None:
-            self._settle_record(record, "publisher-gone", now, out)
-            return
+            if record.pub_link == GONE:
+                self._settle_record(record, "publisher-gone", now, out)
+            return  # it hears the outcome when it resumes and resends
+        self._send_publisher_outcome(record, outcome, out)
+
+    def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list,
+                                settle: bool = False) -> None:
         if outcome.code == outcomes.REJECTED:
-            out.append(SendOutcome(record.pub_delivery, outcome.code, False, outcome.condition,
+            out.append(SendOutcome(record.pub_delivery, outcome.code, settle, outcome.condition,
                                    outcome.description))
         elif outcome.code == outcomes.MODIFIED:
-            out.append(SendOutcome(record.pub_delivery, outcome.code, False, None, None,
+            out.append(SendOutcome(record.pub_delivery, outcome.code, settle, None, None,
                                    outcome.delivery_failed, outcome.undeliverable_here))
         else:
-            out.append(SendOutcome(record.pub_delivery, outcome.code))
+            out.append(SendOutcome(record.pub_delivery, outcome.code, settle))
 
     # ------------------------------------------------------------ settlement
 
@@ -706,11 +788,15 @@ class RouterCore:
                 # It settled it itself, never got it, or got it on a link that is
                 # gone: there is no settlement to relay on the current link.
                 state.known_settled = True
-        for router_id, state in record.remote_routers.items():
-            state.settle_sent = True
+        targets = set(record.remote_routers)
+        for moved in record.moved.values():
+            if moved.router is not None and moved.router != self.settings.router_id:
+                targets.add(moved.router)
+        for router_id in sorted(targets):
             everyone_knows = False
             self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
             out.append(Log("settlement-relayed", {"delivery": record.delivery_id, "to_router": router_id}))
+        record.settle_pending = targets
         if everyone_knows:
             self._delete(record, None, out)
             out.append(Log("settled", {"delivery": record.delivery_id, "by": by, "deleted": True}))
@@ -794,6 +880,15 @@ class RouterCore:
                         del self._held[stream]
                     out.append(Log("order-gap", {"delivery": ev.tag.hex(), "missing_seq": prev}))
                     self._deliver_chain(stream, ev, header, now, out)
+            elif kind == _TIMER_PLACEHOLDER:
+                self._placeholder_expired(obj[0], obj[1], now, out)
+            elif kind == _TIMER_PUBLISHER_GONE:
+                link_id, records = obj
+                if link_id not in self.publishers:
+                    self._publisher_gone(records, now, out)
+            elif kind == _TIMER_MEMBERSHIP:
+                self._membership_changed(self.net.membership.expire_lost(now), now, out)
+                self._schedule_membership_expiry()
             elif kind == _TIMER_ANNOUNCE:
                 key, link_id = obj
                 waiting = self._awaiting_acks.get(key)
@@ -901,7 +996,7 @@ class RouterCore:
     def _answer_origin(self, record: DeliveryRecord, out: list) -> None:
         outcome = record.outcome
         # With no subscriber left here that was owed it, we are not owed it either.
-        code = outcome.code if record.subscribers else outcomes.NONE
+        code = outcome.code if any(k not in record.targeted for k in record.subscribers) else outcomes.NONE
         message = {"t": "outcome", "d": record.tag.hex(), "o": code}
         if outcome.condition:
             message["cond"] = outcome.condition
@@ -919,7 +1014,7 @@ class RouterCore:
         if sub is None or sub.link_id != link_id:
             return
         sub.ready = True
-        out.append(OpenLink(link_id, sub.timeout if sub.durable else 0, None))
+        out.append(OpenLink(link_id, sub.timeout if sub.durable else 0, self._open_properties.pop(link_id, None)))
         self._pump(sub, 0.0, out)
 
     def _on_peer_connected(self, ev: PeerConnected, now: float, out: list) -> None:
@@ -997,6 +1092,18 @@ class RouterCore:
         """A router no longer holding any subscription to a topic stops being owed
         that topic's deliveries (as a local non-durable subscriber that left)."""
         self.net.membership_changed()
+        self._expire_moved(changes, now, out)
+        for change in changes:
+            kind = type(change).__name__
+            if kind == "SubscriberMoved":
+                self._moved_subscriber_at(str(change.key), change.to_router, now, out)
+            elif kind == "RemoteSubscriberAdded":
+                key = str(change.key)
+                local = self.subscriptions.get(key)
+                if local is not None and not local.attached:
+                    self._local_subscriber_moved(key, change.router, now, out)
+                else:
+                    self._moved_subscriber_at(key, change.router, now, out)
         for change in changes:
             topic_name = getattr(change, "topic", None)
             router_id = getattr(change, "router", None)
@@ -1070,16 +1177,39 @@ class RouterCore:
         subscribers, and answer the origin router once they all answered."""
         tag = ev.tag
         record = self.records.get(tag)
+        origin = header["origin"]
+        targets = (header.get("for") or {}).get(self.settings.router_id)
+        report_to = header.get("report", origin)
         if record is not None:
+            if record.origin_router is not None and record.origin_router != origin and not targets:
+                record.origin_router = origin  # its publisher resumed at another router
+                record.outcome = None if record.outcome is None else record.outcome
+            if targets:
+                self._accept_targeted(record, targets, report_to, now, out)
             # A resend (a hop failed, or routes changed): never delivered twice. If
             # we already answered, the answer may have been lost: answer again.
-            if record.origin_router is not None and record.outcome is not None and not record.pub_settled:
+            elif record.origin_router is not None and record.outcome is not None and not record.pub_settled:
                 self._answer_origin(record, out)
             return
-        origin = header["origin"]
         topic_name = header["topic"]
         topic = self.topics.get(topic_name)
         owed_here = topic is not None and any(not s.best_effort for s in topic.subscriptions.values())
+        if targets and topic is not None:
+            record = DeliveryRecord(tag, topic_name, next(self._order), ev.payload, header.get("pub", ""),
+                                    header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
+                                    header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"))
+            record.origin_router = origin
+            record.outcome = Outcome(outcomes.RELEASED)  # nothing untargeted here to answer for
+            self.records[tag] = record
+            topic.records[record.order] = record
+            out.append(Log("received", {
+                "delivery": record.delivery_id, "topic": topic_name, "publisher": record.publisher,
+                "link_name": record.link_name, "pub_tag": header.get("ptag"), "incarnation": record.incarnation,
+                "stream_seq": record.stream_seq, "size": len(ev.payload), "settled": False, "owed": list(targets),
+                "forwarded": [], "origin_router": origin}))
+            self._accept_targeted(record, targets, report_to, now, out)
+            self._fulfil_placeholders(record, now, out)
+            return
         if not owed_here:
             # Nobody here (any more): we are not owed this delivery.
             message = {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE}
@@ -1099,6 +1229,7 @@ class RouterCore:
             "owed": list(record.subscribers), "forwarded": sent_to, "origin_router": origin}))
         self.records[tag] = record
         topic.records[record.order] = record
+        self._fulfil_placeholders(record, now, out)
         if record.expires_at is not None:
             if record.expires_at <= now:
                 self._expire_message(record, now, out)
@@ -1110,7 +1241,13 @@ class RouterCore:
     def _on_router_outcome(self, message: dict, now: float, out: list) -> None:
         record = self.records.get(bytes.fromhex(message["d"]))
         sender = message.get("from")
-        if record is None or record.origin_router is not None:
+        if record is None:
+            return
+        key = message.get("key")
+        if key is not None:
+            self._on_moved_outcome(record, key, sender, message, now, out)
+            return
+        if record.origin_router is not None:
             return
         state = record.remote_routers.get(sender)
         if state is None:
@@ -1119,7 +1256,7 @@ class RouterCore:
         out.append(Log("outcome-from-router", {"delivery": record.delivery_id, "from_router": sender,
                                                "outcome": outcomes.NAMES.get(code, str(code))}))
         if state.outcome is not None:
-            if record.pub_settled and not state.settle_acked:
+            if record.pub_settled and sender in record.settle_pending:
                 self._route_control(sender, {"t": "settle", "d": record.tag.hex()}, out)
             return
         if code == outcomes.NONE:
@@ -1140,18 +1277,16 @@ class RouterCore:
         tag = bytes.fromhex(message["d"])
         record = self.records.get(tag)
         sender = message.get("from")
-        if record is not None and record.origin_router == sender:
+        if record is not None and (record.origin_router == sender or sender in record.targeted.values()):
             self._settle_record(record, "origin-router", now, out)
         self._route_control(sender, {"t": "settle-ack", "d": message["d"]}, out)
 
     def _on_settle_ack(self, message: dict, now: float, out: list) -> None:
         record = self.records.get(bytes.fromhex(message["d"]))
-        if record is None or record.origin_router is not None:
+        if record is None or message.get("from") not in record.settle_pending:
             return
-        state = record.remote_routers.get(message.get("from"))
-        if state is not None:
-            state.settle_acked = True
-            self._maybe_delete(record, now, out)
+        record.settle_pending.discard(message.get("from"))
+        self._maybe_delete(record, now, out)
 
     def _topology_changed(self, now: float, out: list) -> None:
         """Routes may have changed: whatever may have been lost with a hop goes again.
@@ -1161,6 +1296,15 @@ class RouterCore:
         out.append(Log("routes", {"reachable": sorted(self.net.reachable()),
                                   "next_hops": [f"{d}>{h}" for d, h in sorted(self.net.routes.next_hop.items())]}))
         me = self.settings.router_id
+        reachable = self.net.reachable()
+        for router_id in sorted(self._lost & reachable):
+            self._lost.discard(router_id)
+            self._membership_changed(self.net.membership.router_regained(router_id), now, out)
+        for router_id in sorted(self._known_routers - reachable):
+            if router_id not in self._lost:
+                self._lost.add(router_id)
+                self._router_lost(router_id, now, out)
+        self._known_routers |= reachable
         for record in list(self.records.values()):
             if record.origin_router is None:
                 if not record.pub_settled:
@@ -1168,11 +1312,12 @@ class RouterCore:
                     if pending:
                         self._send_towards(record, pending, now, out)
                 else:
-                    for router_id, state in record.remote_routers.items():
-                        if not state.settle_acked:
-                            self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
+                    for router_id in sorted(record.settle_pending):
+                        self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
             elif record.outcome is not None and not record.pub_settled and record.origin_router != me:
                 self._answer_origin(record, out)
+            if not record.pub_settled:
+                self._resend_to_moved(record, out)
         # Subscribers waiting for confirmation from routers we can no longer reach
         # need not wait for them.
         reachable = self.net.reachable()

@@ -25,3 +25,8 @@ class CoreSettings:
     # How long a settled record is kept when no later evidence shows every receiver
     # saw the settlement (the publisher's last delivery has no "later" one).
     record_linger: float = 2.0
+    # Failover (docs/resumption.md): how long a resumed subscriber's placeholder
+    # blocks its publisher stream, and how long a detached publisher's deliveries
+    # wait for it to resume before the router settles them on its behalf.
+    placeholder_timeout: float = 30.0
+    publisher_resume_timeout: float = 8.0

@@ -83,6 +83,15 @@ class Mesh:
         self.feed(a, PeerConnected(conn, b, 1, f"boot-{b}"))
         self.feed(b, PeerConnected(conn, a, 1, f"boot-{a}"))
 
+    def kill(self, router):
+        """A router dies: every link to it drops (its own state is simply never used again)."""
+        for pair in [p for p in self.links if router in p]:
+            a, b = sorted(pair)
+            conn = self.links.pop(pair)
+            other = b if a == router else a
+            self.feed(other, PeerLost(conn, router))
+        self.settle()
+
     def cut(self, a, b):
         conn = self.links.pop(frozenset((a, b)))
         self.feed(a, PeerLost(conn, b))
@@ -96,22 +105,24 @@ class Mesh:
 
     # ------------------------------------------------------------ clients
 
-    def publisher(self, router, name="pub", container="P"):
+    def publisher(self, router, name="pub", container="P", properties=None):
         link = next(self._link)
-        self.feed(router, LinkAttached(link, link, container, name, PUBLISHER, "t", snd_settle_mode=SND_MIXED))
+        self.feed(router, LinkAttached(link, link, container, name, PUBLISHER, "t", snd_settle_mode=SND_MIXED,
+                                       properties=properties))
         self.settle()
         return link
 
     def subscriber(self, router, name, credit=100, **attach):
         link = next(self._link)
+        attach.setdefault("rcv_settle_mode", 1 if attach.get("durable") else 0)
         self.feed(router, LinkAttached(link, link, f"S-{name}", name, SUBSCRIBER, "t", **attach))
         self.feed(router, CreditChanged(link, credit))
         self.settle()
         return link
 
-    def publish(self, router, link, tag: bytes, body="m"):
+    def publish(self, router, link, tag: bytes, body="m", payload=None):
         delivery = next(self._delivery)
-        self.feed(router, MessageReceived(link, delivery, tag, encode(body), False))
+        self.feed(router, MessageReceived(link, delivery, tag, payload or encode(body), False))
         self.settle()
         return delivery
 

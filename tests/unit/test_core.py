@@ -390,8 +390,21 @@ def test_publisher_gone_records_are_finished_for_it():
     h.publish(1, b"1")
     h.detach(1)
     h.answer(2, stream_tag(b"1"))
+    assert "settled" not in h.log_kinds(), "it may still resume and resend"
+    h.advance(8.1)  # publisher_resume_timeout
     kinds = h.log_kinds()
     assert "settled" in kinds and h.core.record_count() == 0
+
+
+def test_closing_the_publisher_link_settles_for_it_at_once():
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2)
+    h.credit(2, 5)
+    h.publish(1, b"1")
+    h.detach(1, closed=True)
+    h.answer(2, stream_tag(b"1"))
+    assert "settled" in h.log_kinds() and h.core.record_count() == 0
 
 
 def test_shutdown_answers_what_is_in_flight_then_completes():

@@ -57,6 +57,14 @@ SAMPLE_FIELDS = {
     "announce-timeout": {"subscriber": "sub-1/recv-1", "routers": ["C"]},
     "order-gap": {"delivery": "ab12", "missing_seq": 16},
     "routes": {"reachable": ["B", "C"], "next_hops": ["B>B", "C>B"]},
+    "resume-requested": {"link": 7, "role": "subscriber", "reported": 3, "known": 2, "incomplete": False},
+    "resend-matched": {"delivery": "ab12", "link": 7},
+    "origin-taken-over": {"delivery": "ab12", "from_router": "A"},
+    "placeholder-created": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
+    "placeholder-fulfilled": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
+    "placeholder-expired": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
+    "owed-moved": {"delivery": "ab12", "from_router": "C", "subscribers": ["sub-1/recv-1"]},
+    "owed-state-discarded": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
 }
 
 
@@ -149,6 +157,27 @@ def test_line_layout_common_fields_first(tmp_path):
     last = log.path.read_bytes().splitlines()[-1]
     assert last.startswith(b'{"seq":2,"ts":1700000000.25,"router":"A","epoch":1,"boot":"')
     assert last.endswith(b'","event":"settled","delivery":"00ff","by":"publisher"}')
+
+
+def test_lines_are_the_bytes_of_one_merged_dict(tmp_path):
+    """append() joins cached pieces instead of encoding one merged dict: same bytes,
+    whatever the timestamp's type, across timestamps and with no fields at all."""
+    cases = [("sub-outcome", 1763785201.503, SAMPLE_FIELDS["sub-outcome"]),
+             ("sub-outcome", 1763785201.503, SAMPLE_FIELDS["sub-outcome"]),
+             ("received", 1763785201.504, SAMPLE_FIELDS["received"]),
+             ("router-stopping", 1763785202, {"reason": "x"}),
+             ("router-stopping", 1763785202.0, {}),
+             ("pub-outcome", 0.1, {"delivery": "é\u2028", "outcome": "accepted", "condition": None})]
+    with EventLog(tmp_path, "A\"") as log:
+        for kind, ts, fields in cases:
+            log.append(kind, ts, fields)
+        boot, epoch = log.boot_id, log.epoch
+        path = log.path
+    lines = path.read_bytes().splitlines(keepends=True)[1:]
+    expected = [orjson.dumps({"seq": n, "ts": ts, "router": "A\"", "epoch": epoch, "boot": boot, "event": kind,
+                              **fields}, option=orjson.OPT_APPEND_NEWLINE)
+                for n, (kind, ts, fields) in enumerate(cases, start=2)]
+    assert lines == expected
 
 
 def test_unencodable_value_is_refused_without_consuming_seq(tmp_path):

@@ -61,7 +61,9 @@ def test_exactly_once_in_order_under_drops_and_duplicates(topology, data, plan):
     names, links = TOPOLOGIES[topology]
     mesh = Mesh(names, links, record_linger=1.0)
     where = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True), label="subs")
-    subs = {r: mesh.subscriber(r, f"s{r}") for r in where}
+    # Durable: a router cut off from the others counts as dead until it is back, and
+    # what the network owes is owed to durable subscribers (docs/resumption.md).
+    subs = {r: mesh.subscriber(r, f"s{r}", durable=2, timeout=1000) for r in where}
     pubs = [("A", mesh.publisher("A", name="p0")), (names[-1], mesh.publisher(names[-1], name="p1"))]
     sent = {0: 0, 1: 0}
     cut: list = []

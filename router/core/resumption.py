@@ -1,0 +1,355 @@
+"""Failover: resuming publishers and subscribers, and following subscribers that
+moved away from a dead router (docs/resumption.md).
+
+A mixin of ``RouterCore``: these methods share its state (records, topics,
+subscriptions, the network view) and are split out only to keep one idea per
+module. Pure like the rest of the core.
+"""
+
+from __future__ import annotations
+
+from router.core import outcomes, tags
+from router.core.commands import Log, SendData
+from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
+from router.core.records import DeliveryRecord, MovedState, RouterState, SubscriberState
+
+RESUME_PROPERTY = "eorouter:resume"
+UNSETTLED_PROPERTY = "eorouter:unsettled"
+INCOMPLETE_PROPERTY = "eorouter:incomplete-unsettled"
+
+_STATE_NAMES = {"none": outcomes.NONE, "accepted": outcomes.ACCEPTED, "rejected": outcomes.REJECTED,
+                "released": outcomes.RELEASED, "modified": outcomes.MODIFIED}
+
+
+def reported_unsettled(properties: dict | None) -> tuple[bool, dict[bytes, int], bool]:
+    """(resuming?, {tag: outcome code}, incomplete?) from a resuming attach's
+    properties; malformed entries are skipped (the peer then resends them)."""
+    props = properties or {}
+    resuming = props.get(RESUME_PROPERTY) is True
+    reported: dict[bytes, int] = {}
+    pairs = props.get(UNSETTLED_PROPERTY)
+    if isinstance(pairs, list):
+        for pair in pairs:
+            if isinstance(pair, (list, tuple)) and len(pair) == 2:
+                tag, state = pair
+                if isinstance(tag, (bytes, bytearray, memoryview)) and isinstance(state, str) \
+                        and state in _STATE_NAMES and len(tag) <= tags.MAX_TAG_SIZE:
+                    reported[bytes(tag)] = _STATE_NAMES[state]
+        resuming = True
+    return resuming, reported, props.get(INCOMPLETE_PROPERTY) is True
+
+
+def state_name(outcome: Outcome | None) -> str:
+    return "none" if outcome is None else outcomes.NAMES[outcome.code]
+
+
+class ResumptionMixin:
+    # ------------------------------------------------------------ publishers
+
+    def _resume_publisher(self, pub, properties, topic, now: float, out: list) -> list:
+        """A publisher re-attached with its incarnation: we become the origin of
+        its stream's deliveries we hold. Returns our unsettled answer."""
+        _, reported, incomplete = reported_unsettled(properties)
+        answer = []
+        for pub_tag in reported:
+            record = self.records.get(tags.outgoing_tag(pub.stream, pub_tag))
+            if record is not None:
+                answer.append([pub_tag, state_name(record.outcome) if record.outcome else "none"])
+        out.append(Log("resume-requested", {"link": pub.link_id, "role": "publisher", "reported": len(reported),
+                                            "known": len(answer), "incomplete": incomplete}))
+        for record in [r for r in topic.records.values() if r.tag[:tags.STREAM_ID_SIZE] == pub.stream]:
+            if record.pub_settled:
+                continue
+            if record.origin_router is not None:
+                self._take_over(record, topic, now, out)
+            record.pub_link = pub.link_id
+            if not incomplete and record.pub_tag not in reported:
+                # It does not hold it unsettled any more: it settled it.
+                self._settle_record(record, "publisher-resumed", now, out)
+        return answer
+
+    def _take_over(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
+        """Its origin router died and its publisher resumed here: this router is the
+        origin now. Every other interested router is sent the delivery again (they
+        recognise the tag and answer us)."""
+        out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": record.origin_router}))
+        record.origin_router = None
+        record.header = None
+        record.targeted.clear()
+        topic.unsettled += 1
+        for router_id in sorted(self.net.interested_routers(record.topic)):
+            record.remote_routers.setdefault(router_id, RouterState())
+        pending = [r for r, st in record.remote_routers.items() if st.outcome is None]
+        if pending:
+            self._send_towards(record, pending, now, out)
+
+    def _resent_by_publisher(self, record: DeliveryRecord, pub, ev, now: float, out: list) -> bool:
+        """A resumed publisher resent a delivery we hold: attach the new transfer to
+        the record (never forward it twice) and answer it if we can already."""
+        if record.pub_delivery is not None:
+            return False
+        record.pub_delivery = ev.delivery
+        record.pub_link = pub.link_id
+        self.by_delivery[ev.delivery] = record
+        out.append(Log("resend-matched", {"delivery": record.delivery_id, "link": pub.link_id}))
+        if record.pub_settled:
+            # Settled on its behalf meanwhile: it hears the outcome, and we are done.
+            self._send_publisher_outcome(record, record.outcome or OUTCOME_ACCEPTED, out, settle=True)
+            self.by_delivery.pop(ev.delivery, None)
+            record.pub_delivery = None
+        elif record.outcome is not None:
+            self._send_publisher_outcome(record, record.outcome, out)
+        return True
+
+    # ------------------------------------------------------------ subscribers
+
+    def _resume_subscriber(self, sub, properties, topic, now: float, out: list) -> list:
+        """The design's rules for a resuming receiver. Returns our unsettled answer."""
+        _, reported, incomplete = reported_unsettled(properties)
+        key = sub.key
+        answer = []
+        for tag, code in reported.items():
+            record = self.records.get(tag)
+            if record is None:
+                stream = tag[:tags.STREAM_ID_SIZE]
+                sub.placeholders.setdefault(stream, set()).add(tag)
+                self._add_timer(now + self.settings.placeholder_timeout, self._TIMER_PLACEHOLDER, (sub, tag))
+                out.append(Log("placeholder-created", {"subscriber": key, "delivery": tag.hex()}))
+                continue
+            if record.pub_settled:
+                state = record.subscribers.get(key)
+                if state is not None:
+                    state.known_settled = True
+                continue  # left out of our answer: it is settled
+            state = self._owe_here(record, key)
+            state.resend = True
+            if code in outcomes.TERMINAL and state.outcome is None:
+                state.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(code)
+                out.append(Log("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
+                                               "outcome": outcomes.NAMES[code], "settled": False}))
+                self._after_subscriber_outcome(record, key, now, out)
+            answer.append([tag, state_name(state.outcome)])
+        if not incomplete:
+            # Unsettled records it did not report: it never got them.
+            for record in topic.records.values():
+                if not record.pub_settled and record.tag not in reported and record.payload is not None:
+                    state = record.subscribers.get(key)
+                    if state is None or state.outcome is None:
+                        self._owe_here(record, key)
+        out.append(Log("resume-requested", {"link": sub.link_id, "role": "subscriber", "reported": len(reported),
+                                            "known": len(answer), "incomplete": incomplete}))
+        return answer
+
+    def _owe_here(self, record: DeliveryRecord, key: str) -> SubscriberState:
+        """Make ``record`` owed to local subscriber ``key`` (late: after the record's
+        answer to its origin went out, the subscriber answers individually)."""
+        state = record.subscribers.get(key)
+        if state is None:
+            state = record.subscribers[key] = SubscriberState()
+            if record.origin_router is not None and record.outcome is not None:
+                record.targeted[key] = record.origin_router
+        moved = record.moved.pop(key, None)
+        if moved is not None and moved.outcome is not None and state.outcome is None:
+            state.outcome = moved.outcome
+        return state
+
+    def _placeholder_blocks(self, sub, record: DeliveryRecord) -> bool:
+        return bool(sub.placeholders) and record.tag[:tags.STREAM_ID_SIZE] in sub.placeholders \
+            and record.tag not in sub.placeholders[record.tag[:tags.STREAM_ID_SIZE]]
+
+    def _fulfil_placeholders(self, record: DeliveryRecord, now: float, out: list) -> None:
+        """A delivery arrived here: resumed subscribers waiting for it get it first,
+        then what they held back of its stream."""
+        stream = record.tag[:tags.STREAM_ID_SIZE]
+        topic = self.topics.get(record.topic)
+        if topic is None:
+            return
+        for sub in topic.subscriptions.values():
+            waiting = sub.placeholders.get(stream)
+            if not waiting or record.tag not in waiting:
+                continue
+            waiting.discard(record.tag)
+            out.append(Log("placeholder-fulfilled", {"subscriber": sub.key, "delivery": record.delivery_id}))
+            state = self._owe_here(record, sub.key)
+            state.resend = True
+            sub.queue.appendleft(record)
+            if not waiting:
+                self._release_held(sub, stream)
+            self._pump(sub, now, out)
+
+    def _placeholder_expired(self, sub, tag: bytes, now: float, out: list) -> None:
+        stream = tag[:tags.STREAM_ID_SIZE]
+        waiting = sub.placeholders.get(stream)
+        if not waiting or tag not in waiting:
+            return
+        waiting.discard(tag)
+        out.append(Log("placeholder-expired", {"subscriber": sub.key, "delivery": tag.hex()}))
+        if not waiting:
+            self._release_held(sub, stream)
+            self._pump(sub, now, out)
+
+    def _release_held(self, sub, stream: bytes) -> None:
+        sub.placeholders.pop(stream, None)
+        held = sub.held.pop(stream, [])
+        sub.queue.extendleft(reversed(held))
+
+    # ------------------------------------------------------------ moved subscribers
+
+    def _router_lost(self, router_id: str, now: float, out: list) -> None:
+        """A router became unreachable: stop waiting for *it*; wait for its durable
+        subscribers wherever they re-attach (within their terminus timeout)."""
+        self.net.membership.router_lost(router_id, now)
+        self.net.membership_changed()
+        for record in list(self.records.values()):
+            state = record.remote_routers.get(router_id)
+            if state is None or state.outcome is not None or record.pub_settled:
+                continue
+            del record.remote_routers[router_id]
+            keys = [str(s.key) for s in self.net.membership.subscribers_at(router_id, record.topic) if s.durable]
+            for key in keys:
+                record.moved.setdefault(key, MovedState())
+            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id,
+                                          "subscribers": keys}))
+            self._resend_to_moved(record, out)
+            if record.outcome is None:
+                self._maybe_answer_publisher(record, now, out)
+        self._schedule_membership_expiry()
+
+    def _owe_lost_subscribers(self, record: DeliveryRecord, out: list) -> None:
+        """Durable subscribers of routers we lost are owed new deliveries too (they
+        are detached within their terminus timeout), wherever they re-attach."""
+        membership = self.net.membership
+        for router_id in self._lost:
+            for remote in membership.subscribers_at(router_id, record.topic):
+                if remote.durable and membership.where(remote.key) is None:
+                    record.moved.setdefault(str(remote.key), MovedState())
+        if record.moved:
+            self._resend_to_moved(record, out)
+
+    def _local_subscriber_moved(self, key: str, to_router: str, now: float, out: list) -> None:
+        """A durable subscriber we held (detached, retained) attached at another router:
+        what it is owed here follows it there."""
+        sub = self.subscriptions.get(key)
+        if sub is None or sub.attached:
+            return
+        topic = self.topics[sub.topic]
+        for record in list(topic.records.values()):
+            state = record.subscribers.get(key)
+            if state is None or state.outcome is not None or record.pub_settled:
+                continue
+            del record.subscribers[key]
+            record.moved[key] = MovedState()
+            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": self.settings.router_id,
+                                          "subscribers": [key]}))
+        sub.announced = False  # its new router announces it now
+        self._end_subscription(sub, now, out, reason="moved")
+        self._moved_subscriber_at(key, to_router, now, out)
+
+    def _moved_subscriber_at(self, key: str, router_id: str, now: float, out: list) -> None:
+        for record in list(self.records.values()):
+            moved = record.moved.get(key)
+            if moved is not None and moved.outcome is None and moved.router != router_id:
+                moved.router = router_id
+                self._send_targeted(record, router_id, [key], out)
+
+    def _resend_to_moved(self, record: DeliveryRecord, out: list) -> None:
+        by_router: dict[str, list[str]] = {}
+        for key, moved in record.moved.items():
+            if moved.outcome is not None:
+                continue
+            where = self.net.membership.where(_split_key(key))
+            if where is not None:
+                moved.router = where
+            if moved.router is not None:
+                by_router.setdefault(moved.router, []).append(key)
+        for router_id, keys in sorted(by_router.items()):
+            self._send_targeted(record, router_id, sorted(keys), out)
+
+    def _send_targeted(self, record: DeliveryRecord, router_id: str, keys: list, out: list) -> None:
+        """A copy addressed to particular subscribers at ``router_id``; they answer us
+        individually."""
+        if record.payload is None:
+            return
+        hop = self.net.next_hop(router_id)
+        if hop is None:
+            return
+        header = dict(self._base_header(record))
+        header["origin"] = record.origin_router or self.settings.router_id
+        header["dests"] = [router_id]
+        header["for"] = {router_id: keys}
+        header["report"] = self.settings.router_id
+        header["prev"] = {}
+        out.append(SendData(hop, record.tag, header, record.payload))
+        out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop,
+                                               "dests": [router_id]}))
+
+    def _on_moved_outcome(self, record: DeliveryRecord, key: str, sender: str, message: dict, now: float,
+                          out: list) -> None:
+        moved = record.moved.get(key)
+        code = message.get("o", outcomes.NONE)
+        out.append(Log("outcome-from-router", {"delivery": record.delivery_id, "from_router": sender,
+                                               "outcome": outcomes.NAMES.get(code, str(code))}))
+        if moved is None or moved.outcome is not None:
+            if record.pub_settled and sender in record.settle_pending:
+                self._route_control(sender, {"t": "settle", "d": record.tag.hex()}, out)
+            return
+        moved.router = sender
+        if code == outcomes.NONE:
+            return  # not there (any more): keep waiting where it shows up next
+        moved.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(
+            code, message.get("cond"), message.get("desc"), bool(message.get("failed")),
+            bool(message.get("undeliv")))
+        if record.outcome is None:
+            self._maybe_answer_publisher(record, now, out)
+
+    def _accept_targeted(self, record: DeliveryRecord, keys, report_to: str, now: float, out: list) -> None:
+        """Another router addressed ``record`` to these subscribers here."""
+        topic = self.topics.get(record.topic)
+        for key in keys:
+            sub = topic.subscriptions.get(key) if topic is not None else None
+            if sub is None:
+                self._route_control(report_to, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE,
+                                                "key": key}, out)
+                continue
+            known = key in record.subscribers
+            state = self._owe_here(record, key)
+            record.targeted[key] = report_to
+            if state.outcome is not None:
+                self._report_targeted(record, key, out)
+            elif not known and sub.link_id is not None:
+                sub.queue.append(record)
+                self._pump(sub, now, out)
+
+    def _report_targeted(self, record: DeliveryRecord, key: str, out: list) -> None:
+        state = record.subscribers[key]
+        message = {"t": "outcome", "d": record.tag.hex(), "o": state.outcome.code, "key": key}
+        if state.outcome.condition:
+            message["cond"] = state.outcome.condition
+            message["desc"] = state.outcome.description
+        self._route_control(record.targeted[key], message, out)
+
+    def _expire_moved(self, changes, now: float, out: list) -> None:
+        """Subscribers of a lost router that did not re-attach within their terminus
+        timeout stop being owed."""
+        for change in changes:
+            if type(change).__name__ != "RemoteSubscriberRemoved" or change.reason != "expired":
+                continue
+            key = str(change.key)
+            for record in list(self.records.values()):
+                moved = record.moved.get(key)
+                if moved is not None and moved.outcome is None:
+                    del record.moved[key]
+                    out.append(Log("owed-state-discarded", {"delivery": record.delivery_id, "subscriber": key}))
+                    if record.outcome is None:
+                        self._maybe_answer_publisher(record, now, out)
+
+    def _schedule_membership_expiry(self) -> None:
+        deadline = self.net.membership.next_expiry()
+        if deadline is not None:
+            self._add_timer(deadline, self._TIMER_MEMBERSHIP, None)
+
+
+def _split_key(key: str):
+    from router.core.membership import SubscriberKey
+    container_id, _, link_name = key.partition("/")
+    return SubscriberKey(container_id, link_name)
