@@ -135,6 +135,16 @@ def encode_properties(props: dict, data_ptr) -> None:
     data.put_object(fixed)
 
 
+def set_failover_list(connection_ptr, addresses) -> None:
+    """Offer other routers to a client in our open frame, as qpid-dispatch and
+    Artemis do: ``failover-server-list`` = [{network-host, port, scheme, hostname}]."""
+    servers = [{symbol("network-host"): host, symbol("port"): str(port), symbol("scheme"): "amqp",
+                symbol("hostname"): host} for host, port in addresses]
+    data = Data(lib.pn_connection_properties(connection_ptr))
+    data.clear()
+    data.put_object({symbol("failover-server-list"): servers})
+
+
 def set_condition(cond_ptr, name: str | None, description: str | None) -> None:
     if name:
         lib.pn_condition_set_name(cond_ptr, name.encode("utf-8"))

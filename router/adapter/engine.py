@@ -156,6 +156,7 @@ class Engine:
                     if self.peers.refuse_router_open(conn):
                         pass  # it claimed to be a router: closed with unauthorized-access
                     elif lib.pn_connection_state(conn.connection) & endpoints.LOCAL_UNINIT:
+                        endpoints.set_failover_list(conn.connection, self.core.failover_list())
                         lib.pn_connection_open(conn.connection)
                 elif etype == PN_CONNECTION_REMOTE_CLOSE:
                     self.AMQP_connection_close(conn)

@@ -37,7 +37,7 @@ from cproton_ffi import ffi, lib
 
 from router.adapter.endpoints import Conn, condition_of
 from router.adapter.engine import Engine
-from router.core.events import ShutdownRequested, TimerFired
+from router.core.events import ListenersReady, ShutdownRequested, TimerFired
 
 log = logging.getLogger("eorouter.server")
 
@@ -155,6 +155,10 @@ class Server:
             self.sel.register(sock, READ, _LISTENER)
             bound.append((lst.host, lst.port))
             log.info("listening on %s:%d (%s)", lst.host, lst.port, lst.role)
+        # Other routers offer these to their clients as a failover list.
+        self.engine.now = time.time()
+        self.engine.timer(ListenersReady(tuple((lst.host, lst.port) for lst in self.listeners
+                                               if lst.role == "normal")))
         return bound
 
     def wakeup_socket(self) -> int:

@@ -169,3 +169,11 @@ class DataReceived(NamedTuple):
     tag: bytes
     header: dict
     payload: bytes
+
+
+class ListenersReady(NamedTuple):
+    """The router's client listeners are bound: where clients can reach it. Other
+    routers learn these and every router offers them to its clients as the
+    ``failover-server-list`` of its open frame."""
+
+    addresses: tuple  # ((host, port), ...)

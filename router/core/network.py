@@ -71,6 +71,8 @@ class Network:
         # other, so one neighbour can briefly have two connections.
         self.neighbours: dict[str, dict[int, tuple[int, str]]] = {}
         self.routes: Routes = compute_routes(self_id, self.lsdb)
+        # router id -> its client listeners ((host, port), ...), for failover lists
+        self.addresses: dict[str, tuple] = {}
         # topic -> interested routers; asked once per published message, so cached
         # and cleared whenever the membership table changes.
         self._interest: dict[str, frozenset[str]] = {}
@@ -129,5 +131,25 @@ class Network:
         messages = [link_state_message(ls) for ls in self.lsdb.snapshot()]
         messages.append(snapshot_message(self.announcer.snapshot()))
         messages.extend(snapshot_message(s) for s in self.membership.full_snapshot() if s is not None)
+        messages.extend(self.address_message(router) for router in sorted(self.addresses))
         messages.append({"t": "synced"})
         return messages
+
+    def address_message(self, router_id: str) -> dict:
+        return {"t": "addr", "router": router_id, "addrs": [list(a) for a in self.addresses[router_id]]}
+
+    def learn_addresses(self, msg: dict) -> bool:
+        """True when this told us something new (flood it on)."""
+        try:
+            addrs = tuple((str(h), int(p)) for h, p in msg["addrs"])
+            router_id = msg["router"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ProtocolError("amqp:decode-error", f"bad addr message: {err}") from None
+        if router_id == self.self_id or self.addresses.get(router_id) == addrs:
+            return False
+        self.addresses[router_id] = addrs
+        return True
+
+    def failover_list(self) -> list[tuple[str, int]]:
+        """Where a client of ours can go if we die: every other reachable router."""
+        return [addr for router in sorted(self.routes.reachable) for addr in self.addresses.get(router, ())]

@@ -32,7 +32,7 @@ from router.core.errors import ProtocolError
 from router.core.events import (
     DURABLE_NONE, PUBLISHER, SND_SETTLED, SUBSCRIBER, ConnectionLost, ControlReceived, CreditChanged,
     DataReceived, LinkAttached, LinkDetached, MessageReceived, MessageTooLarge, OutcomeReceived, PeerConnected,
-    PeerLost, PublisherSettled, ShutdownRequested, TimerFired,
+    ListenersReady, PeerLost, PublisherSettled, ShutdownRequested, TimerFired,
 )
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, Origin, prepare
@@ -121,6 +121,7 @@ class RouterCore(ResumptionMixin):
             PeerLost: self._on_peer_lost,
             ControlReceived: self._on_control,
             DataReceived: self._on_data,
+            ListenersReady: self._on_listeners_ready,
         }
 
     # ------------------------------------------------------------------ API
@@ -138,6 +139,14 @@ class RouterCore(ResumptionMixin):
 
     def record_count(self) -> int:
         return len(self.records)
+
+    def failover_list(self) -> list[tuple[str, int]]:
+        """The other reachable routers' client addresses (a query, for open frames)."""
+        return self.net.failover_list()
+
+    def _on_listeners_ready(self, ev: ListenersReady, now: float, out: list) -> None:
+        self.net.addresses[self.settings.router_id] = tuple((h, p) for h, p in ev.addresses)
+        self._flood(self.net.address_message(self.settings.router_id), None, out)
 
     # ------------------------------------------------------------ attaching
 
@@ -1066,6 +1075,9 @@ class RouterCore(ResumptionMixin):
             elif kind == "subs":
                 changes = self.net.membership.apply(snapshot_from(message))
                 self._membership_changed(changes, now, out)
+            elif kind == "addr":
+                if self.net.learn_addresses(message):
+                    self._flood(message, ev.router_id, out)
             elif kind == "synced":
                 pass
             else:

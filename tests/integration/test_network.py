@@ -185,3 +185,14 @@ def test_removing_the_middle_router_of_a_ring_reroutes(tmp_path_factory, amqp):
         assert sub.bodies() == ["before"] + [f"after{n}" for n in range(10)]
     finally:
         ring.stop()
+
+
+def test_open_frame_offers_the_other_routers_as_failover_servers(triangle):
+    from proton.utils import BlockingConnection
+    conn = BlockingConnection(triangle.routers["A"].url, timeout=10)
+    try:
+        servers = conn.conn.remote_properties["failover-server-list"]
+    finally:
+        conn.close()
+    offered = sorted((s["network-host"], int(s["port"])) for s in servers)
+    assert offered == sorted(("127.0.0.1", triangle.routers[r].port) for r in "BC")
