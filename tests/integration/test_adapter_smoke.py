@@ -1,243 +1,101 @@
-"""Smoke tests of the adapter and the router process: a real ``python -m router run``
-on an ephemeral 127.0.0.1 port, real python-qpid-proton ``Container`` clients.
+"""Smoke tests of the adapter: what a router process does at the connection level that
+the delivery-rule, bad-input and shutdown modules do not already cover.
 
-Self-contained on purpose (no conftest fixtures): these are the first tests to run
-when the adapter changes, and must not depend on the larger suite's helpers.
+- the open frame names the router (container-id = router id);
+- a client without a SASL layer (bare AMQP header) is served like any other;
+- non-AMQP bytes close *that* connection only: live connections carry on;
+- a silent peer is cut after the idle timeout, a peer that keeps alive is not;
+- an exception inside the router (a bug, injected here through a ``prelude`` run in
+  the router process) closes only the connection it happened on, with
+  ``amqp:internal-error``, and is logged with its traceback.
+
+Covered elsewhere and so not repeated here: publish/subscribe and outcomes
+(test_delivery_rule.py), garbage bytes not killing the router (test_bad_input.py),
+the ready line, SIGTERM exit 0 and ``router-stopping`` (test_shutdown.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from proton import Message
-from proton.handlers import MessagingHandler
-from proton.reactor import Container
 
-pytestmark = pytest.mark.timeout(120)
+from amqpclients import assert_round_trip, unique
 
-REPO = Path(__file__).resolve().parents[2]
-READY = re.compile(r"eorouter: router (\S+) ready on 127\.0\.0\.1:(\d+) epoch (\d+)")
-TIMEOUT = 10.0
+pytestmark = pytest.mark.timeout(90)
 
 
-class Router:
-    """One router subprocess, its config and data directory under ``workdir``."""
-
-    def __init__(self, workdir: Path, router_id: str, extra: str = "", prelude: str | None = None):
-        self.id = router_id
-        self.workdir = workdir
-        self.data_dir = workdir / "data"
-        self.config = workdir / "router.toml"
-        self.config.write_text(
-            f'[router]\nid = "{router_id}"\ndata_dir = "{self.data_dir}"\n{extra}\n'
-            '[[listener]]\nhost = "127.0.0.1"\nport = 0\n')
-        self.stderr_path = workdir / "stderr"
-        self._stderr = open(self.stderr_path, "wb")
-        args = ["run", "--config", str(self.config)]
-        if prelude is None:
-            cmd = [sys.executable, "-m", "router", *args]
-        else:  # test-only code run in the router process before the CLI
-            cmd = [sys.executable, "-c", f"{prelude}\nfrom router.cli import main\nraise SystemExit(main({args!r}))"]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=self._stderr)
-        self.port = self._wait_ready()
-        self.url = f"127.0.0.1:{self.port}"
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def _wait_ready(self) -> int:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            match = READY.search(self.stderr())
-            if match:
-                assert match.group(1) == self.id
-                return int(match.group(2))
-            if self.proc.poll() is not None:
-                raise AssertionError(f"router exited with {self.proc.returncode}:\n{self.stderr()}")
-            time.sleep(0.02)
-        self.proc.kill()
-        raise AssertionError(f"router never printed its ready line:\n{self.stderr()}")
-
-    def events(self) -> list[dict]:
-        out = []
-        for path in sorted((self.data_dir / "events").glob("*.jsonl")):
-            out.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
-        return out
-
-    def stop(self, signum=signal.SIGTERM, timeout: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signum)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self._stderr.close()
+def _host_port(router) -> tuple[str, int]:
+    return router.host, router.port
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory):
-    r = Router(tmp_path_factory.mktemp("smoke"), "smoke")
-    yield r
-    code = r.stop()
-    assert code == 0, f"exit code {code}:\n{r.stderr()}"
+def _read_until_eof(sock: socket.socket) -> bytes:
+    data = b""
+    while True:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
 
 
-@pytest.fixture
-def alive(router):
-    assert router.proc.poll() is None, f"router died:\n{router.stderr()}"
-    yield router
-    assert router.proc.poll() is None, f"router died:\n{router.stderr()}"
+def _pub_sub(amqp, router, topic, **connect):
+    """A subscriber and a publisher of ``topic``, each on its own connection."""
+    sub = amqp.connect(router.url, **connect).subscriber(topic, credit=10, auto_accept=True)
+    pub = amqp.connect(router.url, **connect).publisher(topic)
+    return pub, sub
 
 
-class Scenario(MessagingHandler):
-    """One subscriber and one publisher on one topic, over separate connections.
-    ``self.error`` starts as the failure text and is cleared only on success."""
-
-    def __init__(self, url: str, topic: str, *, count: int = 3, answer: str = "accept",
-                 sasl: bool = True):
-        super().__init__(auto_accept=False)
-        self.url, self.topic, self.count, self.answer, self.sasl = url, topic, count, answer, sasl
-        self.received: list = []
-        self.outcomes: list[str] = []
-        self.conditions: list = []
-        self.sent = 0
-        self.router_container: str | None = None
-        self.error = "timed out"
-        self.timer = None
-
-    def on_start(self, event):
-        self.timer = event.container.schedule(TIMEOUT, self)
-        kw = {} if self.sasl else {"sasl_enabled": False}
-        self.sub_conn = event.container.connect(self.url, **kw)
-        self.receiver = event.container.create_receiver(self.sub_conn, self.topic, name="smoke-sub")
-
-    def on_timer_task(self, event):
-        event.container.stop()
-
-    def on_connection_opened(self, event):
-        self.router_container = event.connection.remote_container
-
-    def on_link_opened(self, event):
-        if event.link.name == "smoke-sub" and not hasattr(self, "sender"):
-            kw = {} if self.sasl else {"sasl_enabled": False}
-            self.pub_conn = event.container.connect(self.url, **kw)
-            self.sender = event.container.create_sender(self.pub_conn, self.topic, name="smoke-pub")
-
-    def on_sendable(self, event):
-        while event.sender.credit and self.sent < self.count:
-            event.sender.send(Message(body=f"m{self.sent}"))
-            self.sent += 1
-
-    def on_message(self, event):
-        self.received.append(event.message.body)
-        if self.answer == "accept":
-            self.accept(event.delivery)
-        else:
-            self.reject(event.delivery)
-
-    def _outcome(self, event, name):
-        self.outcomes.append(name)
-        self.conditions.append(event.delivery.remote.condition)
-        if len(self.outcomes) == self.count:
-            self.error = None
-            self.timer.cancel()
-            self.sub_conn.close()
-            self.pub_conn.close()
-
-    def on_accepted(self, event):
-        self._outcome(event, "accepted")
-
-    def on_rejected(self, event):
-        self._outcome(event, "rejected")
-
-    def on_released(self, event):
-        self._outcome(event, "released")
-
-    def on_modified(self, event):
-        self._outcome(event, "modified")
-
-    def on_transport_error(self, event):
-        self.error = f"transport error: {event.transport.condition}"
+def _send_accepted(amqp, pub, sub, body, what):
+    before = len(sub.received)
+    sent = pub.send(body)
+    amqp.wait(lambda: sent.outcome, what=f"{what}: publisher outcome")
+    assert sent.outcome == "accepted", f"{what}: {sent!r}"
+    assert sub.bodies()[before:] == [body], f"{what}: subscriber got {sub.received[before:]!r}"
 
 
-def run(handler: Scenario) -> Scenario:
-    Container(handler).run()
-    assert handler.error is None, f"{handler.error}; outcomes={handler.outcomes} received={handler.received}"
-    return handler
+def test_open_frame_carries_the_router_id_as_container_id(router, amqp):
+    conn = amqp.connect(router.url)
+    assert conn.connection.remote_container == router.id
 
 
-def test_publish_subscribe_accepted(alive):
-    s = run(Scenario(alive.url, "t"))
-    assert s.received == ["m0", "m1", "m2"]
-    assert s.outcomes == ["accepted"] * 3
-    assert s.router_container == "smoke", "the open frame carries the router id as container-id"
+def test_client_without_sasl(router, amqp):
+    pub, sub = _pub_sub(amqp, router, unique("nosasl"), sasl=False)
+    for i in range(2):
+        _send_accepted(amqp, pub, sub, f"m{i}", "client without SASL")
 
 
-def test_subscriber_rejects_publisher_sees_rejected(alive):
-    s = run(Scenario(alive.url, "t-reject", count=2, answer="reject"))
-    assert s.received == ["m0", "m1"]
-    assert s.outcomes == ["rejected", "rejected"]
-
-
-def test_client_without_sasl(alive):
-    s = run(Scenario(alive.url, "t-nosasl", count=2, sasl=False))
-    assert s.outcomes == ["accepted", "accepted"]
-
-
-def test_garbage_input_closes_only_that_connection(alive):
-    with socket.create_connection(("127.0.0.1", alive.port), timeout=5) as sock:
+def test_non_amqp_bytes_close_only_that_connection(router, amqp):
+    pub, sub = _pub_sub(amqp, router, unique("bystander"))
+    _send_accepted(amqp, pub, sub, "before", "before the garbage")
+    with socket.create_connection(_host_port(router), timeout=5) as sock:
         sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        data = b""
-        while True:  # the router answers with an AMQP header + close, then EOF
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    assert data.startswith(b"AMQP")
-    run(Scenario(alive.url, "t-after-garbage", count=1))
+        data = _read_until_eof(sock)  # the router answers with an AMQP header + close, then EOF
+    assert data.startswith(b"AMQP"), data[:64]
+    assert not pub.conn.gone and not sub.conn.gone, "only the garbage connection is closed"
+    _send_accepted(amqp, pub, sub, "after", "existing connections after the garbage")
 
 
-def test_idle_peer_is_cut_and_sigterm_exits_zero(tmp_path):
-    r = Router(tmp_path, "idle", extra="idle_timeout = 0.5")
-    try:
-        with socket.create_connection(("127.0.0.1", r.port), timeout=5) as sock:
-            sock.sendall(b"AMQP\x00\x01\x00\x00")  # a header, then silence
-            start = time.monotonic()
-            while sock.recv(4096):
-                pass
-            assert time.monotonic() - start < 4.0, "an idle peer is dropped after the idle timeout"
-    finally:
-        code = r.stop(signal.SIGTERM)
-    assert code == 0, f"exit code {code}:\n{r.stderr()}"
-    assert len(READY.findall(r.stderr())) == 1
-    kinds = [e["event"] for e in r.events()]
-    assert kinds[0] == "router-started"
-    assert "router-stopping" in kinds
+def test_idle_peer_is_cut_after_the_idle_timeout(router_factory, amqp):
+    idle_timeout = 0.5
+    router = router_factory("I", router={"idle_timeout": idle_timeout})
+    with socket.create_connection(_host_port(router), timeout=10) as sock:
+        sock.sendall(b"AMQP\x00\x01\x00\x00")  # a header, then silence
+        start = time.monotonic()
+        _read_until_eof(sock)
+        elapsed = time.monotonic() - start
+    assert elapsed < 4.0, f"a silent peer must be dropped after the idle timeout (took {elapsed:.2f}s)"
+    # A peer that is quiet but sends proton's keepalives (at half the router's advertised
+    # idle timeout) stays connected: three idle timeouts with no traffic of its own.
+    pub, sub = _pub_sub(amqp, router, unique("keepalive"))
+    amqp.pump(3 * idle_timeout)
+    assert not pub.conn.gone and not sub.conn.gone, \
+        (pub.conn.remote_condition, pub.conn.transport_condition)
+    _send_accepted(amqp, pub, sub, "still here", "after a quiet spell")
 
 
-def test_sigterm_exits_zero_and_logs_router_stopping(tmp_path):
-    r = Router(tmp_path, "stopper")
-    s = run(Scenario(r.url, "t", count=1))
-    assert s.outcomes == ["accepted"]
-    code = r.stop(signal.SIGTERM)
-    assert code == 0, f"exit code {code}:\n{r.stderr()}"
-    assert len(READY.findall(r.stderr())) == 1
-    assert "router-stopping" in [e["event"] for e in r.events()]
-    assert os.path.exists(r.data_dir / "epoch")
-
-
-# Makes the core raise a plain exception (a bug, not a ProtocolError) for one topic.
+# Makes the core raise a plain exception (a bug, not a ProtocolError) when a link
+# attaches to the topic "boom". Runs in the router process before its __main__.
 BOOM = """
 from router.core import router as _r
 from router.core.events import LinkAttached
@@ -250,46 +108,19 @@ _r.RouterCore.handle = handle
 """
 
 
-class Boom(MessagingHandler):
-    def __init__(self, url):
-        super().__init__()
-        self.url = url
-        self.condition = None
-        self.error = "timed out"
-
-    def on_start(self, event):
-        self.timer = event.container.schedule(TIMEOUT, self)
-        conn = event.container.connect(self.url)
-        event.container.create_sender(conn, "boom", name="boom-pub")
-
-    def on_timer_task(self, event):
-        event.container.stop()
-
-    def on_connection_error(self, event):
-        self.condition = event.connection.remote_condition
-        self.error = None
-        self.timer.cancel()
-        event.connection.close()
-
-    def on_transport_error(self, event):
-        if self.condition is None:
-            self.condition = event.transport.condition
-            self.error = None
-            self.timer.cancel()
-
-
-def test_an_exception_closes_only_that_connection(tmp_path):
-    r = Router(tmp_path, "boom", prelude=BOOM)
-    try:
-        handler = Boom(r.url)
-        Container(handler).run()
-        assert handler.error is None, handler.error
-        assert handler.condition is not None and handler.condition.name == "amqp:internal-error", \
-            handler.condition
-        assert r.proc.poll() is None, "the router survives"
-        s = run(Scenario(r.url, "t-after-boom", count=1))
-        assert s.outcomes == ["accepted"]
-        assert "injected core failure" in r.stderr(), "the traceback is logged"
-    finally:
-        code = r.stop()
-    assert code == 0, f"exit code {code}:\n{r.stderr()}"
+def test_an_exception_closes_only_that_connection(router_factory, amqp):
+    router = router_factory("B", prelude=BOOM)
+    pub, sub = _pub_sub(amqp, router, unique("bystander"))
+    doomed = amqp.connect(router.url)
+    link = doomed.publisher("boom", wait=False)
+    amqp.wait(lambda: doomed.gone, what="the router closing the connection whose attach failed")
+    condition = doomed.remote_condition or doomed.transport_condition
+    assert condition is not None and condition.name == "amqp:internal-error", condition
+    assert "injected core failure" in (condition.description or ""), condition
+    assert not link.remote_opened, "the failed attach is not answered"
+    assert not pub.conn.gone and not sub.conn.gone, "other connections are untouched"
+    _send_accepted(amqp, pub, sub, "after boom", "a bystander after the failure")
+    assert_round_trip(amqp, router, "new connections after the failure")
+    router.check_alive("a core exception must not kill the router")
+    stderr = router.stderr_since_start()
+    assert "injected core failure" in stderr and "Traceback" in stderr, "the traceback is logged"
