@@ -92,7 +92,7 @@ class EventLogSettings:
 class RouterConfig:
     router_id: str
     data_dir: Path  # absolute
-    idle_timeout: float = 4.0
+    idle_timeout: float = 2.0  # a dead peer (SIGSTOP, cut link) is noticed within this
     listeners: tuple[Listener, ...] = (Listener(),)
     connectors: tuple[Connector, ...] = ()
     network: NetworkSettings = field(default_factory=NetworkSettings)
@@ -210,6 +210,10 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "drain_grace": _seconds(positive=False),
     },
     "eventlog": {"max_bytes": _positive, "retention": _positive, "fsync": _bool},
+    "failover": {
+        "placeholder_timeout": _seconds(positive=True),
+        "publisher_resume_timeout": _seconds(positive=False),
+    },
 }
 _REQUIRED = {"router": ("id",), "connector": ("host", "port", "role")}
 _ARRAYS = {"listener", "connector"}  # sections written as arrays of tables ([[listener]])
@@ -321,6 +325,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     if not data_dir.is_absolute():
         data_dir = Path(base_dir).absolute() / data_dir
 
+    failover = p.table(data.get("failover", {}), "failover", "failover")
     core = CoreSettings(
         router_id=router_id,
         max_in_flight_per_topic=limits.get("max_in_flight_per_topic", _CORE_DEFAULTS.max_in_flight_per_topic),
@@ -331,6 +336,9 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         no_subscribers=outcomes.BY_NAME[delivery["no_subscribers"]] if "no_subscribers" in delivery
         else _CORE_DEFAULTS.no_subscribers,
         record_linger=delivery.get("record_linger", _CORE_DEFAULTS.record_linger),
+        placeholder_timeout=failover.get("placeholder_timeout", _CORE_DEFAULTS.placeholder_timeout),
+        publisher_resume_timeout=failover.get("publisher_resume_timeout",
+                                              _CORE_DEFAULTS.publisher_resume_timeout),
     )
     defaults = RouterConfig(router_id=router_id, data_dir=data_dir)
     return RouterConfig(

@@ -92,7 +92,7 @@ def test_defaults(tmp_path):
     config = load_config(write(tmp_path, '[router]\nid = "node-1.eu_west"\n'))
     assert config.router_id == "node-1.eu_west"
     assert config.data_dir == tmp_path / "data" / "node-1.eu_west"
-    assert config.idle_timeout == 4.0
+    assert config.idle_timeout == 2.0
     assert config.listeners == (Listener("127.0.0.1", 5672, "normal"),)  # loopback by default
     assert config.drain_grace == 5.0
     assert config.eventlog == EventLogSettings(eventlog.DEFAULT_MAX_BYTES, eventlog.DEFAULT_RETENTION, False)
@@ -356,3 +356,14 @@ def test_unreadable_and_non_utf8_files(tmp_path):
     with pytest.raises(ConfigError, match=r"line 2: not valid UTF-8") as info:
         load_config(path)
     assert info.value.line == 2
+
+
+def test_failover_section(tmp_path):
+    path = tmp_path / "router.toml"
+    path.write_text('[router]\nid = "A"\n[failover]\nplaceholder_timeout = 12\npublisher_resume_timeout = 3.5\n')
+    config = load_config(path)
+    assert (config.core.placeholder_timeout, config.core.publisher_resume_timeout) == (12, 3.5)
+    path.write_text('[router]\nid = "A"\n[failover]\nplaceholder_timeout = "soon"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.key == "failover.placeholder_timeout"
