@@ -148,10 +148,12 @@ class RouterNetwork:
         return self
 
     def restart(self, router_id: str, timeout: float = 30.0) -> RouterProcess:
-        """Start a stopped router again with its config (same ports for its
-        connectors; its own listeners get new ephemeral ports, and its neighbours'
-        connectors to it are redialled only if it dials them)."""
+        """Start a stopped (or killed) router again: a new epoch, on the same ports,
+        so its neighbours' connectors and the clients' failover lists find it."""
         router = self.routers[router_id]
+        if router.listeners:
+            router.config["listener"] = [{"host": host, "port": port, "role": role}
+                                         for role, host, port in router.listeners]
         router.start()
         self.wait_converged(timeout)
         return router

@@ -7,7 +7,7 @@ from collections import deque
 
 class PublisherLink:
     __slots__ = ("link_id", "conn_id", "container_id", "name", "topic", "incarnation", "stream",
-                 "presettled", "credit", "next_seq")
+                 "presettled", "credit", "next_seq", "origin")
 
     def __init__(self, link_id: int, conn_id: int, container_id: str, name: str, topic: str,
                  incarnation: str, stream: bytes, presettled: bool):
@@ -21,6 +21,7 @@ class PublisherLink:
         self.presettled = presettled
         self.credit = 0  # granted and not yet used
         self.next_seq = 0  # publisher order within this stream
+        self.origin = None  # its message.OriginTemplate, made on its first message
 
 
 class Subscription:

@@ -73,7 +73,8 @@ from functools import lru_cache
 from struct import Struct, error as _StructError
 from typing import NamedTuple
 
-__all__ = ["ORIGIN_KEY", "DECODE_ERROR", "MessageError", "Origin", "Prepared", "prepare", "read_origin"]
+__all__ = ["ORIGIN_KEY", "DECODE_ERROR", "MessageError", "Origin", "OriginTemplate", "Prepared", "prepare",
+           "read_origin", "splice_origin"]
 
 ORIGIN_KEY = "x-opt-eorouter-origin"
 DECODE_ERROR = "amqp:decode-error"
@@ -508,10 +509,16 @@ def _scan(p: bytes):
 
             if code == AMQP_VALUE:
                 i = _skip(p, i, n)
-            elif code == DATA:
-                if v != 0xA0 and v != 0xB0:
+            elif code == DATA:  # _skip inlined for the binary: the body of most messages
+                if v == 0xA0:
+                    j = i + 2 + p[i + 1]
+                elif v == 0xB0:
+                    j = i + 5 + _u32(p, i + 1)[0]
+                else:
                     raise MessageError(f"data section: expected binary, found constructor 0x{v:02x}", i)
-                i = _skip(p, i, n)
+                if j > n:
+                    raise MessageError(f"value runs past the end of its container, which ends at offset {n}", i)
+                i = j
             elif v == 0x40 and code != AMQP_SEQUENCE:  # null: an empty header/annotations/properties
                 if code == MESSAGE_ANNOTATIONS:
                     ma = (i, i + 1, i + 1, 0, -1)
@@ -616,15 +623,8 @@ _ENTRY_KEY = b"\xa3" + len(_ORIGIN_KEY_BYTES).to_bytes(1, "big") + _ORIGIN_KEY_B
 
 def _origin_entry(origin: Origin) -> bytes:
     """The encoded map entry: symbol ORIGIN_KEY, then list [str, str, binary, str, str]."""
-    container_id, link_name, tag, incarnation, ingress_router = origin
-    size = len(tag)
-    fields = b"".join((_str(container_id), _str(link_name),
-                       b"\xa0" + size.to_bytes(1, "big") if size < 256 else b"\xb0" + size.to_bytes(4, "big"),
-                       tag, _str(incarnation), _str(ingress_router)))
-    size = len(fields)
-    if size < 255:
-        return b"".join((_ENTRY_KEY, b"\xc0", (size + 1).to_bytes(1, "big"), b"\x05", fields))
-    return b"".join((_ENTRY_KEY, b"\xd0", (size + 4).to_bytes(4, "big"), b"\x00\x00\x00\x05", fields))
+    template = OriginTemplate(origin.container_id, origin.link_name, origin.incarnation, origin.ingress_router)
+    return template.entry(origin.tag)
 
 
 def _map_header(entries_size: int, count: int) -> bytes:
@@ -638,6 +638,49 @@ _NEW_SECTION = b"\x00\x53\x72"  # described by smallulong 0x72: message-annotati
 _COPY_THRESHOLD = 16384  # bytes; below it, plain slices (copies) are cheaper than a memoryview
 
 
+class OriginTemplate:
+    """The origin annotation of one publisher link incarnation, encoded once.
+
+    Only the delivery tag differs between the origins of one link's deliveries, so
+    the entry is cached in two pieces around the tag, per tag length: everything
+    before the tag's bytes (the key, the list header, container-id, link name, the
+    tag's binary header) and everything after (incarnation, ingress router). The
+    router keeps one per publisher link; ``prepare`` builds one per call."""
+
+    __slots__ = ("_head", "tail", "_entry_heads", "_section_heads")
+
+    def __init__(self, container_id: str, link_name: str, incarnation: str, ingress_router: str):
+        self._head = _str(container_id) + _str(link_name)
+        self.tail = _str(incarnation) + _str(ingress_router)
+        self._entry_heads: dict[int, bytes] = {}  # tag length -> the entry up to the tag's bytes
+        self._section_heads: dict[int, bytes] = {}  # the same behind a new section's map header
+
+    def entry_head(self, size: int) -> bytes:
+        head = self._entry_heads.get(size)
+        if head is None:
+            tag_header = b"\xa0" + size.to_bytes(1, "big") if size < 256 else b"\xb0" + size.to_bytes(4, "big")
+            fields = len(self._head) + len(tag_header) + size + len(self.tail)
+            if fields < 255:
+                list_header = b"\xc0" + (fields + 1).to_bytes(1, "big") + b"\x05"
+            else:
+                list_header = b"\xd0" + (fields + 4).to_bytes(4, "big") + b"\x00\x00\x00\x05"
+            head = self._entry_heads[size] = b"".join((_ENTRY_KEY, list_header, self._head, tag_header))
+        return head
+
+    def section_head(self, size: int) -> bytes:
+        """A new message-annotations section holding only our entry, up to the tag's bytes."""
+        head = self._section_heads.get(size)
+        if head is None:
+            entry_head = self.entry_head(size)
+            head = self._section_heads[size] = b"".join(
+                (_NEW_SECTION, _map_header(len(entry_head) + size + len(self.tail), 2), entry_head))
+        return head
+
+    def entry(self, tag: bytes) -> bytes:
+        """The encoded map entry: symbol ORIGIN_KEY, then list [str, str, binary, str, str]."""
+        return b"".join((self.entry_head(len(tag)), tag, self.tail))
+
+
 def prepare(payload: bytes, origin: Origin) -> Prepared:
     """Check ``payload`` (an encoded message: its sections back to back), read
     its ttl and absolute expiry, and make sure it carries an origin annotation:
@@ -645,18 +688,39 @@ def prepare(payload: bytes, origin: Origin) -> Prepared:
     spliced in. Raises MessageError if the message is malformed. Accepts any
     bytes-like payload (non-bytes are copied once)."""
     p = payload if type(payload) is bytes else bytes(payload)
-    ttl, expiry, ma, insert_at = _scan(p)
-    if ma is not None and ma[4] >= 0:
+    template = OriginTemplate(origin.container_id, origin.link_name, origin.incarnation, origin.ingress_router)
+    spliced = splice_origin(p, template, origin.tag)
+    if spliced is None:
+        ttl, expiry, ma, _ = _scan(p)
         return Prepared(p, ttl, expiry, _read_origin_at(p, ma[4], ma[2]))
-    entry = _origin_entry(origin)
-    # Slices of a memoryview are not copies: a large payload is copied once, by join.
-    src = p if len(p) < _COPY_THRESHOLD else memoryview(p)
+    return Prepared(spliced[0], spliced[1], spliced[2], origin)
+
+
+def splice_origin(payload: bytes, template: OriginTemplate, tag: bytes):
+    """``prepare`` for the router's hot path: check ``payload`` and splice in the
+    origin of ``template`` with delivery tag ``tag``. Returns ``(payload, ttl_ms,
+    absolute_expiry_ms)``, or None when the message already carries an origin
+    annotation (a router's, or a forgery). Raises MessageError if malformed."""
+    p = payload if type(payload) is bytes else bytes(payload)
+    ttl, expiry, ma, insert_at = _scan(p)
+    size = len(tag)
     if ma is None:
-        out = b"".join((src[:insert_at], _NEW_SECTION, _map_header(len(entry), 2), entry, src[insert_at:]))
-    else:  # keep the existing entries as they are, append ours, rewrite the map's header
-        at, first, end, count = ma[:4]
-        out = b"".join((src[:at], _map_header(end - first + len(entry), count + 2), src[first:end], entry, src[end:]))
-    return Prepared(out, ttl, expiry, origin)
+        head = template._section_heads.get(size)
+        if head is None:
+            head = template.section_head(size)
+        if len(p) < _COPY_THRESHOLD:
+            return b"".join((p[:insert_at], head, tag, template.tail, p[insert_at:])), ttl, expiry
+        # Slices of a memoryview are not copies: a large payload is copied once, by join.
+        src = memoryview(p)
+        return b"".join((src[:insert_at], head, tag, template.tail, src[insert_at:])), ttl, expiry
+    if ma[4] >= 0:
+        return None
+    # Keep the existing entries as they are, append ours, rewrite the map's header.
+    entry = template.entry(tag)
+    src = p if len(p) < _COPY_THRESHOLD else memoryview(p)
+    at, first, end, count = ma[:4]
+    out = b"".join((src[:at], _map_header(end - first + len(entry), count + 2), src[first:end], entry, src[end:]))
+    return out, ttl, expiry
 
 
 def read_origin(payload: bytes) -> Origin | None:

@@ -66,7 +66,27 @@ class ResumptionMixin:
             if not incomplete and record.pub_tag not in reported:
                 # It does not hold it unsettled any more: it settled it.
                 self._settle_record(record, "publisher-resumed", now, out)
+        if not incomplete:
+            # Routers holding this stream's deliveries from the dead origin may never
+            # hear that the publisher settled some: tell them what it still holds.
+            self._flood({"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.settings.router_id,
+                         "unsettled": sorted(t.hex() for t in reported)}, None, out)
         return answer
+
+    def _on_stream_resumed(self, message: dict, now: float, out: list) -> None:
+        """A publisher resumed elsewhere with its complete unsettled list: deliveries
+        of its stream we hold that it does not list, it settled."""
+        stream = bytes.fromhex(message["stream"])
+        unsettled = {bytes.fromhex(t) for t in message.get("unsettled", ())}
+        for record in list(self.records.values()):
+            if record.tag[:tags.STREAM_ID_SIZE] != stream or record.pub_settled:
+                continue
+            if record.origin_router is None and record.pub_link in self.publishers:
+                continue  # its publisher is attached here: it settles them itself
+            if record.pub_tag not in unsettled:
+                self._settle_record(record, "publisher-resumed", now, out)
+            elif record.origin_router is not None:
+                record.origin_router = message["at"]
 
     def _take_over(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
         """Its origin router died and its publisher resumed here: this router is the
@@ -110,6 +130,8 @@ class ResumptionMixin:
         answer = []
         for tag, code in reported.items():
             record = self.records.get(tag)
+            if record is None and tag in self._settled_tags:
+                continue  # settled and forgotten here: left out of our answer
             if record is None:
                 stream = tag[:tags.STREAM_ID_SIZE]
                 sub.placeholders.setdefault(stream, set()).add(tag)
@@ -160,11 +182,15 @@ class ResumptionMixin:
     def _fulfil_placeholders(self, record: DeliveryRecord, now: float, out: list) -> None:
         """A delivery arrived here: resumed subscribers waiting for it get it first,
         then what they held back of its stream."""
-        stream = record.tag[:tags.STREAM_ID_SIZE]
         topic = self.topics.get(record.topic)
         if topic is None:
             return
+        stream = None
         for sub in topic.subscriptions.values():
+            if not sub.placeholders:  # the usual case, checked first: this runs per message
+                continue
+            if stream is None:
+                stream = record.tag[:tags.STREAM_ID_SIZE]
             waiting = sub.placeholders.get(stream)
             if not waiting or record.tag not in waiting:
                 continue
@@ -207,7 +233,7 @@ class ResumptionMixin:
             del record.remote_routers[router_id]
             keys = [str(s.key) for s in self.net.membership.subscribers_at(router_id, record.topic) if s.durable]
             for key in keys:
-                record.moved.setdefault(key, MovedState())
+                self._owe_moved_or_local(record, key, now, out)
             out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id,
                                           "subscribers": keys}))
             self._resend_to_moved(record, out)
@@ -222,9 +248,23 @@ class ResumptionMixin:
         for router_id in self._lost:
             for remote in membership.subscribers_at(router_id, record.topic):
                 if remote.durable and membership.where(remote.key) is None:
-                    record.moved.setdefault(str(remote.key), MovedState())
+                    self._owe_moved_or_local(record, str(remote.key), None, out)
         if record.moved:
             self._resend_to_moved(record, out)
+
+    def _owe_moved_or_local(self, record: DeliveryRecord, key: str, now, out: list) -> None:
+        """Owe ``record`` to a subscriber of a lost router: here if it already
+        re-attached here, else wherever it shows up."""
+        sub = self.subscriptions.get(key)
+        if sub is None:
+            record.moved.setdefault(key, MovedState())
+            return
+        if key not in record.subscribers:
+            self._owe_here(record, key)
+            if sub.link_id is not None:
+                sub.queue.append(record)
+                if now is not None:
+                    self._pump(sub, now, out)
 
     def _local_subscriber_moved(self, key: str, to_router: str, now: float, out: list) -> None:
         """A durable subscriber we held (detached, retained) attached at another router:

@@ -21,6 +21,7 @@ construction. The delivery rule (docs/delivery-rule.md):
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from itertools import count
 
 from router.core import outcomes, tags
@@ -35,7 +36,7 @@ from router.core.events import (
     ListenersReady, PeerLost, PublisherSettled, ShutdownRequested, TimerFired,
 )
 from router.core.links import PublisherLink, Subscription, Topic
-from router.core.message import MessageError, Origin, prepare
+from router.core.message import MessageError, OriginTemplate, splice_origin
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.network import (
     Network, announcement_from, announcement_message, link_state_from, link_state_message, snapshot_from,
@@ -59,6 +60,16 @@ _TIMER_PLACEHOLDER = 6
 _TIMER_PUBLISHER_GONE = 7
 _TIMER_MEMBERSHIP = 8
 GONE = -1  # DeliveryRecord.pub_link once its publisher is gone for good
+# The length byte of an inline publisher tag in an outgoing tag (tags.outgoing_tag).
+_TAG_SIZE = tuple(bytes((size,)) for size in range(tags.MAX_INLINE_TAG + 1))
+# Commands are NamedTuples; on the per-message path they are built with
+# tuple.__new__(Cls, (every field)), which skips the Python-level __new__ of a
+# NamedTuple call (~0.1 µs each; the same object, equal to Cls(...)).
+_new = tuple.__new__
+ACCEPTED = outcomes.ACCEPTED
+
+# How many settled deliveries' tags a router remembers after deleting their records.
+SETTLED_TAGS_KEPT = 200_000
 
 # How long a relayed copy may wait for its predecessor from the same publisher
 # before it is delivered anyway (the predecessor is then logged as a gap).
@@ -96,6 +107,10 @@ class RouterCore(ResumptionMixin):
         self.net = Network(settings.router_id, epoch, boot_id)
         self._open_properties: dict[int, dict] = {}  # held subscriber attaches' answer properties
         self._known_routers: set[str] = set()  # every router we ever reached
+        # Tags of settled deliveries whose records are gone (newest last): a resuming
+        # subscriber that still reports one is told it is settled, not given a
+        # placeholder (docs/resumption.md). Bounded; 32 bytes a tag.
+        self._settled_tags: OrderedDict[bytes, None] = OrderedDict()
         self._lost: set[str] = set()  # of those, the ones unreachable now
         self._flooded: set = set()  # announcements already flooded on: (router, epoch, boot, version)
         self._awaiting_acks: dict[str, tuple] = {}  # subscriber key -> (link id, routers yet to confirm)
@@ -445,11 +460,15 @@ class RouterCore(ResumptionMixin):
                                            "condition": outcomes.SHUTTING_DOWN,
                                            "reason": "router is shutting down"}))
             return
-        try:
-            tag = tags.outgoing_tag(pub.stream, ev.tag)
-        except ProtocolError as err:
-            self._refuse(ev.delivery, err.condition, err.description, out)
-            return
+        ptag = ev.tag
+        if len(ptag) <= tags.MAX_INLINE_TAG:  # tags.outgoing_tag() inlined for short tags
+            tag = pub.stream + _TAG_SIZE[len(ptag)] + ptag
+        else:
+            try:
+                tag = tags.outgoing_tag(pub.stream, ptag)
+            except ProtocolError as err:
+                self._refuse(ev.delivery, err.condition, err.description, out)
+                return
         reuse = 0
         existing = self.records.get(tag)
         if existing is not None:
@@ -457,7 +476,10 @@ class RouterCore(ResumptionMixin):
                 out.append(Log("tag-collision", {"delivery": existing.delivery_id, "link": ev.link_id}))
                 self._refuse(ev.delivery, "amqp:internal-error", "delivery-tag hash collision; resend it", out)
                 return
-            if existing.pub_link != ev.link_id and self._resent_by_publisher(existing, pub, ev, now, out):
+            # No live publisher delivery (its link went: a resumed publisher resends it),
+            # or settled on its behalf while it was away: a resend, never a new delivery.
+            if (existing.pub_delivery is None and (not existing.pub_settled or existing.pub_link != ev.link_id)
+                    and self._resent_by_publisher(existing, pub, ev, now, out)):
                 self._refill_credit(topic, out)
                 return
             if not existing.pub_settled:
@@ -467,27 +489,30 @@ class RouterCore(ResumptionMixin):
             # The publisher reused a settled tag: the old record has done its job.
             reuse = existing.reuse + 1
             self._delete(existing, "tag-reused", out)
-        origin = Origin(pub.container_id, pub.name, ev.tag, pub.incarnation, self.settings.router_id)
+        template = pub.origin
+        if template is None:
+            template = pub.origin = OriginTemplate(pub.container_id, pub.name, pub.incarnation,
+                                                   self.settings.router_id)
         try:
-            prepared = prepare(ev.payload, origin)
+            prepared = splice_origin(ev.payload, template, ptag)
         except MessageError as err:
             self._refuse(ev.delivery, err.condition, str(err), out)
             return
-        if prepared.origin is not origin:
+        if prepared is None:
             # Only routers set the origin annotation: a client's would be a forgery.
             self._refuse(ev.delivery, "amqp:unauthorized-access",
                          "message already carries an x-opt-eorouter-origin annotation", out)
             return
+        payload, ttl_ms, absolute_expiry_ms = prepared
         expires_at = None
-        if prepared.ttl_ms is not None:
-            expires_at = now + prepared.ttl_ms / 1000.0
-        if prepared.absolute_expiry_ms:
-            absolute = prepared.absolute_expiry_ms / 1000.0
+        if ttl_ms is not None:
+            expires_at = now + ttl_ms / 1000.0
+        if absolute_expiry_ms:
+            absolute = absolute_expiry_ms / 1000.0
             expires_at = absolute if expires_at is None else min(expires_at, absolute)
         if expires_at is not None and expires_at <= now:
             self._refuse(ev.delivery, outcomes.EXPIRED, "message expired before it could be delivered", out)
             return
-        payload = prepared.payload
         record = DeliveryRecord(tag, topic.name, next(self._order), payload, pub.container_id,
                                 pub.name, ev.tag, pub.incarnation, seq, pub.link_id, ev.delivery,
                                 expires_at, reuse)
@@ -501,11 +526,11 @@ class RouterCore(ResumptionMixin):
                 record.remote_routers[router_id] = RouterState()
         # One record for arrival and the immediate sends keeps the log cheap: later
         # sends (from a queue) get "forwarded" events of their own.
-        out.append(Log("received", {
+        out.append(_new(Log, ("received", {
             "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
             "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
             "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": list(states),
-            "forwarded": sent_to, "routers": routers}))
+            "forwarded": sent_to, "routers": routers})))
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record
         topic.records[record.order] = record
@@ -545,7 +570,7 @@ class RouterCore(ResumptionMixin):
                 sub.credit -= 1
                 state.sent = sub.send_counter = sub.send_counter + 1
                 state.link = link_id
-                out.append(Forward(link_id, tag, payload, False))
+                out.append(_new(Forward, (link_id, tag, payload, False)))
                 sent_to.append(key)
             else:
                 sub.queue.append(record)
@@ -567,20 +592,29 @@ class RouterCore(ResumptionMixin):
     def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
                            out: list) -> None:
         """Pre-settled: forward to whoever has credit now; never wait, never owe."""
+        template = pub.origin
+        if template is None:
+            template = pub.origin = OriginTemplate(pub.container_id, pub.name, pub.incarnation,
+                                                   self.settings.router_id)
         try:
-            prepared = prepare(ev.payload, Origin(pub.container_id, pub.name, ev.tag, pub.incarnation,
-                                                  self.settings.router_id))
+            prepared = splice_origin(ev.payload, template, ev.tag)
         except MessageError:
             out.append(Log("dropped", {"delivery": None, "reason": "malformed pre-settled message"}))
             self._refill_credit(topic, out)
             return
-        tag = tags.outgoing_tag(pub.stream, ev.tag[:tags.MAX_TAG_SIZE])
+        # A message that already carries an origin is relayed as it is (best effort
+        # never refused anything).
+        payload = ev.payload if prepared is None else prepared[0]
+        ptag = ev.tag
+        if len(ptag) <= tags.MAX_INLINE_TAG:  # tags.outgoing_tag() inlined for short tags
+            tag = pub.stream + _TAG_SIZE[len(ptag)] + ptag
+        else:
+            tag = tags.outgoing_tag(pub.stream, ptag[:tags.MAX_TAG_SIZE])
         delivery_id = tag.hex()
         out.append(Log("received", {
             "delivery": delivery_id, "topic": topic.name, "publisher": pub.container_id,
             "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
             "stream_seq": pub.next_seq - 1, "size": len(ev.payload), "settled": True, "owed": []}))
-        payload = prepared.payload
         for sub in topic.subscriptions.values():
             if sub.link_id is not None and sub.credit > 0:
                 sub.credit -= 1
@@ -661,12 +695,13 @@ class RouterCore(ResumptionMixin):
             else:
                 state.outcome = Outcome(code, ev.condition, ev.description, ev.delivery_failed,
                                         ev.undeliverable_here)
-            out.append(Log("sub-outcome", {"delivery": record.delivery_id, "subscriber": sub.key,
-                                           "outcome": outcomes.NAMES[code], "settled": ev.settled}))
+            out.append(_new(Log, ("sub-outcome", {"delivery": record.delivery_id, "subscriber": sub.key,
+                                                  "outcome": outcomes.NAMES[code], "settled": ev.settled})))
         # Evidence: it answered a delivery sent at counter ``state.sent``, so it has
         # seen every settlement we relayed before that.
-        if state.sent:
-            self._evidence(sub, state.sent, now, out)
+        sent = state.sent
+        if sent and sub.awaiting_evidence and sub.awaiting_evidence[0][0] < sent:
+            self._evidence(sub, sent, now, out)
         if ev.settled:
             state.remote_settled = True
             if record.pub_settled:
@@ -738,13 +773,17 @@ class RouterCore(ResumptionMixin):
         if record.origin_router is not None:
             self._answer_origin(record, out)
             return
-        out.append(Log("pub-outcome", {"delivery": record.delivery_id, "outcome": outcomes.NAMES[outcome.code],
-                                       "condition": outcome.condition, "reason": outcome.description}))
+        out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id,
+                                              "outcome": outcomes.NAMES[outcome.code],
+                                              "condition": outcome.condition, "reason": outcome.description})))
         if record.pub_delivery is None:
             if record.pub_link == GONE:
                 self._settle_record(record, "publisher-gone", now, out)
             return  # it hears the outcome when it resumes and resends
-        self._send_publisher_outcome(record, outcome, out)
+        if outcome is OUTCOME_ACCEPTED:  # the usual answer, without the detour
+            out.append(_new(SendOutcome, (record.pub_delivery, ACCEPTED, False, None, None, False, False)))
+        else:
+            self._send_publisher_outcome(record, outcome, out)
 
     def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list,
                                 settle: bool = False) -> None:
@@ -755,7 +794,7 @@ class RouterCore(ResumptionMixin):
             out.append(SendOutcome(record.pub_delivery, outcome.code, settle, None, None,
                                    outcome.delivery_failed, outcome.undeliverable_here))
         else:
-            out.append(SendOutcome(record.pub_delivery, outcome.code, settle))
+            out.append(_new(SendOutcome, (record.pub_delivery, outcome.code, settle, None, None, False, False)))
 
     # ------------------------------------------------------------ settlement
 
@@ -786,7 +825,7 @@ class RouterCore(ResumptionMixin):
         for key, state in record.subscribers.items():
             sub = subscriptions.get(key)
             if state.sent and sub is not None and sub.link_id == state.link:
-                out.append(SettleOutgoing(sub.link_id, record.tag))
+                out.append(_new(SettleOutgoing, (sub.link_id, record.tag)))
                 state.settle_relayed = True
                 if state.remote_settled:
                     state.known_settled = True
@@ -797,20 +836,21 @@ class RouterCore(ResumptionMixin):
                 # It settled it itself, never got it, or got it on a link that is
                 # gone: there is no settlement to relay on the current link.
                 state.known_settled = True
-        targets = set(record.remote_routers)
-        for moved in record.moved.values():
-            if moved.router is not None and moved.router != self.settings.router_id:
-                targets.add(moved.router)
-        for router_id in sorted(targets):
-            everyone_knows = False
-            self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
-            out.append(Log("settlement-relayed", {"delivery": record.delivery_id, "to_router": router_id}))
-        record.settle_pending = targets
+        if record.remote_routers or record.moved:  # else settle_pending stays the empty set
+            targets = set(record.remote_routers)
+            for moved in record.moved.values():
+                if moved.router is not None and moved.router != self.settings.router_id:
+                    targets.add(moved.router)
+            for router_id in sorted(targets):
+                everyone_knows = False
+                self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
+                out.append(Log("settlement-relayed", {"delivery": record.delivery_id, "to_router": router_id}))
+            record.settle_pending = targets
         if everyone_knows:
             self._delete(record, None, out)
-            out.append(Log("settled", {"delivery": record.delivery_id, "by": by, "deleted": True}))
+            out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": True})))
         else:
-            out.append(Log("settled", {"delivery": record.delivery_id, "by": by, "deleted": False}))
+            out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": False})))
             self._add_timer(now + self.settings.record_linger, _TIMER_LINGER, record)
         self._refill_credit(topic, out)
 
@@ -829,6 +869,11 @@ class RouterCore(ResumptionMixin):
             topic.unsettled -= 1
             if record.pub_delivery is not None:
                 self.by_delivery.pop(record.pub_delivery, None)
+        if record.pub_settled:
+            settled = self._settled_tags
+            settled[record.tag] = None
+            if len(settled) > SETTLED_TAGS_KEPT:
+                settled.popitem(last=False)
         if reason is not None:
             out.append(Log("record-deleted", {"delivery": record.delivery_id, "reason": reason}))
         if not topic.records:
@@ -841,7 +886,13 @@ class RouterCore(ResumptionMixin):
 
         Credit granted counts toward the bound (a sender may use it at any time), so
         the window is shared out among the topic's publishers; grants go out once a
-        publisher has used half its window, keeping flow frames rare."""
+        publisher has used half its window, keeping flow frames rare. When the bound
+        is what limits a grant (deliveries in flight), it waits until at least an
+        eighth of the window fits: otherwise a publisher that keeps the topic at its
+        bound would get one credit, and one flow frame, per settled delivery. This
+        never withholds credit for good: as the topic's deliveries settle, the room
+        grows to what the publisher wants (a window is at most the bound divided
+        among the topic's publishers) unless other publishers hold that credit."""
         if self.draining or not topic.publishers:
             return
         limit = self.settings.max_in_flight_per_topic
@@ -852,9 +903,10 @@ class RouterCore(ResumptionMixin):
             if want * 2 < window:
                 continue
             if not pub.presettled:
-                want = min(want, room)
-                if want <= 0:
-                    continue
+                if room < want:
+                    want = room
+                    if want <= 0 or want * 8 < window:
+                        continue
                 room -= want
             pub.credit += want
             topic.outstanding_credit += want
@@ -950,6 +1002,14 @@ class RouterCore(ResumptionMixin):
         """Send a link state or announcement to every neighbour but the one it came from."""
         for peer in self._neighbours_except(source):
             out.append(SendControl(peer, message))
+
+    def _flood_once(self, stamp, message: dict, source: str, out: list) -> bool:
+        """Flood a message on the first time we see it; False for a repeat."""
+        if stamp in self._flooded:
+            return False
+        self._flooded.add(stamp)
+        self._flood(message, source, out)
+        return True
 
     def _route_control(self, to: str, message: dict, out: list) -> bool:
         """Send a control message for router ``to`` one hop along the best path.
@@ -1075,6 +1135,10 @@ class RouterCore(ResumptionMixin):
             elif kind == "subs":
                 changes = self.net.membership.apply(snapshot_from(message))
                 self._membership_changed(changes, now, out)
+            elif kind == "stream-resumed":
+                if self._flood_once(("stream", message.get("stream"), message.get("at"),
+                                     len(message.get("unsettled", ()))), message, ev.router_id, out):
+                    self._on_stream_resumed(message, now, out)
             elif kind == "addr":
                 if self.net.learn_addresses(message):
                     self._flood(message, ev.router_id, out)

@@ -166,6 +166,20 @@ def test_slow_subscriber_throttles_publisher_credit():
     assert h.settle(1, deliveries[0])[-1] == GrantCredit(1, 1)
 
 
+def test_credit_limited_by_the_bound_comes_in_batches_of_an_eighth_window():
+    h = Harness(max_in_flight_per_topic=16, publisher_credit_window=16)
+    assert h.attach_publisher(1)[-1] == GrantCredit(1, 16)
+    h.attach_subscriber(2)
+    h.credit(2, 100)
+    deliveries = [h.publish(1, str(n).encode())[0] for n in range(16)]
+    grants = []
+    for n, delivery in enumerate(deliveries[:4]):
+        h.answer(2, stream_tag(str(n).encode()))
+        grants.append([c for c in h.settle(1, delivery) if isinstance(c, GrantCredit)])
+    # Not one credit per settled delivery: two at a time (16 / 8), within the bound.
+    assert grants == [[], [GrantCredit(1, 2)], [], [GrantCredit(1, 2)]]
+
+
 def test_credit_is_shared_among_publishers_of_a_topic():
     h = Harness(max_in_flight_per_topic=100, publisher_credit_window=250)
     assert h.attach_publisher(1)[-1] == GrantCredit(1, 100)

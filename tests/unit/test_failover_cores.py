@@ -105,3 +105,26 @@ def test_placeholder_holds_the_stream_until_the_delivery_arrives():
     mesh.settle()
     got = mesh.forwarded("B", resumed_link)
     assert [decode(c.payload).body for c in got][:1] == ["one"]
+
+
+def test_a_reported_delivery_settled_and_forgotten_here_is_not_a_placeholder():
+    """The subscriber accepted, the publisher settled, the router relayed the
+    settlement on a link that was already dead and forgot the record: on resume
+    the subscriber is told it is settled, and its stream is not held back."""
+    mesh = Mesh("A", [], record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A")
+    d1 = mesh.publish("A", pub, b"1", body="one")
+    (first,) = mesh.forwarded("A", sub)
+    from router.core.events import OutcomeReceived
+    mesh.feed("A", OutcomeReceived(sub, first.tag, outcomes.ACCEPTED, False))  # rcv-settle-mode=second
+    mesh.detach("A", sub)
+    mesh.settle_publisher("A", pub, d1)
+    mesh.advance(1.5)  # record_linger: forgotten
+    assert mesh.cores["A"].record_count() == 0
+    mesh.publish("A", pub, b"2", body="two")
+    resumed = mesh.subscriber("A", "k", durable=2, timeout=60, properties={
+        "eorouter:resume": True, "eorouter:unsettled": [[first.tag, "accepted"]]})
+    assert open_properties(mesh, "A", resumed)["eorouter:unsettled"] == []
+    assert not any(e.kind == "placeholder-created" for e in mesh.logs["A"])
+    assert [decode(c.payload).body for c in mesh.forwarded("A", resumed)] == ["two"]
