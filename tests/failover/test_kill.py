@@ -233,3 +233,24 @@ def test_restart_the_dead_router_and_use_it_again(scenario):
             assert [b for b in s.received[name] if b.startswith("late:")] == [f"late:{n}" for n in range(20)]
     finally:
         pub.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_chaos_random_kills_and_restarts(scenario, seed):
+    """Seeded chaos: over several rounds a random router is killed (or stalled, then
+    killed) mid-stream and restarted; the same verdict every time."""
+    import random
+    rng = random.Random(seed)
+    s = scenario()
+    threads = s.publish_in_background()
+    for round_ in range(4):
+        s.wait_progress(20 + 30 * round_, timeout=120)
+        victim = rng.choice("ABC")
+        if rng.random() < 0.3:
+            kill(s.net.routers[victim], signal.SIGSTOP)
+            time.sleep(rng.uniform(0.5, 2.5))  # the stall is the injected fault
+        s.net.routers[victim].kill()
+        s.net.restart(victim)
+    s.finish(threads)
+    s.verify()
