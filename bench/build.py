@@ -54,38 +54,48 @@ def _pkg_config() -> tuple[list[str], list[str]]:
     return cflags, libs
 
 
-def _command(name: str, out: Path, cflags: list[str], libs: list[str]) -> list[str]:
-    main, _extra, ldflags = CLIENTS[name]
-    return ["gcc", *CFLAGS, "-o", str(out), str(SRC_DIR / main), *cflags, *libs, *ldflags]
+def _command(name: str, out: Path, cflags: list[str], libs: list[str], programs=CLIENTS,
+             src_dir: Path = SRC_DIR) -> list[str]:
+    main, _extra, ldflags = programs[name]
+    return ["gcc", *CFLAGS, "-o", str(out), str(src_dir / main), *cflags, *libs, *ldflags]
 
 
-def _fingerprint(name: str, cmd: list[str]) -> str:
-    main, extra, _ = CLIENTS[name]
+def _fingerprint(name: str, cmd: list[str], programs=CLIENTS, src_dir: Path = SRC_DIR) -> str:
+    main, extra, _ = programs[name]
     h = hashlib.sha256()
     for src in (main, *extra):
-        h.update(src.encode() + b"\0" + (SRC_DIR / src).read_bytes() + b"\0")
+        h.update(src.encode() + b"\0" + (src_dir / src).read_bytes() + b"\0")
     h.update(" ".join(cmd).encode())
     return h.hexdigest()
 
 
 def build_c_clients(build_dir: Path | None = None, *, force: bool = False, verbose: bool = False) -> dict[str, Path]:
     """Build (when missing or stale) and return {"send", "receive", "broker"} -> executable path."""
-    bdir = Path(build_dir) if build_dir is not None else BUILD_DIR
+    return build_c_programs(CLIENTS, SRC_DIR, Path(build_dir) if build_dir is not None else BUILD_DIR,
+                            force=force, verbose=verbose)
+
+
+def build_c_programs(programs: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]], src_dir: Path,
+                     build_dir: Path, *, force: bool = False, verbose: bool = False) -> dict[str, Path]:
+    """Build other Proton C programs the same way (the interop peers use it): ``programs`` maps
+    name -> (main source, #included sources, extra link flags), sources in ``src_dir``."""
+    bdir = Path(build_dir)
+    src_dir = Path(src_dir)
     if shutil.which("gcc") is None:
         raise BuildError("gcc not found: run `sudo scripts/setup-root`")
     cflags, libs = _pkg_config()
     bdir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    for name in CLIENTS:
+    for name in programs:
         out = bdir / name
         stamp = bdir / f".{name}.stamp"
         # the command is hashed with a fixed output name (the real build writes a temporary one)
-        fp = _fingerprint(name, _command(name, Path(name), cflags, libs))
+        fp = _fingerprint(name, _command(name, Path(name), cflags, libs, programs, src_dir), programs, src_dir)
         if not force and out.exists() and stamp.exists() and stamp.read_text().strip() == fp:
             paths[name] = out
             continue
         tmp = bdir / f".{name}.tmp.{os.getpid()}"
-        cmd = _command(name, tmp, cflags, libs)
+        cmd = _command(name, tmp, cflags, libs, programs, src_dir)
         if verbose:
             print("build:", shlex.join(cmd), file=sys.stderr)
         r = subprocess.run(cmd, capture_output=True, text=True)

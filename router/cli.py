@@ -43,10 +43,41 @@ def _build_parser() -> argparse.ArgumentParser:
                          help="topology TOML file (default: the embedded 3-router triangle)")
     network.add_argument("--workdir", "-w", metavar="DIR", help="where configs and data go (default: ./network)")
     network.set_defaults(func=cmd_network)
-    demo = commands.add_parser("demo", help="the demo: one router, two publishers, three subscribers",
+    demo = commands.add_parser("demo", help="the main job: kill a router mid-stream, prove nothing was lost "
+                                            "(--rule: the delivery rule without a failure)",
                                add_help=False)
     demo.set_defaults(func=cmd_demo)
+    # The Spark side (spark/, docs/reconcile.md): imported only when used.
+    reconcile = commands.add_parser("reconcile", help="prove exactly-once from the routers' event logs (Spark)",
+                                    description="Replay every router's event log with Spark and prove no loss, "
+                                                "no duplicates, publisher order, nothing invented and a clean end. "
+                                                "Exit 0 only when proven clean.")
+    _spark_arguments(reconcile, "add_reconcile_arguments")
+    reconcile.set_defaults(func=cmd_reconcile)
+    logs = commands.add_parser("logs", help="event log tools").add_subparsers(dest="logs_command",
+                                                                               metavar="LOGS_COMMAND")
+    logs.required = True
+    compact = logs.add_parser("compact", help="turn event logs into Parquet (Spark)",
+                              description="Rewrite JSON-lines event logs as one Parquet dataset with the same "
+                                          "schema; eorouter reconcile reads either.")
+    _spark_arguments(compact, "add_compact_arguments")
+    compact.set_defaults(func=cmd_logs_compact)
     return parser
+
+
+def _spark_arguments(parser: argparse.ArgumentParser, adder: str) -> None:
+    from spark import cli as spark_cli  # argparse only: pyspark is imported when a command runs
+    getattr(spark_cli, adder)(parser)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from spark.cli import reconcile_main
+    return reconcile_main(args=args)
+
+
+def cmd_logs_compact(args: argparse.Namespace) -> int:
+    from spark.cli import compact_main
+    return compact_main(args=args)
 
 
 def cmd_network(args: argparse.Namespace) -> int:
@@ -55,8 +86,12 @@ def cmd_network(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from router import demo  # a client application: imports proton's Container, unlike the router
-    return demo.main(args.rest)
+    # Client applications: they import proton's Container (and Spark), unlike the router.
+    if "--rule" in args.rest:
+        from router import demo  # the delivery rule across the network, no failure
+        return demo.main([a for a in args.rest if a != "--rule"])
+    from router import failover_demo  # the main job: a router dies, Spark proves nothing was lost
+    return failover_demo.main(args.rest)
 
 
 def _fail(message: str, code: int) -> int:
@@ -75,6 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
 
     from router.adapter import Server
+    from router.adapter.server import tune_gc_for_serving
     from router.core.router import RouterCore
     from router.eventlog import EventLog, EventLogError
 
@@ -107,6 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.set_wakeup_fd(server.wakeup_socket(), warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        tune_gc_for_serving()
         eventlog.flush()  # router-started is on disk before anyone can connect
         addresses = ",".join(f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners)
         print(f"eorouter: router {config.router_id} ready on {addresses} epoch {eventlog.epoch}",

@@ -50,6 +50,8 @@ class ResumptionMixin:
         """A publisher re-attached with its incarnation: we become the origin of
         its stream's deliveries we hold. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
+        # Continue the stream's numbering (publisher order) where any router left it.
+        pub.next_seq = max(pub.next_seq, self._stream_seq.get(pub.stream, -1) + 1)
         answer = []
         for pub_tag in reported:
             record = self.records.get(tags.outgoing_tag(pub.stream, pub_tag))

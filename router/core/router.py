@@ -111,6 +111,9 @@ class RouterCore(ResumptionMixin):
         # subscriber that still reports one is told it is settled, not given a
         # placeholder (docs/resumption.md). Bounded; 32 bytes a tag.
         self._settled_tags: OrderedDict[bytes, None] = OrderedDict()
+        # publisher stream -> the highest stream_seq seen here (from its publisher or
+        # relayed): a publisher that resumes here continues its stream's numbering.
+        self._stream_seq: dict[bytes, int] = {}
         self._lost: set[str] = set()  # of those, the ones unreachable now
         self._flooded: set = set()  # announcements already flooded on: (router, epoch, boot, version)
         self._awaiting_acks: dict[str, tuple] = {}  # subscriber key -> (link id, routers yet to confirm)
@@ -451,6 +454,7 @@ class RouterCore(ResumptionMixin):
             topic.outstanding_credit -= 1
         seq = pub.next_seq
         pub.next_seq = seq + 1
+        self._stream_seq[pub.stream] = seq
         if ev.settled or pub.presettled:
             self._relay_best_effort(pub, topic, ev, now, out)
             return
@@ -1003,6 +1007,11 @@ class RouterCore(ResumptionMixin):
         for peer in self._neighbours_except(source):
             out.append(SendControl(peer, message))
 
+    def _saw_seq(self, record: DeliveryRecord) -> None:
+        stream = record.tag[:tags.STREAM_ID_SIZE]
+        if record.stream_seq > self._stream_seq.get(stream, -1):
+            self._stream_seq[stream] = record.stream_seq
+
     def _flood_once(self, stamp, message: dict, source: str, out: list) -> bool:
         """Flood a message on the first time we see it; False for a repeat."""
         if stamp in self._flooded:
@@ -1276,6 +1285,7 @@ class RouterCore(ResumptionMixin):
                                     header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"))
             record.origin_router = origin
             record.outcome = Outcome(outcomes.RELEASED)  # nothing untargeted here to answer for
+            self._saw_seq(record)
             self.records[tag] = record
             topic.records[record.order] = record
             out.append(Log("received", {
@@ -1303,6 +1313,7 @@ class RouterCore(ResumptionMixin):
             "link_name": record.link_name, "pub_tag": header.get("ptag"), "incarnation": record.incarnation,
             "stream_seq": record.stream_seq, "size": len(ev.payload), "settled": False,
             "owed": list(record.subscribers), "forwarded": sent_to, "origin_router": origin}))
+        self._saw_seq(record)
         self.records[tag] = record
         topic.records[record.order] = record
         self._fulfil_placeholders(record, now, out)

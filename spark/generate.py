@@ -1,0 +1,690 @@
+"""Synthetic event logs of a router network, with known truth.
+
+``scripts/gen-logs OUT --events 10000000`` (or ``python -m spark generate``) writes
+what a network of routers would log (same files, same fields, same event order
+rules as router/eventlog.py and router/core) for publishers and subscribers spread
+over it, plus the applications' ledgers (docs/ledger.md), and ``truth.json``: the
+violations the reconciliation must find. Faults can be injected (``--fault``),
+each with its exact expected violations.
+
+The model, per delivery (docs/delivery-rule.md, docs/inter-router.md): the origin
+router logs ``received`` (owed local subscribers, interested remote routers) and a
+``forwarded-to-router`` per remote router; each remote router logs ``received``
+(``origin_router``), sends to its subscribers (at once, or later as ``forwarded``),
+their ``sub-outcome``s and one ``outcome-to-router``; the origin logs
+``outcome-from-router``, the ``pub-outcome`` (the delivery rule's aggregate),
+``settled``, ``settlement-relayed`` and ``record-deleted``; the remote routers
+``settled`` (by origin-router). Variations: rejections, ttl expiry, non-durable
+subscribers detaching with deliveries in flight (they stop being owed), remote
+routers whose subscribers all left ("none"), pre-settled publishers, refused
+deliveries, router restarts (new epoch, new boot, fresh incarnations).
+
+Deliveries are generated in rounds of ``--round`` deliveries; within a round every
+router's events are ordered by simulated time (so deliveries interleave), and a
+round ends before the next starts, so memory stays flat at any size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+#: docs/ledger.md: every line has every one of these, in this order.
+LEDGER_FIELDS = ("ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",
+                 "incarnation", "digest", "message_id")
+FAULTS = ("drop-accept", "dup-tag", "reorder", "invented", "leftover")
+LEDGER_FAULTS = ("ledger-missing", "ledger-twice", "ledger-pub-outcome")
+
+_DUMPS = orjson.dumps
+_NL = orjson.OPT_APPEND_NEWLINE
+
+
+class CannotInject(Exception):
+    """The history has no place for a requested fault (e.g. no late sends to reorder)."""
+
+
+@dataclass
+class Spec:
+    """What to generate. ``seed`` fixes every random choice."""
+    routers: int = 3
+    publishers: int = 2
+    subscribers: int = 3
+    topics: int = 1
+    deliveries: int = 50
+    events: int = 0  # when set: generate until about this many events (overrides deliveries)
+    round_size: int = 200
+    seed: int = 1
+    prefix: str = ""  # namespaces routers, clients and delivery ids (several histories in one dataset)
+    p_reject: float = 0.02
+    p_expire: float = 0.01
+    p_detach: float = 0.3  # per round: a non-durable subscriber drops its link mid-round
+    p_presettled: float = 0.05
+    p_refused: float = 0.01
+    p_late: float = 0.3  # a send that waits for credit (a separate `forwarded` event)
+    p_restart: float = 0.0  # per round and router: it stops and starts again (new epoch)
+    faults: tuple[str, ...] = ()
+    ledgers: bool = True
+    ts0: float = 1_763_785_200.0
+
+
+@dataclass
+class Sub:
+    container: str
+    name: str
+    router: str
+    topic: str
+    durable: int
+    attached: bool = True
+    detach_at: float | None = None
+    link: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.container}/{self.name}"
+
+
+@dataclass
+class Pub:
+    container: str
+    name: str
+    router: str
+    topic: str
+    presettled: bool
+    incarnation: str = ""
+    next_seq: int = 0
+    next_tag: int = 1
+    link: int = 0
+
+
+@dataclass
+class RouterLog:
+    rid: str
+    directory: Path
+    epoch: int = 0
+    boot: str = ""
+    seq: int = 0
+    fh: object = None
+    lines: int = 0
+    pending: list = field(default_factory=list)  # heap of (t, order, kind, fields)
+    links: int = 0
+
+
+class Generator:
+    def __init__(self, spec: Spec, out: Path):
+        self.spec = spec
+        self.out = Path(out)
+        self.rng = random.Random(spec.seed)
+        self.order = 0
+        self.now = spec.ts0
+        self.truth: dict[str, set] = {}
+        self.events = 0
+        self.deliveries = 0
+        p = spec.prefix
+        self.router_ids = [f"{p}{chr(ord('A') + i)}" for i in range(spec.routers)]
+        self.routers = {r: RouterLog(r, self.out / r / "events") for r in self.router_ids}
+        topics = [f"{p}topic-{i}" for i in range(spec.topics)]
+        rng = self.rng
+        self.subs = [Sub(f"{p}sub-{i}", f"{p}sub-{i}-in", rng.choice(self.router_ids), topics[i % len(topics)],
+                         2 if rng.random() < 0.3 else 0) for i in range(spec.subscribers)]
+        self.pubs = [Pub(f"{p}pub-{i}", f"{p}pub-{i}-out", rng.choice(self.router_ids), topics[i % len(topics)],
+                         rng.random() < spec.p_presettled) for i in range(spec.publishers)]
+        self.ledger: dict[str, list] = {}
+        # What the job must find (fault injection) and what we need to inject them.
+        self.accepted_sub: list = []  # (router, epoch, delivery, sub) accepted, for drop-accept / dup-tag
+        self.late_sends: dict = {}  # (router, epoch, sub) -> [(seq-less event ref)], for reorder
+        self.closers: list = []  # (router, epoch, delivery) with a closing event, for leftover
+        self.fault_plan = list(spec.faults)
+        self.busy: dict = {}  # (router, subscriber) -> time of its last scheduled send
+        self.hops: dict = {}  # (from, to) -> one-way delay (constant: copies keep publisher order)
+
+    # ------------------------------------------------------------ writing
+
+    def _emit(self, log: RouterLog, t: float, kind: str, fields: dict) -> dict:
+        self.order += 1
+        ev = {"kind": kind, "fields": fields}
+        heapq.heappush(log.pending, (t, self.order, ev))
+        return ev
+
+    def _flush(self, log: RouterLog) -> None:
+        buf = bytearray()
+        while log.pending:
+            t, _, ev = heapq.heappop(log.pending)
+            if ev.get("drop"):
+                continue
+            log.seq += 1
+            ev["seq"] = log.seq
+            buf += _DUMPS({"seq": log.seq, "ts": round(t, 6), "router": log.rid, "epoch": log.epoch,
+                           "boot": log.boot, "event": ev["kind"], **ev["fields"]}, option=_NL)
+            log.lines += 1
+        if buf:
+            log.fh.write(buf)
+        self.events += 0  # counted at emit time
+
+    def _start(self, log: RouterLog, t: float) -> None:
+        if log.fh is not None:
+            log.fh.close()
+        log.epoch += 1
+        log.boot = self.rng.randbytes(8).hex()
+        log.seq = 0
+        log.links = 0
+        log.directory.mkdir(parents=True, exist_ok=True)
+        log.fh = open(log.directory / f"events-{log.epoch:06d}-000001.jsonl", "wb")
+        (log.directory.parent / "epoch").write_text(f"{log.epoch}\n")
+        self._count(self._emit(log, t, "router-started", {"pid": 1000 + log.epoch, "version": "0.1.0"}))
+
+    def _count(self, ev) -> dict:
+        self.events += 1
+        return ev
+
+    # ------------------------------------------------------------ ledgers
+
+    def _ledger(self, client: str, entry: dict) -> dict:
+        """One ledger line (docs/ledger.md: every field, null where it does not apply)."""
+        line = {f: entry.get(f) for f in LEDGER_FIELDS}
+        if "condition" in entry:
+            line["condition"] = entry["condition"]
+        if self.spec.ledgers:
+            self.ledger.setdefault(client, []).append(line)
+        return line
+
+    # ------------------------------------------------------------ the network
+
+    def _attach_all(self, t: float, routers: list[str]) -> None:
+        for rid in routers:
+            log = self.routers[rid]
+            others = [r for r in self.router_ids if r != rid]
+            for i, other in enumerate(others):
+                self._count(self._emit(log, t, "peer-connected", {
+                    "peer": other, "conn": 100 + i, "peer_epoch": self.routers[other].epoch or 1,
+                    "peer_boot": self.routers[other].boot or "0" * 16, "role": "connector"}))
+            if others:
+                self._count(self._emit(log, t, "routes", {"reachable": sorted(others),
+                                                          "next_hops": [f"{o}>{o}" for o in sorted(others)]}))
+            for sub in self.subs:
+                if sub.router == rid:
+                    self._attach_sub(sub, t)
+            for pub in self.pubs:
+                if pub.router == rid:
+                    log.links += 1
+                    pub.link = log.links
+                    pub.incarnation = f"{log.boot}.{pub.link}"
+                    pub.next_seq = 0
+                    pub.next_tag = 1
+                    self._count(self._emit(log, t, "link-attached", {
+                        "link": pub.link, "conn": pub.link, "container": pub.container, "name": pub.name,
+                        "role": "publisher", "address": pub.topic, "durable": 0, "incarnation": pub.incarnation,
+                        "resumed": False}))
+
+    def _attach_sub(self, sub: Sub, t: float) -> None:
+        log = self.routers[sub.router]
+        log.links += 1
+        sub.link = log.links
+        sub.attached = True
+        sub.detach_at = None
+        self._count(self._emit(log, t, "link-attached", {
+            "link": sub.link, "conn": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
+            "address": sub.topic, "durable": sub.durable, "incarnation": "", "resumed": False}))
+
+    def _detach_all(self, t: float, rid: str) -> None:
+        log = self.routers[rid]
+        self._count(self._emit(log, t, "router-stopping", {"reason": "shutdown requested"}))
+        for sub in self.subs:
+            if sub.router == rid and sub.attached:
+                self._count(self._emit(log, t + 1e-4, "link-detached", {
+                    "link": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
+                    "closed": False, "reason": "connection-lost"}))
+        for pub in self.pubs:
+            if pub.router == rid:
+                self._count(self._emit(log, t + 1e-4, "link-detached", {
+                    "link": pub.link, "container": pub.container, "name": pub.name, "role": "publisher",
+                    "closed": False, "reason": "connection-lost"}))
+
+    def _hop(self, a: str, b: str) -> float:
+        key = (a, b)
+        if key not in self.hops:
+            self.hops[key] = self.rng.uniform(0.0005, 0.002)
+        return self.hops[key]
+
+    def _delivery_id(self, pub: Pub, tag: bytes) -> str:
+        stream = hashlib.blake2b(f"{pub.container}|{pub.name}|{pub.incarnation}".encode(), digest_size=16).digest()
+        return self.spec.prefix + (stream + bytes([len(tag)]) + tag).hex()
+
+    def _one_delivery(self, pub: Pub, t: float) -> float:
+        """Generate every event of one publisher delivery arriving at ``t``; return
+        the time of the publisher's outcome."""
+        rng, spec = self.rng, self.spec
+        origin = self.routers[pub.router]
+        tag = str(pub.next_tag).encode()
+        pub.next_tag += 1
+        seq = pub.next_seq
+        pub.next_seq += 1
+        if rng.random() < spec.p_refused and not pub.presettled:
+            self._count(self._emit(origin, t, "pub-outcome", {"delivery": None, "outcome": "rejected",
+                                                              "condition": "amqp:decode-error",
+                                                              "reason": "synthetic refusal"}))
+            return t
+        d = self._delivery_id(pub, tag)
+        base = {"topic": pub.topic, "publisher": pub.container, "link_name": pub.name, "pub_tag": tag.hex(),
+                "incarnation": pub.incarnation, "stream_seq": seq}
+        digest = hashlib.blake2b(d.encode(), digest_size=16).hexdigest()
+        self._ledger(pub.container, {"ts": t, "client": pub.container, "link": pub.name, "role": "publisher",
+                                     "event": "sent", "topic": pub.topic, "pub_tag": tag.hex(), "seq": seq + 1,
+                                     "router": origin.rid, "incarnation": pub.incarnation, "digest": digest,
+                                     "message_id": f"{pub.container}:{seq}"})
+        if pub.presettled:
+            self._count(self._emit(origin, t, "received", {"delivery": d, **base, "size": 100, "settled": True,
+                                                           "owed": []}))
+            return t
+        self.deliveries += 1
+        # The origin owes it to the routers where a subscriber of the topic is
+        # attached now; each router owes it to its subscribers still attached when
+        # it arrives there (one that left in between makes that router answer "none").
+        interested = sorted({s.router for s in self.subs if s.topic == pub.topic and s.attached
+                             and (s.detach_at is None or s.detach_at > t)})
+        remote = [r for r in interested if r != origin.rid]
+        answers: list[tuple[float, str]] = []
+        recv_ev = None
+        for rid in [origin.rid] + remote:
+            log = self.routers[rid]
+            arrive = t if rid == origin.rid else t + self._hop(origin.rid, rid)
+            subs = [s for s in self.subs if s.router == rid and s.topic == pub.topic and s.attached
+                    and (s.detach_at is None or s.detach_at > arrive)]
+            if rid != origin.rid and not subs:
+                back = arrive + self._hop(rid, origin.rid)
+                self._count(self._emit(origin, back, "outcome-from-router",
+                                       {"delivery": d, "from_router": rid, "outcome": "none"}))
+                answers.append((back, None))
+                continue
+            immediate, sends = [], []
+            for sub in subs:
+                # A subscriber's sends keep arrival order (the router's queue is FIFO):
+                # a delivery goes at once only when nothing waits before it.
+                busy = self.busy.get((rid, sub.key), 0.0)
+                if busy > arrive or rng.random() < spec.p_late:
+                    at = max(arrive, busy) + rng.uniform(0.0001, 0.005)
+                    sends.append((sub, at))
+                else:
+                    at = arrive
+                    immediate.append(sub.key)
+                    sends.append((sub, at))
+                self.busy[(rid, sub.key)] = at
+            fields = {"delivery": d, **base, "size": 100 if rid == origin.rid else 160, "settled": False,
+                      "owed": [s.key for s in subs], "forwarded": immediate}
+            if rid == origin.rid:
+                fields["routers"] = remote or None
+            else:
+                fields["origin_router"] = origin.rid
+            ev = self._count(self._emit(log, arrive, "received", fields))
+            if rid == origin.rid:
+                recv_ev = ev
+                for r in remote:
+                    self._count(self._emit(log, arrive, "forwarded-to-router",
+                                           {"delivery": d, "to_router": r, "dests": [r]}))
+            outcomes, last = [], arrive
+            for sub, sent_at in sends:
+                late = sub.key not in immediate
+                if sub.detach_at is not None and sent_at >= sub.detach_at:
+                    last = max(last, sub.detach_at + 1e-5)  # its link went first: no longer owed
+                    continue
+                # ttl: a late send may find the message expired (then no send).
+                if late and rng.random() < spec.p_expire:
+                    self._count(self._emit(log, sent_at, "expired", {"delivery": d, "subscriber": sub.key}))
+                    outcomes.append("rejected")
+                    last = max(last, sent_at)
+                    continue
+                if late:
+                    fwd = self._count(self._emit(log, sent_at, "forwarded", {
+                        "delivery": d, "subscriber": sub.key, "link": sub.link, "settled": False}))
+                    self.late_sends.setdefault((rid, log.epoch, sub.key, pub.container), []).append(
+                        (sent_at, seq, fwd))
+                handed = self._ledger(sub.container, {
+                    "ts": sent_at + 0.0002, "client": sub.container, "link": sub.name, "role": "subscriber",
+                    "event": "delivered", "topic": pub.topic, "delivery": d, "pub_tag": tag.hex(), "seq": seq + 1,
+                    "router": rid, "digest": digest, "message_id": f"{pub.container}:{seq}"})
+                answer_at = sent_at + rng.uniform(0.0002, 0.02)
+                if sub.detach_at is not None and answer_at > sub.detach_at:
+                    last = max(last, sub.detach_at + 1e-5)  # it left first: no longer owed
+                    continue
+                outcome = "rejected" if rng.random() < spec.p_reject else "accepted"
+                self._count(self._emit(log, answer_at, "sub-outcome", {
+                    "delivery": d, "subscriber": sub.key, "outcome": outcome, "settled": True}))
+                handed["outcome"] = outcome
+                if outcome == "accepted":
+                    self.accepted_sub.append((rid, log.epoch, d, sub.key, sub, pub, base, arrive, answer_at))
+                outcomes.append(outcome)
+                last = max(last, answer_at)
+            answer = ("rejected" if "rejected" in outcomes else "accepted") if outcomes else "none"
+            if rid == origin.rid:
+                answers.append((last, answer if outcomes else None))
+            else:
+                self._count(self._emit(log, last + 1e-5, "outcome-to-router",
+                                       {"delivery": d, "to_router": origin.rid, "outcome": answer}))
+                back = last + rng.uniform(0.0005, 0.002)
+                self._count(self._emit(origin, back, "outcome-from-router",
+                                       {"delivery": d, "from_router": rid, "outcome": answer}))
+                answers.append((back, None if answer == "none" else answer))
+        done = max(a for a, _ in answers) + 1e-5
+        said = [o for _, o in answers if o is not None]
+        outcome = ("rejected" if "rejected" in said else "accepted") if said else "released"
+        self._count(self._emit(origin, done, "pub-outcome", {
+            "delivery": d, "outcome": outcome,
+            "condition": None if outcome == "accepted" else ("eorouter:ttl-expired" if outcome == "rejected"
+                                                             else None),
+            "reason": None if said else "no subscribers"}))
+        self._ledger(pub.container, {"ts": done + 0.0003, "client": pub.container, "link": pub.name,
+                                     "role": "publisher", "event": "outcome", "topic": pub.topic,
+                                     "pub_tag": tag.hex(), "seq": seq + 1, "router": origin.rid,
+                                     "incarnation": pub.incarnation, "outcome": outcome,
+                                     "condition": None if outcome == "accepted" else "eorouter:ttl-expired"})
+        settle = done + rng.uniform(0.0003, 0.003)
+        for r in remote:
+            self._count(self._emit(origin, settle, "settlement-relayed", {"delivery": d, "to_router": r}))
+            remote_log = self.routers[r]
+            closer = self._count(self._emit(remote_log, settle + rng.uniform(0.0005, 0.002), "settled",
+                                            {"delivery": d, "by": "origin-router", "deleted": True}))
+            self.closers.append((r, remote_log.epoch, d, [closer]))
+        if remote or rng.random() < 0.5:
+            a = self._count(self._emit(origin, settle, "settled", {"delivery": d, "by": "publisher",
+                                                                   "deleted": False}))
+            b = self._count(self._emit(origin, settle + rng.uniform(0.001, 0.004), "record-deleted",
+                                       {"delivery": d, "reason": "receivers-know-settled"}))
+            self.closers.append((origin.rid, origin.epoch, d, [b]))
+            del a
+        else:
+            closer = self._count(self._emit(origin, settle, "settled", {"delivery": d, "by": "publisher",
+                                                                        "deleted": True}))
+            self.closers.append((origin.rid, origin.epoch, d, [closer]))
+        del recv_ev
+        return done
+
+    # ------------------------------------------------------------ rounds
+
+    def run(self) -> dict:
+        spec, rng = self.spec, self.rng
+        self.out.mkdir(parents=True, exist_ok=True)
+        t = spec.ts0
+        for log in self.routers.values():
+            self._start(log, t)
+        self._attach_all(t + 0.01, self.router_ids)
+        t += 0.1
+        made = 0
+        target_events = spec.events
+        rounds = 0
+        while (made < spec.deliveries) if not target_events else (self.events < target_events):
+            rounds += 1
+            n = spec.round_size if target_events else min(spec.round_size, spec.deliveries - made)
+            # Maybe a non-durable subscriber drops its link mid-round (reattaches next round).
+            candidates = [s for s in self.subs if s.durable == 0 and s.attached]
+            if candidates and rng.random() < spec.p_detach:
+                sub = rng.choice(candidates)
+                sub.detach_at = t + rng.uniform(0.001, 0.002 * n)
+            live = [p for p in self.pubs]
+            end = t
+            gap = 0.002
+            for i in range(n):
+                pub = live[i % len(live)]
+                arrive = t + i * gap + rng.uniform(0, gap / 2)
+                end = max(end, self._one_delivery(pub, arrive))
+                made += 1
+            for sub in self.subs:
+                if sub.detach_at is not None:
+                    log = self.routers[sub.router]
+                    self._count(self._emit(log, sub.detach_at, "link-detached", {
+                        "link": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
+                        "closed": False, "reason": "connection-lost"}))
+                    sub.attached = False
+                    sub.detach_at = None
+            end += 0.05
+            restart = [r for r in self.router_ids if rng.random() < spec.p_restart]
+            for rid in restart:
+                self._detach_all(end, rid)
+            self._flush_round()
+            for rid in restart:
+                self._start(self.routers[rid], end + 0.5)
+            for sub in self.subs:
+                if not sub.attached and sub.router not in restart:
+                    self._attach_sub(sub, end + 0.01)
+            if restart:
+                self._attach_all(end + 0.51, restart)
+            t = end + (0.6 if restart else 0.02)
+        for rid in self.router_ids:
+            self._detach_all(t + 0.1, rid)
+        self._flush_round(final=True)
+        for log in self.routers.values():
+            log.fh.close()
+        self._write_ledgers()
+        truth = {k: sorted(v) for k, v in self.truth.items()}
+        info = {"events": self.events, "deliveries": self.deliveries, "routers": self.router_ids,
+                "faults": list(spec.faults), "truth": truth, "seed": spec.seed}
+        (self.out / "truth.json").write_text(json.dumps(info, indent=2) + "\n")
+        return info
+
+    def _flush_round(self, final: bool = False) -> None:
+        """Inject this round's faults (their events are still pending), then write."""
+        if self.fault_plan and (final or self.accepted_sub):
+            self._inject(final)
+        for log in self.routers.values():
+            self._flush(log)
+        self.accepted_sub.clear()
+        self.late_sends.clear()
+        self.closers.clear()
+
+    # ------------------------------------------------------------ faults
+
+    def _expect(self, check: str, item: str) -> None:
+        self.truth.setdefault(check, set()).add(item)
+
+    def _inject(self, final: bool) -> None:
+        rng = self.rng
+        remaining = []
+        for fault in self.fault_plan:
+            if not self._inject_one(fault, rng):
+                remaining.append(fault)
+        self.fault_plan = remaining
+        if final and remaining:
+            raise CannotInject(f"could not inject {remaining}: the history has no place for them")
+
+    def _find_pending(self, log: RouterLog, pred):
+        return [item for item in log.pending if pred(item[2])]
+
+    def _inject_one(self, fault: str, rng: random.Random) -> bool:
+        p = self.spec.prefix
+        if fault in ("drop-accept", "dup-tag", "ledger-missing", "ledger-twice"):
+            # A delivery the publisher was told accepted, and one subscriber's accept of it.
+            choices = []
+            for entry in self.accepted_sub:
+                rid, epoch, d, key = entry[:4]
+                log = self.routers[rid]
+                if log.epoch != epoch:
+                    continue
+                choices.append(entry)
+            rng.shuffle(choices)
+            for rid, epoch, d, key, sub, pub, base, arrive, answer_at in choices:
+                origin = self.routers[pub.router]
+                accepted = self._find_pending(origin, lambda ev: ev["kind"] == "pub-outcome"
+                                              and ev["fields"].get("delivery") == d
+                                              and ev["fields"]["outcome"] == "accepted")
+                if not accepted:
+                    continue
+                log = self.routers[rid]
+                if fault == "drop-accept":
+                    lines = self._find_pending(log, lambda ev: ev["kind"] == "sub-outcome"
+                                               and ev["fields"]["delivery"] == d and ev["fields"]["subscriber"] == key)
+                    lines[0][2]["drop"] = True
+                    self._expect("lost", d)
+                    if self.spec.ledgers:
+                        # The application did get and accept it: the router lost the accept.
+                        pass
+                    return True
+                if fault == "dup-tag":
+                    # The same publisher delivery handed to the same subscriber again under
+                    # another delivery id (a router that derived a different tag for it).
+                    d2 = p + hashlib.blake2b(d.encode(), digest_size=17).hexdigest()
+                    at = answer_at + 0.001
+                    fields = {"delivery": d2, **base, "size": 160, "settled": False, "owed": [key],
+                              "forwarded": [key]}
+                    if rid != pub.router:
+                        fields["origin_router"] = pub.router
+                    self._count(self._emit(log, at, "received", fields))
+                    self._count(self._emit(log, at + 0.001, "sub-outcome", {
+                        "delivery": d2, "subscriber": key, "outcome": "accepted", "settled": True}))
+                    self._count(self._emit(log, at + 0.002, "settled", {"delivery": d2, "by": "publisher",
+                                                                        "deleted": True}))
+                    self._ledger(sub.container, {"ts": at, "client": sub.container, "link": sub.name,
+                                                 "role": "subscriber", "event": "delivered", "topic": base["topic"],
+                                                 "delivery": d2, "pub_tag": base["pub_tag"], "outcome": "accepted",
+                                                 "message_id": f"{base['publisher']}:{base['stream_seq']}"})
+                    pub_id = "|".join([base["publisher"], base["link_name"], base["incarnation"], base["pub_tag"], ""])
+                    self._expect("duplicated", f"{key}|{pub_id}")
+                    if self.spec.ledgers:
+                        self._expect("ledger", f"dup|{key}|{pub_id}")
+                    return True
+                if fault == "ledger-missing" and self.spec.ledgers:
+                    entries = self.ledger.get(sub.container, [])
+                    for i, e in enumerate(entries):
+                        if e.get("event") == "delivered" and e.get("delivery") == d and e["link"] == sub.name:
+                            del entries[i]
+                            self._expect("ledger", f"missing|{key}|{d}")
+                            return True
+                if fault == "ledger-twice" and self.spec.ledgers:
+                    entries = self.ledger.get(sub.container, [])
+                    for i, e in enumerate(entries):
+                        if e.get("event") == "delivered" and e.get("delivery") == d and e["link"] == sub.name:
+                            entries.insert(i + 1, dict(e))
+                            self._expect("ledger", f"twice|{key}|{d}")
+                            return True
+            return False
+        if fault == "ledger-pub-outcome" and self.spec.ledgers:
+            for client, entries in self.ledger.items():
+                for e in entries:
+                    if e["role"] == "publisher" and e["event"] == "outcome" and e["outcome"] == "accepted" \
+                            and not e.get("_touched"):
+                        # The application believes it was rejected: router and app disagree.
+                        e["outcome"] = "rejected"
+                        e["_touched"] = True
+                        d = self._delivery_id_of(e)
+                        self._expect("ledger", f"pub|{e['client']}|{e['link']}|{e['pub_tag']}|{d}")
+                        return True
+            return False
+        if fault == "reorder":
+            # Two consecutive late sends of one stream to one subscriber: swap their
+            # places in the log (the later one overtakes the earlier one).
+            for (rid, epoch, key, _pub), sends in self.late_sends.items():
+                log = self.routers[rid]
+                if log.epoch != epoch or len(sends) < 2:
+                    continue
+                sends = sorted(sends, key=lambda s: s[0])
+                for (t1, s1, e1), (t2, s2, e2) in zip(sends, sends[1:]):
+                    if s2 != s1 + 1 or e1.get("drop") or e2.get("drop"):
+                        continue
+                    # Swap the two events' positions in the heap by swapping their contents.
+                    e1["kind"], e2["kind"] = e2["kind"], e1["kind"]
+                    e1["fields"], e2["fields"] = e2["fields"], e1["fields"]
+                    d_first = e2["fields"]["delivery"]  # now sent second: stream_seq below the one before it
+                    self._expect("out-of-order", f"{rid}|{key}|{d_first}")
+                    if self.spec.ledgers:
+                        self._swap_ledger(key, e1["fields"]["delivery"], e2["fields"]["delivery"], d_first)
+                    return True
+            return False
+        if fault == "invented":
+            rid = rng.choice(self.router_ids)
+            log = self.routers[rid]
+            sub = rng.choice(self.subs)
+            d = p + rng.randbytes(18).hex()
+            t = log.pending[0][0] if log.pending else self.now
+            self._count(self._emit(log, t, "sub-outcome", {"delivery": d, "subscriber": sub.key,
+                                                          "outcome": "accepted", "settled": True}))
+            self._expect("invented", d)
+            return True
+        if fault == "leftover":
+            rng.shuffle(self.closers)
+            for rid, epoch, d, lines in self.closers:
+                log = self.routers[rid]
+                if log.epoch != epoch:
+                    continue
+                for line in lines:
+                    line["drop"] = True
+                self._expect("left-unsettled", f"{rid}|{d}")
+                return True
+            return False
+        return False
+
+    def _delivery_id_of(self, entry: dict) -> str:
+        for pub in self.pubs:
+            if pub.container == entry["client"] and pub.name == entry["link"]:
+                saved = pub.incarnation
+                pub.incarnation = entry["incarnation"]
+                d = self._delivery_id(pub, bytes.fromhex(entry["pub_tag"]))
+                pub.incarnation = saved
+                return d
+        return ""
+
+    def _swap_ledger(self, key: str, d_a: str, d_b: str, d_expected: str) -> None:
+        container, _, name = key.partition("/")
+        entries = self.ledger.get(container, [])
+        idx = [i for i, e in enumerate(entries) if e.get("event") == "delivered" and e["link"] == name
+               and e.get("delivery") in (d_a, d_b)]
+        if len(idx) == 2:
+            i, j = idx
+            entries[i], entries[j] = entries[j], entries[i]
+            self._expect("ledger", f"order|{key}|{d_expected}")
+
+    def _write_ledgers(self) -> None:
+        if not self.spec.ledgers:
+            return
+        directory = self.out / "clients"
+        directory.mkdir(parents=True, exist_ok=True)
+        for client, entries in self.ledger.items():  # one link per client here: one file per client link
+            with open(directory / f"{client}.jsonl", "wb") as fh:
+                for e in entries:
+                    e.pop("_touched", None)
+                    fh.write(_DUMPS(e, option=_NL))
+
+
+def generate(out: str | os.PathLike, spec: Spec) -> dict:
+    """Write one synthetic history under ``out``; return its info (with ``truth``)."""
+    return Generator(spec, Path(out)).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gen-logs", description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="directory to write (router data dirs, clients/, truth.json)")
+    parser.add_argument("--events", type=int, default=0, help="about this many events (overrides --deliveries)")
+    parser.add_argument("--deliveries", type=int, default=1000)
+    parser.add_argument("--routers", type=int, default=3)
+    parser.add_argument("--publishers", type=int, default=4)
+    parser.add_argument("--subscribers", type=int, default=6)
+    parser.add_argument("--topics", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--round", type=int, default=200, dest="round_size")
+    parser.add_argument("--restart", type=float, default=0.0, help="per round and router: chance of a restart")
+    parser.add_argument("--fault", action="append", default=[], choices=FAULTS + LEDGER_FAULTS,
+                        help="inject a fault (repeatable); truth.json lists what the job must find")
+    parser.add_argument("--no-ledgers", action="store_true", help="skip the applications' ledgers")
+    args = parser.parse_args(argv)
+    spec = Spec(routers=args.routers, publishers=args.publishers, subscribers=args.subscribers, topics=args.topics,
+                deliveries=args.deliveries, events=args.events, round_size=args.round_size, seed=args.seed,
+                p_restart=args.restart, faults=tuple(args.fault), ledgers=not args.no_ledgers)
+    if Path(args.out).exists() and any(Path(args.out).iterdir()):
+        print(f"gen-logs: {args.out} is not empty", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    info = generate(args.out, spec)
+    size = sum(p.stat().st_size for p in Path(args.out).rglob("*.jsonl") if "clients" not in p.parts)
+    print(f"gen-logs: {info['events']:,} events, {info['deliveries']:,} deliveries, routers "
+          f"{', '.join(info['routers'])}, {size / 1e6:.0f} MB in {time.monotonic() - started:.0f} s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
