@@ -163,9 +163,6 @@ def test_publish_subscribe_exactly_once_with_ledgers(router_factory, clients):
     assert {line["delivery"] for line in delivered} <= received
 
 
-@pytest.mark.xfail(strict=False, reason="router-side resumption pending: resends of held deliveries refused as "
-                   "reused tags (amqp:invalid-field); a resuming subscriber's accepted-but-unsettled tags whose "
-                   "records were deleted become placeholders that hold the stream back while newer ones overtake")
 def test_connection_drops_mid_stream_are_invisible_to_the_application(router_factory, clients):
     """Both clients lose their connection (abruptly, several times) while 600
     messages are in flight; they resume on the same router: every message accepted,
@@ -230,9 +227,6 @@ def _finish(proc: subprocess.Popen, directory: Path, tag: str, timeout: float = 
     return json.loads(out[-1])
 
 
-@pytest.mark.xfail(strict=False, reason="router-side resumption pending: the resend of a delivery the router "
-                   "holds is refused as a reused tag (amqp:invalid-field) when the old link's delivery is still "
-                   "attached to the record")
 def test_publisher_process_killed_mid_stream_resumes_from_its_state_file(router_factory, clients):
     router = router_factory("A")
     got = []
@@ -320,9 +314,6 @@ def _network(tmp_path, ids=("A", "B", "C")) -> RouterNetwork:
     return net
 
 
-@pytest.mark.xfail(strict=False, reason="router-side resumption pending: a delivery whose outcome reached the "
-                   "publisher just before its origin router died is never settled to the subscriber's router once "
-                   "the publisher resumes elsewhere without it (sometimes)")
 def test_publisher_fails_over_when_its_router_is_killed(tmp_path, clients):
     """Publisher on A (failover list A, C), subscriber on B. A is SIGKILLed mid-stream:
     the publisher resumes on C; nothing lost, nothing duplicated."""
