@@ -98,12 +98,16 @@ class ResumptionMixin:
         record.origin_router = None
         record.header = None
         record.targeted.clear()
+        # Its outcome so far was our subscribers' answer to the old origin, not the
+        # network's: the publisher hears only once everyone answered us.
+        record.outcome = None
         topic.unsettled += 1
         for router_id in sorted(self.net.interested_routers(record.topic)):
             record.remote_routers.setdefault(router_id, RouterState())
         pending = [r for r, st in record.remote_routers.items() if st.outcome is None]
         if pending:
             self._send_towards(record, pending, now, out)
+        self._maybe_answer_publisher(record, now, out)
 
     def _resent_by_publisher(self, record: DeliveryRecord, pub, ev, now: float, out: list) -> bool:
         """A resumed publisher resent a delivery we hold: attach the new transfer to

@@ -128,3 +128,23 @@ def test_a_reported_delivery_settled_and_forgotten_here_is_not_a_placeholder():
     assert open_properties(mesh, "A", resumed)["eorouter:unsettled"] == []
     assert not any(e.kind == "placeholder-created" for e in mesh.logs["A"])
     assert [decode(c.payload).body for c in mesh.forwarded("A", resumed)] == ["two"]
+
+
+def test_takeover_does_not_answer_with_the_old_origins_partial_outcome():
+    """B answered the dead origin A for its own subscriber; when the publisher resumes
+    at B, B must not hand it that partial answer: C's subscriber has not answered."""
+    mesh = Mesh(*TRIANGLE)
+    sb = mesh.subscriber("B", "sb", durable=2, timeout=60)
+    sc = mesh.subscriber("C", "sc", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P")
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("one")
+    mesh.publish("A", pub, b"1", payload=payload)
+    mesh.answer("B", sb, mesh.forwarded("B", sb)[0].tag)  # B's part is done; C holds its answer
+    mesh.kill("A")
+    resumed = mesh.publisher("B", name="p", container="P", properties={
+        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]})
+    delivery = mesh.publish("B", resumed, b"1", payload=payload)
+    assert mesh.outcomes_for("B", delivery) == [], "C's subscriber has not answered yet"
+    mesh.answer("C", sc, mesh.forwarded("C", sc)[0].tag)
+    assert [c.outcome for c in mesh.outcomes_for("B", delivery)] == [outcomes.ACCEPTED]
