@@ -557,9 +557,12 @@ class Server:
                 self.sel.register(conn.sock, mask, conn)
 
     def _teardown(self, conn: Conn) -> None:
-        """Free everything of a closed connection (the engine already told the core)."""
-        if self.conns.pop(conn.fd, None) is None:
+        """Free everything of a closed connection (the engine already told the core).
+        Once only: a connection torn down in one iteration can still be in the next
+        one's active set, and its fd may by then belong to a newly accepted one."""
+        if self.conns.get(conn.fd) is not conn:
             return
+        del self.conns[conn.fd]
         try:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
