@@ -11,6 +11,11 @@ example broker adapted to fan-out, bench/cclients/broker.c), it measures:
   - the server's RSS (VmRSS) before and after.
 Runs are interleaved (every cell once, then again for --repeat) and medians are reported.
 
+Network paths (`--hops`, default 0,1,2): a line of hops+1 routers started with router.topology's
+RouterNetwork (one router for 0 hops), the publisher on the first router, one subscriber (K=1) on the
+last, exactly-once, C clients: msgs/s, p50/p99 latency and each router's CPU per message, run in the
+same interleaved repeats as the matrix.
+
 `--memory-run N` instead pushes N messages through K=1 exactly-once with C clients and samples the
 router's RSS every second, reporting growth.
 
@@ -549,6 +554,167 @@ def memory_run(n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
     return res
 
 
+# ---------------------------------------------------------------------------------------------- network paths
+
+def line_topology(routers: int) -> str:
+    """A line of ``routers`` routers, A - B - C ..., as a router.topology file."""
+    ids = [chr(ord("A") + i) for i in range(routers)]
+    text = "".join(f'[[router]]\nid = "{r}"\n' for r in ids)
+    return text + "".join(f'[[link]]\nbetween = ["{a}", "{b}"]\n' for a, b in zip(ids, ids[1:]))
+
+
+def topology_module(args: argparse.Namespace):
+    """router.topology from the code under test (the snapshot): its RouterNetwork starts the routers
+    with that copy of the package on their PYTHONPATH."""
+    root = str(args.router_root)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from router import topology
+    return topology
+
+
+def network_overrides(args: argparse.Namespace) -> dict:
+    """The matrix's router settings, over router.launcher's defaults (RouterNetwork's configs)."""
+    return {"limits": {"max_in_flight_per_topic": args.max_in_flight, "publisher_credit_window": args.credit_window},
+            "eventlog": {"fsync": args.fsync}}
+
+
+def run_network(hops: int, n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
+    """One run over a line of hops+1 routers: publisher on the first, K=1 subscriber on the last,
+    exactly-once, C clients. CPU is measured per router over the same window as run_one's."""
+    topology = topology_module(args)
+    tmp = Path(tempfile.mkdtemp(prefix=f"eobench-net{hops}-"))
+    result: dict = {"target": "eorouter", "clients": "c", "k": 1, "mode": "exactly-once", "hops": hops,
+                    "routers": hops + 1, "messages": n}
+    procs: list[subprocess.Popen] = []
+    net = None
+    try:
+        net = topology.RouterNetwork(tmp / "routers", topology.parse_topology(line_topology(hops + 1)),
+                                     overrides=network_overrides(args))
+        net.start(timeout=args.server_timeout)
+        ids = list(net.topology.routers)
+        first, last = net.routers[ids[0]], net.routers[ids[-1]]
+        result["path"] = " - ".join(ids)
+        address = "bench/network"
+        r_out, r_err = tmp / "recv0.out", tmp / "recv0.err"
+        with open(r_out, "wb") as fo, open(r_err, "wb") as fe:
+            receiver = subprocess.Popen(
+                client_cmd("receive", "c", bins, last.port, address, n,
+                           ["-w", str(args.window), "-t", str(args.client_timeout), "-c", "bench-sub-0",
+                            "-l", "bench-sub-0"]),
+                cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+        procs.append(receiver)
+        # "ready": the last router answered the attach, i.e. every router knows the subscriber.
+        wait_for(r_err, re.compile(r"^ready$", re.M), receiver, args.server_timeout, "subscriber")
+        time.sleep(0.1)
+        pids = {r: net.routers[r].proc.pid for r in ids}
+        rss0 = {r: proc_rss_kib(pid) for r, pid in pids.items()}
+        cpu0 = {r: proc_cpu_ticks(pid) for r, pid in pids.items()}
+        t0 = time.monotonic()
+        s_out, s_err = tmp / "send.out", tmp / "send.err"
+        with open(s_out, "wb") as fo, open(s_err, "wb") as fe:
+            sender = subprocess.Popen(
+                client_cmd("send", "c", bins, first.port, address, n,
+                           ["-m", MODES["exactly-once"], "-w", str(args.window), "-s", str(args.size),
+                            "-t", str(args.client_timeout), "-c", "bench-pub", "-l", "bench-pub"]),
+                cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+        procs.append(sender)
+        deadline = time.monotonic() + args.run_timeout
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        t1 = time.monotonic()
+        alive = {r: net.routers[r].is_running() for r in ids}
+        cpu1 = {r: proc_cpu_ticks(pid) for r, pid in pids.items() if alive[r]}
+        rss1 = {r: proc_rss_kib(pid) for r, pid in pids.items() if alive[r]}
+        send = read_json_line(s_out) or {}
+        recv = read_json_line(r_out) or {}
+        total0 = sum(cpu0.values())
+        total1 = sum(cpu1.values()) if len(cpu1) == len(ids) else None
+        result.update(collect(n, 1, "exactly-once", send, [recv], total0, total1, rss0[ids[0]],
+                              rss1.get(ids[0]), t1 - t0))
+        sent = send.get("sent", 0)
+        if sent and len(cpu1) == len(ids):
+            result["router_cpu_us_per_msg"] = {r: round((cpu1[r] - cpu0[r]) * 1e6 / CLK_TCK / sent, 2) for r in ids}
+            result["router_cpu_ticks"] = {r: cpu1[r] - cpu0[r] for r in ids}
+        result["router_rss_kib"] = {r: [rss0[r], rss1.get(r)] for r in ids}
+        result["client_exit_codes"] = [p.returncode for p in procs]
+        for r in ids:
+            if not alive[r]:
+                result["problems"].append(f"router {r} died (exit {net.routers[r].returncode})")
+        errs = [tail(e, 3) for e in (r_err, s_err) if e.stat().st_size > (len("ready\n") if e == r_err else 0)]
+        if errs:
+            result["client_stderr"] = errs
+    except Exception as e:  # a failed run is a result, not the end of the benchmark
+        result.setdefault("problems", []).append(f"error: {' '.join(str(e).split())[:300]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if net is not None:
+            for router_id, router in reversed(list(net.routers.items())):
+                if router.is_running():
+                    try:
+                        router.terminate(timeout=args.stop_grace)
+                    except Exception as e:  # RouterError: a non-zero exit, or no exit in time (killed)
+                        result.setdefault("problems", []).append(
+                            f"router {router_id} stop: {' '.join(str(e).split())[:200]}")
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            result["tmp"] = str(tmp)
+    result["ok"] = not result.get("problems")
+    return result
+
+
+def median_network_cell(runs: list[dict]) -> dict:
+    cell = median_cell(runs)
+    cell["hops"] = runs[0]["hops"]
+    cell["routers"] = runs[0]["routers"]
+    cell["path"] = next((r["path"] for r in runs if r.get("path")), "")
+    ids = sorted({rid for r in runs for rid in r.get("router_cpu_us_per_msg", {})})
+    per = {}
+    for rid in ids:
+        vals = [r["router_cpu_us_per_msg"][rid] for r in runs if rid in r.get("router_cpu_us_per_msg", {})]
+        per[rid] = statistics.median(vals)
+    cell["router_cpu_us_per_msg"] = per
+    ticks = [t for r in runs for t in r.get("router_cpu_ticks", {}).values()]
+    if ticks and min(ticks) < 20 and not cell["warnings"]:
+        cell["warnings"] = [f"CPU ±{100 / max(1, min(ticks)):.0f}% ({min(ticks)} ticks on one router)"]
+    return cell
+
+
+def network_markdown(cells: list[dict]) -> str:
+    lines = ["| path | hops | msgs/s | p50 ms | p99 ms | CPU µs/msg, each router (publisher's first) "
+             "| CPU µs/msg, all routers | runs ok | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in sorted(cells, key=lambda x: x["hops"]):
+        per = ", ".join(f"{rid} {v:.1f}" for rid, v in c["router_cpu_us_per_msg"].items()) or "—"
+        notes = " ".join("; ".join(c["problems"] + c["warnings"]).split()).replace("|", "/")[:160]
+        lines.append(f"| {c['path'] or '—'} | {c['hops']} | {fmt(c['msgs_per_s'], ',.0f')} | {fmt_ms(c['p50_us'])} "
+                     f"| {fmt_ms(c['p99_us'])} | {per} | **{fmt(c['cpu_us_per_msg'])}** "
+                     f"| {c['ok_runs']}/{c['runs']} | {notes} |")
+    return "\n".join(lines)
+
+
+def print_network(cells: list[dict]) -> None:
+    print("network paths: publisher on the first router of a line, K=1 subscriber on the last, exactly-once, "
+          "C clients")
+    hdr = (f"{'path':11} {'hops':>4} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/msg all':>14}  "
+           f"{'CPU µs/msg per router':28} {'ok':>4}  notes")
+    print(hdr)
+    print("-" * len(hdr))
+    for c in sorted(cells, key=lambda x: x["hops"]):
+        per = ", ".join(f"{rid} {v:.1f}" for rid, v in c["router_cpu_us_per_msg"].items()) or "—"
+        print(f"{c['path'] or '—':11} {c['hops']:>4} {fmt(c['msgs_per_s'], ',.0f'):>9} {fmt_ms(c['p50_us']):>8} "
+              f"{fmt_ms(c['p99_us']):>8} {fmt(c['cpu_us_per_msg']):>14}  {per:28} {c['ok_runs']}/{c['runs']}  "
+              f"{'; '.join(c['problems'] + c['warnings'])[:120]}")
+
+
 # ---------------------------------------------------------------------------------------------- output
 
 def router_source_hash(root: Path) -> str:
@@ -757,11 +923,28 @@ def report_matrix(doc: dict, write: bool) -> None:
     cells = {(c["target"], c["clients"], c["k"], c["mode"]): c for c in doc["cells"]}
     ratios = compute_ratios(cells)
     targets = evaluate_targets(cells, None)
-    print()
-    print_matrix(cells, ratios, targets)
+    network = doc.get("network_cells") or []
+    if cells:
+        print()
+        print_matrix(cells, ratios, targets)
+    if network:
+        print()
+        print_network(network)
     if write:
-        write_docs("matrix", run_header(doc) + "\n" + settings_text(doc["settings"]) + "\n"
-                   + matrix_markdown(cells, ratios, targets))
+        if cells:
+            write_docs("matrix", run_header(doc) + "\n" + settings_text(doc["settings"]) + "\n"
+                       + matrix_markdown(cells, ratios, targets))
+        if network:
+            write_docs("network", run_header(doc) + "\n" + network_settings_text(doc["settings"]) + "\n"
+                       + network_markdown(network))
+
+
+def network_settings_text(st: dict) -> str:
+    return (f"Settings: {st.get('messages_network', st['messages_c']):,} messages per run, body {st['size']} bytes, "
+            f"client window {st['window']}, exactly-once, K=1, C clients; every router: "
+            f"publisher_credit_window {st['credit_window']}, max_in_flight_per_topic {st['max_in_flight']}, "
+            f"event log fsync {'on' if st['fsync'] else 'off'}, otherwise router.launcher's defaults; medians of "
+            f"{st['repeat']} run(s) per path (interleaved with the matrix's runs when both ran).\n")
 
 
 def report_memory(doc: dict, write: bool) -> None:
@@ -791,6 +974,12 @@ Generated blocks below are rewritten by `scripts/bench --write-docs` (matrix) an
 (not run yet)
 <!-- bench:matrix:end -->
 
+## The network
+
+<!-- bench:network:begin -->
+(not run yet)
+<!-- bench:network:end -->
+
 ## Memory over a long run
 
 <!-- bench:memory:begin -->
@@ -817,6 +1006,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--modes", default="exactly-once,best-effort")
     p.add_argument("--clients", default="c,python", help="c, python or both (default c,python)")
     p.add_argument("--targets", default="eorouter,baseline", help="eorouter, baseline or both")
+    p.add_argument("--hops", default="0,1,2",
+                   help="network paths to measure: a line of hops+1 routers, publisher on the first, K=1 "
+                        "subscriber on the last, exactly-once, C clients (default 0,1,2; '' for none)")
+    p.add_argument("--network-only", action="store_true", help="only the network paths (no matrix)")
     p.add_argument("--memory-run", type=int, default=None, metavar="N",
                    help="only the memory run: N messages, K=1 exactly-once, RSS sampled every second")
     p.add_argument("--memory-target", default="eorouter", choices=["eorouter", "baseline"])
@@ -855,6 +1048,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.mode_list = [m.strip() for m in a.modes.split(",") if m.strip()]
     a.client_list = [{"py": "python"}.get(c.strip(), c.strip()) for c in a.clients.split(",") if c.strip()]
     a.target_list = [t.strip() for t in a.targets.split(",") if t.strip()]
+    try:
+        a.hop_list = sorted({int(x) for x in a.hops.split(",") if x.strip()})
+    except ValueError:
+        p.error(f"--hops: expected comma-separated integers, found {a.hops!r}")
+    if any(h < 0 or h > 25 for h in a.hop_list):
+        p.error("--hops: each must be between 0 and 25")
+    if a.network_only and not a.hop_list:
+        p.error("--network-only needs --hops")
     for m in a.mode_list:
         if m not in MODES:
             p.error(f"--modes: {m!r} is not one of {', '.join(MODES)}")
@@ -904,44 +1105,63 @@ def _main(args: argparse.Namespace, argv: list[str], bins: dict[str, Path]) -> i
         return 0 if m["ok"] else 1
 
     plan = []
-    for clients in args.client_list:
-        n = args.messages if clients == "c" else args.py_messages
-        for k in args.k_values:
-            for mode in args.mode_list:
-                for target in args.target_list:
-                    nt = n * args.baseline_factor if (target == "baseline" and clients == "c") else n
-                    plan.append((target, clients, k, mode, nt))
+    if not args.network_only:
+        for clients in args.client_list:
+            n = args.messages if clients == "c" else args.py_messages
+            for k in args.k_values:
+                for mode in args.mode_list:
+                    for target in args.target_list:
+                        nt = n * args.baseline_factor if (target == "baseline" and clients == "c") else n
+                        plan.append((target, clients, k, mode, nt))
+    for hops in args.hop_list:
+        plan.append(("network", "c", 1, "exactly-once", args.messages, hops))
     runs: list[dict] = []
+    network_runs: list[dict] = []
     total = len(plan) * args.repeat
     i = 0
     t_start = time.monotonic()
     for rep in range(args.repeat):
-        for target, clients, k, mode, n in plan:
+        for target, clients, k, mode, n, *hops in plan:
             i += 1
-            print(f"[{i}/{total}] {target} {clients} K={k} {mode} {n} msgs ... ", end="", file=sys.stderr,
-                  flush=True)
-            r = run_one(target, clients, k, mode, n, args, bins)
+            if target == "network":
+                print(f"[{i}/{total}] network {hops[0]} hop(s), {hops[0] + 1} router(s), K=1 {mode} {n} msgs ... ",
+                      end="", file=sys.stderr, flush=True)
+                r = run_network(hops[0], n, args, bins)
+                network_runs.append(r)
+                per = ", ".join(f"{rid} {v:.1f}" for rid, v in (r.get("router_cpu_us_per_msg") or {}).items())
+                print(f"{fmt(r.get('msgs_per_s'), ',.0f')} msgs/s, {fmt(r.get('cpu_us_per_msg'))} µs/msg ({per})"
+                      + ("" if r["ok"] else "  PROBLEM: " + "; ".join(r["problems"])), file=sys.stderr)
+            else:
+                print(f"[{i}/{total}] {target} {clients} K={k} {mode} {n} msgs ... ", end="", file=sys.stderr,
+                      flush=True)
+                r = run_one(target, clients, k, mode, n, args, bins)
+                runs.append(r)
+                print(f"{fmt(r.get('msgs_per_s'), ',.0f')} msgs/s, {fmt(r.get('cpu_us_per_msg'))} µs/msg"
+                      + ("" if r["ok"] else "  PROBLEM: " + "; ".join(r["problems"])), file=sys.stderr)
             r["repeat"] = rep
-            runs.append(r)
-            print(f"{fmt(r.get('msgs_per_s'), ',.0f')} msgs/s, {fmt(r.get('cpu_us_per_msg'))} µs/msg"
-                  + ("" if r["ok"] else "  PROBLEM: " + "; ".join(r["problems"])), file=sys.stderr)
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["target"], r["clients"], r["k"], r["mode"]), []).append(r)
     cells = {key: median_cell(rs) for key, rs in groups.items()}
+    network_groups: dict[int, list[dict]] = {}
+    for r in network_runs:
+        network_groups.setdefault(r["hops"], []).append(r)
+    network_cells = [median_network_cell(rs) for _, rs in sorted(network_groups.items())]
     doc = {"kind": "matrix", "command": "scripts/bench " + shlex.join(argv), "date": now.isoformat(),
            "duration_s": round(time.monotonic() - t_start, 1), "machine": facts,
            "settings": {"messages_c": args.messages, "messages_python": args.py_messages, "repeat": args.repeat,
                         "window": args.window, "credit_window": args.credit_window,
                         "max_in_flight": args.max_in_flight, "size": args.size, "fsync": args.fsync,
-                        "broker_threads": args.broker_threads, "baseline_factor": args.baseline_factor},
+                        "broker_threads": args.broker_threads, "baseline_factor": args.baseline_factor,
+                        "messages_network": args.messages, "hops": args.hop_list},
            "cells": list(cells.values()), "ratios": compute_ratios(cells),
-           "targets": evaluate_targets(cells, None), "runs": runs}
+           "targets": evaluate_targets(cells, None), "runs": runs,
+           "network_cells": network_cells, "network_runs": network_runs}
     path = args.out / f"bench-{stamp}.json"
     path.write_text(json.dumps(doc, indent=1))
     report_matrix(doc, args.write_docs)
     print(f"\nresults: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
-    return 0 if all(r["ok"] for r in runs) else 1
+    return 0 if all(r["ok"] for r in runs + network_runs) else 1
 
 
 if __name__ == "__main__":

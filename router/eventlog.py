@@ -297,10 +297,10 @@ class EventLog:
         # that is rewound, never emptied, after each flush. Its memory stays allocated
         # at the size of the largest batch so far. A bytearray that is cleared after
         # each flush gives its memory back and then regrows by 1/8 steps, each a
-        # realloc that (with the router's heap busy in between) copies the whole
-        # batch: ~0.3 µs per appended line at ~200 lines per flush. A list of line
-        # objects freed together at each flush was worse still (glibc trimmed and
-        # regrew its heap every loop iteration: ~3-4 µs per append).
+        # realloc that may copy the whole batch so far (in the router, timings of the
+        # two were within the machine's noise; the BytesIO never reallocates once
+        # warm). A list of line objects freed together at each flush was much worse
+        # (glibc trimmed and regrew its heap every loop iteration: ~3-4 µs per append).
         self._out = io.BytesIO()
         self._seq = 0
         # append() writes each line from pieces: '{"seq":', the seq, the cached
@@ -311,6 +311,7 @@ class EventLog:
         self._ts = None
         self._ts_piece = b""
         self._heads: dict[str, bytes] = {}
+        self._pieces: dict[str, bytes] = {}  # kind -> ts piece + head, for the timestamp self._ts
 
         self._events_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._lock()
@@ -379,25 +380,31 @@ class EventLog:
         # line at 256 lines per flush (one write of the whole batch).
         body = _dumps(fields, option=_NEWLINE)  # raises before anything is buffered
         if ts is not self._ts:  # the loop passes one float object per iteration
-            self._ts_piece = b',"ts":' + _dumps(ts)
             self._ts = ts
-        head = self._heads.get(kind)
-        if head is None:
-            head = self._head(kind)
+            self._ts_piece = b',"ts":' + _dumps(ts)
+            self._pieces = {}
+        try:
+            piece = self._pieces[kind]
+        except KeyError:
+            piece = self._piece(kind)
         seq = self._seq + 1
-        if len(body) > 3:  # b'{}\n' is an event without fields of its own
-            self._out.write(b"".join((b'{"seq":', _dumps(seq), self._ts_piece, head, b",", body[1:])))
+        if fields:  # else body is b'{}\n': an event without fields of its own
+            self._out.write(b"".join((b'{"seq":', _dumps(seq), piece, body[1:])))
         else:
-            self._out.write(b"".join((b'{"seq":', _dumps(seq), self._ts_piece, head, b"}\n")))
+            self._out.write(b"".join((b'{"seq":', _dumps(seq), piece[:-1], b"}\n")))
         self._seq = seq
 
-    def _head(self, kind: str) -> bytes:
-        """The constant common fields of a line of ``kind``, from "router" to "event",
-        encoded with a leading comma and no closing brace."""
-        encoded = _dumps({"router": self._router_id, "epoch": self._epoch, "boot": self._boot_id,
-                          "event": kind})
-        head = self._heads[kind] = b"," + encoded[1:-1]
-        return head
+    def _piece(self, kind: str) -> bytes:
+        """Everything of a line of ``kind`` between the seq and the kind's own fields:
+        ',"ts":…,"router":…,"epoch":…,"boot":…,"event":"<kind>",' for the current
+        timestamp (cached per timestamp; the "router" to "event" part per kind)."""
+        head = self._heads.get(kind)
+        if head is None:
+            encoded = _dumps({"router": self._router_id, "epoch": self._epoch, "boot": self._boot_id,
+                              "event": kind})
+            head = self._heads[kind] = b"," + encoded[1:-1] + b","
+        piece = self._pieces[kind] = self._ts_piece + head
+        return piece
 
     def flush(self) -> None:
         """Write every buffered event with one ``write()`` (looping on short writes),

@@ -194,8 +194,14 @@ class Engine:
             entry[2] = state
             entry[3] = settled
             link = entry[0]
-            self.dispatch(_new(OutcomeReceived, (link.link_id, entry[1], ACCEPTED, settled, None, None, False,
-                                                 False)), link.conn, link)
+            event = _new(OutcomeReceived, (link.link_id, entry[1], ACCEPTED, settled, None, None, False, False))
+            try:  # self.dispatch(event, link.conn, link), inlined
+                commands = self.core.handle(event, self.now)
+            except ProtocolError as err:
+                self._refused(event, link, err)
+                return
+            if commands:
+                self.execute(commands)
             return
         handle = self._incoming.get(d)
         if handle is not None:  # a publisher delivery the core has
@@ -203,7 +209,14 @@ class Engine:
             if link.rx_d is not None and d == link.rx_d:
                 self._receive_more(d, link)  # too large, still arriving
             elif _delivery_settled(d):  # _publisher_settled, inlined
-                self.dispatch(_new(PublisherSettled, (link.link_id, handle)), link.conn, link)
+                event = _new(PublisherSettled, (link.link_id, handle))
+                try:  # self.dispatch(event, link.conn, link), inlined
+                    commands = self.core.handle(event, self.now)
+                except ProtocolError as err:
+                    self._refused(event, link, err)
+                    commands = None
+                if commands:
+                    self.execute(commands)
                 entry = self._handles.pop(handle, None)
                 if entry is not None:
                     del self._incoming[entry[0]]
@@ -239,7 +252,7 @@ class Engine:
         # The common case: the whole message is here.
         t = _delivery_tag(d)
         tag = _unpack(t.start, t.size)
-        settled = bool(_delivery_settled(d))
+        settled = _delivery_settled(d)  # a C _Bool: cffi gives a Python bool
         if n > self.max_message_size:
             self._last_handle = handle = self._last_handle + 1
             if settled:  # pre-settled: nobody waits for an outcome
@@ -264,7 +277,14 @@ class Engine:
             return
         self._incoming[d] = handle
         self._handles[handle] = (d, link)
-        self.dispatch(_new(MessageReceived, (link.link_id, handle, tag, payload, False)), conn, link)
+        event = _new(MessageReceived, (link.link_id, handle, tag, payload, False))
+        try:  # self.dispatch(event, conn, link), inlined
+            commands = self.core.handle(event, self.now)
+        except ProtocolError as err:
+            self._refused(event, link, err)
+            return
+        if commands:
+            self.execute(commands)
 
     def _grow(self, n: int) -> None:
         self._rbuf_size = max(n, 2 * self._rbuf_size)
@@ -491,15 +511,18 @@ class Engine:
         try:
             commands = self.core.handle(event, self.now)
         except ProtocolError as err:
-            if link is not None and link.link_id in self._links:
-                log.info("link %d %r: protocol error %s", link.link_id, link.name, err)
-                endpoints.detach_link(link, err.condition, err.description, True)
-                self.touched.add(link.conn)
-            else:
-                log.warning("protocol error on %s: %s", type(event).__name__, err)
+            self._refused(event, link, err)
             return
         if commands:
             self.execute(commands)
+
+    def _refused(self, event, link: Link | None, err: ProtocolError) -> None:
+        if link is not None and link.link_id in self._links:
+            log.info("link %d %r: protocol error %s", link.link_id, link.name, err)
+            endpoints.detach_link(link, err.condition, err.description, True)
+            self.touched.add(link.conn)
+        else:
+            log.warning("protocol error on %s: %s", type(event).__name__, err)
 
     def timer(self, event) -> None:
         """Events that concern no connection (TimerFired, ShutdownRequested)."""

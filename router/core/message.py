@@ -65,6 +65,13 @@ About 2.4 us of the 3.4 us is the scan and 0.5 us is encoding the origin entry.
 The cost grows with the number of sections and of header, properties and
 annotation fields. Apart from the one copy, it does not grow with the body's
 size.
+
+The router itself calls ``splice_origin`` with an ``OriginTemplate`` kept per
+publisher link (the origin entry encoded once, around the tag), not ``prepare``:
+about 1 us for the messages above less the ~0.5 us of the entry. What proton
+clients send for a binary body alone (an empty header and/or empty properties,
+then one data section) skips the general scan: ~0.9 us for the whole splice
+against ~1.9 us through ``prepare`` (113 B, the same machine).
 """
 
 from __future__ import annotations
@@ -446,6 +453,9 @@ def _allowed_after() -> tuple:
 
 
 _AFTER = _allowed_after()
+_EMPTY_HEADER = b"\x00\x53\x70\x45"  # header section: described by smallulong 0x70, an empty list
+_EMPTY_PROPERTIES = b"\x00\x53\x73\x45"  # properties section, an empty list
+_DATA = b"\x00\x53\x75"  # a data section's descriptor
 
 
 def _order_error(code: int, last: int, start: int) -> MessageError:
@@ -465,6 +475,16 @@ def _scan(p: bytes):
     n = len(p)
     if not n:
         raise MessageError("empty message: no sections", 0)
+    # Fast path for what proton clients send for a message with only a binary body:
+    # an empty header and/or empty properties (list0), then one data section that
+    # ends the message. The general loop below reaches the same answer (no ttl, no
+    # expiry, no annotations) in ~290 bytecodes instead of ~40.
+    i = 4 if p.startswith(_EMPTY_HEADER) else 0
+    j = i + 4 if p.startswith(_EMPTY_PROPERTIES, i) else i
+    if p.startswith(_DATA, j) and n > j + 4:
+        v = p[j + 3]
+        if (v == 0xA0 and j + 5 + p[j + 4] == n) or (v == 0xB0 and n > j + 8 and j + 8 + _u32(p, j + 4)[0] == n):
+            return None, None, None, i
     i = start = last = current = 0
     after = _AFTER
     ttl = expiry = ma = None

@@ -454,6 +454,26 @@ def test_insert_position():
         assert result.payload[:at] == before[:at]
 
 
+def test_fast_path_for_empty_header_and_properties_and_a_data_body_agrees_with_the_general_scan():
+    """_scan answers [header list0][properties list0] data without its general loop;
+    the same message with the data descriptor written as a ulong takes the loop."""
+    from router.core.message import _scan
+    header, props = section(0x70, b"\x45"), section(0x73, b"\x45")
+    for body in (b"", b"x", b"y" * 255, b"z" * 256, b"w" * 70000):
+        value = (b"\xa0" + bytes((len(body),)) if len(body) < 256 else b"\xb0" + len(body).to_bytes(4, "big")) + body
+        for head in (b"", header, props, header + props):
+            fast = head + section(0x75, value)
+            general = head + section(0x75, value, form="ulong")
+            assert _scan(fast) == _scan(general) == (None, None, None, len(head) - len(props) * (head.endswith(props)))
+            assert prepare(fast, ORIGIN).payload == prepared_ok(fast).payload
+    # Near misses go the general way: trailing bytes, a footer, a vbin32 that does not fit.
+    with pytest.raises(MessageError):
+        _scan(header + props + section(0x75, b"\xa0\x01x") + b"\x00")
+    assert _scan(section(0x75, b"\xa0\x01x") + section(0x78, map8([])))[3] == 0
+    with pytest.raises(MessageError):
+        _scan(section(0x75, b"\xb0\x00\x00\x00\x09x"))
+
+
 # --------------------------------------------------------------------------- malformed messages
 
 VALUE = section(0x77, encode("body"))
