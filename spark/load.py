@@ -58,6 +58,10 @@ def get_session(master: str | None = "local[*]", app_name: str = "eorouter-recon
         settings["spark.ui.showConsoleProgress"] = "false"
         if _LOG4J.exists():
             settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_LOG4J}"
+    if master and master.startswith("local"):
+        # In local mode the driver's JVM is the executor too: Spark's 1g default
+        # spills the cached, delivery-partitioned events to disk early.
+        settings["spark.driver.memory"] = "2g"
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)

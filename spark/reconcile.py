@@ -22,8 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit spark/reconcile.py
+    # Run as a file: import the package from the checkout this file is in (and not
+    # this directory's modules as top-level ones).
+    _here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if p and str(Path(p).resolve()) != _here]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    sys.modules.pop("spark", None)
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
@@ -38,7 +41,16 @@ from pyspark.sql import types as T
 #: ("nothing invented"). Not tag-collision, dropped or order-gap: those name a
 #: tag the router refused, dropped or holds back.
 REFERENCING_KINDS = ("forwarded", "sub-outcome", "pub-outcome", "settled", "record-deleted", "expired",
-                     "outcome-to-router", "outcome-from-router", "settlement-relayed", "forwarded-to-router")
+                     "outcome-to-router", "outcome-from-router", "settlement-relayed", "forwarded-to-router",
+                     # failover (docs/resumption.md): each names a record the logging router holds.
+                     # Not the placeholder-* kinds: they name a delivery the router has not seen yet.
+                     "resend-matched", "origin-taken-over", "owed-moved", "owed-state-discarded")
+
+#: Failover: a dead router's (or a moved subscriber's) durable subscribers stay owed
+#: a delivery wherever they re-attach (``owed-moved``, its ``subscribers``) until
+#: they accept it or their terminus timeout ends the obligation (``owed-state-discarded``).
+MOVED_KIND = "owed-moved"
+DISCARDED_KIND = "owed-state-discarded"
 
 #: How a router answers for a delivery: to its publisher (origin) or to the origin router.
 ANSWER_KINDS = ("pub-outcome", "outcome-to-router")
@@ -64,7 +76,7 @@ CLOCK_SLACK = 5.0
 _NEEDED = ("seq", "ts", "router", "epoch", "boot", "event", "delivery", "topic", "publisher", "link_name",
            "pub_tag", "incarnation", "stream_seq", "settled", "owed", "forwarded", "routers", "origin_router",
            "subscriber", "outcome", "by", "deleted", "to_router", "from_router", "link", "container", "name",
-           "role", "address", "durable", "closed", "reason", "reachable", "resumed", "dests")
+           "role", "address", "durable", "closed", "reason", "reachable", "resumed", "dests", "subscribers")
 
 
 def _key(container: Column, name: Column) -> Column:
@@ -110,6 +122,7 @@ class Tables:
     sub_ends: DataFrame  # when a subscriber stopped being owed what it had not answered
     routes: DataFrame  # `routes` events: which routers were reachable
     durability: DataFrame  # every subscriber attach: (router, epoch, subscriber, attach_seq, durable)
+    per_delivery: DataFrame | None = None  # lives(): one row per delivery, every event about it (cached)
     persisted: list = field(default_factory=list)
 
     def unpersist(self) -> None:
@@ -118,9 +131,11 @@ class Tables:
         self.persisted.clear()
 
 
-def prepare(events: DataFrame, partitions: int | None = None, persist: bool = True) -> Tables:
+def prepare(events: DataFrame, partitions: int | None = None, persist: bool = True,
+            storage: StorageLevel = StorageLevel.MEMORY_AND_DISK) -> Tables:
     """Cut the events into ``Tables``. ``partitions``: how many hash partitions of
-    delivery ids (default: spark.sql.shuffle.partitions)."""
+    delivery ids (default: spark.sql.shuffle.partitions). ``storage``: how the two
+    big cached tables are kept (DISK_ONLY for large inputs on a small driver)."""
     spark = events.sparkSession
     # The plan this job wants: every per-delivery table below stays hash-partitioned
     # by delivery, so joins on (delivery, router, ...) need no shuffle when Spark may
@@ -135,7 +150,7 @@ def prepare(events: DataFrame, partitions: int | None = None, persist: bool = Tr
     life = ev.where(F.col("delivery").isNull())
     persisted = []
     if persist:
-        keyed = keyed.persist(StorageLevel.MEMORY_AND_DISK)
+        keyed = keyed.persist(storage)
         life = life.persist(StorageLevel.MEMORY_AND_DISK)
         persisted = [keyed, life]
 
@@ -187,8 +202,13 @@ def prepare(events: DataFrame, partitions: int | None = None, persist: bool = Tr
         epochs, sub_ends, routes, durability = (f.persist(StorageLevel.MEMORY_AND_DISK)
                                                 for f in (epochs, sub_ends, routes, durability))
         persisted += [epochs, sub_ends, routes, durability]
-    return Tables(keyed, life, recv, ident, accepts, sends, epochs, sub_ends, routes, durability,
-                  persisted)
+    tables = Tables(keyed, life, recv, ident, accepts, sends, epochs, sub_ends, routes, durability,
+                    persisted=persisted)
+    tables.per_delivery = lives(tables)
+    if persist:  # read by three proofs and the summary: built once
+        tables.per_delivery = tables.per_delivery.persist(storage)
+        persisted.append(tables.per_delivery)
+    return tables
 
 
 def _subscription_ends(life: DataFrame) -> DataFrame:
@@ -237,7 +257,7 @@ def _durability(life: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------------------
 
 _LIFE_FIELDS = ("event", "router", "epoch", "seq", "ts", "subscriber", "outcome", "owed", "forwarded", "routers",
-                "origin_router", "from_router", "deleted", "by", "settled", "topic")
+                "origin_router", "from_router", "deleted", "by", "settled", "topic", "subscribers")
 
 
 def lives(t: Tables) -> DataFrame:
@@ -245,6 +265,8 @@ def lives(t: Tables) -> DataFrame:
     router, every epoch). ``keyed`` is partitioned by delivery, so this needs no
     shuffle; the proofs below read a delivery's story with higher-order functions
     on ``ev`` instead of joining a dozen tables."""
+    if t.per_delivery is not None:
+        return t.per_delivery
     return t.keyed.groupBy("delivery").agg(F.collect_list(F.struct(*_LIFE_FIELDS)).alias("ev"))
 
 
@@ -289,14 +311,20 @@ def no_loss(t: Tables, life: DataFrame | None = None) -> DataFrame:
 
 def _lost_at_subscribers(t: Tables, accepted: DataFrame) -> DataFrame:
     # Accepted anywhere counts: a subscriber that failed over answers on another router.
+    # An owed-state-discarded ends an obligation that moved (failover).
     acc_subs = F.transform(F.filter("ev", lambda e: _kind(e, "sub-outcome") & (e["outcome"] == "accepted")),
                            lambda e: e["subscriber"])
-    owed = accepted.select("delivery", "ev", acc_subs.alias("acc_subs"), F.explode(_recv_rows(F.col("ev"))).alias("r"))
-    pending = owed.select("delivery", "ev", "acc_subs", F.col("r.router").alias("router"),
+    discarded = F.transform(F.filter("ev", lambda e: _kind(e, DISCARDED_KIND)), lambda e: e["subscriber"])
+    moved = F.flatten(F.transform(F.filter("ev", lambda e: _kind(e, MOVED_KIND)),
+                                  lambda e: F.coalesce(e["subscribers"], F.array().cast("array<string>"))))
+    accepted = accepted.select("delivery", "ev", F.array_union(acc_subs, discarded).alias("done"),
+                               moved.alias("moved"))
+    owed = accepted.select("delivery", "ev", "done", "moved", F.explode(_recv_rows(F.col("ev"))).alias("r"))
+    pending = owed.select("delivery", "ev", "done", "moved", F.col("r.router").alias("router"),
                           F.col("r.epoch").alias("epoch"), F.col("r.seq").alias("recv_seq"),
                           F.col("r.ts").alias("recv_ts"), F.col("r.topic").alias("topic"),
                           F.explode("r.owed").alias("subscriber")) \
-        .where(~F.array_contains("acc_subs", F.col("subscriber")))
+        .where(~F.array_contains("done", F.col("subscriber")))
     router, epoch, sub = F.col("router"), F.col("epoch"), F.col("subscriber")
     said = F.filter("ev", lambda e: _kind(e, "sub-outcome", "expired") & _here(e, router, epoch)
                     & (e["subscriber"] == sub))
@@ -306,6 +334,7 @@ def _lost_at_subscribers(t: Tables, accepted: DataFrame) -> DataFrame:
     answer = _answer_of(F.col("ev"), router, epoch)
     pending = pending.select(
         "delivery", "router", "epoch", "recv_seq", "recv_ts", "topic", "subscriber",
+        F.array_contains("moved", F.col("subscriber")).alias("obligation_moved"),
         answer["seq"].alias("answer_seq"), answer["outcome"].alias("answer"),
         F.array_join(F.array_distinct(F.transform(said, lambda e: F.when(_kind(e, "expired"), F.lit("expired"))
                                                   .otherwise(e["outcome"]))), ",").alias("said"),
@@ -329,10 +358,13 @@ def _lost_at_subscribers(t: Tables, accepted: DataFrame) -> DataFrame:
         .where(F.col("attach_seq") < F.col("recv_seq")) \
         .groupBy("delivery", "router", "epoch", "subscriber").agg(F.max_by("durable", "attach_seq").alias("durable"))
     died = F.broadcast(t.epochs.where(~F.col("stopped")).select("router", "epoch", F.lit(True).alias("died")))
+    # A durable one's obligation survives only if it moved (owed-moved): it is then
+    # judged below as a moved obligation.
     rows = pending.join(with_dur, ["delivery", "router", "epoch", "subscriber"], "left") \
         .join(died, ["router", "epoch"], "left") \
         .where(~(F.col("answer_seq").isNull() & F.coalesce(F.col("died"), F.lit(False))
-                 & (F.coalesce(F.col("durable"), F.lit(1)) == 0)))
+                 & (F.coalesce(F.col("durable"), F.lit(1)) == 0))) \
+        .where(~F.col("obligation_moved"))
     detail = F.concat(
         F.lit("publisher told accepted, but subscriber "), F.col("subscriber"), F.lit(" on router "),
         F.col("router"), F.lit(" "),
@@ -343,8 +375,25 @@ def _lost_at_subscribers(t: Tables, accepted: DataFrame) -> DataFrame:
         F.when(F.col("answer_seq").isNull(), F.lit("; the router never answered for it"))
         .otherwise(F.concat(F.lit("; the router answered "), F.coalesce(F.col("answer"), F.lit("?")),
                             F.lit(" at seq "), F.col("answer_seq").cast("string"))))
-    return _violations(rows, "lost", F.col("delivery"), delivery="delivery", router="router",
-                       subscriber="subscriber", detail=detail, ts="recv_ts", epoch="epoch", seq="recv_seq")
+    local = _violations(rows, "lost", F.col("delivery"), delivery="delivery", router="router",
+                        subscriber="subscriber", detail=detail, ts="recv_ts", epoch="epoch", seq="recv_seq")
+    # Moved obligations: accepted anywhere, or discarded, or lost.
+    moves = accepted.select("delivery", "done", F.explode(F.filter("ev", lambda e: _kind(e, MOVED_KIND))).alias("m"))
+    moves = moves.select("delivery", "done", F.col("m.router").alias("router"), F.col("m.epoch").alias("epoch"),
+                         F.col("m.seq").alias("seq"), F.col("m.ts").alias("ts"),
+                         F.col("m.from_router").alias("from_router"),
+                         F.explode(F.coalesce(F.col("m.subscribers"), F.array().cast("array<string>")))
+                         .alias("subscriber")) \
+        .where(~F.array_contains("done", F.col("subscriber"))) \
+        .dropDuplicates(["delivery", "subscriber"])
+    moved_rows = _violations(
+        moves, "lost", F.col("delivery"), delivery="delivery", router="router", subscriber="subscriber",
+        ts="ts", epoch="epoch", seq="seq",
+        detail=F.concat(F.lit("publisher told accepted, but durable subscriber "), F.col("subscriber"),
+                        F.lit(" (moved from router "), F.coalesce(F.col("from_router"), F.lit("?")),
+                        F.lit(", owed wherever it re-attached) never accepted it anywhere, and its obligation "
+                              "was never discarded")))
+    return local.unionByName(moved_rows)
 
 
 def _lost_at_routers(t: Tables, accepted: DataFrame) -> DataFrame:
@@ -360,7 +409,10 @@ def _lost_at_routers(t: Tables, accepted: DataFrame) -> DataFrame:
         F.filter("ev", lambda e: _kind(e, "outcome-from-router") & (e["router"] == origin)
                  & (e["from_router"] == router)), lambda e: e["outcome"]))
     answer = _answer_of(F.col("ev"), origin, F.col("epoch"))
-    pending = rows.where(~reached).select(
+    # A router that died took the obligation with it only as far as its durable
+    # subscribers' obligations moved (owed-moved from_router = it): judged above.
+    moved_from = F.exists("ev", lambda e: _kind(e, MOVED_KIND) & (e["from_router"] == router))
+    pending = rows.where(~reached & ~moved_from).select(
         "delivery", "origin", "epoch", "recv_seq", "recv_ts", "accepted_ts", "topic", "router",
         F.when(F.size(told) > 0, F.array_join(F.array_sort(told), ",")).alias("told"),
         answer["seq"].alias("answer_seq")) \
@@ -408,7 +460,21 @@ def no_duplicates(t: Tables) -> DataFrame:
     """No subscriber accepted one publisher delivery twice: neither the same
     delivery id twice (on one router or two), nor two delivery ids that are one
     publisher delivery (same publisher, link, incarnation, tag and reuse suffix)."""
-    same_id = t.accepts.groupBy("delivery", "subscriber").agg(
+    # A resuming subscriber reports what it had accepted (docs/resumption.md): the
+    # router logs that as a sub-outcome between the link's attach and its
+    # resume-requested. It is the same acceptance again, not a second hand-over.
+    attach = t.life.where((F.col("event") == "link-attached") & (F.col("role") == "subscriber")).select(
+        "router", "epoch", "link", F.col("seq").alias("a_seq"), _key(F.col("container"), F.col("name"))
+        .alias("subscriber"))
+    resumed = t.life.where((F.col("event") == "resume-requested") & (F.col("role") == "subscriber")).select(
+        "router", "epoch", "link", F.col("seq").alias("r_seq"))
+    windows = F.broadcast(attach.join(resumed, ["router", "epoch", "link"])
+                          .where(F.col("r_seq") > F.col("a_seq")).drop("link"))
+    reports = t.accepts.join(windows, ["router", "epoch", "subscriber"]) \
+        .where((F.col("seq") > F.col("a_seq")) & (F.col("seq") < F.col("r_seq"))) \
+        .select("delivery", "router", "epoch", "seq")
+    fresh = t.accepts.join(reports, ["delivery", "router", "epoch", "seq"], "left_anti")
+    same_id = fresh.groupBy("delivery", "subscriber").agg(
         F.count(F.lit(1)).alias("n"), F.min("ts").alias("ts"), F.min("epoch").alias("epoch"),
         F.min("seq").alias("seq"), F.array_join(F.array_sort(F.collect_list("router")), ",").alias("where"),
         F.min("router").alias("router")).where(F.col("n") > 1)

@@ -211,29 +211,35 @@ def _figures(report: dict) -> dict[str, str]:
     colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(s["routers"])}
 
     if bucket:
-        fig, ax = plt.subplots(figsize=(10, 4))
+        fig, ax = plt.subplots(figsize=(10, 4.2))
+        last = max((p["b"] for p in s["series"]), default=0)
         for router in s["routers"]:
-            pts = [(p["b"] * bucket, p["n"] / bucket) for p in s["series"] if p["router"] == router]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, drawstyle="steps-post", color=colors[router], label=f"router {router}")
+            counts = {p["b"]: p["n"] for p in s["series"] if p["router"] == router}
+            if counts:  # every bucket, zeros included: a router that took nothing shows 0, not its last rate
+                xs = [b * bucket for b in range(0, last + 2)]
+                ys = [counts.get(b, 0) / bucket for b in range(0, last + 2)]
+                ax.plot(xs, ys, drawstyle="steps-post", color=colors[router], label=f"router {router}", lw=1.2)
+        ax.set_ylim(bottom=0)
         top = ax.get_ylim()[1]
+        n_routers = max(1, len(s["routers"]))
         for e in s["epochs"]:
             c = colors[e["router"]]
+            level = top * (0.97 - 0.08 * (s["routers"].index(e["router"]) % n_routers))
             start = (e["started_ts"] if e["started_ts"] is not None else e["first_ts"]) - t0
-            ax.axvline(start, color=c, lw=1, ls="-", alpha=0.6)
-            ax.annotate(f"{e['router']} start e{e['epoch']}", (start, top), rotation=90, fontsize=7,
-                        va="top", ha="right", color=c)
+            ax.axvline(start, color=c, lw=1, ls="-", alpha=0.5)
+            ax.plot([start], [level], marker="^", color=c, ms=7)
+            ax.annotate(f" {e['router']} up (e{e['epoch']})", (start, level), fontsize=7, color=c, va="center")
             if e["stopped"]:
                 end = e["stopping_ts"] - t0
-                ax.axvline(end, color=c, lw=1, ls="--", alpha=0.6)
-                ax.annotate(f"{e['router']} stop", (end, top), rotation=90, fontsize=7, va="top", ha="right",
-                            color=c)
+                ax.axvline(end, color=c, lw=1, ls="--", alpha=0.5)
+                ax.plot([end], [level], marker="s", color=c, ms=6)
+                ax.annotate(f"{e['router']} stop ", (end, level), fontsize=7, color=c, va="center", ha="right")
             else:
                 end = e["last_ts"] - t0
                 ax.axvline(end, color=c, lw=2, ls=":", alpha=0.9)
-                ax.annotate(f"{e['router']} died (last line)", (end, top), rotation=90, fontsize=7, va="top",
-                            ha="right", color=c)
+                ax.plot([end], [level], marker="X", color="black", ms=9)
+                ax.annotate(f"{e['router']} DIED ", (end, level), fontsize=8, color=c, va="center", ha="right",
+                            fontweight="bold")
         by_router: dict[str, list] = {}
         for e in s["epochs"]:
             by_router.setdefault(e["router"], []).append(e)
@@ -244,7 +250,8 @@ def _figures(report: dict) -> dict[str, str]:
         ax.set_xlabel(f"seconds since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0))} UTC "
                       f"(buckets of {bucket:g} s)")
         ax.set_ylabel("deliveries received / s")
-        ax.set_title("Deliveries per second per router (shaded: router down between epochs)")
+        ax.set_title("Deliveries received per second, per router (\u25b2 start, \u25a0 stop, X died; "
+                     "shaded: down)")
         ax.legend(loc="upper right", fontsize=8)
         ax.grid(alpha=0.3)
         figs["rate"] = _png(fig)
@@ -257,7 +264,14 @@ def _figures(report: dict) -> dict[str, str]:
                     drawstyle="steps-post")
         ax.plot(xs, [p["max"] * 1000 for p in s["latency_series"]], ls="", marker=".", ms=3, label="max",
                 color="grey")
-        ax.set_yscale("log")
+        values = [p["max"] for p in s["latency_series"] if p["max"]] or [1.0]
+        lows = [p["p"][0] for p in s["latency_series"] if p["p"][0]] or [1.0]
+        if max(values) / max(min(lows), 1e-6) > 50:  # wide range (a failover pause): log scale, plain labels
+            from matplotlib.ticker import FuncFormatter
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        else:
+            ax.set_ylim(bottom=0)
         ax.set_xlabel("seconds since start (by arrival at the origin router)")
         ax.set_ylabel("ms")
         ax.set_title("End-to-end latency: arrival at the origin router to the publisher's outcome")
