@@ -206,6 +206,7 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "delivery": {
         "no_subscribers": _choice(NO_SUBSCRIBER_OUTCOMES),
+        "publisher_rcv_settle_mode": _choice(("first", "as-requested")),
         "record_linger": _seconds(positive=False),
         "drain_grace": _seconds(positive=False),
     },
@@ -336,6 +337,8 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         no_subscribers=outcomes.BY_NAME[delivery["no_subscribers"]] if "no_subscribers" in delivery
         else _CORE_DEFAULTS.no_subscribers,
         record_linger=delivery.get("record_linger", _CORE_DEFAULTS.record_linger),
+        publisher_rcv_settle_mode=delivery.get("publisher_rcv_settle_mode",
+                                               _CORE_DEFAULTS.publisher_rcv_settle_mode),
         placeholder_timeout=failover.get("placeholder_timeout", _CORE_DEFAULTS.placeholder_timeout),
         publisher_resume_timeout=failover.get("publisher_resume_timeout",
                                               _CORE_DEFAULTS.publisher_resume_timeout),

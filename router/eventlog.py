@@ -151,10 +151,11 @@ EVENTS: dict[str, dict[str, str]] = {
     "resume-requested": {"link": "long", "role": "string", "reported": "long", "known": "long",
                          "incomplete": "boolean"},
     "resend-matched": {"delivery": "string", "link": "long"},
-    "origin-taken-over": {"delivery": "string", "from_router": "string"},
+    "origin-taken-over": {"delivery": "string", "from_router": "string", "to_router": "string"},
     "placeholder-created": {"delivery": "string", "subscriber": "string"},
     "placeholder-fulfilled": {"delivery": "string", "subscriber": "string"},
     "placeholder-expired": {"delivery": "string", "subscriber": "string"},
+    "placeholder-settled": {"delivery": "string", "subscriber": "string"},
     "owed-moved": {"delivery": "string", "from_router": "string", "subscribers": "array<string>"},
     "owed-state-discarded": {"delivery": "string", "subscriber": "string"},
 }

@@ -158,7 +158,7 @@ def condition_of(cond_ptr) -> tuple[str | None, str | None]:
     return cstr(lib.pn_condition_get_name(cond_ptr)), cstr(lib.pn_condition_get_description(cond_ptr))
 
 
-def attach_event(link: Link, container_id: str) -> LinkAttached:
+def attach_event(link: Link, container_id: str, publishers_settle_first: bool = False) -> LinkAttached:
     """The LinkAttached for a link the peer just attached (AMQP_link_attach)."""
     ptr = link.ptr
     if link.is_receiver:  # the peer sends: a publisher; the address is its target's
@@ -182,12 +182,16 @@ def attach_event(link: Link, container_id: str) -> LinkAttached:
         expiry_policy=_EXPIRY_NAMES.get(lib.pn_terminus_get_expiry_policy(terminus), "session-end"),
         timeout=int(lib.pn_terminus_get_timeout(terminus)),
         snd_settle_mode=int(lib.pn_link_remote_snd_settle_mode(ptr)),
-        rcv_settle_mode=int(lib.pn_link_remote_rcv_settle_mode(ptr)),
+        # The mode in use: the receiver chooses it, so for a publisher (our receiving
+        # link) it is ours when the router settles with the outcome.
+        rcv_settle_mode=lib.PN_RCV_FIRST if link.is_receiver and publishers_settle_first
+        else int(lib.pn_link_remote_rcv_settle_mode(ptr)),
         properties=decode_properties(lib.pn_link_remote_properties(ptr)),
     )
 
 
-def open_link(link: Link, timeout: int, properties: dict | None, max_message_size: int) -> None:
+def open_link(link: Link, timeout: int, properties: dict | None, max_message_size: int,
+              publishers_settle_first: bool = False) -> None:
     """CORE_open_link: mirror the peer's termini and settle modes, set our terminus
     timeout and link properties, then send our attach."""
     ptr = link.ptr
@@ -198,7 +202,10 @@ def open_link(link: Link, timeout: int, properties: dict | None, max_message_siz
     ours = lib.pn_link_target(ptr) if link.is_receiver else lib.pn_link_source(ptr)
     lib.pn_terminus_set_timeout(ours, timeout)
     lib.pn_link_set_snd_settle_mode(ptr, lib.pn_link_remote_snd_settle_mode(ptr))
-    lib.pn_link_set_rcv_settle_mode(ptr, lib.pn_link_remote_rcv_settle_mode(ptr))
+    if link.is_receiver and publishers_settle_first:
+        lib.pn_link_set_rcv_settle_mode(ptr, lib.PN_RCV_FIRST)
+    else:
+        lib.pn_link_set_rcv_settle_mode(ptr, lib.pn_link_remote_rcv_settle_mode(ptr))
     if properties:
         encode_properties(properties, lib.pn_link_properties(ptr))
     if link.is_receiver and max_message_size:

@@ -57,6 +57,7 @@ REJECTED = outcomes.REJECTED
 RELEASED = outcomes.RELEASED
 MODIFIED = outcomes.MODIFIED
 NONE = outcomes.NONE
+_TERMINAL = outcomes.TERMINAL
 
 INTERNAL_ERROR = "amqp:internal-error"
 UNAUTHORIZED = "amqp:unauthorized-access"
@@ -100,7 +101,10 @@ class Engine:
                  secret: str | None = None, handshake_timeout: float = 10.0):
         self.core = core
         self.eventlog = eventlog
+        self.silent: list[Conn] = []  # idle timeout expired: the server cuts these at once
         self.max_message_size = max_message_size
+        settings = getattr(core, "settings", None)  # a test's stand-in core may have none
+        self.publishers_settle_first = settings is None or settings.publisher_rcv_settle_mode == "first"
         self.now = 0.0  # set by the loop once per iteration (one timestamp per iteration)
         self.touched: set[Conn] = set()  # connections that got engine work during this batch
         self.opened: list[Conn] = []  # connections whose peer's open frame just arrived
@@ -169,6 +173,11 @@ class Engine:
                     name, desc = condition_of(lib.pn_transport_condition(conn.transport))
                     log.info("connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer,
                              name, desc)
+                    if desc and "idle-timeout" in desc:
+                        # The peer is silent: the close frame proton queued may never
+                        # leave (on a cut link the socket's send buffer is full), and
+                        # waiting for it would delay failover by TCP's retry time.
+                        self.silent.append(conn)
                 elif etype == PN_TRANSPORT_CLOSED:
                     self.AMQP_connection_lost(conn)
             except Exception as exc:  # a bad peer (or a bug) ends this connection, not the router
@@ -410,7 +419,7 @@ class Engine:
         self._links[link_id] = link
         conn.links[link_id] = link
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
-        event = endpoints.attach_event(link, container_id)
+        event = endpoints.attach_event(link, container_id, self.publishers_settle_first)
         if event.address is not None and event.address.startswith(RESERVED_PREFIX):
             # The inter-router protocol's addresses: never a client's, never the core's.
             log.warning("connection %d (%s): refused link %r to %r: a reserved address",
@@ -569,8 +578,11 @@ class Engine:
                 if code:
                     if code == REJECTED:
                         if cmd.condition:
-                            set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(d)),
-                                          cmd.condition, cmd.description)
+                            cond = lib.pn_disposition_condition(lib.pn_delivery_local(d))
+                            set_condition(cond, cmd.condition, cmd.description)
+                            # An empty info map rather than none: some clients (Azure's
+                            # pyamqp) index the error's third field unconditionally.
+                            lib.pn_data_put_map(lib.pn_condition_info(cond))
                     elif code == MODIFIED:
                         local = lib.pn_delivery_local(d)
                         lib.pn_disposition_set_failed(local, cmd.delivery_failed)
@@ -590,7 +602,12 @@ class Engine:
                 d = link.out.pop(cmd.tag, None)
                 if d is None:
                     continue
-                del self._outgoing[d]
+                entry = self._outgoing.pop(d)
+                if not entry[3] and entry[2] in _TERMINAL:
+                    # A rcv-settle-mode=second subscriber waits for our settlement:
+                    # it carries the outcome it gave, as the final state (a peer such
+                    # as Azure's client reads the state from this disposition).
+                    _delivery_update(d, entry[2])
                 _delivery_settle(d)
                 touched.add(link.conn)
             elif cls is SendData:
@@ -629,7 +646,8 @@ class Engine:
         link = self._links.get(cmd.link_id)
         if link is None:
             return
-        endpoints.open_link(link, cmd.timeout, cmd.properties, self.max_message_size)
+        endpoints.open_link(link, cmd.timeout, cmd.properties, self.max_message_size,
+                            self.publishers_settle_first)
         self.touched.add(link.conn)
 
     def CORE_detach_link(self, cmd: DetachLink) -> None:

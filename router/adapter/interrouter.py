@@ -246,6 +246,8 @@ class InterRouter:
                     name, desc = condition_of(lib.pn_transport_condition(conn.transport))
                     log.info("inter-router connection %d (%s): transport error %s: %s", conn.conn_id,
                              conn.peer, name, desc)
+                    if desc and "idle-timeout" in desc:
+                        self.engine.silent.append(conn)  # see Engine.silent: cut now, not after TCP gives up
                 elif etype == PN_TRANSPORT_CLOSED:
                     self.lost(conn)
             except Exception as exc:  # a bug (or a peer we did not foresee): this connection only

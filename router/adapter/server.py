@@ -279,6 +279,14 @@ class Server:
             if touched:
                 pending |= touched
                 touched.clear()
+        silent = engine.silent
+        if silent:
+            for conn in silent:
+                if not conn.dead:
+                    log.info("connection %d (%s): peer silent past the idle timeout: closing the socket "
+                             "without waiting to send our close", conn.conn_id, conn.peer)
+                    self._cut(conn)
+            silent.clear()
         opened = engine.opened
         if opened:  # the peer's open frame set its idle timeout: schedule keepalives
             now_ms = _mono_ms()

@@ -7,10 +7,10 @@ from collections import deque
 
 class PublisherLink:
     __slots__ = ("link_id", "conn_id", "container_id", "name", "topic", "incarnation", "stream",
-                 "presettled", "credit", "next_seq", "origin")
+                 "presettled", "settles_first", "credit", "next_seq", "origin")
 
     def __init__(self, link_id: int, conn_id: int, container_id: str, name: str, topic: str,
-                 incarnation: str, stream: bytes, presettled: bool):
+                 incarnation: str, stream: bytes, presettled: bool, settles_first: bool = True):
         self.link_id = link_id
         self.conn_id = conn_id
         self.container_id = container_id
@@ -19,6 +19,10 @@ class PublisherLink:
         self.incarnation = incarnation
         self.stream = stream
         self.presettled = presettled
+        # rcv-settle-mode=first (the default of nearly every client): we settle our
+        # side with the final outcome, and that settles the delivery; with second the
+        # publisher settles after it saw the outcome, and we settle after it.
+        self.settles_first = settles_first
         self.credit = 0  # granted and not yet used
         self.next_seq = 0  # publisher order within this stream
         self.origin = None  # its message.OriginTemplate, made on its first message

@@ -9,13 +9,15 @@ module. Pure like the rest of the core.
 from __future__ import annotations
 
 from router.core import outcomes, tags
-from router.core.commands import Log, SendData
+from router.core.commands import DetachLink, Log, SendData
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import DeliveryRecord, MovedState, RouterState, SubscriberState
 
 RESUME_PROPERTY = "eorouter:resume"
 UNSETTLED_PROPERTY = "eorouter:unsettled"
 INCOMPLETE_PROPERTY = "eorouter:incomplete-unsettled"
+# How many resumed publisher streams' unsettled lists a router remembers.
+RESUMED_STREAMS_KEPT = 10_000
 
 _STATE_NAMES = {"none": outcomes.NONE, "accepted": outcomes.ACCEPTED, "rejected": outcomes.REJECTED,
                 "released": outcomes.RELEASED, "modified": outcomes.MODIFIED}
@@ -69,6 +71,7 @@ class ResumptionMixin:
                 # It does not hold it unsettled any more: it settled it.
                 self._settle_record(record, "publisher-resumed", now, out)
         if not incomplete:
+            self._stream_resumed(pub.stream, reported, now, out)
             # Routers holding this stream's deliveries from the dead origin may never
             # hear that the publisher settled some: tell them what it still holds.
             self._flood({"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.settings.router_id,
@@ -80,15 +83,66 @@ class ResumptionMixin:
         of its stream we hold that it does not list, it settled."""
         stream = bytes.fromhex(message["stream"])
         unsettled = {bytes.fromhex(t) for t in message.get("unsettled", ())}
+        at = message["at"]
+        if at == self.settings.router_id:
+            return  # our own announcement, come back round a loop
+        self._stream_resumed(stream, unsettled, now, out)
+        for pub in [p for p in self.publishers.values() if p.stream == stream]:
+            # Its link here still looks live, but the publisher already resumed at
+            # ``at`` (we lost it before we noticed: a cut link, not a death). The
+            # newer attach wins, as link stealing does on one router.
+            out.append(DetachLink(pub.link_id, "amqp:link:stolen", f"the link resumed at router {at}", close=False))
+            self._detach_publisher(pub, "stolen", now, out)
         for record in list(self.records.values()):
             if record.tag[:tags.STREAM_ID_SIZE] != stream or record.pub_settled:
                 continue
-            if record.origin_router is None and record.pub_link in self.publishers:
-                continue  # its publisher is attached here: it settles them itself
             if record.pub_tag not in unsettled:
                 self._settle_record(record, "publisher-resumed", now, out)
-            elif record.origin_router is not None:
-                record.origin_router = message["at"]
+            elif record.origin_router is None:
+                self._hand_origin_over(record, at, now, out)
+            else:
+                record.origin_router = at
+
+    def _stream_resumed(self, stream: bytes, unsettled_pub_tags, now: float, out: list) -> None:
+        """The stream's publisher resumed with a complete unsettled list: remember it,
+        and drop resuming subscribers' placeholders for tags it no longer holds (it
+        settled them; they will never arrive) so they stop holding the stream back."""
+        still = frozenset(tags.outgoing_tag(stream, t) for t in unsettled_pub_tags)
+        resumed = self._resumed_streams
+        resumed[stream] = still
+        resumed.move_to_end(stream)
+        if len(resumed) > RESUMED_STREAMS_KEPT:
+            resumed.popitem(last=False)
+        for sub in list(self.subscribers.values()):
+            waiting = sub.placeholders.get(stream)
+            if not waiting:
+                continue
+            for tag in sorted(waiting - still):
+                waiting.discard(tag)
+                out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
+            if not waiting:
+                self._release_held(sub, stream)
+                self._pump(sub, now, out)
+
+    def _hand_origin_over(self, record: DeliveryRecord, new_origin: str, now: float, out: list) -> None:
+        """The reverse of a takeover: its publisher resumed at ``new_origin`` while we
+        still acted as origin (we were cut off from it, not dead). That router is the
+        origin now; we are one of the routers it waits for, answering for our own
+        subscribers only."""
+        out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": self.settings.router_id,
+                                             "to_router": new_origin}))
+        if record.pub_delivery is not None:
+            self.by_delivery.pop(record.pub_delivery, None)
+            record.pub_delivery = None
+        record.pub_link = -1
+        record.origin_router = new_origin
+        record.remote_routers.clear()
+        record.moved.clear()
+        record.targeted.clear()
+        record.settle_pending = set()
+        self.topics[record.topic].unsettled -= 1
+        record.outcome = None
+        self._maybe_answer_publisher(record, now, out)
 
     def _take_over(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
         """Its origin router died and its publisher resumed here: this router is the
@@ -124,7 +178,7 @@ class ResumptionMixin:
             self.by_delivery.pop(ev.delivery, None)
             record.pub_delivery = None
         elif record.outcome is not None:
-            self._send_publisher_outcome(record, record.outcome, out)
+            self._outcome_to_publisher(record, record.outcome, now, out)
         return True
 
     # ------------------------------------------------------------ subscribers
@@ -140,6 +194,12 @@ class ResumptionMixin:
                 continue  # settled and forgotten here: left out of our answer
             if record is None:
                 stream = tag[:tags.STREAM_ID_SIZE]
+                still = self._resumed_streams.get(stream)
+                if still is not None and tag not in still:
+                    # Its publisher resumed without it: settled (its router died
+                    # before this subscriber heard). Left out of our answer.
+                    out.append(Log("placeholder-settled", {"subscriber": key, "delivery": tag.hex()}))
+                    continue
                 sub.placeholders.setdefault(stream, set()).add(tag)
                 self._add_timer(now + self.settings.placeholder_timeout, self._TIMER_PLACEHOLDER, (sub, tag))
                 out.append(Log("placeholder-created", {"subscriber": key, "delivery": tag.hex()}))
@@ -156,7 +216,7 @@ class ResumptionMixin:
                 out.append(Log("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
                                                "outcome": outcomes.NAMES[code], "settled": False}))
                 self._after_subscriber_outcome(record, key, now, out)
-            answer.append([tag, state_name(state.outcome)])
+            answer.append((tag, record, state))
         if not incomplete:
             # Unsettled records it did not report: it never got them.
             for record in topic.records.values():
@@ -164,6 +224,9 @@ class ResumptionMixin:
                     state = record.subscribers.get(key)
                     if state is None or state.outcome is None:
                         self._owe_here(record, key)
+        # Its reported outcome may have been the last answer a record needed, and
+        # the record settled meanwhile: that one is settled, so left out too.
+        answer = [[tag, state_name(state.outcome)] for tag, record, state in answer if not record.pub_settled]
         out.append(Log("resume-requested", {"link": sub.link_id, "role": "subscriber", "reported": len(reported),
                                             "known": len(answer), "incomplete": incomplete}))
         return answer
@@ -184,6 +247,16 @@ class ResumptionMixin:
     def _placeholder_blocks(self, sub, record: DeliveryRecord) -> bool:
         return bool(sub.placeholders) and record.tag[:tags.STREAM_ID_SIZE] in sub.placeholders \
             and record.tag not in sub.placeholders[record.tag[:tags.STREAM_ID_SIZE]]
+
+    def _after_distribute_to_resumed(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
+        """A new record was queued (never sent directly) for subscribers holding
+        placeholders: fulfil theirs, then send it through the placeholder check."""
+        resumed = [sub for sub in topic.subscriptions.values() if sub.placeholders]
+        if not resumed:
+            return
+        self._fulfil_placeholders(record, now, out)
+        for sub in resumed:
+            self._pump(sub, now, out)
 
     def _fulfil_placeholders(self, record: DeliveryRecord, now: float, out: list) -> None:
         """A delivery arrived here: resumed subscribers waiting for it get it first,

@@ -31,7 +31,7 @@ from router.core.commands import (
 )
 from router.core.errors import ProtocolError
 from router.core.events import (
-    DURABLE_NONE, PUBLISHER, SND_SETTLED, SUBSCRIBER, ConnectionLost, ControlReceived, CreditChanged,
+    DURABLE_NONE, PUBLISHER, RCV_FIRST, SND_SETTLED, SUBSCRIBER, ConnectionLost, ControlReceived, CreditChanged,
     DataReceived, LinkAttached, LinkDetached, MessageReceived, MessageTooLarge, OutcomeReceived, PeerConnected,
     ListenersReady, PeerLost, PublisherSettled, ShutdownRequested, TimerFired,
 )
@@ -42,7 +42,7 @@ from router.core.network import (
     Network, announcement_from, announcement_message, link_state_from, link_state_message, snapshot_from,
 )
 from router.core.records import DeliveryRecord, RouterState, SubscriberState
-from router.core.resumption import ResumptionMixin, reported_unsettled
+from router.core.resumption import ResumptionMixin, _split_key, reported_unsettled
 from router.core.settings import CoreSettings
 
 # Link property through which a publisher presents (and learns) its incarnation.
@@ -117,6 +117,11 @@ class RouterCore(ResumptionMixin):
         # publisher stream -> the highest stream_seq seen here (from its publisher or
         # relayed): a publisher that resumes here continues its stream's numbering.
         self._stream_seq: dict[bytes, int] = {}
+        # publisher stream -> the outgoing tags its publisher still held unsettled when
+        # it last resumed with a complete list (here, or announced by "stream-resumed"):
+        # any other tag of the stream published before then it had settled, so a
+        # resuming subscriber's placeholder for it would wait for nothing. Bounded.
+        self._resumed_streams: OrderedDict[bytes, frozenset] = OrderedDict()
         self._lost: set[str] = set()  # of those, the ones unreachable now
         self._flooded: set = set()  # announcements already flooded on: (router, epoch, boot, version)
         self._awaiting_acks: dict[str, tuple] = {}  # subscriber key -> (link id, routers yet to confirm)
@@ -214,7 +219,7 @@ class RouterCore(ResumptionMixin):
         self.streams[stream] = triple
         topic = self._topic(address)
         pub = PublisherLink(ev.link_id, ev.conn_id, ev.container_id, ev.name, address, incarnation,
-                            stream, ev.snd_settle_mode == SND_SETTLED)
+                            stream, ev.snd_settle_mode == SND_SETTLED, ev.rcv_settle_mode == RCV_FIRST)
         self.publishers[ev.link_id] = pub
         topic.publishers[ev.link_id] = pub
         properties = {INCARNATION_PROPERTY: incarnation}
@@ -409,6 +414,12 @@ class RouterCore(ResumptionMixin):
         if closed or not sub.durable or sub.timeout <= 0:
             self._end_subscription(sub, now, out, reason=reason)
             return
+        elsewhere = self.net.membership.where(_split_key(sub.key))
+        if elsewhere is not None and elsewhere != self.settings.router_id:
+            # It already re-attached at another router (it lost us before we lost
+            # it: a cut link, not a death): what it is owed here follows it there.
+            self._local_subscriber_moved(sub.key, elsewhere, now, out)
+            return
         sub.expires_at = now + sub.timeout
         self._add_timer(sub.expires_at, _TIMER_SUBSCRIPTION, sub)
         # What was sent and not answered will be resent on re-attach. The settlements
@@ -550,7 +561,7 @@ class RouterCore(ResumptionMixin):
             self._owe_lost_subscribers(record, out)
         for sub in topic.subscriptions.values():  # only resumed subscribers hold placeholders
             if sub.placeholders:
-                self._fulfil_placeholders(record, now, out)
+                self._after_distribute_to_resumed(record, topic, now, out)
                 break
         if not states and not routers and not record.moved:
             self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
@@ -578,7 +589,7 @@ class RouterCore(ResumptionMixin):
             link_id = sub.link_id
             if link_id is None:
                 continue  # durable, detached: it gets the record on re-attach
-            if sub.credit > 0 and sub.ready and not sub.queue:
+            if sub.credit > 0 and sub.ready and not sub.queue and not sub.placeholders:
                 sub.credit -= 1
                 state.sent = sub.send_counter = sub.send_counter + 1
                 state.link = link_id
@@ -627,11 +638,39 @@ class RouterCore(ResumptionMixin):
             "delivery": delivery_id, "topic": topic.name, "publisher": pub.container_id,
             "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
             "stream_seq": pub.next_seq - 1, "size": len(ev.payload), "settled": True, "owed": []}))
+        self._best_effort_to_local(topic, tag, payload, out)
+        interested = self.net.interested_routers(topic.name)
+        if interested:
+            # One copy per next hop, as for exactly-once, but nobody answers it.
+            base = {"origin": self.settings.router_id, "epoch": self.epoch, "boot": self.boot_id,
+                    "topic": topic.name, "pub": pub.container_id, "link": pub.name, "ptag": ptag.hex(),
+                    "inc": pub.incarnation, "seq": pub.next_seq - 1, "hops": 0, "be": True}
+            for hop, dests in self.net.split(sorted(interested)).by_next_hop.items():
+                header = dict(base)
+                header["dests"] = sorted(dests)
+                out.append(SendData(hop, tag, header, payload))
+                out.append(Log("forwarded-to-router", {"delivery": delivery_id, "to_router": hop,
+                                                       "dests": header["dests"]}))
+        self._refill_credit(topic, out)
+
+    def _best_effort_to_local(self, topic: Topic, tag: bytes, payload: bytes, out: list) -> None:
+        """A pre-settled copy to every local subscriber with credit now (at-most-once)."""
         for sub in topic.subscriptions.values():
             if sub.link_id is not None and sub.credit > 0:
                 sub.credit -= 1
                 out.append(Forward(sub.link_id, tag, payload, True))
-        self._refill_credit(topic, out)
+
+    def _best_effort_from_router(self, ev: DataReceived, header: dict, out: list) -> None:
+        """A pre-settled delivery relayed from its publisher's router: copies to our
+        subscribers with credit now; no record, no answer, no order hold."""
+        topic = self.topics.get(header.get("topic"))
+        out.append(Log("received", {
+            "delivery": ev.tag.hex(), "topic": header.get("topic"), "publisher": header.get("pub"),
+            "link_name": header.get("link"), "pub_tag": header.get("ptag"), "incarnation": header.get("inc"),
+            "stream_seq": header.get("seq", 0), "size": len(ev.payload), "settled": True, "owed": [],
+            "origin_router": header.get("origin")}))
+        if topic is not None:
+            self._best_effort_to_local(topic, ev.tag, ev.payload, out)
 
     def _on_too_large(self, ev: MessageTooLarge, now: float, out: list) -> None:
         pub = self.publishers.get(ev.link_id)
@@ -812,10 +851,22 @@ class RouterCore(ResumptionMixin):
             if record.pub_link == GONE:
                 self._settle_record(record, "publisher-gone", now, out)
             return  # it hears the outcome when it resumes and resends
+        self._outcome_to_publisher(record, outcome, now, out)
+
+    def _outcome_to_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
+        """Send the final ``outcome`` on the publisher's delivery. On a link whose
+        rcv-settle-mode is first, AMQP has the receiver (us) settle spontaneously:
+        we settle with the outcome, which settles the delivery for both sides (a
+        client that waits for a settled disposition, as Azure's does, needs this).
+        With second, the publisher settles after it saw the outcome."""
+        pub = self.publishers.get(record.pub_link)
+        first = pub is not None and pub.settles_first
         if outcome is OUTCOME_ACCEPTED:  # the usual answer, without the detour
-            out.append(_new(SendOutcome, (record.pub_delivery, ACCEPTED, False, None, None, False, False)))
+            out.append(_new(SendOutcome, (record.pub_delivery, ACCEPTED, first, None, None, False, False)))
         else:
-            self._send_publisher_outcome(record, outcome, out)
+            self._send_publisher_outcome(record, outcome, out, settle=first)
+        if first:
+            self._settle_record(record, "router", now, out)
 
     def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list,
                                 settle: bool = False) -> None:
@@ -1272,7 +1323,10 @@ class RouterCore(ResumptionMixin):
                 out.append(Log("forwarded-to-router", {"delivery": ev.tag.hex(), "to_router": hop,
                                                        "dests": relayed["dests"]}))
         if me in dests:
-            self._in_publisher_order(ev, header, now, out)
+            if header.get("be"):
+                self._best_effort_from_router(ev, header, out)
+            else:
+                self._in_publisher_order(ev, header, now, out)
 
     def _in_publisher_order(self, ev: DataReceived, header: dict, now: float, out: list) -> None:
         """Deliver a relayed copy only after its predecessor from the same publisher
@@ -1319,6 +1373,13 @@ class RouterCore(ResumptionMixin):
             elif record.origin_router is not None and record.outcome is not None and not record.pub_settled:
                 self._answer_origin(record, out)
             return
+        if tag in self._settled_tags:
+            # Settled here and forgotten: never deliver it again. The sender still
+            # thinks it is the origin (it was cut off while its publisher resumed
+            # here and we finished the delivery as origin): tell it it is done.
+            self._route_control(report_to, {"t": "settle", "d": tag.hex(), "done": True}, out)
+            out.append(Log("dropped", {"delivery": tag.hex(), "reason": "already settled here"}))
+            return
         topic_name = header["topic"]
         topic = self.topics.get(topic_name)
         owed_here = topic is not None and any(not s.best_effort for s in topic.subscriptions.values())
@@ -1359,7 +1420,7 @@ class RouterCore(ResumptionMixin):
         self._saw_seq(record)
         self.records[tag] = record
         topic.records[record.order] = record
-        self._fulfil_placeholders(record, now, out)
+        self._after_distribute_to_resumed(record, topic, now, out)
         if record.expires_at is not None:
             if record.expires_at <= now:
                 self._expire_message(record, now, out)
@@ -1369,9 +1430,14 @@ class RouterCore(ResumptionMixin):
             self._best_effort_copies(topic, tag, ev.payload, out)
 
     def _on_router_outcome(self, message: dict, now: float, out: list) -> None:
-        record = self.records.get(bytes.fromhex(message["d"]))
+        tag = bytes.fromhex(message["d"])
+        record = self.records.get(tag)
         sender = message.get("from")
         if record is None:
+            if tag in self._settled_tags and sender:
+                # Settled and forgotten here, but the settlement we relayed to it was
+                # lost (a cut link): without this it would hold its record for ever.
+                self._route_control(sender, {"t": "settle", "d": message["d"]}, out)
             return
         key = message.get("key")
         if key is not None:
@@ -1409,6 +1475,11 @@ class RouterCore(ResumptionMixin):
         sender = message.get("from")
         if record is not None and (record.origin_router == sender or sender in record.targeted.values()):
             self._settle_record(record, "origin-router", now, out)
+        elif record is not None and message.get("done") and record.origin_router is None \
+                and record.pub_delivery is None and not record.pub_settled:
+            # We still act as its origin, but its publisher is not here: it resumed
+            # at another router, which finished and settled the delivery meanwhile.
+            self._settle_record(record, "settled-elsewhere", now, out)
         self._route_control(sender, {"t": "settle-ack", "d": message["d"]}, out)
 
     def _on_settle_ack(self, message: dict, now: float, out: list) -> None:

@@ -25,6 +25,11 @@ class CoreSettings:
     # How long a settled record is kept when no later evidence shows every receiver
     # saw the settlement (the publisher's last delivery has no "later" one).
     record_linger: float = 2.0
+    # A publisher link's receiver settle mode (AMQP lets the receiver, the router,
+    # choose it): "first" settles every delivery with its final outcome, whatever
+    # the publisher asked for; "as-requested" honours a publisher asking for second
+    # (outcome unsettled, the router settles after the publisher did).
+    publisher_rcv_settle_mode: str = "first"
     # Failover (docs/resumption.md): how long a resumed subscriber's placeholder
     # blocks its publisher stream, and how long a detached publisher's deliveries
     # wait for it to resume before the router settles them on its behalf.

@@ -278,6 +278,7 @@ class Received:
     decode_error: str | None = None
     arrived_settled: bool = False  # the router sent it pre-settled
     remote_settled: bool = False  # the router has settled it (now or on arrival)
+    settled_state: str | None = None  # the state in the router's settling disposition
     outcome: str | None = None  # what we answered
     locally_settled: bool = False
     at: float = field(default_factory=time.monotonic)
@@ -328,6 +329,7 @@ class Subscriber(_LinkEnd):
             known = self._by_tag.get(tag)
             if known is not None and dlv.settled:
                 known.remote_settled = True
+                known.settled_state = OUTCOME_NAMES.get(int(dlv.remote_state or 0))
                 if known.outcome is not None and not known.locally_settled:
                     dlv.settle()  # rcv-settle-mode=second: we settle after the router did
                     known.locally_settled = True
@@ -462,12 +464,14 @@ class Conn:
         return self._session
 
     def publisher(self, topic: str | None, name: str | None = None, *, presettled: bool = False,
-                  auto_settle: bool = True, wait: bool = True) -> Publisher:
-        """A sender link with target address ``topic`` (None: no address at all)."""
+                  auto_settle: bool = True, rcv_second: bool = False, wait: bool = True) -> Publisher:
+        """A sender link with target address ``topic`` (None: no address at all).
+        ``rcv_second`` asks for rcv-settle-mode=second (the router decides)."""
         link = self.session().sender(name or unique(f"pub-{topic}"))
         link.target.address = topic
         link.source.address = None
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_SECOND if rcv_second else Link.RCV_FIRST
         pub = Publisher(self, link, auto_settle=auto_settle)
         self.links.append(pub)
         link.open()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from proton import Message
+from proton import Link, Message
 
 from amqpclients import TERMINAL, assert_round_trip, unique
 
@@ -318,11 +318,39 @@ def test_at_most_once_subscriber_is_never_owed(router, amqp):
 # --------------------------------------------------------------------------- settlement
 
 
-def test_rcv_settle_mode_second_settled_only_after_publisher_settled(router, amqp):
+def test_publisher_gets_its_outcome_settled_and_a_second_mode_subscriber_its_settlement(router, amqp):
+    # Default: the router chooses rcv-settle-mode=first for publisher links, whatever
+    # they ask, and settles each delivery with its final outcome.
+    topic = unique("firstpub")
+    second = amqp.connect(router.url).subscriber(topic, rcv_second=True)
+    pub = amqp.connect(router.url).publisher(topic, auto_settle=False, rcv_second=True)
+    assert pub.link.remote_rcv_settle_mode == Link.RCV_FIRST, "the router states the mode it uses"
+    sent = pub.send("x")
+    amqp.wait(lambda: second.received, what="subscriber receives")
+    rec = second.received[0]
+    second.accept(rec)  # rcv-settle-mode=second: outcome sent unsettled
+    amqp.wait(lambda: sent.remote_settled, what="the publisher's outcome, settled")
+    assert sent.outcome == "accepted"
+    amqp.wait(lambda: rec.remote_settled, what="the settlement relayed to the rcv-second subscriber")
+    assert rec.settled_state == "accepted", "the settling disposition echoes the subscriber's outcome"
+    assert rec.locally_settled
+    delivery = rec.tag.hex()
+    settled = [e for e in router.events() if e["event"] == "settled" and e.get("delivery") == delivery]
+    assert [e.get("by") for e in settled] == ["router"]
+
+
+@pytest.fixture(scope="module")
+def two_step_router(module_router_factory):
+    return module_router_factory("TWO", delivery={"publisher_rcv_settle_mode": "as-requested"})
+
+
+def test_rcv_settle_mode_second_settled_only_after_publisher_settled(two_step_router, amqp):
+    router = two_step_router
     topic = unique("second")
     second = amqp.connect(router.url).subscriber(topic, rcv_second=True)
     first = amqp.connect(router.url).subscriber(topic, auto_accept=True)
-    pub = amqp.connect(router.url).publisher(topic, auto_settle=False)
+    pub = amqp.connect(router.url).publisher(topic, auto_settle=False, rcv_second=True)
+    assert pub.link.remote_rcv_settle_mode == Link.RCV_SECOND
     sent = pub.send("x")
     wait_received(amqp, [second, first], 1)
     rec = second.received[0]
@@ -335,12 +363,14 @@ def test_rcv_settle_mode_second_settled_only_after_publisher_settled(router, amq
     pub.settle(sent)
     amqp.wait(lambda: rec.remote_settled, what="router relaying the publisher's settlement")
     assert rec.locally_settled
+    assert rec.settled_state == "accepted"
 
 
-def test_publisher_gone_router_settles_on_its_behalf(router, amqp):
+def test_publisher_gone_router_settles_on_its_behalf(two_step_router, amqp):
+    router = two_step_router
     topic = unique("pubgone2nd")
     second = amqp.connect(router.url).subscriber(topic, rcv_second=True)
-    pub = amqp.connect(router.url).publisher(topic, auto_settle=False)
+    pub = amqp.connect(router.url).publisher(topic, auto_settle=False, rcv_second=True)
     sent = pub.send("x")
     amqp.wait(lambda: len(second.received) == 1, what="subscriber receives")
     rec = second.received[0]

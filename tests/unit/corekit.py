@@ -40,9 +40,13 @@ class Harness:
         return self.do(TimerFired())
 
     def attach_publisher(self, link, topic="t", name=None, container="pub", conn=None, settled=False,
-                         properties=None):
+                         properties=None, rcv_first=False):
+        """``rcv_first=False`` (rcv-settle-mode=second): the two-step flow most exact
+        command lists here follow (outcome unsettled, then the publisher settles);
+        tests of the first-mode answer (outcome and settlement at once) pass True."""
         return self.do(LinkAttached(link, conn if conn is not None else link, container, name or f"p{link}",
                                     PUBLISHER, topic, snd_settle_mode=SND_SETTLED if settled else SND_MIXED,
+                                    rcv_settle_mode=RCV_FIRST if rcv_first else RCV_SECOND,
                                     properties=properties))
 
     def attach_subscriber(self, link, topic="t", name=None, container="sub", conn=None, durable=DURABLE_NONE,

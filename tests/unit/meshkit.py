@@ -105,10 +105,12 @@ class Mesh:
 
     # ------------------------------------------------------------ clients
 
-    def publisher(self, router, name="pub", container="P", properties=None):
+    def publisher(self, router, name="pub", container="P", properties=None, rcv_first=False):
+        """``rcv_first``: the router settles with the outcome (rcv-settle-mode=first);
+        otherwise the test settles the publisher's delivery itself (settle_publisher)."""
         link = next(self._link)
         self.feed(router, LinkAttached(link, link, container, name, PUBLISHER, "t", snd_settle_mode=SND_MIXED,
-                                       properties=properties))
+                                       rcv_settle_mode=0 if rcv_first else 1, properties=properties))
         self.settle()
         return link
 

@@ -291,6 +291,52 @@ def test_rcv_settle_second_sees_settlement_only_after_publisher_and_record_needs
     assert [e.fields["reason"] for e in h.logs if e.kind == "record-deleted"] == ["receivers-know-settled"]
 
 
+def test_rcv_first_publisher_gets_its_outcome_settled_and_that_settles_the_delivery():
+    # rcv-settle-mode=first (every client's default): AMQP has the receiver settle
+    # spontaneously. The final outcome goes out settled, and that is the delivery's
+    # settlement: the subscriber's copy is settled at once, with no publisher settle.
+    h = Harness()
+    h.attach_publisher(1, rcv_first=True)
+    h.attach_subscriber(2)
+    h.credit(2, 10)
+    delivery, _ = h.publish(1, b"1")
+    tag = stream_tag(b"1")
+    assert h.answer(2, tag) == [SendOutcome(delivery, outcomes.ACCEPTED, True), SettleOutgoing(2, tag)]
+    assert h.core.record_count() == 0  # the subscriber settled first: it knows
+    assert h.log_kinds()[-3:] == ["sub-outcome", "pub-outcome", "settled"]
+    assert h.logs[-1].fields == {"delivery": tag.hex(), "by": "router", "deleted": True}
+    assert h.settle(1, delivery) == []  # a crossing settle from the publisher changes nothing
+
+
+def test_rcv_first_publisher_gets_a_rejection_settled_too():
+    h = Harness(record_linger=30)
+    h.attach_publisher(1, rcv_first=True)
+    h.attach_subscriber(2, rcv_second=True)
+    h.attach_subscriber(3)
+    h.credit(2, 10)
+    h.credit(3, 10)
+    delivery, _ = h.publish(1, b"1")
+    tag = stream_tag(b"1")
+    assert h.answer(3, tag) == []
+    # The second-mode subscriber holds its copy unsettled until the delivery is settled.
+    assert h.answer(2, tag, outcomes.REJECTED, settled=False, condition="app:bad", description="no") == [
+        SendOutcome(delivery, outcomes.REJECTED, True, "app:bad", "no"), SettleOutgoing(2, tag),
+        SettleOutgoing(3, tag)]
+    assert h.core.record_count() == 1  # 2 has not yet shown it saw the settlement
+
+
+def test_rcv_first_publisher_released_at_shutdown_is_settled():
+    h = Harness()
+    h.attach_publisher(1, rcv_first=True)
+    h.attach_subscriber(2)
+    h.credit(2, 5)
+    d1, _ = h.publish(1, b"1")
+    assert h.shutdown(grace=3) == []
+    commands = h.advance(3.1)
+    assert commands == [SendOutcome(d1, outcomes.RELEASED, True), SettleOutgoing(2, stream_tag(b"1")),
+                        ShutdownComplete()]
+
+
 def test_last_delivery_record_lingers_then_goes():
     h = Harness(record_linger=2.0)
     h.attach_publisher(1)

@@ -63,6 +63,7 @@ SAMPLE_FIELDS = {
     "placeholder-created": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
     "placeholder-fulfilled": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
     "placeholder-expired": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
+    "placeholder-settled": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
     "owed-moved": {"delivery": "ab12", "from_router": "C", "subscribers": ["sub-1/recv-1"]},
     "owed-state-discarded": {"delivery": "ab12", "subscriber": "sub-1/recv-1"},
 }

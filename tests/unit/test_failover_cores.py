@@ -148,3 +148,111 @@ def test_takeover_does_not_answer_with_the_old_origins_partial_outcome():
     assert mesh.outcomes_for("B", delivery) == [], "C's subscriber has not answered yet"
     mesh.answer("C", sc, mesh.forwarded("C", sc)[0].tag)
     assert [c.outcome for c in mesh.outcomes_for("B", delivery)] == [outcomes.ACCEPTED]
+
+
+# ------------------------------------------------------------------ placeholders that nothing fills
+
+
+def _accept_unsettled(mesh, router, link, tag):
+    """A rcv-settle-mode=second subscriber's answer: accepted, not yet settled."""
+    from router.core.events import OutcomeReceived
+    mesh.feed(router, OutcomeReceived(link, tag, outcomes.ACCEPTED, False))
+    mesh.settle()
+
+
+def _resume_subscriber(mesh, router, name, reported):
+    return mesh.subscriber(router, name, durable=2, timeout=60, properties={
+        "eorouter:resume": True, "eorouter:unsettled": [[tag, state] for tag, state in reported]})
+
+
+def _kill_a_with_one_settled_delivery(mesh):
+    """Publisher and subscriber on A: #1 accepted and settled at A (the subscriber
+    never heard: A dies), #2 and #3 in flight. Returns (incarnation, tags, payloads)."""
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payloads = {n: encode(f"m{n}") for n in (1, 2, 3)}
+    deliveries = [mesh.publish("A", pub, str(n).encode(), payload=payloads[n]) for n in (1, 2, 3)]
+    copies = mesh.forwarded("A", sub)
+    _accept_unsettled(mesh, "A", sub, copies[0].tag)
+    assert mesh.outcomes_for("A", deliveries[0]) == [SendOutcome(deliveries[0], outcomes.ACCEPTED, True)]
+    mesh.kill("A")
+    return incarnation, [c.tag for c in copies], payloads
+
+
+def _resume_publisher(mesh, router, incarnation, unsettled):
+    return mesh.publisher(router, name="p", container="P", rcv_first=True, properties={
+        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True,
+        "eorouter:unsettled": [[n, "none"] for n in unsettled]})
+
+
+def test_a_delivery_its_publisher_settled_before_resuming_here_gets_no_placeholder():
+    mesh = Mesh(*TRIANGLE)
+    incarnation, (t1, t2, t3), payloads = _kill_a_with_one_settled_delivery(mesh)
+    pub = _resume_publisher(mesh, "B", incarnation, [b"2", b"3"])
+    sub = _resume_subscriber(mesh, "B", "k", [(t1, "accepted"), (t2, "none"), (t3, "none")])
+    logs = [e.kind for e in mesh.logs["B"]]
+    assert "placeholder-settled" in logs
+    assert [tag for tag, _ in open_properties(mesh, "B", sub)["eorouter:unsettled"]] == []
+    resent = [mesh.publish("B", pub, n, payload=payloads[int(n)]) for n in (b"2", b"3")]
+    d4 = mesh.publish("B", pub, b"4", body="m4")
+    got = mesh.forwarded("B", sub)
+    assert [decode(c.payload).body for c in got] == ["m2", "m3", "m4"], "no wait, in publisher order"
+    for copy in got:
+        mesh.answer("B", sub, copy.tag)
+    for d in resent + [d4]:
+        assert [c.outcome for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED]
+    mesh.advance(3)
+    assert "placeholder-expired" not in [e.kind for e in mesh.logs["B"]]
+    assert all(core.record_count() == 0 for name, core in mesh.cores.items() if name != "A")
+
+
+def test_a_placeholder_is_dropped_when_its_publisher_resumes_elsewhere_without_it():
+    mesh = Mesh(*TRIANGLE)
+    incarnation, (t1, t2, t3), payloads = _kill_a_with_one_settled_delivery(mesh)
+    sub = _resume_subscriber(mesh, "B", "k", [(t1, "accepted"), (t2, "none"), (t3, "none")])
+    assert [e.kind for e in mesh.logs["B"]].count("placeholder-created") == 3
+    pub = _resume_publisher(mesh, "C", incarnation, [b"2", b"3"])  # "stream-resumed" reaches B
+    assert [e.fields["delivery"] for e in mesh.logs["B"] if e.kind == "placeholder-settled"] == [t1.hex()]
+    for n in (b"2", b"3"):
+        mesh.publish("C", pub, n, payload=payloads[int(n)])
+    mesh.publish("C", pub, b"4", body="m4")
+    got = mesh.forwarded("B", sub)
+    assert [decode(c.payload).body for c in got] == ["m2", "m3", "m4"]
+    assert "placeholder-expired" not in [e.kind for e in mesh.logs["B"]]
+
+
+def test_a_new_delivery_waits_behind_a_placeholder_of_its_stream():
+    """The subscriber has credit and an empty queue: a new delivery of a stream it
+    holds a placeholder for must still wait for that placeholder."""
+    from router.core import tags
+    mesh = Mesh("A", [])
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    stream = tags.stream_id("P", "p", incarnation)
+    missing = tags.outgoing_tag(stream, b"0")  # a delivery of this stream not seen here yet
+    sub = _resume_subscriber(mesh, "A", "k", [(missing, "none")])
+    d1 = mesh.publish("A", pub, b"1", body="m1")
+    assert mesh.forwarded("A", sub) == [], "held behind the placeholder"
+    mesh.advance(mesh.cores["A"].settings.placeholder_timeout + 0.5)
+    assert [decode(c.payload).body for c in mesh.forwarded("A", sub)] == ["m1"]
+    mesh.answer("A", sub, mesh.forwarded("A", sub)[0].tag)
+    assert [c.outcome for c in mesh.outcomes_for("A", d1)] == [outcomes.ACCEPTED]
+
+
+def test_a_resumed_answer_that_completes_a_delivery_is_not_listed_as_unsettled():
+    """Its reported "accepted" was the last answer the record needed: the delivery
+    settles in the same step (rcv-settle-mode=first publisher), so the router's
+    answer leaves it out (settled) instead of promising a settlement that never comes."""
+    mesh = Mesh("A", [], record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", rcv_first=True)
+    d1 = mesh.publish("A", pub, b"1", body="one")
+    (first,) = mesh.forwarded("A", sub)
+    mesh.detach("A", sub)  # it accepted, but the answer was lost with its connection
+    resumed = _resume_subscriber(mesh, "A", "k", [(first.tag, "accepted")])
+    assert open_properties(mesh, "A", resumed)["eorouter:unsettled"] == []
+    assert mesh.outcomes_for("A", d1) == [SendOutcome(d1, outcomes.ACCEPTED, True)]
+    assert mesh.forwarded("A", resumed) == []
+    mesh.advance(1.5)
+    assert mesh.cores["A"].record_count() == 0

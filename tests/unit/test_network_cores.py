@@ -40,6 +40,20 @@ def test_subscribers_everywhere_get_it_once_and_accept_waits_for_the_farthest():
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
+def test_rcv_first_publisher_settled_with_the_outcome_and_settlement_reaches_every_router():
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C")])
+    subs = {r: mesh.subscriber(r, f"s{r}") for r in "ABC"}
+    pub = mesh.publisher("A", rcv_first=True)
+    delivery = mesh.publish("A", pub, b"1")
+    tag = mesh.forwarded("A", subs["A"])[0].tag
+    for r in "ABC":
+        mesh.answer(r, subs[r], tag)
+    assert mesh.outcomes_for("A", delivery) == [SendOutcome(delivery, outcomes.ACCEPTED, True)]
+    for r in "ABC":
+        assert SettleOutgoing(subs[r], tag) in mesh.client[r], f"settlement relayed to {r}"
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
 def test_a_rejection_far_away_reaches_the_publisher():
     mesh = Mesh("ABC", [("A", "B"), ("B", "C")])
     sa, sc = mesh.subscriber("A", "sa"), mesh.subscriber("C", "sc")
@@ -182,3 +196,29 @@ def test_a_lost_predecessor_does_not_block_for_ever():
     mesh.advance(5.5)
     assert [decode(f.payload).body for f in mesh.forwarded("B", sb)] == ["two"]
     assert any(e.kind == "order-gap" for e in mesh.logs["B"])
+
+
+def test_a_settlement_lost_with_a_cut_link_is_repeated_when_the_outcome_comes_again():
+    """The origin relayed its settlement just as the link to B was cut, then forgot
+    the record. When B repeats its outcome after the heal, the origin tells it again
+    that the delivery is settled, so B's record goes too."""
+    from router.core.events import OutcomeReceived
+    mesh = Mesh("AB", [("A", "B")], record_linger=1.0)
+    sub = mesh.subscriber("B", "sb", durable=2, timeout=60)
+    pub = mesh.publisher("A", rcv_first=True)
+    delivery = mesh.publish("A", pub, b"1")
+    (copy,) = mesh.forwarded("B", sub)
+    mesh.feed("B", OutcomeReceived(sub, copy.tag, outcomes.ACCEPTED, True))
+    pair, conn, target, event = mesh.inflight.popleft()  # B's outcome, to A
+    assert target == "A"
+    mesh.feed("A", event)
+    assert mesh.outcomes_for("A", delivery) == [SendOutcome(delivery, outcomes.ACCEPTED, True)]
+    mesh.cut("A", "B")  # A's "settle" for B is lost with the link
+    mesh.settle()
+    mesh.advance(1.5)
+    assert mesh.cores["A"].record_count() == 0, "A forgot it after record_linger"
+    assert mesh.cores["B"].record_count() == 1
+    mesh.connect("A", "B")
+    mesh.settle()
+    mesh.advance(1.5)
+    assert mesh.cores["B"].record_count() == 0, "B learned the settlement after the heal"

@@ -64,7 +64,11 @@ def test_exactly_once_in_order_under_drops_and_duplicates(topology, data, plan):
     # Durable: a router cut off from the others counts as dead until it is back, and
     # what the network owes is owed to durable subscribers (docs/resumption.md).
     subs = {r: mesh.subscriber(r, f"s{r}", durable=2, timeout=1000) for r in where}
-    pubs = [("A", mesh.publisher("A", name="p0")), (names[-1], mesh.publisher(names[-1], name="p1"))]
+    # Either settle mode: first has the router settle with the outcome, second waits
+    # for the publisher's settle (sent below, after the outcome).
+    first = data.draw(st.tuples(st.booleans(), st.booleans()), label="rcv-settle-mode first")
+    pubs = [("A", mesh.publisher("A", name="p0", rcv_first=first[0])),
+            (names[-1], mesh.publisher(names[-1], name="p1", rcv_first=first[1]))]
     sent = {0: 0, 1: 0}
     cut: list = []
     answered: set = set()
@@ -120,7 +124,9 @@ def test_exactly_once_in_order_under_drops_and_duplicates(topology, data, plan):
     for delivery, (router, link, p, n) in deliveries.items():
         answers = mesh.outcomes_for(router, delivery)
         assert [a.outcome for a in answers] == [outcomes.ACCEPTED], (delivery, answers)
-        mesh.settle_publisher(router, link, delivery)
+        assert answers[0].settle is first[p]
+        if not first[p]:
+            mesh.settle_publisher(router, link, delivery)
     mesh.advance(6.0)
     for name, core in mesh.cores.items():
         assert core.record_count() == 0, (name, list(core.records.values())[:3])
