@@ -113,4 +113,4 @@ function seqOf(message) {
   return m ? Number(m[1]) : null;
 }
 
-module.exports = { parse, now, Ledger, body, hex, seqOf, digest, incarnationOf };
+module.exports = { parse, now, Ledger, body, hex, seqOf, digest, incarnationOf, inlinePubTag };
