@@ -6,8 +6,10 @@ An input is one of:
 - an ``events/`` directory, or one log file;
 - a directory of router data directories (what ``eorouter network`` / the demo leave);
 - a Parquet dataset written by ``eorouter logs compact`` (a directory of ``*.parquet``);
-- any URI Spark reads (``hdfs://``, ``s3a://``, a glob, ...): passed to Spark as given;
-  ``--format`` (or a ``.parquet`` suffix) says which reader.
+- any URI Spark reads (``hdfs://``, ``s3a://``, ``file://``, a glob such as
+  ``/logs/*/events`` or ``s3a://b/net/{A,B,C}/events``): passed to Spark as given and
+  listed recursively (only ``events-*.jsonl`` files for JSON); ``--format`` (or a
+  ``.parquet`` suffix) says which reader.
 Local directories are resolved to explicit file lists here (so a missing router
 shows up as "no input" rather than as an empty DataFrame).
 """
@@ -51,6 +53,8 @@ def get_session(master: str | None = "local[*]", app_name: str = "eorouter-recon
         builder = builder.master(master)
     settings = {
         "spark.sql.session.timeZone": "UTC",
+        # On for the queries; spark/reconcile.py prepare() plans the cached,
+        # delivery-partitioned tables without it (it would forget their partitioning).
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.shuffle.partitions": "16",
     }
@@ -92,6 +96,18 @@ def _is_uri(path: str) -> bool:
     return bool(scheme) and scheme != "file"
 
 
+_GLOB = re.compile(r"[*?\[{]")
+
+
+def _spark_path(given: str) -> bool:
+    """Passed to Spark as given: a URI of another file system, or a glob (Spark
+    expands ``*``, ``?``, ``[...]`` and ``{a,b}`` itself, locally too)."""
+    if _is_uri(given):
+        return True
+    local = given.removeprefix("file://")
+    return bool(_GLOB.search(local)) and not Path(local).expanduser().exists()
+
+
 def _log_files(directory: Path) -> list[Path]:
     found = []
     for entry in directory.iterdir():
@@ -112,7 +128,7 @@ def resolve(inputs: list[str], fmt: str = "auto") -> list[Source]:
         raise InputError(f"unknown format {fmt!r} (auto, json or parquet)")
     sources: list[Source] = []
     for given in inputs:
-        if _is_uri(given):
+        if _spark_path(given):
             chosen = fmt if fmt != "auto" else ("parquet" if given.rstrip("/").endswith(".parquet") else "json")
             sources.append(Source(chosen, [given], given, remote=True))
             continue
@@ -178,7 +194,8 @@ def _read_json(spark: SparkSession, source: Source, schema) -> DataFrame:
     reader = spark.read.schema(schema).option("mode", "PERMISSIVE") \
         .option("columnNameOfCorruptRecord", CORRUPT)
     if source.remote:
-        reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl")
+        # Only the routers' log files (not ledgers or anything else under the path).
+        reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl")
     return reader.json(source.paths)
 
 
@@ -214,7 +231,7 @@ def load_events(spark: SparkSession, inputs: list[str], fmt: str = "auto") -> Lo
 
 
 def resolve_ledgers(directory: str) -> list[str]:
-    if _is_uri(directory):
+    if _spark_path(directory):
         return [directory]
     path = Path(directory).expanduser()
     if path.is_file():
@@ -233,7 +250,7 @@ def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
     the application's own order)."""
     paths = resolve_ledgers(directory)
     reader = spark.read.schema(ledger_schema()).option("mode", "PERMISSIVE")
-    if _is_uri(directory):
+    if _spark_path(directory):
         reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl")
     frame = reader.json(paths)
     # A ledger is one small file per client link, read as one split, in which

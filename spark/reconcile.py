@@ -145,6 +145,20 @@ def prepare(events: DataFrame, partitions: int | None = None, persist: bool = Tr
     spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    # A table cached under adaptive execution forgets its partitioning (its plan is
+    # adaptive, its output partitioning unknown): every aggregation and join by
+    # delivery over it would shuffle it again. So the cached tables are planned
+    # without it; the queries over them may still use it (coalescing the small
+    # per-subscriber shuffles). tests/spark/test_job.py checks the plan.
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled", "false")
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        return _prepare(events, partitions, persist, storage)
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+
+
+def _prepare(events: DataFrame, partitions: int, persist: bool, storage: StorageLevel) -> Tables:
     ev = events.select(*[c for c in _NEEDED if c in events.columns])
     keyed = ev.where(F.col("delivery").isNotNull()).repartition(partitions, "delivery")
     life = ev.where(F.col("delivery").isNull())
