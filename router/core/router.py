@@ -531,8 +531,9 @@ class RouterCore(ResumptionMixin):
             interested = self.net.interested_routers(topic.name)
         if interested:
             routers = sorted(interested)
+            remote = record.remote_routers = {}
             for router_id in routers:
-                record.remote_routers[router_id] = RouterState()
+                remote[router_id] = RouterState()
         # One record for arrival and the immediate sends keeps the log cheap: later
         # sends (from a queue) get "forwarded" events of their own.
         out.append(_new(Log, ("received", {
@@ -1415,7 +1416,7 @@ class RouterCore(ResumptionMixin):
         record = self.records.get(bytes.fromhex(message["d"]))
         if record is None or message.get("from") not in record.settle_pending:
             return
-        record.settle_pending.discard(message.get("from"))
+        record.settle_pending.discard(message.get("from"))  # a set: the sender is in it
         self._maybe_delete(record, now, out)
 
     def _topology_changed(self, now: float, out: list) -> None:
