@@ -303,6 +303,7 @@ class EventLog:
         # warm). A list of line objects freed together at each flush was much worse
         # (glibc trimmed and regrew its heap every loop iteration: ~3-4 µs per append).
         self._out = io.BytesIO()
+        self._write = self._out.write
         self._seq = 0
         # append() writes each line from pieces: '{"seq":', the seq, the cached
         # ',"ts":<ts>' of the last timestamp seen (one per loop iteration), the cached
@@ -379,20 +380,21 @@ class EventLog:
         # encoding only ``fields`` and joining it to cached pieces of the common
         # fields takes ~0.4 / ~0.47 µs (same bytes). The flush adds ~0.05-0.15 µs per
         # line at 256 lines per flush (one write of the whole batch).
-        body = _dumps(fields, option=_NEWLINE)  # raises before anything is buffered
+        body = _dumps(fields)  # raises before anything is buffered
         if ts is not self._ts:  # the loop passes one float object per iteration
             self._ts = ts
             self._ts_piece = b',"ts":' + _dumps(ts)
             self._pieces = {}
-        try:
-            piece = self._pieces[kind]
-        except KeyError:
+        piece = self._pieces.get(kind)
+        if piece is None:
             piece = self._piece(kind)
         seq = self._seq + 1
-        if fields:  # else body is b'{}\n': an event without fields of its own
-            self._out.write(b"".join((b'{"seq":', _dumps(seq), piece, body[1:])))
+        # One %-format (positional dumps, no join, no second dumps for the seq):
+        # ~1.5 k fewer instructions per line than the join of four pieces.
+        if fields:  # else body is b'{}': an event without fields of its own
+            self._write(b'{"seq":%d%b%b\n' % (seq, piece, body[1:]))
         else:
-            self._out.write(b"".join((b'{"seq":', _dumps(seq), piece[:-1], b"}\n")))
+            self._write(b'{"seq":%d%b}\n' % (seq, piece[:-1]))
         self._seq = seq
 
     def _piece(self, kind: str) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from router.core import outcomes, tags
 from router.core.commands import DetachLink, Log, SendData
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
-from router.core.records import DeliveryRecord, MovedState, RouterState, SubscriberState
+from router.core.records import EMPTY_MAP, DeliveryRecord, MovedState, RouterState, SubscriberState
 
 RESUME_PROPERTY = "eorouter:resume"
 UNSETTLED_PROPERTY = "eorouter:unsettled"
@@ -151,13 +151,13 @@ class ResumptionMixin:
         out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": record.origin_router}))
         record.origin_router = None
         record.header = None
-        record.targeted.clear()
+        record.targeted = EMPTY_MAP
         # Its outcome so far was our subscribers' answer to the old origin, not the
         # network's: the publisher hears only once everyone answered us.
         record.outcome = None
         topic.unsettled += 1
         for router_id in sorted(self.net.interested_routers(record.topic)):
-            record.remote_routers.setdefault(router_id, RouterState())
+            record.own_remote_routers().setdefault(router_id, RouterState())
         pending = [r for r, st in record.remote_routers.items() if st.outcome is None]
         if pending:
             self._send_towards(record, pending, now, out)
@@ -238,8 +238,10 @@ class ResumptionMixin:
         if state is None:
             state = record.subscribers[key] = SubscriberState()
             if record.origin_router is not None and record.outcome is not None:
-                record.targeted[key] = record.origin_router
-        moved = record.moved.pop(key, None)
+                record.own_targeted()[key] = record.origin_router
+        moved = record.moved.get(key)
+        if moved is not None:
+            del record.moved[key]
         if moved is not None and moved.outcome is not None and state.outcome is None:
             state.outcome = moved.outcome
         return state
@@ -336,7 +338,7 @@ class ResumptionMixin:
         re-attached here, else wherever it shows up."""
         sub = self.subscriptions.get(key)
         if sub is None:
-            record.moved.setdefault(key, MovedState())
+            record.own_moved().setdefault(key, MovedState())
             return
         if key not in record.subscribers:
             self._owe_here(record, key)
@@ -357,7 +359,7 @@ class ResumptionMixin:
             if state is None or state.outcome is not None or record.pub_settled:
                 continue
             del record.subscribers[key]
-            record.moved[key] = MovedState()
+            record.own_moved()[key] = MovedState()
             out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": self.settings.router_id,
                                           "subscribers": [key]}))
         sub.announced = False  # its new router announces it now
@@ -432,7 +434,7 @@ class ResumptionMixin:
                 continue
             known = key in record.subscribers
             state = self._owe_here(record, key)
-            record.targeted[key] = report_to
+            record.own_targeted()[key] = report_to
             if state.outcome is not None:
                 self._report_targeted(record, key, out)
             elif not known and sub.link_id is not None:

@@ -542,8 +542,9 @@ class RouterCore(ResumptionMixin):
             interested = self.net.interested_routers(topic.name)
         if interested:
             routers = sorted(interested)
+            remote = record.remote_routers = {}
             for router_id in routers:
-                record.remote_routers[router_id] = RouterState()
+                remote[router_id] = RouterState()
         # One record for arrival and the immediate sends keeps the log cheap: later
         # sends (from a queue) get "forwarded" events of their own.
         out.append(_new(Log, ("received", {
@@ -763,6 +764,22 @@ class RouterCore(ResumptionMixin):
         if record.targeted:
             self._after_subscriber_outcome(record, key, now, out)
         elif record.outcome is None:  # _after_subscriber_outcome, inlined: this runs per copy
+            if not record.remote_routers and not record.moved and record.origin_router is None \
+                    and record.pub_delivery is not None:
+                # _maybe_answer_publisher and _answer_publisher, inlined for the usual
+                # case: local subscribers only, its publisher still attached.
+                for state in record.subscribers.values():
+                    outcome = state.outcome
+                    if outcome is not OUTCOME_ACCEPTED:
+                        if outcome is None:
+                            return  # still waiting for someone
+                        break  # not all accepted: the general rule below
+                else:
+                    record.outcome = OUTCOME_ACCEPTED
+                    out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
+                                                          "condition": None, "reason": None})))
+                    out.append(_new(SendOutcome, (record.pub_delivery, ACCEPTED, False, None, None, False, False)))
+                    return
             self._maybe_answer_publisher(record, now, out)
         elif record.pub_settled:
             self._maybe_delete(record, now, out)
@@ -930,7 +947,18 @@ class RouterCore(ResumptionMixin):
                 out.append(Log("settlement-relayed", {"delivery": record.delivery_id, "to_router": router_id}))
             record.settle_pending = targets
         if everyone_knows:
-            self._delete(record, None, out)
+            # self._delete(record, None, out), inlined (settled, so no unsettled count to fix)
+            tag = record.tag
+            records = self.records
+            if records.get(tag) is record:
+                del records[tag]
+                del topic.records[record.order]
+                settled = self._settled_tags
+                settled[tag] = None
+                if len(settled) > SETTLED_TAGS_KEPT:
+                    settled.popitem(last=False)
+                if not topic.records:
+                    self._drop_topic_if_idle(topic)
             out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": True})))
         else:
             out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": False})))
@@ -1486,7 +1514,7 @@ class RouterCore(ResumptionMixin):
         record = self.records.get(bytes.fromhex(message["d"]))
         if record is None or message.get("from") not in record.settle_pending:
             return
-        record.settle_pending.discard(message.get("from"))
+        record.settle_pending.discard(message.get("from"))  # a set: the sender is in it
         self._maybe_delete(record, now, out)
 
     def _topology_changed(self, now: float, out: list) -> None:

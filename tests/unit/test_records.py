@@ -1,0 +1,38 @@
+"""DeliveryRecord's shared empty containers (router/core/records.py)."""
+
+import pytest
+
+from router.core import records
+from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, MovedState, RouterState
+
+
+def _record(tag: bytes = b"t") -> DeliveryRecord:
+    return DeliveryRecord(tag, "topic", 1, b"payload", "pub", "link", b"1", "inc", 1, 1, 1, None)
+
+
+def test_fresh_records_share_the_read_only_empties():
+    a, b = _record(b"a"), _record(b"b")
+    for r in (a, b):
+        assert r.remote_routers is EMPTY_MAP and r.moved is EMPTY_MAP and r.targeted is EMPTY_MAP
+        assert r.settle_pending is EMPTY_SET
+        assert not r.remote_routers and not r.moved and not r.targeted and not r.settle_pending
+        assert r.every_receiver_knows_settled()
+
+
+def test_a_write_that_bypasses_own_fails_loudly():
+    r = _record()
+    with pytest.raises(TypeError):
+        r.moved["k"] = MovedState()
+    with pytest.raises(AttributeError):
+        r.settle_pending.discard("x")
+
+
+def test_own_gives_each_record_its_own_container():
+    a, b = _record(b"a"), _record(b"b")
+    a.own_moved()["k"] = MovedState()
+    a.own_remote_routers()["B"] = RouterState()
+    a.own_targeted()["k"] = "B"
+    assert set(a.moved) == {"k"} and set(a.remote_routers) == {"B"} and a.targeted == {"k": "B"}
+    assert a.own_moved() is a.moved  # the same dict from then on
+    assert b.moved is EMPTY_MAP and b.remote_routers is EMPTY_MAP and b.targeted is EMPTY_MAP
+    assert len(records.EMPTY_MAP) == 0 and len(records.EMPTY_SET) == 0
