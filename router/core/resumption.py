@@ -11,7 +11,7 @@ from __future__ import annotations
 from router.core import outcomes, tags
 from router.core.commands import DetachLink, Log, SendData
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
-from router.core.records import EMPTY_MAP, DeliveryRecord, MovedState, RouterState, SubscriberState
+from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, MovedState, RouterState, SubscriberState
 
 RESUME_PROPERTY = "eorouter:resume"
 UNSETTLED_PROPERTY = "eorouter:unsettled"
@@ -136,10 +136,10 @@ class ResumptionMixin:
             record.pub_delivery = None
         record.pub_link = -1
         record.origin_router = new_origin
-        record.remote_routers.clear()
-        record.moved.clear()
-        record.targeted.clear()
-        record.settle_pending = set()
+        record.remote_routers = EMPTY_MAP
+        record.moved = EMPTY_MAP
+        record.targeted = EMPTY_MAP
+        record.settle_pending = EMPTY_SET
         self.topics[record.topic].unsettled -= 1
         record.outcome = None
         self._maybe_answer_publisher(record, now, out)

@@ -778,7 +778,7 @@ class RouterCore(ResumptionMixin):
                     record.outcome = OUTCOME_ACCEPTED
                     out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
                                                           "condition": None, "reason": None})))
-                    out.append(_new(SendOutcome, (record.pub_delivery, ACCEPTED, False, None, None, False, False)))
+                    self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
                     return
             self._maybe_answer_publisher(record, now, out)
         elif record.pub_settled:
