@@ -71,8 +71,39 @@ _RELEASED = outcomes.RELEASED
 _TERMINAL = outcomes.TERMINAL
 _NAMES = outcomes.NAMES
 
-# How many settled deliveries' tags a router remembers after deleting their records.
-SETTLED_TAGS_KEPT = 200_000
+# How many settled deliveries' tags a router remembers after deleting their records
+# (at least; up to twice as many): a resuming subscriber reporting one is told it is
+# settled. An older one gets a placeholder, which its publisher's resume
+# (stream-resumed) or the placeholder timeout resolves.
+SETTLED_TAGS_KEPT = 50_000
+
+
+class RecentTags:
+    """The last ``keep`` to ``2 * keep`` tags added, in two generations: when the
+    current one is full it becomes the previous one and the oldest is dropped whole.
+    Unlike an LRU dict under constant insert/evict churn (whose table is rebuilt again
+    and again, leaving the process's memory a little larger each time), each
+    generation's set is freed in one piece."""
+
+    __slots__ = ("keep", "current", "previous")
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.current: set[bytes] = set()
+        self.previous: set[bytes] = set()
+
+    def add(self, tag: bytes) -> None:
+        current = self.current
+        current.add(tag)
+        if len(current) >= self.keep:
+            self.previous = current
+            self.current = set()
+
+    def __contains__(self, tag: bytes) -> bool:
+        return tag in self.current or tag in self.previous
+
+    def __len__(self) -> int:
+        return len(self.current) + len(self.previous)
 
 # How long a relayed copy may wait for its predecessor from the same publisher
 # before it is delivered anyway (the predecessor is then logged as a gap).
@@ -113,7 +144,7 @@ class RouterCore(ResumptionMixin):
         # Tags of settled deliveries whose records are gone (newest last): a resuming
         # subscriber that still reports one is told it is settled, not given a
         # placeholder (docs/resumption.md). Bounded; 32 bytes a tag.
-        self._settled_tags: OrderedDict[bytes, None] = OrderedDict()
+        self._settled_tags = RecentTags(SETTLED_TAGS_KEPT)
         # publisher stream -> the highest stream_seq seen here (from its publisher or
         # relayed): a publisher that resumes here continues its stream's numbering.
         self._stream_seq: dict[bytes, int] = {}
@@ -953,10 +984,7 @@ class RouterCore(ResumptionMixin):
             if records.get(tag) is record:
                 del records[tag]
                 del topic.records[record.order]
-                settled = self._settled_tags
-                settled[tag] = None
-                if len(settled) > SETTLED_TAGS_KEPT:
-                    settled.popitem(last=False)
+                self._settled_tags.add(tag)
                 if not topic.records:
                     self._drop_topic_if_idle(topic)
             out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": True})))
@@ -981,10 +1009,7 @@ class RouterCore(ResumptionMixin):
             if record.pub_delivery is not None:
                 self.by_delivery.pop(record.pub_delivery, None)
         if record.pub_settled:
-            settled = self._settled_tags
-            settled[record.tag] = None
-            if len(settled) > SETTLED_TAGS_KEPT:
-                settled.popitem(last=False)
+            self._settled_tags.add(record.tag)
         if reason is not None:
             out.append(Log("record-deleted", {"delivery": record.delivery_id, "reason": reason}))
         if not topic.records:

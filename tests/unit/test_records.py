@@ -36,3 +36,13 @@ def test_own_gives_each_record_its_own_container():
     assert a.own_moved() is a.moved  # the same dict from then on
     assert b.moved is EMPTY_MAP and b.remote_routers is EMPTY_MAP and b.targeted is EMPTY_MAP
     assert len(records.EMPTY_MAP) == 0 and len(records.EMPTY_SET) == 0
+
+
+def test_recent_tags_keeps_at_least_the_last_keep_and_at_most_twice_that():
+    from router.core.router import RecentTags
+    recent = RecentTags(3)
+    for n in range(10):
+        recent.add(bytes([n]))
+        assert all(bytes([m]) in recent for m in range(max(0, n - 2), n + 1)), n
+        assert len(recent) <= 6
+    assert bytes([0]) not in recent
