@@ -113,7 +113,7 @@ class ResumptionMixin:
         resumed.move_to_end(stream)
         if len(resumed) > RESUMED_STREAMS_KEPT:
             resumed.popitem(last=False)
-        for sub in list(self.subscribers.values()):
+        for sub in list(self.subscriptions.values()):
             waiting = sub.placeholders.get(stream)
             if not waiting:
                 continue
@@ -203,6 +203,11 @@ class ResumptionMixin:
                 sub.placeholders.setdefault(stream, set()).add(tag)
                 self._add_timer(now + self.settings.placeholder_timeout, self._TIMER_PLACEHOLDER, (sub, tag))
                 out.append(Log("placeholder-created", {"subscriber": key, "delivery": tag.hex()}))
+                # It may be on its way here, or settled long ago by a router that is
+                # still alive (its settlement died with the subscriber's old router):
+                # ask; a router that knows it settled answers "settle" with "done".
+                for router_id in sorted(self.net.reachable() - {self.settings.router_id}):
+                    self._route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
                 continue
             if record.pub_settled:
                 state = record.subscribers.get(key)
@@ -294,6 +299,19 @@ class ResumptionMixin:
         if not waiting:
             self._release_held(sub, stream)
             self._pump(sub, now, out)
+
+    def _placeholder_settled(self, tag: bytes, now: float, out: list) -> None:
+        """Another router says ``tag`` was settled: placeholders for it wait for nothing."""
+        stream = tag[:tags.STREAM_ID_SIZE]
+        for sub in list(self.subscriptions.values()):
+            waiting = sub.placeholders.get(stream)
+            if not waiting or tag not in waiting:
+                continue
+            waiting.discard(tag)
+            out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
+            if not waiting:
+                self._release_held(sub, stream)
+                self._pump(sub, now, out)
 
     def _release_held(self, sub, stream: bytes) -> None:
         sub.placeholders.pop(stream, None)

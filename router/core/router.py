@@ -1275,6 +1275,8 @@ class RouterCore(ResumptionMixin):
                 self._on_router_settle(message, now, out)
             elif kind == "settle-ack":
                 self._on_settle_ack(message, now, out)
+            elif kind == "settled?":
+                self._on_settled_query(message, out)
             elif kind == "ls":
                 ls = link_state_from(message)
                 if self.net.lsdb.apply(ls):
@@ -1533,7 +1535,18 @@ class RouterCore(ResumptionMixin):
             # We still act as its origin, but its publisher is not here: it resumed
             # at another router, which finished and settled the delivery meanwhile.
             self._settle_record(record, "settled-elsewhere", now, out)
+        elif record is None and message.get("done"):
+            self._placeholder_settled(tag, now, out)  # the answer to our "settled?"
+
         self._route_control(sender, {"t": "settle-ack", "d": message["d"]}, out)
+
+    def _on_settled_query(self, message: dict, out: list) -> None:
+        """Another router holds a placeholder for a delivery it never saw: if we know
+        it settled (a record settled, or its tag remembered), say so."""
+        tag = bytes.fromhex(message["d"])
+        record = self.records.get(tag)
+        if (record is not None and record.pub_settled) or (record is None and tag in self._settled_tags):
+            self._route_control(message["from"], {"t": "settle", "d": message["d"], "done": True}, out)
 
     def _on_settle_ack(self, message: dict, now: float, out: list) -> None:
         record = self.records.get(bytes.fromhex(message["d"]))

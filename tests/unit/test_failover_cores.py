@@ -256,3 +256,24 @@ def test_a_resumed_answer_that_completes_a_delivery_is_not_listed_as_unsettled()
     assert mesh.forwarded("A", resumed) == []
     mesh.advance(1.5)
     assert mesh.cores["A"].record_count() == 0
+
+
+def test_a_placeholder_for_a_delivery_settled_by_a_live_origin_is_resolved_by_asking():
+    """The subscriber's router died after the origin (alive) settled the delivery and
+    before the subscriber heard: its new router asks the others, the origin says it
+    is settled, and the stream is not held back until the placeholder expires."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    sub = mesh.subscriber("B", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", rcv_first=True)
+    d1 = mesh.publish("A", pub, b"1", body="one")
+    (first,) = mesh.forwarded("B", sub)
+    _accept_unsettled(mesh, "B", sub, first.tag)
+    assert mesh.outcomes_for("A", d1) == [SendOutcome(d1, outcomes.ACCEPTED, True)]
+    mesh.kill("B")
+    mesh.advance(1.5)  # A forgets the record (linger): only its settled-tag memory is left
+    assert mesh.cores["A"].record_count() == 0
+    resumed = _resume_subscriber(mesh, "C", "k", [(first.tag, "accepted")])
+    kinds = [e.kind for e in mesh.logs["C"]]
+    assert "placeholder-created" in kinds and "placeholder-settled" in kinds
+    mesh.publish("A", pub, b"2", body="two")
+    assert [decode(c.payload).body for c in mesh.forwarded("C", resumed)] == ["two"], "not held back"
