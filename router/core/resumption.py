@@ -113,16 +113,7 @@ class ResumptionMixin:
         resumed.move_to_end(stream)
         if len(resumed) > RESUMED_STREAMS_KEPT:
             resumed.popitem(last=False)
-        for sub in list(self.subscriptions.values()):
-            waiting = sub.placeholders.get(stream)
-            if not waiting:
-                continue
-            for tag in sorted(waiting - still):
-                waiting.discard(tag)
-                out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
-            if not waiting:
-                self._release_held(sub, stream)
-                self._pump(sub, now, out)
+        self._drop_placeholders(stream, lambda waiting: sorted(waiting - still), now, out)
 
     def _hand_origin_over(self, record: DeliveryRecord, new_origin: str, now: float, out: list) -> None:
         """The reverse of a takeover: its publisher resumed at ``new_origin`` while we
@@ -142,6 +133,11 @@ class ResumptionMixin:
         record.settle_pending = EMPTY_SET
         self.topics[record.topic].unsettled -= 1
         record.outcome = None
+        if not record.subscribers:
+            # Owed to nobody here: the new origin will not wait for us, nor tell us
+            # when it settles, so there is nothing left to keep.
+            self._delete(record, "origin-handed-over", out)
+            return
         self._maybe_answer_publisher(record, now, out)
 
     def _take_over(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
@@ -302,14 +298,22 @@ class ResumptionMixin:
 
     def _placeholder_settled(self, tag: bytes, now: float, out: list) -> None:
         """Another router says ``tag`` was settled: placeholders for it wait for nothing."""
-        stream = tag[:tags.STREAM_ID_SIZE]
+        self._drop_placeholders(tag[:tags.STREAM_ID_SIZE], lambda waiting: [tag] if tag in waiting else [],
+                                now, out)
+
+    def _drop_placeholders(self, stream: bytes, settled, now: float, out: list) -> None:
+        """Drop the placeholders ``settled(waiting)`` names (settled deliveries will
+        never arrive) from every subscription waiting on ``stream``; one left with
+        none gets what it held back."""
         for sub in list(self.subscriptions.values()):
             waiting = sub.placeholders.get(stream)
-            if not waiting or tag not in waiting:
-                continue
-            waiting.discard(tag)
-            out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
             if not waiting:
+                continue
+            dropped = settled(waiting)
+            for tag in dropped:
+                waiting.discard(tag)
+                out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
+            if dropped and not waiting:
                 self._release_held(sub, stream)
                 self._pump(sub, now, out)
 

@@ -277,3 +277,26 @@ def test_a_placeholder_for_a_delivery_settled_by_a_live_origin_is_resolved_by_as
     assert "placeholder-created" in kinds and "placeholder-settled" in kinds
     mesh.publish("A", pub, b"2", body="two")
     assert [decode(c.payload).body for c in mesh.forwarded("C", resumed)] == ["two"], "not held back"
+
+
+def test_a_live_router_whose_publisher_resumed_elsewhere_hands_its_stream_over():
+    """A never noticed its publisher's link die (a cut, not a death): when the
+    publisher resumes at B, A's stale link is stolen and B becomes the origin of what
+    A still held; the publisher hears B's answer, and nothing stays behind."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    sub = mesh.subscriber("C", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    mesh.publish("A", pub, b"1", payload=payload)  # C has not answered yet
+    resumed = _resume_publisher(mesh, "B", incarnation, [b"1"])
+    from router.core.commands import DetachLink
+    assert DetachLink(pub, "amqp:link:stolen", "the link resumed at router B", False) in mesh.client["A"]
+    assert [e.fields.get("to_router") for e in mesh.logs["A"] if e.kind == "origin-taken-over"] == ["B"]
+    d = mesh.publish("B", resumed, b"1", payload=payload)
+    copies = mesh.forwarded("C", sub)
+    assert len(copies) == 1, "C recognised the resend by its tag"
+    mesh.answer("C", sub, copies[0].tag)
+    assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())

@@ -7,6 +7,7 @@ import pytest
 from router.core import outcomes
 from router.core.commands import SendOutcome, SettleOutgoing
 
+from corekit import encode
 from meshkit import Mesh
 
 
@@ -222,3 +223,16 @@ def test_a_settlement_lost_with_a_cut_link_is_repeated_when_the_outcome_comes_ag
     mesh.settle()
     mesh.advance(1.5)
     assert mesh.cores["B"].record_count() == 0, "B learned the settlement after the heal"
+
+
+def test_a_presettled_delivery_reaches_subscribers_on_other_routers_best_effort():
+    from router.core.events import MessageReceived
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C")])
+    subs = {r: mesh.subscriber(r, f"s{r}") for r in "BC"}
+    pub = mesh.publisher("A")
+    mesh.feed("A", MessageReceived(pub, 1, b"1", encode("m"), True))  # pre-settled
+    mesh.settle()
+    for r in "BC":
+        (copy,) = mesh.forwarded(r, subs[r])
+        assert copy.settled, f"a pre-settled copy at {r}"
+    assert all(core.record_count() == 0 for core in mesh.cores.values()), "nothing recorded, nothing owed"
