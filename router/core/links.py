@@ -7,7 +7,7 @@ from collections import deque
 
 class PublisherLink:
     __slots__ = ("link_id", "conn_id", "container_id", "name", "topic", "incarnation", "stream",
-                 "presettled", "settles_first", "credit", "next_seq", "origin")
+                 "presettled", "settles_first", "credit", "next_seq", "origin", "resending")
 
     def __init__(self, link_id: int, conn_id: int, container_id: str, name: str, topic: str,
                  incarnation: str, stream: bytes, presettled: bool, settles_first: bool = True):
@@ -26,6 +26,9 @@ class PublisherLink:
         self.credit = 0  # granted and not yet used
         self.next_seq = 0  # publisher order within this stream
         self.origin = None  # its message.OriginTemplate, made on its first message
+        # Resumed: the publisher tags it reported unsettled and has not resent yet. A
+        # transfer with one of them is a resend, never a new use of the tag.
+        self.resending: set[bytes] | None = None
 
 
 class Subscription:

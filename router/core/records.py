@@ -77,6 +77,11 @@ class DeliveryRecord:
         "subscribers", "remote_routers",
         "outcome", "pub_settled", "expires_at", "reuse", "origin_router", "header",
         "moved", "targeted", "settle_pending",
+        # Set only when they apply (read with getattr(record, name, default)):
+        # resent: made from a resumed publisher's resend, which other routers may have
+        #   finished and forgotten before; final: at a relaying router, the outcome
+        #   code the origin settled it with.
+        "resent", "final",
     )
 
     def __init__(self, tag: bytes, topic: str, order: int, payload: bytes, publisher: str,

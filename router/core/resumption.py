@@ -59,6 +59,7 @@ class ResumptionMixin:
             record = self.records.get(tags.outgoing_tag(pub.stream, pub_tag))
             if record is not None:
                 answer.append([pub_tag, state_name(record.outcome) if record.outcome else "none"])
+        pub.resending = set(reported) or None
         out.append(Log("resume-requested", {"link": pub.link_id, "role": "publisher", "reported": len(reported),
                                             "known": len(answer), "incomplete": incomplete}))
         for record in [r for r in topic.records.values() if r.tag[:tags.STREAM_ID_SIZE] == pub.stream]:
@@ -434,7 +435,7 @@ class ResumptionMixin:
                                                "outcome": outcomes.NAMES.get(code, str(code))}))
         if moved is None or moved.outcome is not None:
             if record.pub_settled and sender in record.settle_pending:
-                self._route_control(sender, {"t": "settle", "d": record.tag.hex()}, out)
+                self._route_control(sender, self._settle_message(record.tag, self._final_outcome(record)), out)
             return
         moved.router = sender
         if code == outcomes.NONE:

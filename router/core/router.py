@@ -79,28 +79,45 @@ SETTLED_TAGS_KEPT = 50_000
 
 
 class RecentTags:
-    """The last ``keep`` to ``2 * keep`` tags added, in two generations: when the
-    current one is full it becomes the previous one and the oldest is dropped whole.
-    Unlike an LRU dict under constant insert/evict churn (whose table is rebuilt again
-    and again, leaving the process's memory a little larger each time), each
-    generation's set is freed in one piece."""
+    """The last ``keep`` to ``2 * keep`` settled tags, each with the final outcome
+    code it was settled with (None when this router never learnt it), in two
+    generations: when the current one is full it becomes the previous one and the
+    oldest is dropped whole. Unlike an LRU dict under constant insert/evict churn
+    (whose table is rebuilt again and again, leaving the process's memory a little
+    larger each time), each generation's dict is freed in one piece."""
 
     __slots__ = ("keep", "current", "previous")
 
     def __init__(self, keep: int):
         self.keep = keep
-        self.current: set[bytes] = set()
-        self.previous: set[bytes] = set()
+        self.current: dict[bytes, int | None] = {}
+        self.previous: dict[bytes, int | None] = {}
 
-    def add(self, tag: bytes) -> None:
+    def add(self, tag: bytes, outcome: int | None = None, reuse: int = 0) -> None:
+        """``reuse``: the record's reuse count (docs/tags.md), kept (as a pair with
+        the outcome) only in the rare case it is not 0."""
         current = self.current
-        current.add(tag)
+        current[tag] = (outcome, reuse) if reuse else outcome
         if len(current) >= self.keep:
             self.previous = current
-            self.current = set()
+            self.current = {}
 
     def __contains__(self, tag: bytes) -> bool:
         return tag in self.current or tag in self.previous
+
+    def _value(self, tag: bytes):
+        value = self.current.get(tag)
+        return self.previous.get(tag) if value is None else value
+
+    def outcome_of(self, tag: bytes) -> int | None:
+        """The final outcome code ``tag`` was settled with, if known here."""
+        value = self._value(tag)
+        return value[0] if type(value) is tuple else value
+
+    def reuse_of(self, tag: bytes) -> int:
+        """Which use of ``tag`` (by its publisher, on one link incarnation) was settled."""
+        value = self._value(tag)
+        return value[1] if type(value) is tuple else 0
 
     def __len__(self) -> int:
         return len(self.current) + len(self.previous)
@@ -519,7 +536,22 @@ class RouterCore(ResumptionMixin):
                 self._refuse(ev.delivery, err.condition, err.description, out)
                 return
         reuse = 0
+        resent = False
         existing = self.records.get(tag)
+        resending = pub.resending
+        if resending is not None and ptag in resending:
+            resending.discard(ptag)
+            if existing is None:
+                resent = True
+                final = self._settled_tags.outcome_of(tag)
+                if final is not None:
+                    self._answer_finished_resend(tag, final, ev, out)
+                    self._refill_credit(topic, out)
+                    return
+        elif existing is None and tag in self._settled_tags:
+            # Reused after the old delivery was settled and forgotten here: other
+            # routers may still remember the old one, so the copy says which use it is.
+            reuse = self._settled_tags.reuse_of(tag) + 1
         if existing is not None:
             if existing.pub_tag != ev.tag:
                 out.append(Log("tag-collision", {"delivery": existing.delivery_id, "link": ev.link_id}))
@@ -565,6 +597,8 @@ class RouterCore(ResumptionMixin):
         record = DeliveryRecord(tag, topic.name, next(self._order), payload, pub.container_id,
                                 pub.name, ev.tag, pub.incarnation, seq, pub.link_id, ev.delivery,
                                 expires_at, reuse)
+        if resent:
+            record.resent = True
         states = record.subscribers
         sent_to, best_effort = self._distribute(record, topic, out)
         routers = None
@@ -604,6 +638,15 @@ class RouterCore(ResumptionMixin):
             self._best_effort_copies(topic, tag, payload, out)
         if pub.credit * 2 < self.settings.publisher_credit_window:
             self._refill_credit(topic, out, bound_only=True)
+
+    def _answer_finished_resend(self, tag: bytes, final: int, ev: MessageReceived, out: list) -> None:
+        """A failed-over publisher resent a delivery this router took part in and saw
+        finished (settled by its origin, now forgotten): the subscribers have it;
+        the publisher gets the outcome it was finished with, and nobody a copy."""
+        out.append(SendOutcome(ev.delivery, final, True))
+        out.append(Log("pub-outcome", {"delivery": tag.hex(), "outcome": outcomes.NAMES.get(final, str(final)),
+                                       "condition": None,
+                                       "reason": "resent after it was finished and settled; outcome remembered"}))
 
     def _distribute(self, record: DeliveryRecord, topic: Topic, out: list) -> tuple[list, bool]:
         """Owe ``record`` to the topic's subscriptions and send it to those that can
@@ -974,7 +1017,7 @@ class RouterCore(ResumptionMixin):
                     targets.add(moved.router)
             for router_id in sorted(targets):
                 everyone_knows = False
-                self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
+                self._route_control(router_id, self._settle_message(record.tag, self._final_outcome(record)), out)
                 out.append(Log("settlement-relayed", {"delivery": record.delivery_id, "to_router": router_id}))
             record.settle_pending = targets
         if everyone_knows:
@@ -984,7 +1027,7 @@ class RouterCore(ResumptionMixin):
             if records.get(tag) is record:
                 del records[tag]
                 del topic.records[record.order]
-                self._settled_tags.add(tag)
+                self._settled_tags.add(tag, self._final_outcome(record), record.reuse)
                 if not topic.records:
                     self._drop_topic_if_idle(topic)
             out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": True})))
@@ -996,6 +1039,25 @@ class RouterCore(ResumptionMixin):
     def _maybe_delete(self, record: DeliveryRecord, now: float, out: list) -> None:
         if record.pub_settled and record.tag in self.records and record.every_receiver_knows_settled():
             self._delete(record, "receivers-know-settled", out)
+
+    @staticmethod
+    def _final_outcome(record: DeliveryRecord) -> int | None:
+        """The outcome code a settled delivery was finished with, if known here: the
+        origin decided it; a relaying router learnt it from the origin's settle."""
+        if record.origin_router is None:
+            return record.outcome.code if record.pub_settled and record.outcome is not None else None
+        return getattr(record, "final", None)
+
+    @staticmethod
+    def _settle_message(tag: bytes, outcome: int | None, done: bool = False) -> dict:
+        """docs/inter-router.md, ``settle``: "o" the final outcome when known; "done"
+        when the delivery was settled and forgotten here (an answer, not a relay)."""
+        message = {"t": "settle", "d": tag.hex()}
+        if outcome is not None:
+            message["o"] = outcome
+        if done:
+            message["done"] = True
+        return message
 
     def _delete(self, record: DeliveryRecord, reason: str | None, out: list) -> None:
         """Forget a record; ``reason`` None when the caller logs the deletion itself."""
@@ -1009,7 +1071,7 @@ class RouterCore(ResumptionMixin):
             if record.pub_delivery is not None:
                 self.by_delivery.pop(record.pub_delivery, None)
         if record.pub_settled:
-            self._settled_tags.add(record.tag)
+            self._settled_tags.add(record.tag, self._final_outcome(record), record.reuse)
         if reason is not None:
             out.append(Log("record-deleted", {"delivery": record.delivery_id, "reason": reason}))
         if not topic.records:
@@ -1187,6 +1249,8 @@ class RouterCore(ResumptionMixin):
                 "topic": record.topic, "pub": record.publisher, "link": record.link_name,
                 "ptag": record.pub_tag.hex(), "inc": record.incarnation, "seq": record.stream_seq,
                 "exp": record.expires_at, "hops": 0}
+            if record.reuse:
+                header["reuse"] = record.reuse  # a settled tag used again (docs/tags.md)
         return header
 
     def _send_towards(self, record: DeliveryRecord, routers, now: float, out: list) -> None:
@@ -1220,8 +1284,14 @@ class RouterCore(ResumptionMixin):
 
     def _answer_origin(self, record: DeliveryRecord, out: list) -> None:
         outcome = record.outcome
-        # With no subscriber left here that was owed it, we are not owed it either.
-        code = outcome.code if any(k not in record.targeted for k in record.subscribers) else outcomes.NONE
+        # With no subscriber left here that was owed it, we are not owed it either. A
+        # subscriber that moved away still counts: the router it moved to answered us
+        # for it (a targeted copy) and leaves it out of its own answer; and we keep a
+        # record that only the origin's settlement ends.
+        if record.moved or any(k not in record.targeted for k in record.subscribers):
+            code = outcome.code
+        else:
+            code = outcomes.NONE
         message = {"t": "outcome", "d": record.tag.hex(), "o": code}
         if outcome.condition:
             message["cond"] = outcome.condition
@@ -1417,6 +1487,12 @@ class RouterCore(ResumptionMixin):
         origin = header["origin"]
         targets = (header.get("for") or {}).get(self.settings.router_id)
         report_to = header.get("report", origin)
+        reuse = header.get("reuse", 0)
+        if record is not None and reuse > record.reuse and record.pub_settled:
+            # Its publisher reused the tag after settling the old delivery (AMQP
+            # allows it): a new delivery, not a resend of the one we still linger on.
+            self._delete(record, "tag-reused", out)
+            record = None
         if record is not None:
             if record.origin_router is not None and record.origin_router != origin and not targets:
                 record.origin_router = origin  # its publisher resumed at another router
@@ -1428,11 +1504,11 @@ class RouterCore(ResumptionMixin):
             elif record.origin_router is not None and record.outcome is not None and not record.pub_settled:
                 self._answer_origin(record, out)
             return
-        if tag in self._settled_tags:
+        if tag in self._settled_tags and reuse <= self._settled_tags.reuse_of(tag):
             # Settled here and forgotten: never deliver it again. The sender still
             # thinks it is the origin (it was cut off while its publisher resumed
             # here and we finished the delivery as origin): tell it it is done.
-            self._route_control(report_to, {"t": "settle", "d": tag.hex(), "done": True}, out)
+            self._route_control(report_to, self._settle_message(tag, self._settled_tags.outcome_of(tag), True), out)
             out.append(Log("dropped", {"delivery": tag.hex(), "reason": "already settled here"}))
             return
         topic_name = header["topic"]
@@ -1441,7 +1517,7 @@ class RouterCore(ResumptionMixin):
         if targets and topic is not None:
             record = DeliveryRecord(tag, topic_name, next(self._order), ev.payload, header.get("pub", ""),
                                     header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
-                                    header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"))
+                                    header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"), reuse)
             record.origin_router = origin
             record.outcome = Outcome(outcomes.RELEASED)  # nothing untargeted here to answer for
             self._saw_seq(record)
@@ -1464,7 +1540,7 @@ class RouterCore(ResumptionMixin):
             return
         record = DeliveryRecord(tag, topic_name, next(self._order), ev.payload, header.get("pub", ""),
                                 header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
-                                header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"))
+                                header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"), reuse)
         record.origin_router = origin
         sent_to, best_effort = self._distribute(record, topic, out)
         out.append(Log("received", {
@@ -1492,7 +1568,7 @@ class RouterCore(ResumptionMixin):
             if tag in self._settled_tags and sender:
                 # Settled and forgotten here, but the settlement we relayed to it was
                 # lost (a cut link): without this it would hold its record for ever.
-                self._route_control(sender, {"t": "settle", "d": message["d"]}, out)
+                self._route_control(sender, self._settle_message(tag, self._settled_tags.outcome_of(tag)), out)
             return
         key = message.get("key")
         if key is not None:
@@ -1508,7 +1584,7 @@ class RouterCore(ResumptionMixin):
                                                "outcome": outcomes.NAMES.get(code, str(code))}))
         if state.outcome is not None:
             if record.pub_settled and sender in record.settle_pending:
-                self._route_control(sender, {"t": "settle", "d": record.tag.hex()}, out)
+                self._route_control(sender, self._settle_message(record.tag, self._final_outcome(record)), out)
             return
         if code == outcomes.NONE:
             del record.remote_routers[sender]  # nobody there was owed it
@@ -1528,8 +1604,26 @@ class RouterCore(ResumptionMixin):
         tag = bytes.fromhex(message["d"])
         record = self.records.get(tag)
         sender = message.get("from")
+        final = message.get("o")
+        if final not in outcomes.TERMINAL:
+            final = None  # absent (an older router) or not an outcome code
         if record is not None and (record.origin_router == sender or sender in record.targeted.values()):
+            if final is not None and record.origin_router is not None:
+                record.final = final
             self._settle_record(record, "origin-router", now, out)
+        elif record is not None and message.get("done") and final is not None and record.origin_router is None \
+                and record.pub_delivery is not None and getattr(record, "resent", False):
+            # A resend its publisher made after failing over: that router finished the
+            # delivery earlier (as its origin, or taking part) and forgot it. Its
+            # subscribers will not take it again; the outcome it was finished with is
+            # that router's answer.
+            state = record.remote_routers.get(sender)
+            if state is not None and state.outcome is None:
+                out.append(Log("outcome-from-router", {"delivery": record.delivery_id, "from_router": sender,
+                                                       "outcome": outcomes.NAMES.get(final, str(final))}))
+                state.outcome = OUTCOME_ACCEPTED if final == outcomes.ACCEPTED else Outcome(final)
+                if record.outcome is None:
+                    self._maybe_answer_publisher(record, now, out)
         elif record is not None and message.get("done") and record.origin_router is None \
                 and record.pub_delivery is None and not record.pub_settled:
             # We still act as its origin, but its publisher is not here: it resumed
@@ -1546,7 +1640,8 @@ class RouterCore(ResumptionMixin):
         tag = bytes.fromhex(message["d"])
         record = self.records.get(tag)
         if (record is not None and record.pub_settled) or (record is None and tag in self._settled_tags):
-            self._route_control(message["from"], {"t": "settle", "d": message["d"], "done": True}, out)
+            code = self._final_outcome(record) if record is not None else self._settled_tags.outcome_of(tag)
+            self._route_control(message["from"], self._settle_message(tag, code, True), out)
 
     def _on_settle_ack(self, message: dict, now: float, out: list) -> None:
         record = self.records.get(bytes.fromhex(message["d"]))
@@ -1580,7 +1675,7 @@ class RouterCore(ResumptionMixin):
                         self._send_towards(record, pending, now, out)
                 else:
                     for router_id in sorted(record.settle_pending):
-                        self._route_control(router_id, {"t": "settle", "d": record.tag.hex()}, out)
+                        self._route_control(router_id, self._settle_message(record.tag, self._final_outcome(record)), out)
             elif record.outcome is not None and not record.pub_settled and record.origin_router != me:
                 self._answer_origin(record, out)
             if not record.pub_settled:

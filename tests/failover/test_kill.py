@@ -214,10 +214,6 @@ def test_stall_then_kill(scenario):
     print(f"\nrecovery after stalling then killing A: {s.recovery_time(stalled_at, 'A'):.2f} s")
 
 
-@pytest.mark.xfail(strict=False, reason="was flaky (about 1 run in 3 in session 1): after the restart, a new "
-                   "publisher on the restarted router sometimes got no outcome within 60 s; passed in every run "
-                   "on 2026-11-22 after the placeholder and settlement fixes, cause not proven: the marker goes "
-                   "after a soak under load")
 def test_restart_the_dead_router_and_use_it_again(scenario):
     s = scenario()
     threads = s.publish_in_background()

@@ -339,11 +339,6 @@ def test_silent_isolation_of_a_router(netscenario):
 @needs_netns
 @needs_nft
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "router defect 5, partly fixed (docs/failure-testing.md): the router now hands a stream over when its "
-    "publisher resumed elsewhere while the old link still looked live, and a durable subscriber that re-attached "
-    "elsewhere takes what it is owed with it; still, in about 1 run in 2, one of pub-A's outcomes is missing "
-    "after 10 s or the old router keeps records"))
 def test_clients_cut_off_from_a_live_router_resume_elsewhere(netscenario):
     """Only the clients' link to A is cut, silently (nftables in A's namespace drops the
     clients' address): A keeps its peers and its records, its clients fail over to B

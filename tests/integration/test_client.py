@@ -348,9 +348,6 @@ def test_publisher_fails_over_when_its_router_is_killed(tmp_path, clients):
         net.stop()
 
 
-@pytest.mark.xfail(strict=False, reason="was flaky: deliveries owed to a subscriber that moved to another router "
-                   "arrived out of publisher order, or waited 30 s behind an unfulfillable placeholder; both "
-                   "causes fixed 2026-11-22 (passed every run since): the marker goes after a soak under load")
 def test_subscriber_fails_over_when_its_router_is_killed(tmp_path, clients):
     """Subscriber on B (failover list B, C), publisher on A. B is SIGKILLed mid-stream:
     the subscriber resumes on C and gets the rest, each message once."""

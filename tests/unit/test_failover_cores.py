@@ -300,3 +300,123 @@ def test_a_live_router_whose_publisher_resumed_elsewhere_hands_its_stream_over()
     assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
     mesh.advance(2)
     assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
+def test_a_live_router_whose_subscriber_moved_to_the_origin_still_hears_the_settlement():
+    """Only the subscriber's link to A was cut (A lives on): it resumes at B, the
+    delivery's origin, and accepts there; then A sees its old link drop. A's record of
+    the copy it held for it must still be settled by B, or A keeps it for ever."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("B", name="p", container="P", rcv_first=True)
+    d = mesh.publish("B", pub, b"1", body="one")
+    (copy,) = mesh.forwarded("A", sub)
+    resumed = _resume_subscriber(mesh, "B", "k", [(copy.tag, "none")])
+    (again,) = mesh.forwarded("B", resumed)
+    assert again.tag == copy.tag
+    mesh.answer("B", resumed, again.tag)
+    mesh.detach("A", sub)  # A notices the cut only now
+    assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
+def test_a_live_router_whose_subscriber_moved_to_a_third_router_answers_for_it():
+    """As above, but the subscriber resumes at C, neither its old router nor the
+    origin: C answers A for it, A answers the origin, and every record goes."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("B", name="p", container="P", rcv_first=True)
+    d = mesh.publish("B", pub, b"1", body="one")
+    (copy,) = mesh.forwarded("A", sub)
+    resumed = _resume_subscriber(mesh, "C", "k", [(copy.tag, "none")])
+    mesh.detach("A", sub)
+    (again,) = mesh.forwarded("C", resumed)
+    assert again.tag == copy.tag
+    assert mesh.outcomes_for("B", d) == []
+    mesh.answer("C", resumed, again.tag)
+    assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
+def _finish_at_a_unheard(mesh, subscribers):
+    """Publisher on A, one durable subscriber per router named in ``subscribers``:
+    #1 is accepted by all and settled by A (rcv-settle-mode first), but the publisher
+    never hears (its link to A is cut). Returns (incarnation, subscriber links, payload)."""
+    subs = {r: mesh.subscriber(r, f"k{r}", durable=2, timeout=60) for r in subscribers}
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    d = mesh.publish("A", pub, b"1", payload=payload)
+    for r, link in subs.items():
+        (copy,) = mesh.forwarded(r, link)
+        mesh.answer(r, link, copy.tag)
+    assert mesh.outcomes_for("A", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
+    mesh.advance(2)  # every record lingers out: only the settled tags are left
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+    return incarnation, subs, payload
+
+
+def test_a_resend_of_a_delivery_finished_while_its_publisher_was_cut_off_gets_the_outcome_it_had():
+    """The publisher resumes at B, which took part in #1 (its subscriber accepted it)
+    and forgot it: B answers the resend with the outcome A settled it with, and no
+    subscriber gets it again."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    incarnation, subs, payload = _finish_at_a_unheard(mesh, "ABC")
+    resumed = _resume_publisher(mesh, "B", incarnation, [b"1"])
+    d = mesh.publish("B", resumed, b"1", payload=payload)
+    assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
+    assert all(len(mesh.forwarded(r, link)) == 1 for r, link in subs.items()), "nobody got it twice"
+    mesh.advance(2)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
+def test_a_resend_to_a_router_that_never_saw_the_delivery_is_answered_by_those_that_finished_it():
+    """B had no subscriber when #1 went round: the resend is new to it. A and C
+    finished it and forgot it; their answer carries the outcome, which the publisher
+    gets; their subscribers do not get it again."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    incarnation, subs, payload = _finish_at_a_unheard(mesh, "AC")
+    resumed = _resume_publisher(mesh, "B", incarnation, [b"1"])
+    d = mesh.publish("B", resumed, b"1", payload=payload)
+    assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
+    assert all(len(mesh.forwarded(r, link)) == 1 for r, link in subs.items()), "nobody got it twice"
+    mesh.advance(2)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
+def test_a_reused_tag_is_a_new_delivery_even_where_the_old_one_is_remembered_settled():
+    """A publisher may reuse a settled tag (AMQP allows it); only a resumed link's
+    resend of a tag it reported unsettled is answered from the settled-tag memory."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    sub = mesh.subscriber("B", "k", durable=2, timeout=60)
+    pub = mesh.publisher("B", name="p", container="P", rcv_first=True)
+    first = mesh.publish("B", pub, b"1", body="one")
+    mesh.answer("B", sub, mesh.forwarded("B", sub)[0].tag)
+    assert mesh.outcomes_for("B", first) == [SendOutcome(first, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    again = mesh.publish("B", pub, b"1", body="two")
+    got = mesh.forwarded("B", sub)
+    assert [decode(c.payload).body for c in got] == ["one", "two"]
+    assert mesh.outcomes_for("B", again) == []
+
+
+def test_a_reused_tag_reaches_other_routers_that_remember_the_old_one_settled():
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    sub = mesh.subscriber("C", "k", durable=2, timeout=60)
+    pub = mesh.publisher("B", name="p", container="P", rcv_first=True)
+    first = mesh.publish("B", pub, b"1", body="one")
+    mesh.answer("C", sub, mesh.forwarded("C", sub)[0].tag)
+    assert mesh.outcomes_for("B", first) == [SendOutcome(first, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+    again = mesh.publish("B", pub, b"1", body="two")
+    got = mesh.forwarded("C", sub)
+    assert [decode(c.payload).body for c in got] == ["one", "two"]
+    mesh.answer("C", sub, got[1].tag)
+    assert mesh.outcomes_for("B", again) == [SendOutcome(again, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+    assert {e.fields["delivery"] for e in mesh.logs["C"] if e.kind == "received"} == {
+        got[0].tag.hex(), got[0].tag.hex() + ".1"}, "C names the second use as the origin does"
