@@ -8,6 +8,8 @@ subscribers resume elsewhere, nothing is lost and nothing is delivered twice.
 
 from __future__ import annotations
 
+import pytest
+
 from router.core import outcomes
 from router.core.commands import OpenLink, SendOutcome
 from router.core.router import INCARNATION_PROPERTY
@@ -302,39 +304,28 @@ def test_a_live_router_whose_publisher_resumed_elsewhere_hands_its_stream_over()
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
-def test_a_live_router_whose_subscriber_moved_to_the_origin_still_hears_the_settlement():
-    """Only the subscriber's link to A was cut (A lives on): it resumes at B, the
-    delivery's origin, and accepts there; then A sees its old link drop. A's record of
-    the copy it held for it must still be settled by B, or A keeps it for ever."""
+# C never saw #1: it reaches C only as A's copy, once A noticed the old link drop.
+@pytest.mark.parametrize("to, answer_first", [("B", True), ("B", False), ("C", False)],
+                         ids=["to-the-origin-answered-before-A-noticed", "to-the-origin", "to-a-third-router"])
+def test_a_live_router_whose_subscriber_moved_away_answers_the_origin_for_it(to, answer_first):
+    """Only the subscriber's link to A was cut (A lives on): it resumes at ``to`` and
+    accepts there; A sees its old link drop before or after that. The router it moved
+    to answers A for it (a targeted copy) and leaves it out of its own answer, so A
+    must answer the origin B with its outcome, not "none": else the outcome counts
+    nowhere, and B never sends A the settlement that ends A's record."""
     mesh = Mesh(*TRIANGLE, record_linger=1.0)
     sub = mesh.subscriber("A", "k", durable=2, timeout=60)
     pub = mesh.publisher("B", name="p", container="P", rcv_first=True)
     d = mesh.publish("B", pub, b"1", body="one")
     (copy,) = mesh.forwarded("A", sub)
-    resumed = _resume_subscriber(mesh, "B", "k", [(copy.tag, "none")])
-    (again,) = mesh.forwarded("B", resumed)
+    resumed = _resume_subscriber(mesh, to, "k", [(copy.tag, "none")])
+    if not answer_first:
+        mesh.detach("A", sub)
+    (again,) = mesh.forwarded(to, resumed)
     assert again.tag == copy.tag
-    mesh.answer("B", resumed, again.tag)
-    mesh.detach("A", sub)  # A notices the cut only now
-    assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
-    mesh.advance(2)
-    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
-
-
-def test_a_live_router_whose_subscriber_moved_to_a_third_router_answers_for_it():
-    """As above, but the subscriber resumes at C, neither its old router nor the
-    origin: C answers A for it, A answers the origin, and every record goes."""
-    mesh = Mesh(*TRIANGLE, record_linger=1.0)
-    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
-    pub = mesh.publisher("B", name="p", container="P", rcv_first=True)
-    d = mesh.publish("B", pub, b"1", body="one")
-    (copy,) = mesh.forwarded("A", sub)
-    resumed = _resume_subscriber(mesh, "C", "k", [(copy.tag, "none")])
-    mesh.detach("A", sub)
-    (again,) = mesh.forwarded("C", resumed)
-    assert again.tag == copy.tag
-    assert mesh.outcomes_for("B", d) == []
-    mesh.answer("C", resumed, again.tag)
+    mesh.answer(to, resumed, again.tag)
+    if answer_first:
+        mesh.detach("A", sub)
     assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
     mesh.advance(2)
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
@@ -358,12 +349,14 @@ def _finish_at_a_unheard(mesh, subscribers):
     return incarnation, subs, payload
 
 
-def test_a_resend_of_a_delivery_finished_while_its_publisher_was_cut_off_gets_the_outcome_it_had():
-    """The publisher resumes at B, which took part in #1 (its subscriber accepted it)
-    and forgot it: B answers the resend with the outcome A settled it with, and no
-    subscriber gets it again."""
+@pytest.mark.parametrize("subscribers", ["ABC", "AC"], ids=["B-took-part", "B-never-saw-it"])
+def test_a_resend_of_a_delivery_finished_while_its_publisher_was_cut_off_gets_the_outcome_it_had(subscribers):
+    """The publisher resumes at B and resends #1, which A finished and every router
+    forgot. If B took part (its subscriber accepted it) it answers at once with the
+    outcome A settled it with; if B never saw it, A and C answer its copy with that
+    outcome. Either way the publisher gets "accepted" and no subscriber gets it twice."""
     mesh = Mesh(*TRIANGLE, record_linger=1.0)
-    incarnation, subs, payload = _finish_at_a_unheard(mesh, "ABC")
+    incarnation, subs, payload = _finish_at_a_unheard(mesh, subscribers)
     resumed = _resume_publisher(mesh, "B", incarnation, [b"1"])
     d = mesh.publish("B", resumed, b"1", payload=payload)
     assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
@@ -372,51 +365,23 @@ def test_a_resend_of_a_delivery_finished_while_its_publisher_was_cut_off_gets_th
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
-def test_a_resend_to_a_router_that_never_saw_the_delivery_is_answered_by_those_that_finished_it():
-    """B had no subscriber when #1 went round: the resend is new to it. A and C
-    finished it and forgot it; their answer carries the outcome, which the publisher
-    gets; their subscribers do not get it again."""
-    mesh = Mesh(*TRIANGLE, record_linger=1.0)
-    incarnation, subs, payload = _finish_at_a_unheard(mesh, "AC")
-    resumed = _resume_publisher(mesh, "B", incarnation, [b"1"])
-    d = mesh.publish("B", resumed, b"1", payload=payload)
-    assert mesh.outcomes_for("B", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
-    assert all(len(mesh.forwarded(r, link)) == 1 for r, link in subs.items()), "nobody got it twice"
-    mesh.advance(2)
-    assert all(core.record_count() == 0 for core in mesh.cores.values())
-
-
-def test_a_reused_tag_is_a_new_delivery_even_where_the_old_one_is_remembered_settled():
+@pytest.mark.parametrize("where", ["B", "C"], ids=["subscriber-at-the-origin", "subscriber-elsewhere"])
+def test_a_reused_tag_is_a_new_delivery_even_where_the_old_one_is_remembered_settled(where):
     """A publisher may reuse a settled tag (AMQP allows it); only a resumed link's
-    resend of a tag it reported unsettled is answered from the settled-tag memory."""
+    resend of a tag it reported unsettled is answered from the settled-tag memory.
+    Routers that remember the first use settled take the second as new, and name it
+    as the origin does."""
     mesh = Mesh(*TRIANGLE, record_linger=1.0)
-    sub = mesh.subscriber("B", "k", durable=2, timeout=60)
+    sub = mesh.subscriber(where, "k", durable=2, timeout=60)
     pub = mesh.publisher("B", name="p", container="P", rcv_first=True)
-    first = mesh.publish("B", pub, b"1", body="one")
-    mesh.answer("B", sub, mesh.forwarded("B", sub)[0].tag)
-    assert mesh.outcomes_for("B", first) == [SendOutcome(first, outcomes.ACCEPTED, True)]
-    mesh.advance(2)
-    again = mesh.publish("B", pub, b"1", body="two")
-    got = mesh.forwarded("B", sub)
+    deliveries = []
+    for body in ("one", "two"):
+        deliveries.append(mesh.publish("B", pub, b"1", body=body))
+        mesh.answer(where, sub, mesh.forwarded(where, sub)[-1].tag)
+        assert mesh.outcomes_for("B", deliveries[-1]) == [SendOutcome(deliveries[-1], outcomes.ACCEPTED, True)]
+        mesh.advance(2)  # the record lingers out: only the settled tag is left
+        assert all(core.record_count() == 0 for core in mesh.cores.values())
+    got = mesh.forwarded(where, sub)
     assert [decode(c.payload).body for c in got] == ["one", "two"]
-    assert mesh.outcomes_for("B", again) == []
-
-
-def test_a_reused_tag_reaches_other_routers_that_remember_the_old_one_settled():
-    mesh = Mesh(*TRIANGLE, record_linger=1.0)
-    sub = mesh.subscriber("C", "k", durable=2, timeout=60)
-    pub = mesh.publisher("B", name="p", container="P", rcv_first=True)
-    first = mesh.publish("B", pub, b"1", body="one")
-    mesh.answer("C", sub, mesh.forwarded("C", sub)[0].tag)
-    assert mesh.outcomes_for("B", first) == [SendOutcome(first, outcomes.ACCEPTED, True)]
-    mesh.advance(2)
-    assert all(core.record_count() == 0 for core in mesh.cores.values())
-    again = mesh.publish("B", pub, b"1", body="two")
-    got = mesh.forwarded("C", sub)
-    assert [decode(c.payload).body for c in got] == ["one", "two"]
-    mesh.answer("C", sub, got[1].tag)
-    assert mesh.outcomes_for("B", again) == [SendOutcome(again, outcomes.ACCEPTED, True)]
-    mesh.advance(2)
-    assert all(core.record_count() == 0 for core in mesh.cores.values())
-    assert {e.fields["delivery"] for e in mesh.logs["C"] if e.kind == "received"} == {
-        got[0].tag.hex(), got[0].tag.hex() + ".1"}, "C names the second use as the origin does"
+    assert [e.fields["delivery"] for e in mesh.logs[where] if e.kind == "received"] == [
+        got[0].tag.hex(), got[0].tag.hex() + ".1"]
