@@ -162,6 +162,35 @@ class NetnsScenario(Scenario):
         return next((e["ts"] for e in self.net.routers[router_id].events()
                      if e["event"] == "peer-lost" and e.get("peer") == peer and e["ts"] >= since), None)
 
+    def wait_a_clients_moved(self) -> float:
+        return self.wait(lambda: all(c.attached and c.router != self.net.routers["A"].url
+                                     for c in (self.pubs["pub-A"], self.subs["sub-A"])),
+                         "A's publisher and subscriber failed over")
+
+    def cut_a_off_and_back(self, what: str, cut, restore) -> None:
+        """Steady traffic; ``cut()`` takes A (which hosts a publisher and a subscriber)
+        off the network; its clients fail over and B and C notice; ``restore()``
+        brings it back and A, alive all along with its records, rejoins. Then the
+        verdict, and the timings printed."""
+        threads = self.publish_in_background()
+        self.wait_progress(40)
+        cut_at = time.time()
+        cut()
+        moved = self.wait_a_clients_moved()
+        noticed = self.hold_cut(cut_at, lost="A", by=("B", "C"))
+        restore()
+        restored_at = time.time()
+        self.net.wait_converged(60)
+        healed = time.time()
+        self.finish(threads)
+        self.verify()
+        print(f"\n{what}: clients moved {moved - cut_at:.2f} s after the cut; "
+              f"{self.describe_noticed(noticed, cut_at)}; "
+              f"A back in everyone's routes {healed - restored_at:.2f} s after the restore; "
+              f"longest outcome stall per publisher: "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in self.stalls(cut_at).items()))
+        self.expect_noticed(noticed, cut_at, "A")
+
     def hold_cut(self, cut_at: float, lost: str, by) -> dict[str, float | None]:
         """Keep the fault in place until every router in ``by`` has noticed it lost
         ``lost`` (plus a second), or HOLD seconds at most; returns when each noticed.
@@ -259,26 +288,7 @@ def test_clean_cut_isolates_a_router(netscenario):
     drop A after their idle timeout; then the link comes back and A, alive all along
     with its records, rejoins."""
     s = netscenario()
-    threads = s.publish_in_background()
-    s.wait_progress(40)
-    cut_at = time.time()
-    s.lab.link_down("A")
-    moved = s.wait(lambda: all(c.attached and c.router != s.net.routers["A"].url
-                               for c in (s.pubs["pub-A"], s.subs["sub-A"])),
-                   "A's publisher and subscriber failed over")
-    noticed = s.hold_cut(cut_at, lost="A", by=("B", "C"))
-    s.lab.link_up("A")
-    restored_at = time.time()
-    s.net.wait_converged(60)
-    healed = time.time()
-    s.finish(threads)
-    s.verify()
-    print(f"\nclean cut of A: clients moved {moved - cut_at:.2f} s after the cut; "
-          f"{s.describe_noticed(noticed, cut_at)}; "
-          f"A back in everyone's routes {healed - restored_at:.2f} s after the restore; "
-          f"longest outcome stall per publisher: "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in s.stalls(cut_at).items()))
-    s.expect_noticed(noticed, cut_at, "A")
+    s.cut_a_off_and_back("clean cut of A", lambda: s.lab.link_down("A"), lambda: s.lab.link_up("A"))
 
 
 @needs_netns
@@ -314,26 +324,7 @@ def test_silent_isolation_of_a_router(netscenario):
     clients and its peers only notice through their heartbeats / idle timeouts. A's
     clients fail over; then A comes back."""
     s = netscenario()
-    threads = s.publish_in_background()
-    s.wait_progress(40)
-    cut_at = time.time()
-    s.lab.isolate("A")
-    moved = s.wait(lambda: all(c.attached and c.router != s.net.routers["A"].url
-                               for c in (s.pubs["pub-A"], s.subs["sub-A"])),
-                   "A's publisher and subscriber failed over")
-    noticed = s.hold_cut(cut_at, lost="A", by=("B", "C"))
-    s.lab.heal("A")
-    restored_at = time.time()
-    s.net.wait_converged(60)
-    healed = time.time()
-    s.finish(threads)
-    s.verify()
-    print(f"\nsilent isolation of A: clients moved {moved - cut_at:.2f} s after the cut; "
-          f"{s.describe_noticed(noticed, cut_at)}; "
-          f"A back in everyone's routes {healed - restored_at:.2f} s after the restore; "
-          f"longest outcome stall per publisher: "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in s.stalls(cut_at).items()))
-    s.expect_noticed(noticed, cut_at, "A")
+    s.cut_a_off_and_back("silent isolation of A", lambda: s.lab.isolate("A"), lambda: s.lab.heal("A"))
 
 
 @needs_netns
@@ -349,9 +340,7 @@ def test_clients_cut_off_from_a_live_router_resume_elsewhere(netscenario):
     s.wait_progress(40)
     cut_at = time.time()
     s.lab.partition("A", CLIENTS)
-    moved = s.wait(lambda: all(c.attached and c.router != s.net.routers["A"].url
-                               for c in (s.pubs["pub-A"], s.subs["sub-A"])),
-                   "A's publisher and subscriber failed over")
+    moved = s.wait_a_clients_moved()
     s.lab.heal("A", CLIENTS)
     s.finish(threads)
     s.verify()
