@@ -56,7 +56,11 @@ def test_one_subscriber_full_life_of_a_delivery():
     assert h.settle(1, delivery) == [SettleOutgoing(2, tag)]
     # The subscriber settled first (rcv-settle-mode=first): it knows; the record goes.
     assert h.core.record_count() == 0
-    assert h.log_kinds() == ["link-attached", "link-attached", "received", "sub-outcome", "pub-outcome", "settled"]
+    # The subscriber's accept completed the delivery: one "completed" line stands for
+    # its sub-outcome and the pub-outcome; the publisher's settle comes later.
+    assert h.log_kinds() == ["link-attached", "link-attached", "received", "completed", "settled"]
+    assert h.logs[3].fields == {"delivery": tag.hex(), "subscriber": "sub/s2", "outcome": "accepted",
+                                "settled": True, "pub_outcome": "accepted"}
     received, settled = h.logs[2].fields, h.logs[-1].fields
     assert (received["owed"], received["forwarded"]) == (["sub/s2"], ["sub/s2"])
     assert settled["deleted"] is True
@@ -303,8 +307,10 @@ def test_rcv_first_publisher_gets_its_outcome_settled_and_that_settles_the_deliv
     tag = stream_tag(b"1")
     assert h.answer(2, tag) == [SendOutcome(delivery, outcomes.ACCEPTED, True), SettleOutgoing(2, tag)]
     assert h.core.record_count() == 0  # the subscriber settled first: it knows
-    assert h.log_kinds()[-3:] == ["sub-outcome", "pub-outcome", "settled"]
-    assert h.logs[-1].fields == {"delivery": tag.hex(), "by": "router", "deleted": True}
+    # One line for the subscriber's accept, the publisher's outcome and the settlement.
+    assert h.log_kinds()[-2:] == ["received", "completed"]
+    assert h.logs[-1].fields == {"delivery": tag.hex(), "subscriber": "sub/s2", "outcome": "accepted",
+                                 "settled": True, "pub_outcome": "accepted", "by": "router", "deleted": True}
     assert h.settle(1, delivery) == []  # a crossing settle from the publisher changes nothing
 
 
