@@ -248,6 +248,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.callgrind: {e}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    # Every run uses the same code even while router/ is being edited: a copy of it.
+    snapshot = Path(tempfile.mkdtemp(prefix="eocg-router-"))
+    shutil.copytree(ROOT / "router", snapshot / "router", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    args.router_root = snapshot
+    try:
+        return _measure(args, bins)
+    finally:
+        shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, bins: dict) -> int:
     plan = [(mode, k, n) for k in args.k_values for mode in args.mode_list for n in (args.n1, args.n2)]
     results: dict[tuple, dict] = {}
     t0 = time.monotonic()
