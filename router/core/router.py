@@ -721,6 +721,7 @@ class RouterCore(ResumptionMixin):
         sub.credit -= 1
         state.sent = sub.send_counter = sub.send_counter + 1
         state.link = sub.link_id
+        state.remote_settled = False  # a new copy (a resend after a resume): not settled by it yet
         out.append(Forward(sub.link_id, record.tag, record.payload, False))
         out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key,
                                      "link": sub.link_id, "settled": False}))
@@ -970,18 +971,20 @@ class RouterCore(ResumptionMixin):
         everyone_knows = True
         subscriptions = topic.subscriptions
         for key, state in record.subscribers.items():
+            if state.remote_settled:
+                # It settled its copy itself (the adapter settled ours then: nothing
+                # to relay), or it got it on a link that is gone.
+                state.known_settled = True
+                continue
             sub = subscriptions.get(key)
             if state.sent and sub is not None and sub.link_id == state.link:
                 out.append(_new(SettleOutgoing, (sub.link_id, record.tag)))
                 state.settle_relayed = True
-                if state.remote_settled:
-                    state.known_settled = True
-                else:
-                    sub.awaiting_evidence.append((sub.send_counter, record))
-                    everyone_knows = False
+                sub.awaiting_evidence.append((sub.send_counter, record))
+                everyone_knows = False
             else:
-                # It settled it itself, never got it, or got it on a link that is
-                # gone: there is no settlement to relay on the current link.
+                # It never got it, or got it on a link that is gone: there is no
+                # settlement to relay on the current link.
                 state.known_settled = True
         if record.remote_routers or record.moved:  # else settle_pending stays the empty set
             targets = set(record.remote_routers)
