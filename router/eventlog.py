@@ -47,11 +47,13 @@ __all__ = [
     "DEFAULT_RETENTION",
     "EVENT_SCHEMA",
     "EVENTS",
+    "FOLDED",
     "EventLog",
     "EventLogError",
     "EventReader",
     "read_events",
     "spark_schema_fields",
+    "unfold",
     "validate_event",
 ]
 
@@ -121,6 +123,14 @@ EVENTS: dict[str, dict[str, str]] = {
     # by: "publisher" or "publisher-gone"; deleted: the record went at once (every
     # receiver already knew), else a "record-deleted" event follows later.
     "settled": {"delivery": "string", "by": "string", "deleted": "boolean"},
+    # One line standing for three: a subscriber's outcome that completed the delivery
+    # ("sub-outcome": subscriber, outcome, settled), the publisher's outcome it caused
+    # ("pub-outcome": pub_outcome, condition, reason) and, when ``by`` is set, the
+    # settlement in the same step ("settled": by, deleted), in that order. Readers
+    # unfold it (unfold(), read_events(); spark/reconcile.py).
+    "completed": {"delivery": "string", "subscriber": "string", "outcome": "string", "settled": "boolean",
+                  "pub_outcome": "string", "condition": "string", "reason": "string", "by": "string",
+                  "deleted": "boolean"},
     "record-deleted": {"delivery": "string", "reason": "string"},
     "expired": {"delivery": "string", "subscriber": "string"},
     "router-stopping": {"reason": "string"},
@@ -159,6 +169,33 @@ EVENTS: dict[str, dict[str, str]] = {
     "owed-moved": {"delivery": "string", "from_router": "string", "subscribers": "array<string>"},
     "owed-state-discarded": {"delivery": "string", "subscriber": "string"},
 }
+
+
+# Kinds whose line stands for several events (the hot path writes fewer lines):
+# kind -> what unfold() makes of it.
+FOLDED = {"completed": ("sub-outcome", "pub-outcome", "settled")}
+_COMMON = tuple(EVENT_SCHEMA)
+
+
+def unfold(record: dict) -> list[dict]:
+    """The events one decoded line stands for, as the kinds of ``EVENTS`` that are not
+    folded: a "completed" line gives its "sub-outcome", "pub-outcome" and (when ``by``
+    is set) "settled" event, each with the line's common fields (the same ``seq``),
+    in that order. Any other line is returned as it is, alone."""
+    if record.get("event") != "completed":
+        return [record]
+    common = {name: record[name] for name in _COMMON if name in record}
+    delivery = record.get("delivery")
+    events = [
+        {**common, "event": "sub-outcome", "delivery": delivery, "subscriber": record.get("subscriber"),
+         "outcome": record.get("outcome"), "settled": record.get("settled")},
+        {**common, "event": "pub-outcome", "delivery": delivery, "outcome": record.get("pub_outcome"),
+         "condition": record.get("condition"), "reason": record.get("reason")},
+    ]
+    if record.get("by") is not None:
+        events.append({**common, "event": "settled", "delivery": delivery, "by": record.get("by"),
+                       "deleted": record.get("deleted")})
+    return events
 
 
 def _union_fields() -> list[tuple[str, str]]:
@@ -541,8 +578,9 @@ class EventReader:
     many were skipped and ``torn`` lists ``(file, line_number)`` for each. The same
     problem on any other line raises EventLogError naming the file and line."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, raw: bool = False) -> None:
         self.path = Path(path)
+        self.raw = raw  # True: lines as written; False: folded lines unfolded (unfold())
         self.torn_lines = 0
         self.torn: list[tuple[Path, int]] = []
         self._files = self._list_files(self.path)
@@ -573,6 +611,7 @@ class EventReader:
 
     def _events(self) -> Iterator[dict]:
         loads = orjson.loads
+        raw = self.raw
         for file in self._files:
             with open(file, "rb") as f:
                 lineno = 0
@@ -584,7 +623,10 @@ class EventReader:
                         problem = f"unparsable line ({exc})"
                     else:
                         if isinstance(record, dict):
-                            yield record
+                            if raw or record.get("event") not in FOLDED:
+                                yield record
+                            else:
+                                yield from unfold(record)
                             continue
                         problem = f"not a JSON object ({type(record).__name__})"
                     if f.read(1) == b"":  # the last line: a torn write
@@ -594,9 +636,11 @@ class EventReader:
                     raise EventLogError(f"{file}:{lineno}: {problem}: {line[:80]!r}")
 
 
-def read_events(path: str | os.PathLike) -> EventReader:
+def read_events(path: str | os.PathLike, *, raw: bool = False) -> EventReader:
     """Events from a log file, or from every ``events-*.jsonl`` of a directory in
     name order (which is (epoch, file number) order). Given a router's data_dir, the
     files of its ``events`` subdirectory are read. Returns an EventReader: iterate
-    it for dicts, then look at its ``torn_lines``."""
-    return EventReader(path)
+    it for dicts, then look at its ``torn_lines``. A folded line ("completed") is
+    given as the events it stands for (``unfold()``, same ``seq``); ``raw=True``
+    gives every line as written."""
+    return EventReader(path, raw=raw)

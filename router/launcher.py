@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from router.eventlog import unfold
+
 # The directory holding the `router` package: the child must import the same code.
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]
 
@@ -126,7 +128,8 @@ def merge_config(base: dict, overrides: dict) -> dict:
 
 
 def read_event_log(data_dir: Path) -> list[dict]:
-    """All events in ``<data_dir>/events/events-*.jsonl``, in (epoch, seq) order.
+    """All events in ``<data_dir>/events/events-*.jsonl``, in (epoch, seq) order, a
+    folded line ("completed") as the events it stands for (router.eventlog.unfold).
 
     Tolerates a torn last line (a write in progress or a killed router); any other
     undecodable line is a real defect and raises."""
@@ -137,7 +140,7 @@ def read_event_log(data_dir: Path) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                events.append(json.loads(line))
+                events.extend(unfold(json.loads(line)))  # a folded line: the events it stands for
             except ValueError:
                 if index == len(lines) - 1:  # torn tail: no newline yet
                     continue

@@ -72,6 +72,7 @@ class Spec:
     p_refused: float = 0.01
     p_late: float = 0.3  # a send that waits for credit (a separate `forwarded` event)
     p_restart: float = 0.0  # per round and router: it stops and starts again (new epoch)
+    p_fold: float = 0.0  # a sub-outcome directly followed by its accepted pub-outcome: one "completed" line
     faults: tuple[str, ...] = ()
     ledgers: bool = True
     ts0: float = 1_763_785_200.0
@@ -128,6 +129,7 @@ class Generator:
         self.now = spec.ts0
         self.truth: dict[str, set] = {}
         self.events = 0
+        self.folded = 0  # "completed" lines written (each stands for 2-3 events)
         self.deliveries = 0
         p = spec.prefix
         self.router_ids = [f"{p}{chr(ord('A') + i)}" for i in range(spec.routers)]
@@ -158,18 +160,57 @@ class Generator:
 
     def _flush(self, log: RouterLog) -> None:
         buf = bytearray()
+        ready = []
         while log.pending:
             t, _, ev = heapq.heappop(log.pending)
-            if ev.get("drop"):
-                continue
+            if not ev.get("drop"):
+                ready.append((t, ev))
+        i = 0
+        while i < len(ready):
+            t, ev = ready[i]
             log.seq += 1
             ev["seq"] = log.seq
+            fields = ev["fields"]
+            kind = ev["kind"]
+            n = self._foldable(ready, i)
+            if n:  # the router's "completed" line: this sub-outcome, the pub-outcome (and settled) after it
+                pub = ready[i + 1][1]
+                fields = {**fields, "pub_outcome": pub["fields"]["outcome"]}
+                pub["seq"] = log.seq
+                if n == 3:
+                    settled = ready[i + 2][1]
+                    settled["seq"] = log.seq
+                    fields.update(by=settled["fields"]["by"], deleted=settled["fields"].get("deleted"))
+                kind = "completed"
+                self.folded += 1
             buf += _DUMPS({"seq": log.seq, "ts": round(t, 6), "router": log.rid, "epoch": log.epoch,
-                           "boot": log.boot, "event": ev["kind"], **ev["fields"]}, option=_NL)
+                           "boot": log.boot, "event": kind, **fields}, option=_NL)
             log.lines += 1
+            i += n or 1
         if buf:
             log.fh.write(buf)
         self.events += 0  # counted at emit time
+
+    def _foldable(self, ready: list, i: int) -> int:
+        """How many events from ``ready[i]`` a router would write as one "completed" line
+        (router.eventlog.FOLDED): a sub-outcome directly followed by the accepted
+        pub-outcome of the same delivery (and its settled, when that comes next);
+        0 when they are not, or when this history does not fold (``p_fold``)."""
+        ev = ready[i][1]
+        if ev["kind"] != "sub-outcome" or i + 1 >= len(ready) or not self.spec.p_fold:
+            return 0
+        d = ev["fields"].get("delivery")
+        pub = ready[i + 1][1]
+        pf = pub["fields"]
+        if pub["kind"] != "pub-outcome" or pf.get("delivery") != d or pf.get("outcome") != "accepted" \
+                or pf.get("condition") is not None or pf.get("reason") is not None:
+            return 0
+        if self.rng.random() >= self.spec.p_fold:
+            return 0
+        if i + 2 < len(ready) and ready[i + 2][1]["kind"] == "settled" \
+                and ready[i + 2][1]["fields"].get("delivery") == d:
+            return 3
+        return 2
 
     def _start(self, log: RouterLog, t: float) -> None:
         if log.fh is not None:
@@ -466,7 +507,7 @@ class Generator:
             log.fh.close()
         self._write_ledgers()
         truth = {k: sorted(v) for k, v in self.truth.items()}
-        info = {"events": self.events, "deliveries": self.deliveries, "routers": self.router_ids,
+        info = {"events": self.events, "folded_lines": self.folded, "deliveries": self.deliveries, "routers": self.router_ids,
                 "faults": list(spec.faults), "truth": truth, "seed": spec.seed}
         (self.out / "truth.json").write_text(json.dumps(info, indent=2) + "\n")
         return info
@@ -686,13 +727,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--round", type=int, default=200, dest="round_size")
     parser.add_argument("--restart", type=float, default=0.0, help="per round and router: chance of a restart")
+    parser.add_argument("--fold", type=float, default=0.0,
+                        help="chance that a sub-outcome directly followed by its accepted pub-outcome is written "
+                             "as one \"completed\" line, as the router's hot path does (default 0)")
     parser.add_argument("--fault", action="append", default=[], choices=FAULTS + LEDGER_FAULTS,
                         help="inject a fault (repeatable); truth.json lists what the job must find")
     parser.add_argument("--no-ledgers", action="store_true", help="skip the applications' ledgers")
     args = parser.parse_args(argv)
     spec = Spec(routers=args.routers, publishers=args.publishers, subscribers=args.subscribers, topics=args.topics,
                 deliveries=args.deliveries, events=args.events, round_size=args.round_size, seed=args.seed,
-                p_restart=args.restart, faults=tuple(args.fault), ledgers=not args.no_ledgers)
+                p_restart=args.restart, p_fold=args.fold, faults=tuple(args.fault), ledgers=not args.no_ledgers)
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         print(f"gen-logs: {args.out} is not empty", file=sys.stderr)
         return 2

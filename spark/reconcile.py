@@ -76,7 +76,46 @@ CLOCK_SLACK = 5.0
 _NEEDED = ("seq", "ts", "router", "epoch", "boot", "event", "delivery", "topic", "publisher", "link_name",
            "pub_tag", "incarnation", "stream_seq", "settled", "owed", "forwarded", "routers", "origin_router",
            "subscriber", "outcome", "by", "deleted", "to_router", "from_router", "link", "container", "name",
-           "role", "address", "durable", "closed", "reason", "reachable", "resumed", "dests", "subscribers")
+           "role", "address", "durable", "closed", "reason", "reachable", "resumed", "dests", "subscribers",
+           "pub_outcome")
+
+#: A folded line (router.eventlog.FOLDED) stands for several events at its seq:
+#: "completed" is a sub-outcome, a pub-outcome and, when ``by`` is set, a settled.
+COMPLETED = "completed"
+#: Column added by unfold(): false on the second and third event of a folded line
+#: (so the input check counts lines, not events).
+FIRST = "_first_of_line"
+
+
+def unfold(ev: DataFrame) -> DataFrame:
+    """Every folded line as the events it stands for (router.eventlog.unfold(), same
+    seq, in the same order), in one pass (an explode, no union: the input is read
+    once). Adds ``FIRST``."""
+    if "pub_outcome" not in ev.columns:  # an input written before folded lines existed
+        return ev.withColumn(FIRST, F.lit(True))
+    folded = F.col("event") == COMPLETED
+    parts = F.when(folded & F.col("by").isNotNull(), F.array(*map(F.lit, ("sub-outcome", "pub-outcome", "settled")))) \
+        .when(folded, F.array(F.lit("sub-outcome"), F.lit("pub-outcome"))) \
+        .otherwise(F.array(F.col("event")))
+    x = ev.select("*", F.posexplode(parts).alias("_part", "_kind"))
+    kind = F.col("_kind")
+
+    def only(part: str, name: str) -> Column:  # a folded line's field belongs to one of its events
+        return F.when(folded & (kind != part), F.lit(None)).otherwise(F.col(name))
+
+    columns = {
+        "event": kind,
+        "subscriber": only("sub-outcome", "subscriber"),
+        "settled": only("sub-outcome", "settled"),
+        "outcome": F.when(folded & (kind == "pub-outcome"), F.col("pub_outcome"))
+        .when(folded & (kind == "settled"), F.lit(None)).otherwise(F.col("outcome")),
+        "reason": only("pub-outcome", "reason"),
+        "by": only("settled", "by"),
+        "deleted": only("settled", "deleted"),
+    }
+    return x.select(*[columns[c].cast(ev.schema[c].dataType).alias(c) if c in columns else F.col(c)
+                      for c in ev.columns if c != "pub_outcome"],
+                    (F.col("_part") == 0).alias(FIRST))
 
 
 def _key(container: Column, name: Column) -> Column:
@@ -159,7 +198,7 @@ def prepare(events: DataFrame, partitions: int | None = None, persist: bool = Tr
 
 
 def _prepare(events: DataFrame, partitions: int, persist: bool, storage: StorageLevel) -> Tables:
-    ev = events.select(*[c for c in _NEEDED if c in events.columns])
+    ev = unfold(events.select(*[c for c in _NEEDED if c in events.columns]))
     keyed = ev.where(F.col("delivery").isNotNull()).repartition(partitions, "delivery")
     life = ev.where(F.col("delivery").isNull())
     persisted = []
@@ -202,10 +241,11 @@ def _prepare(events: DataFrame, partitions: int, persist: bool, storage: Storage
              F.min(F.when(F.col("event") == "router-stopping", F.col("seq"))).alias("stopping_seq"))
     # The extent of each epoch comes from every event (a died router's last words
     # may be about deliveries): a small aggregate over both tables.
-    lines = keyed.select("router", "epoch", "seq", "ts").unionByName(life.select("router", "epoch", "seq", "ts"))
+    lines = keyed.select("router", "epoch", "seq", "ts", FIRST) \
+        .unionByName(life.select("router", "epoch", "seq", "ts", FIRST))
     extent = lines.groupBy("router", "epoch").agg(
         F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"), F.min("seq").alias("first_seq"),
-        F.max("seq").alias("last_seq"), F.count(F.lit(1)).alias("lines"))
+        F.max("seq").alias("last_seq"), F.sum(F.col(FIRST).cast("long")).alias("lines"))
     epochs = extent.join(epochs, ["router", "epoch"], "left") \
         .withColumn("stopped", F.col("stopping_seq").isNotNull())
 

@@ -203,7 +203,12 @@ class Engine:
             entry[2] = state
             entry[3] = settled
             link = entry[0]
-            event = _new(OutcomeReceived, (link.link_id, entry[1], ACCEPTED, settled, None, None, False, False))
+            tag = entry[1]
+            if settled:  # _subscriber_settled, inlined
+                del self._outgoing[d]
+                del link.out[tag]
+                _delivery_settle(d)
+            event = _new(OutcomeReceived, (link.link_id, tag, ACCEPTED, settled, None, None, False, False))
             try:  # self.dispatch(event, link.conn, link), inlined
                 commands = self.core.handle(event, self.now)
             except ProtocolError as err:
@@ -386,6 +391,8 @@ class Engine:
         entry[2] = state
         entry[3] = settled
         link = entry[0]
+        if settled:
+            self._subscriber_settled(d, entry)
         if state == ACCEPTED:
             event = OutcomeReceived(link.link_id, entry[1], ACCEPTED, settled)
         elif state == RELEASED:
@@ -401,6 +408,15 @@ class Engine:
         else:  # received, a transactional state, or no state: not an outcome
             event = OutcomeReceived(link.link_id, entry[1], NONE, settled)
         self.dispatch(event, link.conn, link)
+
+    def _subscriber_settled(self, d, entry: list) -> None:
+        """The subscriber settled a delivery we sent: it expects nothing more on it, so
+        our side is settled now (proton frees it) and forgotten. The core hears of it
+        in the OutcomeReceived (settled) that follows and sends no SettleOutgoing for
+        it; one that crosses finds nothing and is skipped."""
+        del self._outgoing[d]
+        entry[0].out.pop(entry[1], None)
+        _delivery_settle(d)
 
     def AMQP_link_flow(self, lp) -> None:
         link = self._links_by_ptr.get(lp)

@@ -764,6 +764,7 @@ class RouterCore(ResumptionMixin):
         sub.credit -= 1
         state.sent = sub.send_counter = sub.send_counter + 1
         state.link = sub.link_id
+        state.remote_settled = False  # a new copy (a resend after a resume): not settled by it yet
         out.append(Forward(sub.link_id, record.tag, record.payload, False))
         out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key,
                                      "link": sub.link_id, "settled": False}))
@@ -818,14 +819,16 @@ class RouterCore(ResumptionMixin):
                 # Settled with no terminal state: AMQP leaves the default outcome to
                 # the source; ours is released (not delivered, safe to resend).
                 code = _RELEASED
+        logged = -1  # where this outcome's sub-outcome line is in ``out`` (-1: none)
         if code in _TERMINAL and state.outcome is None:
             if code == ACCEPTED:
                 state.outcome = OUTCOME_ACCEPTED
             else:
                 state.outcome = Outcome(code, ev.condition, ev.description, ev.delivery_failed,
                                         ev.undeliverable_here)
-            out.append(_new(Log, ("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
-                                                  "outcome": _NAMES[code], "settled": settled})))
+            logged = len(out)
+            fields = {"delivery": record.delivery_id, "subscriber": key, "outcome": _NAMES[code], "settled": settled}
+            out.append(_new(Log, ("sub-outcome", fields)))
         # Evidence: it answered a delivery sent at counter ``state.sent``, so it has
         # seen every settlement we relayed before that.
         sent = state.sent
@@ -850,9 +853,17 @@ class RouterCore(ResumptionMixin):
                         break  # not all accepted: the general rule below
                 else:
                     record.outcome = OUTCOME_ACCEPTED
-                    out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
-                                                          "condition": None, "reason": None})))
-                    self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
+                    if logged < 0:
+                        out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
+                                                              "condition": None, "reason": None})))
+                        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
+                        return
+                    # This outcome completed the delivery: its sub-outcome line becomes one
+                    # "completed" line that also stands for the pub-outcome and (when the
+                    # router settles now) the settled line (docs/event-log.md, "completed").
+                    fields["pub_outcome"] = "accepted"
+                    out[logged] = _new(Log, ("completed", fields))
+                    self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
                     return
             self._maybe_answer_publisher(record, now, out)
         elif record.pub_settled:
@@ -944,12 +955,14 @@ class RouterCore(ResumptionMixin):
             return  # it hears the outcome when it resumes and resends
         self._outcome_to_publisher(record, outcome, now, out)
 
-    def _outcome_to_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
+    def _outcome_to_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list,
+                              fold: dict | None = None) -> None:
         """Send the final ``outcome`` on the publisher's delivery. On a link whose
         rcv-settle-mode is first, AMQP has the receiver (us) settle spontaneously:
         we settle with the outcome, which settles the delivery for both sides (a
         client that waits for a settled disposition, as Azure's does, needs this).
-        With second, the publisher settles after it saw the outcome."""
+        With second, the publisher settles after it saw the outcome. ``fold``: the
+        fields of this step's "completed" line, which then carries the settlement."""
         pub = self.publishers.get(record.pub_link)
         first = pub is not None and pub.settles_first
         if outcome is OUTCOME_ACCEPTED:  # the usual answer, without the detour
@@ -957,7 +970,7 @@ class RouterCore(ResumptionMixin):
         else:
             self._send_publisher_outcome(record, outcome, out, settle=first)
         if first:
-            self._settle_record(record, "router", now, out)
+            self._settle_record(record, "router", now, out, fold)
 
     def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list,
                                 settle: bool = False) -> None:
@@ -979,7 +992,11 @@ class RouterCore(ResumptionMixin):
         record.pub_delivery = None
         self._settle_record(record, "publisher", now, out)
 
-    def _settle_record(self, record: DeliveryRecord, by: str, now: float, out: list) -> None:
+    def _settle_record(self, record: DeliveryRecord, by: str, now: float, out: list,
+                       fold: dict | None = None) -> None:
+        """Settle the record (``by`` whom, for the log). ``fold``: the fields of this
+        step's "completed" line: the settlement goes into it (by, deleted) instead of
+        a "settled" line of its own."""
         if record.pub_settled:
             return
         record.pub_settled = True
@@ -997,18 +1014,20 @@ class RouterCore(ResumptionMixin):
         everyone_knows = True
         subscriptions = topic.subscriptions
         for key, state in record.subscribers.items():
+            if state.remote_settled:
+                # It settled its copy itself (the adapter settled ours then: nothing
+                # to relay), or it got it on a link that is gone.
+                state.known_settled = True
+                continue
             sub = subscriptions.get(key)
             if state.sent and sub is not None and sub.link_id == state.link:
                 out.append(_new(SettleOutgoing, (sub.link_id, record.tag)))
                 state.settle_relayed = True
-                if state.remote_settled:
-                    state.known_settled = True
-                else:
-                    sub.awaiting_evidence.append((sub.send_counter, record))
-                    everyone_knows = False
+                sub.awaiting_evidence.append((sub.send_counter, record))
+                everyone_knows = False
             else:
-                # It settled it itself, never got it, or got it on a link that is
-                # gone: there is no settlement to relay on the current link.
+                # It never got it, or got it on a link that is gone: there is no
+                # settlement to relay on the current link.
                 state.known_settled = True
         if record.remote_routers or record.moved:  # else settle_pending stays the empty set
             targets = set(record.remote_routers)
@@ -1030,9 +1049,17 @@ class RouterCore(ResumptionMixin):
                 self._settled_tags.add(tag, self._final_outcome(record), record.reuse)
                 if not topic.records:
                     self._drop_topic_if_idle(topic)
-            out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": True})))
+            if fold is None:
+                out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": True})))
+            else:
+                fold["by"] = by
+                fold["deleted"] = True
         else:
-            out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": False})))
+            if fold is None:
+                out.append(_new(Log, ("settled", {"delivery": record.delivery_id, "by": by, "deleted": False})))
+            else:
+                fold["by"] = by
+                fold["deleted"] = False
             self._add_timer(now + self.settings.record_linger, _TIMER_LINGER, record)
         self._refill_credit(topic, out, bound_only=True)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from amqpclients import unique
+from router.eventlog import unfold
 
 LINGER = 1.0
 SUB_WINDOW = 400  # subscriber credit, topped up when half is used
@@ -89,7 +90,8 @@ class LogSummary:
             end = data.rfind(b"\n") + 1  # leave a line still being written for later
             for line in data[:end].splitlines():
                 if line.strip():
-                    self._add(json.loads(line))
+                    for event in unfold(json.loads(line)):  # a "completed" line: its three events
+                        self._add(event)
             self.offsets[path] = offset + end
         return self
 

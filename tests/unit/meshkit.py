@@ -131,8 +131,8 @@ class Mesh:
     def forwarded(self, router, link):
         return [c for c in self.client[router] if isinstance(c, Forward) and c.link_id == link]
 
-    def answer(self, router, link, tag, outcome=outcomes.ACCEPTED):
-        self.feed(router, OutcomeReceived(link, tag, outcome, True))
+    def answer(self, router, link, tag, outcome=outcomes.ACCEPTED, settled=True):
+        self.feed(router, OutcomeReceived(link, tag, outcome, settled))
         self.settle()
 
     def outcomes_for(self, router, delivery):

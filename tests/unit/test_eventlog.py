@@ -17,9 +17,11 @@ from router import __version__
 from router.eventlog import (
     EVENT_SCHEMA,
     EVENTS,
+    FOLDED,
     EventLog,
     EventLogError,
     read_events,
+    unfold,
     spark_schema_fields,
     validate_event,
 )
@@ -40,6 +42,8 @@ SAMPLE_FIELDS = {
     "sub-outcome": {"delivery": "a1b2", "subscriber": "sub-1/recv-1", "outcome": "accepted", "settled": True},
     "pub-outcome": {"delivery": "a1b2", "outcome": "accepted", "condition": None, "reason": None},
     "settled": {"delivery": "a1b2", "by": "publisher"},
+    "completed": {"delivery": "a1b2", "subscriber": "sub-1/recv-1", "outcome": "accepted", "settled": True,
+                  "pub_outcome": "accepted", "by": "router", "deleted": True},
     "record-deleted": {"delivery": "a1b2", "reason": "settled"},
     "expired": {"delivery": "a1b2", "subscriber": "sub-1/recv-1"},
     "router-stopping": {"reason": "SIGTERM"},
@@ -69,8 +73,8 @@ SAMPLE_FIELDS = {
 }
 
 
-def events_of(path) -> list[dict]:
-    return list(read_events(path))
+def events_of(path, raw: bool = True) -> list[dict]:
+    return list(read_events(path, raw=raw))
 
 
 def test_first_open_writes_router_started_as_epoch_1(tmp_path):
@@ -368,7 +372,7 @@ def test_round_trip(tmp_path_factory, batches):
             for kind, ts, fields in batch:
                 log.append(kind, ts, fields)
             log.flush()
-    reader = read_events(data_dir)
+    reader = read_events(data_dir, raw=True)
     records = list(reader)
     assert reader.torn_lines == 0
     expected = [e for batch in batches for e in batch]
@@ -415,3 +419,32 @@ def test_file_order_is_numeric_beyond_six_digits(tmp_path):
     assert [r["epoch"] for r in events_of(tmp_path)] == [999999, 1000000]
     with EventLog(tmp_path, "A") as log:
         assert log.epoch == 1000001
+
+
+# -- folded lines -----------------------------------------------------------------
+
+
+def test_completed_unfolds_into_the_three_events_it_stands_for(tmp_path):
+    with EventLog(tmp_path, "A") as log:
+        log.append("received", 1.0, SAMPLE_FIELDS["received"])
+        log.append("completed", 2.0, SAMPLE_FIELDS["completed"])
+        log.append("completed", 3.0, {"delivery": "c3d4", "subscriber": "s/l", "outcome": "accepted",
+                                      "settled": True, "pub_outcome": "accepted"})  # publisher settles later
+        log.append("settled", 4.0, {"delivery": "c3d4", "by": "publisher", "deleted": True})
+    raw = events_of(tmp_path)
+    assert [e["event"] for e in raw] == ["router-started", "received", "completed", "completed", "settled"]
+    events = events_of(tmp_path, raw=False)
+    assert [(e["seq"], e["event"]) for e in events] == [
+        (1, "router-started"), (2, "received"), (3, "sub-outcome"), (3, "pub-outcome"), (3, "settled"),
+        (4, "sub-outcome"), (4, "pub-outcome"), (5, "settled")]
+    for event in events:
+        validate_event(event)
+    common = {k: raw[2][k] for k in EVENT_SCHEMA if k != "event"}
+    sub, pub, settled = events[2:5]
+    assert sub == {**common, "event": "sub-outcome", "delivery": "a1b2", "subscriber": "sub-1/recv-1",
+                   "outcome": "accepted", "settled": True}
+    assert pub == {**common, "event": "pub-outcome", "delivery": "a1b2", "outcome": "accepted", "condition": None,
+                   "reason": None}
+    assert settled == {**common, "event": "settled", "delivery": "a1b2", "by": "router", "deleted": True}
+    assert unfold(SAMPLE_FIELDS["received"] | {"event": "received"}) == [SAMPLE_FIELDS["received"] | {"event": "received"}]
+    assert set(FOLDED) == {"completed"} and all(k in EVENTS and k not in FOLDED for k in FOLDED["completed"])

@@ -30,14 +30,19 @@ def test_subscribers_everywhere_get_it_once_and_accept_waits_for_the_farthest():
     tag = copies["A"][0].tag
     assert {c[0].tag for c in copies.values()} == {tag}, "every router uses the same tag"
     assert {c[0].payload for c in copies.values()} == {copies["A"][0].payload}
+    # A and C settle their copies with their answers, B (rcv-settle-mode second) waits.
     mesh.answer("A", subs["A"], tag)
-    mesh.answer("B", subs["B"], tag)
+    mesh.answer("B", subs["B"], tag, settled=False)
     assert mesh.outcomes_for("A", delivery) == [], "C has not answered"
     mesh.answer("C", subs["C"], tag)
     assert mesh.outcomes_for("A", delivery) == [SendOutcome(delivery, outcomes.ACCEPTED)]
     mesh.settle_publisher("A", pub, delivery)
-    for r in "ABC":
-        assert SettleOutgoing(subs[r], tag) in mesh.client[r], f"settlement relayed to {r}"
+    # The settlement reaches every router; it is relayed to the one subscriber that
+    # still holds its copy unsettled (the others settled theirs: nothing to relay).
+    assert SettleOutgoing(subs["B"], tag) in mesh.client["B"], "settlement relayed to B"
+    for r in "AC":
+        assert SettleOutgoing(subs[r], tag) not in mesh.client[r], r
+    mesh.answer("B", subs["B"], tag)  # it settles in turn
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
@@ -48,10 +53,11 @@ def test_rcv_first_publisher_settled_with_the_outcome_and_settlement_reaches_eve
     delivery = mesh.publish("A", pub, b"1")
     tag = mesh.forwarded("A", subs["A"])[0].tag
     for r in "ABC":
-        mesh.answer(r, subs[r], tag)
+        mesh.answer(r, subs[r], tag, settled=False)  # rcv-settle-mode second: each waits for the router
     assert mesh.outcomes_for("A", delivery) == [SendOutcome(delivery, outcomes.ACCEPTED, True)]
     for r in "ABC":
         assert SettleOutgoing(subs[r], tag) in mesh.client[r], f"settlement relayed to {r}"
+        mesh.answer(r, subs[r], tag)  # and settles in turn
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
