@@ -99,8 +99,12 @@ class RecentTags:
         current = self.current
         current[tag] = (outcome, reuse) if reuse else outcome
         if len(current) >= self.keep:
-            self.previous = current
-            self.current = {}
+            self.roll()
+
+    def roll(self) -> None:
+        """The current generation becomes the previous one; the oldest goes whole."""
+        self.previous = self.current
+        self.current = {}
 
     def __contains__(self, tag: bytes) -> bool:
         return tag in self.current or tag in self.previous
@@ -548,10 +552,12 @@ class RouterCore(ResumptionMixin):
                     self._answer_finished_resend(tag, final, ev, out)
                     self._refill_credit(topic, out)
                     return
-        elif existing is None and tag in self._settled_tags:
-            # Reused after the old delivery was settled and forgotten here: other
-            # routers may still remember the old one, so the copy says which use it is.
-            reuse = self._settled_tags.reuse_of(tag) + 1
+        elif existing is None:
+            settled = self._settled_tags  # ``tag in settled``, inlined: once per message
+            if tag in settled.current or tag in settled.previous:
+                # Reused after the old delivery was settled and forgotten here: other
+                # routers may still remember the old one, so the copy says which use it is.
+                reuse = settled.reuse_of(tag) + 1
         if existing is not None:
             if existing.pub_tag != ev.tag:
                 out.append(Log("tag-collision", {"delivery": existing.delivery_id, "link": ev.link_id}))
@@ -1046,7 +1052,16 @@ class RouterCore(ResumptionMixin):
             if records.get(tag) is record:
                 del records[tag]
                 del topic.records[record.order]
-                self._settled_tags.add(tag, self._final_outcome(record), record.reuse)
+                settled = self._settled_tags
+                if record.origin_router is None and not record.reuse:
+                    # settled.add(tag, outcome), inlined for the usual case: we are the
+                    # origin and decided the outcome
+                    current = settled.current
+                    current[tag] = record.outcome.code
+                    if len(current) >= settled.keep:
+                        settled.roll()
+                else:
+                    settled.add(tag, self._final_outcome(record), record.reuse)
                 if not topic.records:
                     self._drop_topic_if_idle(topic)
             if fold is None:

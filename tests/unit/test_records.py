@@ -46,3 +46,17 @@ def test_recent_tags_keeps_at_least_the_last_keep_and_at_most_twice_that():
         assert all(bytes([m]) in recent for m in range(max(0, n - 2), n + 1)), n
         assert len(recent) <= 6
     assert bytes([0]) not in recent
+
+
+def test_recent_tags_remember_each_tags_outcome_and_reuse_across_a_roll():
+    from router.core import outcomes
+    from router.core.router import RecentTags
+    recent = RecentTags(2)
+    recent.add(b"a", outcomes.ACCEPTED)
+    recent.add(b"b", outcomes.REJECTED, reuse=2)  # fills the generation: it rolls over
+    recent.add(b"c")
+    assert [recent.outcome_of(t) for t in (b"a", b"b", b"c", b"x")] == [
+        outcomes.ACCEPTED, outcomes.REJECTED, None, None]
+    assert [recent.reuse_of(t) for t in (b"a", b"b", b"c")] == [0, 2, 0]
+    recent.add(b"d")  # rolls again: a and b are forgotten
+    assert b"a" not in recent and recent.outcome_of(b"b") is None and b"c" in recent
