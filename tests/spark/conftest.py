@@ -40,3 +40,10 @@ def real_run(tmp_path_factory):
     import realrun
 
     return realrun.run(tmp_path_factory.mktemp("realrun"), messages=20)
+
+
+@pytest.fixture(scope="module")
+def real_run_one_router(tmp_path_factory):
+    import realrun
+
+    return realrun.run(tmp_path_factory.mktemp("realrun1"), messages=20, one_router=True)
