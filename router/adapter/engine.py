@@ -106,6 +106,9 @@ class Engine:
         settings = getattr(core, "settings", None)  # a test's stand-in core may have none
         self.publishers_settle_first = settings is None or settings.publisher_rcv_settle_mode == "first"
         self.now = 0.0  # set by the loop once per iteration (one timestamp per iteration)
+        # RouterCore.accepted(link_id, tag, settled, now): handle(OutcomeReceived(...accepted...))
+        # without the event; a test's stand-in core without it gets the event.
+        self._core_accepted = getattr(core, "accepted", None)
         self.touched: set[Conn] = set()  # connections that got engine work during this batch
         self.opened: list[Conn] = []  # connections whose peer's open frame just arrived
         self.shutdown_complete = False
@@ -208,11 +211,16 @@ class Engine:
                 del self._outgoing[d]
                 del link.out[tag]
                 _delivery_settle(d)
-            event = _new(OutcomeReceived, (link.link_id, tag, ACCEPTED, settled, None, None, False, False))
-            try:  # self.dispatch(event, link.conn, link), inlined
-                commands = self.core.handle(event, self.now)
+            accepted = self._core_accepted
+            try:
+                if accepted is not None:  # the core's direct call: no event object, no dispatch
+                    commands = accepted(link.link_id, tag, settled, self.now)
+                else:  # self.dispatch(event, link.conn, link), inlined
+                    commands = self.core.handle(
+                        _new(OutcomeReceived, (link.link_id, tag, ACCEPTED, settled, None, None, False, False)),
+                        self.now)
             except ProtocolError as err:
-                self._refused(event, link, err)
+                self._refused(OutcomeReceived(link.link_id, tag, ACCEPTED, settled), link, err)
                 return
             if commands:
                 self.execute(commands)
