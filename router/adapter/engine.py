@@ -32,7 +32,7 @@ from router.adapter.interrouter import InterRouter
 from router.core import outcomes
 from router.core.commands import (DetachLink, Drained, Forward, GrantCredit, Log, OpenLink,
                                   SendControl, SendData, SendOutcome, SettleOutgoing,
-                                  ShutdownComplete)
+                                  ShutdownComplete, SubOutcome)
 from router.core.errors import ProtocolError
 from router.core.events import (ConnectionLost, CreditChanged, LinkDetached, MessageReceived,
                                 MessageTooLarge, OutcomeReceived, PublisherSettled)
@@ -577,6 +577,8 @@ class Engine:
             cls = cmd.__class__
             if cls is Log:
                 self.eventlog.append(cmd.kind, self.now, cmd.fields)
+            elif cls is SubOutcome:  # a "sub-outcome" line, built without a dict
+                self.eventlog.append_sub_outcome(self.now, cmd.delivery, cmd.subscriber, cmd.outcome, cmd.settled)
             elif cls is Forward:  # CORE_forward
                 link = self._links.get(cmd.link_id)
                 if link is None:

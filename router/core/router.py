@@ -27,7 +27,7 @@ from itertools import count
 from router.core import outcomes, tags
 from router.core.commands import (
     DetachLink, Drained, Forward, GrantCredit, Log, OpenLink, SendControl, SendData, SendOutcome,
-    SettleOutgoing, ShutdownComplete,
+    SettleOutgoing, ShutdownComplete, SubOutcome,
 )
 from router.core.errors import ProtocolError
 from router.core.events import (
@@ -862,16 +862,16 @@ class RouterCore(ResumptionMixin):
     def _on_accepted(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool,
                      now: float, out: list) -> None:
         """_on_outcome for an accepted outcome: the per-copy path of exactly-once."""
-        fields = None
+        logged = -1  # where this outcome's line goes in ``out`` (-1: none, it said so before)
         if state.outcome is None:
             state.outcome = OUTCOME_ACCEPTED
             waiting = record.waiting
             if waiting > 0:
                 record.waiting = waiting - 1
-            logged = len(out)  # where this outcome's sub-outcome line is in ``out``
-            fields = {"delivery": record.delivery_id, "subscriber": sub.key, "outcome": "accepted",
-                      "settled": settled}
-            out.append(_new(Log, ("sub-outcome", fields)))
+            # Its line's place, filled below: a "sub-outcome" (SubOutcome), or the
+            # "completed" line when this outcome completes the delivery.
+            logged = len(out)
+            out.append(None)
         # Evidence: it answered a delivery sent at counter ``state.sent``, so it has
         # seen every settlement we relayed before that.
         sent = state.sent
@@ -881,41 +881,43 @@ class RouterCore(ResumptionMixin):
             state.remote_settled = True
             if record.pub_settled:
                 state.known_settled = True
-        if record.targeted:
-            self._after_subscriber_outcome(record, sub.key, now, out)
-        elif record.outcome is None:  # _after_subscriber_outcome, inlined: this runs per copy
-            if not record.remote_routers and not record.moved and record.origin_router is None \
-                    and record.pub_delivery is not None:
-                # _maybe_answer_publisher and _answer_publisher, inlined for the usual
-                # case: local subscribers only, its publisher still attached.
-                waiting = record.waiting
-                if waiting > 0:
-                    return  # still waiting for someone (the count says so: no scan per copy)
-                states = record.subscribers.values()
-                if waiting < 0:  # not counted (failover, expiry): look
-                    for other in states:
-                        if other.outcome is None:
-                            return
+        if not record.targeted and record.outcome is None and not record.remote_routers and not record.moved \
+                and record.origin_router is None and record.pub_delivery is not None:
+            # _after_subscriber_outcome, _maybe_answer_publisher and _answer_publisher,
+            # inlined for the usual case: local subscribers only, its publisher attached.
+            waiting = record.waiting
+            if waiting > 0:  # still waiting for someone (the count says so: no scan per copy)
+                if logged >= 0:
+                    out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
+                return
+            states = record.subscribers.values()
+            if waiting < 0:  # not counted (failover, expiry, a detach): look
                 for other in states:
-                    if other.outcome is not OUTCOME_ACCEPTED:
-                        break  # not all accepted: the general rule below
-                else:
-                    record.outcome = OUTCOME_ACCEPTED
-                    if fields is None:
-                        out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
-                                                              "condition": None, "reason": None})))
-                        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
+                    if other.outcome is None:
+                        if logged >= 0:
+                            out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
                         return
-                    # This outcome completed the delivery: its sub-outcome line becomes one
-                    # "completed" line that also stands for the pub-outcome and (when the
-                    # router settles now) the settled line (docs/event-log.md, "completed").
-                    fields["pub_outcome"] = "accepted"
-                    out[logged] = _new(Log, ("completed", fields))
-                    self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
+            for other in states:
+                if other.outcome is not OUTCOME_ACCEPTED:
+                    break  # not all accepted: the general rule (_maybe_answer_publisher)
+            else:
+                record.outcome = OUTCOME_ACCEPTED
+                if logged < 0:
+                    out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
+                                                          "condition": None, "reason": None})))
+                    self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
                     return
-            self._maybe_answer_publisher(record, now, out)
-        elif record.pub_settled:
-            self._maybe_delete(record, now, out)
+                # This outcome completed the delivery: its line is one "completed" line
+                # that also stands for the pub-outcome and (when the router settles now)
+                # the settled line (docs/event-log.md, "completed").
+                fields = {"delivery": record.delivery_id, "subscriber": sub.key, "outcome": "accepted",
+                          "settled": settled, "pub_outcome": "accepted"}
+                out[logged] = _new(Log, ("completed", fields))
+                self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
+                return
+        if logged >= 0:
+            out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
+        self._after_subscriber_outcome(record, sub.key, now, out)
 
     def _after_subscriber_outcome(self, record: DeliveryRecord, key: str, now: float, out: list) -> None:
         if record.targeted and key in record.targeted and record.subscribers[key].outcome is not None \
