@@ -203,14 +203,15 @@ class Engine:
             if state != ACCEPTED:
                 self.AMQP_disposition(d, entry)
                 return
-            entry[2] = state
-            entry[3] = settled
             link = entry[0]
             tag = entry[1]
-            if settled:  # _subscriber_settled, inlined
+            if settled:  # _subscriber_settled, inlined (the entry goes with it)
                 del self._outgoing[d]
                 del link.out[tag]
                 _delivery_settle(d)
+            else:
+                entry[2] = state
+                entry[3] = settled
             accepted = self._core_accepted
             try:
                 if accepted is not None:  # the core's direct call: no event object, no dispatch
@@ -222,6 +223,12 @@ class Engine:
             except ProtocolError as err:
                 self._refused(OutcomeReceived(link.link_id, tag, ACCEPTED, settled), link, err)
                 return
+            if len(commands) == 1:
+                cmd = commands[0]
+                if cmd.__class__ is SubOutcome:  # the usual answer at K > 1: its line only
+                    self.eventlog.append_sub_outcome(self.now, cmd.delivery, cmd.subscriber, cmd.outcome,
+                                                     cmd.settled)
+                    return
             if commands:
                 self.execute(commands)
             return
