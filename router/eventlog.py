@@ -351,6 +351,8 @@ class EventLog:
         self._ts_piece = b""
         self._heads: dict[str, bytes] = {}
         self._pieces: dict[str, bytes] = {}  # kind -> ts piece + head, for the timestamp self._ts
+        # (subscriber, outcome, settled) -> the end of a "sub-outcome" line (append_sub_outcome)
+        self._sub_tails: dict[tuple, bytes] = {}
 
         self._events_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._lock()
@@ -433,6 +435,34 @@ class EventLog:
         else:
             self._write(b'{"seq":%d%b}\n' % (seq, piece[:-1]))
         self._seq = seq
+
+    def append_sub_outcome(self, ts: float, delivery: str, subscriber: str, outcome: str, settled: bool) -> None:
+        """``append("sub-outcome", ts, {"delivery": delivery, "subscriber": subscriber,
+        "outcome": outcome, "settled": settled})``, the same bytes, for the per-copy path
+        (about a third of its instructions): no dict, and the line's end (subscriber,
+        outcome, settled) is encoded once per subscriber. ``delivery`` is written as it
+        is: a delivery id (hex digits and a "."), which JSON needs no escaping for."""
+        tail = self._sub_tails.get((subscriber, outcome, settled))
+        if tail is None:
+            tail = self._sub_tail(subscriber, outcome, settled)
+        if ts is not self._ts:
+            self._ts = ts
+            self._ts_piece = b',"ts":' + _dumps(ts)
+            self._pieces = {}
+        piece = self._pieces.get("sub-outcome")
+        if piece is None:
+            piece = self._piece("sub-outcome")
+        seq = self._seq + 1
+        self._write(b'{"seq":%d%b"delivery":"%b",%b' % (seq, piece, delivery.encode(), tail))
+        self._seq = seq
+
+    def _sub_tail(self, subscriber: str, outcome: str, settled: bool) -> bytes:
+        tails = self._sub_tails
+        if len(tails) >= 4096:  # subscribers come and go: keep the cache bounded
+            tails.clear()
+        encoded = _dumps({"subscriber": subscriber, "outcome": outcome, "settled": settled})
+        tail = tails[(subscriber, outcome, settled)] = encoded[1:] + b"\n"
+        return tail
 
     def _piece(self, kind: str) -> bytes:
         """Everything of a line of ``kind`` between the seq and the kind's own fields:

@@ -32,7 +32,7 @@ from router.adapter.interrouter import InterRouter
 from router.core import outcomes
 from router.core.commands import (DetachLink, Drained, Forward, GrantCredit, Log, OpenLink,
                                   SendControl, SendData, SendOutcome, SettleOutgoing,
-                                  ShutdownComplete)
+                                  ShutdownComplete, SubOutcome)
 from router.core.errors import ProtocolError
 from router.core.events import (ConnectionLost, CreditChanged, LinkDetached, MessageReceived,
                                 MessageTooLarge, OutcomeReceived, PublisherSettled)
@@ -106,6 +106,9 @@ class Engine:
         settings = getattr(core, "settings", None)  # a test's stand-in core may have none
         self.publishers_settle_first = settings is None or settings.publisher_rcv_settle_mode == "first"
         self.now = 0.0  # set by the loop once per iteration (one timestamp per iteration)
+        # RouterCore.accepted(link_id, tag, settled, now): handle(OutcomeReceived(...accepted...))
+        # without the event; a test's stand-in core without it gets the event.
+        self._core_accepted = getattr(core, "accepted", None)
         self.touched: set[Conn] = set()  # connections that got engine work during this batch
         self.opened: list[Conn] = []  # connections whose peer's open frame just arrived
         self.shutdown_complete = False
@@ -200,20 +203,32 @@ class Engine:
             if state != ACCEPTED:
                 self.AMQP_disposition(d, entry)
                 return
-            entry[2] = state
-            entry[3] = settled
             link = entry[0]
             tag = entry[1]
-            if settled:  # _subscriber_settled, inlined
+            if settled:  # _subscriber_settled, inlined (the entry goes with it)
                 del self._outgoing[d]
                 del link.out[tag]
                 _delivery_settle(d)
-            event = _new(OutcomeReceived, (link.link_id, tag, ACCEPTED, settled, None, None, False, False))
-            try:  # self.dispatch(event, link.conn, link), inlined
-                commands = self.core.handle(event, self.now)
+            else:
+                entry[2] = state
+                entry[3] = settled
+            accepted = self._core_accepted
+            try:
+                if accepted is not None:  # the core's direct call: no event object, no dispatch
+                    commands = accepted(link.link_id, tag, settled, self.now)
+                else:  # self.dispatch(event, link.conn, link), inlined
+                    commands = self.core.handle(
+                        _new(OutcomeReceived, (link.link_id, tag, ACCEPTED, settled, None, None, False, False)),
+                        self.now)
             except ProtocolError as err:
-                self._refused(event, link, err)
+                self._refused(OutcomeReceived(link.link_id, tag, ACCEPTED, settled), link, err)
                 return
+            if len(commands) == 1:
+                cmd = commands[0]
+                if cmd.__class__ is SubOutcome:  # the usual answer at K > 1: its line only
+                    self.eventlog.append_sub_outcome(self.now, cmd.delivery, cmd.subscriber, cmd.outcome,
+                                                     cmd.settled)
+                    return
             if commands:
                 self.execute(commands)
             return
@@ -569,6 +584,8 @@ class Engine:
             cls = cmd.__class__
             if cls is Log:
                 self.eventlog.append(cmd.kind, self.now, cmd.fields)
+            elif cls is SubOutcome:  # a "sub-outcome" line, built without a dict
+                self.eventlog.append_sub_outcome(self.now, cmd.delivery, cmd.subscriber, cmd.outcome, cmd.settled)
             elif cls is Forward:  # CORE_forward
                 link = self._links.get(cmd.link_id)
                 if link is None:

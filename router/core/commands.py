@@ -80,6 +80,25 @@ class Log(NamedTuple):
     fields: dict
 
 
+class SubOutcome(NamedTuple):
+    """``Log("sub-outcome", {"delivery", "subscriber", "outcome", "settled"})`` in the
+    form the per-copy path builds cheaply (no dict): the adapter writes the same line
+    (EventLog.append_sub_outcome). ``delivery`` is a record's delivery id (hex)."""
+
+    delivery: str
+    subscriber: str
+    outcome: str
+    settled: bool
+
+    kind = "sub-outcome"
+
+    @property
+    def fields(self) -> dict:
+        """The line's fields, as a Log's (for tests and tools)."""
+        return {"delivery": self.delivery, "subscriber": self.subscriber, "outcome": self.outcome,
+                "settled": self.settled}
+
+
 class ShutdownComplete(NamedTuple):
     """Every publisher delivery has its outcome; the adapter may close and exit."""
 

@@ -76,7 +76,7 @@ class DeliveryRecord:
         "pub_link", "pub_delivery",
         "subscribers", "remote_routers",
         "outcome", "pub_settled", "expires_at", "reuse", "origin_router", "header",
-        "moved", "targeted", "settle_pending",
+        "moved", "targeted", "settle_pending", "waiting",
         # Set only when they apply (read with getattr(record, name, default)):
         # resent: made from a resumed publisher's resend, which other routers may have
         #   finished and forgotten before; final: at a relaying router, the outcome
@@ -117,6 +117,12 @@ class DeliveryRecord:
         # routers we relayed the settlement to that have not acknowledged it
         self.settle_pending: set[str] = EMPTY_SET  # replaced by a set when there is one
         self.outcome: Outcome | None = None  # what the publisher was told
+        # How many of ``subscribers`` have no outcome yet, kept by the usual path (a
+        # local publisher's delivery; the core's _on_outcome/_on_accepted), so the
+        # last answer is found without a scan per copy. -1: not counted (a record
+        # from another router, or one whose states changed elsewhere: failover,
+        # expiry, a detach): whoever needs to know looks at the states.
+        self.waiting = -1
         self.pub_settled = False
         self.expires_at = expires_at
 

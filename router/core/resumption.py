@@ -236,6 +236,7 @@ class ResumptionMixin:
     def _owe_here(self, record: DeliveryRecord, key: str) -> SubscriberState:
         """Make ``record`` owed to local subscriber ``key`` (late: after the record's
         answer to its origin went out, the subscriber answers individually)."""
+        record.waiting = -1  # its states change outside the count
         state = record.subscribers.get(key)
         if state is None:
             state = record.subscribers[key] = SubscriberState()
@@ -382,6 +383,7 @@ class ResumptionMixin:
             if state is None or state.outcome is not None or record.pub_settled:
                 continue
             del record.subscribers[key]
+            record.waiting = -1
             record.own_moved()[key] = MovedState()
             out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": self.settings.router_id,
                                           "subscribers": [key]}))

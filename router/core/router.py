@@ -27,7 +27,7 @@ from itertools import count
 from router.core import outcomes, tags
 from router.core.commands import (
     DetachLink, Drained, Forward, GrantCredit, Log, OpenLink, SendControl, SendData, SendOutcome,
-    SettleOutgoing, ShutdownComplete,
+    SettleOutgoing, ShutdownComplete, SubOutcome,
 )
 from router.core.errors import ProtocolError
 from router.core.events import (
@@ -208,6 +208,23 @@ class RouterCore(ResumptionMixin):
         """Apply one event; return the commands it causes, in order."""
         out: list = []
         self._handlers[type(event)](event, now, out)
+        if self.draining and not self._shutdown_done:
+            self._maybe_finish_shutdown(now, out)
+        return out
+
+    def accepted(self, link_id: int, tag: bytes, settled: bool, now: float) -> list:
+        """``handle(OutcomeReceived(link_id, tag, ACCEPTED, settled), now)``, the same
+        commands, without building the event or dispatching on its type: the adapter
+        calls this for every accepted disposition (one per subscriber copy, the most
+        frequent event of exactly-once at K > 1)."""
+        out: list = []
+        sub = self.subscribers.get(link_id)
+        if sub is not None:
+            record = self.records.get(tag)
+            if record is not None:
+                state = record.subscribers.get(sub.key)
+                if state is not None:
+                    self._on_accepted(sub, record, state, settled, now, out)
         if self.draining and not self._shutdown_done:
             self._maybe_finish_shutdown(now, out)
         return out
@@ -501,6 +518,7 @@ class RouterCore(ResumptionMixin):
                 continue
             if state.outcome is None:
                 del record.subscribers[sub.key]
+                record.waiting = -1
                 if record.outcome is None:
                     self._maybe_answer_publisher(record, now, out)
             else:
@@ -607,6 +625,7 @@ class RouterCore(ResumptionMixin):
             record.resent = True
         states = record.subscribers
         sent_to, best_effort = self._distribute(record, topic, out)
+        record.waiting = len(states)  # every owed subscriber is yet to answer
         routers = None
         interested = self.net._interest.get(topic.name)  # Network.interested_routers' cache, read inline
         if interested is None:
@@ -820,21 +839,21 @@ class RouterCore(ResumptionMixin):
             return
         code = ev.outcome
         settled = ev.settled
+        if code == ACCEPTED:
+            self._on_accepted(sub, record, state, settled, now, out)
+            return
         if code not in _TERMINAL:
             if settled:
                 # Settled with no terminal state: AMQP leaves the default outcome to
                 # the source; ours is released (not delivered, safe to resend).
                 code = _RELEASED
-        logged = -1  # where this outcome's sub-outcome line is in ``out`` (-1: none)
         if code in _TERMINAL and state.outcome is None:
-            if code == ACCEPTED:
-                state.outcome = OUTCOME_ACCEPTED
-            else:
-                state.outcome = Outcome(code, ev.condition, ev.description, ev.delivery_failed,
-                                        ev.undeliverable_here)
-            logged = len(out)
-            fields = {"delivery": record.delivery_id, "subscriber": key, "outcome": _NAMES[code], "settled": settled}
-            out.append(_new(Log, ("sub-outcome", fields)))
+            state.outcome = Outcome(code, ev.condition, ev.description, ev.delivery_failed,
+                                    ev.undeliverable_here)
+            if record.waiting > 0:
+                record.waiting -= 1
+            out.append(_new(Log, ("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
+                                                  "outcome": _NAMES[code], "settled": settled})))
         # Evidence: it answered a delivery sent at counter ``state.sent``, so it has
         # seen every settlement we relayed before that.
         sent = state.sent
@@ -844,36 +863,67 @@ class RouterCore(ResumptionMixin):
             state.remote_settled = True
             if record.pub_settled:
                 state.known_settled = True
-        if record.targeted:
-            self._after_subscriber_outcome(record, key, now, out)
-        elif record.outcome is None:  # _after_subscriber_outcome, inlined: this runs per copy
-            if not record.remote_routers and not record.moved and record.origin_router is None \
-                    and record.pub_delivery is not None:
-                # _maybe_answer_publisher and _answer_publisher, inlined for the usual
-                # case: local subscribers only, its publisher still attached.
-                for state in record.subscribers.values():
-                    outcome = state.outcome
-                    if outcome is not OUTCOME_ACCEPTED:
-                        if outcome is None:
-                            return  # still waiting for someone
-                        break  # not all accepted: the general rule below
-                else:
-                    record.outcome = OUTCOME_ACCEPTED
-                    if logged < 0:
-                        out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
-                                                              "condition": None, "reason": None})))
-                        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
+        self._after_subscriber_outcome(record, key, now, out)
+
+    def _on_accepted(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool,
+                     now: float, out: list) -> None:
+        """_on_outcome for an accepted outcome: the per-copy path of exactly-once."""
+        logged = -1  # where this outcome's line goes in ``out`` (-1: none, it said so before)
+        if state.outcome is None:
+            state.outcome = OUTCOME_ACCEPTED
+            waiting = record.waiting
+            if waiting > 0:
+                record.waiting = waiting - 1
+            # Its line's place, filled below: a "sub-outcome" (SubOutcome), or the
+            # "completed" line when this outcome completes the delivery.
+            logged = len(out)
+            out.append(None)
+        # Evidence: it answered a delivery sent at counter ``state.sent``, so it has
+        # seen every settlement we relayed before that.
+        sent = state.sent
+        if sent and sub.awaiting_evidence and sub.awaiting_evidence[0][0] < sent:
+            self._evidence(sub, sent, now, out)
+        if settled:
+            state.remote_settled = True
+            if record.pub_settled:
+                state.known_settled = True
+        if not record.targeted and record.outcome is None and not record.remote_routers and not record.moved \
+                and record.origin_router is None and record.pub_delivery is not None:
+            # _after_subscriber_outcome, _maybe_answer_publisher and _answer_publisher,
+            # inlined for the usual case: local subscribers only, its publisher attached.
+            waiting = record.waiting
+            if waiting > 0:  # still waiting for someone (the count says so: no scan per copy)
+                if logged >= 0:
+                    out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
+                return
+            states = record.subscribers.values()
+            if waiting < 0:  # not counted (failover, expiry, a detach): look
+                for other in states:
+                    if other.outcome is None:
+                        if logged >= 0:
+                            out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
                         return
-                    # This outcome completed the delivery: its sub-outcome line becomes one
-                    # "completed" line that also stands for the pub-outcome and (when the
-                    # router settles now) the settled line (docs/event-log.md, "completed").
-                    fields["pub_outcome"] = "accepted"
-                    out[logged] = _new(Log, ("completed", fields))
-                    self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
+            for other in states:
+                if other.outcome is not OUTCOME_ACCEPTED:
+                    break  # not all accepted: the general rule (_maybe_answer_publisher)
+            else:
+                record.outcome = OUTCOME_ACCEPTED
+                if logged < 0:
+                    out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
+                                                          "condition": None, "reason": None})))
+                    self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
                     return
-            self._maybe_answer_publisher(record, now, out)
-        elif record.pub_settled:
-            self._maybe_delete(record, now, out)
+                # This outcome completed the delivery: its line is one "completed" line
+                # that also stands for the pub-outcome and (when the router settles now)
+                # the settled line (docs/event-log.md, "completed").
+                fields = {"delivery": record.delivery_id, "subscriber": sub.key, "outcome": "accepted",
+                          "settled": settled, "pub_outcome": "accepted"}
+                out[logged] = _new(Log, ("completed", fields))
+                self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
+                return
+        if logged >= 0:
+            out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
+        self._after_subscriber_outcome(record, sub.key, now, out)
 
     def _after_subscriber_outcome(self, record: DeliveryRecord, key: str, now: float, out: list) -> None:
         if record.targeted and key in record.targeted and record.subscribers[key].outcome is not None \
@@ -1218,6 +1268,7 @@ class RouterCore(ResumptionMixin):
         if record.outcome is not None or self.records.get(record.tag) is not record:
             return
         expired = Outcome(outcomes.REJECTED, outcomes.EXPIRED, "message expired before it reached every subscriber")
+        record.waiting = -1
         for key, state in record.subscribers.items():
             if state.outcome is None and not state.sent:
                 state.outcome = expired

@@ -5,7 +5,7 @@ from __future__ import annotations
 from proton import Message
 
 from router.core import outcomes
-from router.core.commands import Log
+from router.core.commands import Log, SubOutcome
 from router.core.events import (
     DURABLE_NONE, PUBLISHER, RCV_FIRST, RCV_SECOND, SND_MIXED, SND_SETTLED, SUBSCRIBER, ConnectionLost,
     CreditChanged, LinkAttached, LinkDetached, MessageReceived, OutcomeReceived, PublisherSettled,
@@ -32,8 +32,8 @@ class Harness:
 
     def do(self, event) -> list:
         commands = self.core.handle(event, self.now)
-        self.logs.extend(c for c in commands if isinstance(c, Log))
-        return [c for c in commands if not isinstance(c, Log)]
+        self.logs.extend(c for c in commands if isinstance(c, (Log, SubOutcome)))
+        return [c for c in commands if not isinstance(c, (Log, SubOutcome))]
 
     def advance(self, seconds: float) -> list:
         self.now += seconds

@@ -15,7 +15,7 @@ from collections import deque
 import orjson
 
 from router.core import outcomes
-from router.core.commands import Forward, Log, SendControl, SendData, SendOutcome
+from router.core.commands import Forward, Log, SendControl, SendData, SendOutcome, SubOutcome
 from router.core.events import (
     PUBLISHER, SND_MIXED, SUBSCRIBER, ControlReceived, CreditChanged, DataReceived, LinkAttached,
     LinkDetached, MessageReceived, OutcomeReceived, PeerConnected, PeerLost, PublisherSettled, TimerFired,
@@ -54,7 +54,7 @@ class Mesh:
                 header = orjson.loads(orjson.dumps(c.header))
                 self._send(name, c.router_id,
                            lambda conn, c=c, h=header: DataReceived(conn, name, c.tag, h, c.payload))
-            elif isinstance(c, Log):
+            elif isinstance(c, (Log, SubOutcome)):
                 self.logs[name].append(c)
             else:
                 self.client[name].append(c)

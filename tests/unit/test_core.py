@@ -83,6 +83,46 @@ def test_accepted_only_after_every_subscriber_accepted():
     assert h.answer(4, tag) == [SendOutcome(delivery, outcomes.ACCEPTED)]
 
 
+def test_the_direct_accepted_call_answers_as_the_event_does():
+    """RouterCore.accepted() (the adapter's call per accepted disposition) gives the
+    same commands, in the same order, as handle(OutcomeReceived(..., ACCEPTED, ...))."""
+    from router.core.events import OutcomeReceived
+
+    answers = []
+    for direct in (False, True):
+        h = Harness()
+        h.attach_publisher(1, rcv_first=True)
+        for link in (2, 3, 4):
+            h.attach_subscriber(link)
+            h.credit(link, 5)
+        for ptag in (b"1", b"2"):
+            h.publish(1, ptag)
+        steps = [(2, b"1", True), (3, b"2", False), (3, b"1", True), (3, b"2", True), (9, b"1", True),
+                 (2, b"x", True), (4, b"1", False), (4, b"1", True), (4, b"2", True), (2, b"2", True)]
+        for link, ptag, settled in steps:
+            tag = stream_tag(ptag)
+            if direct:
+                answers.append(h.core.accepted(link, tag, settled, h.now))
+            else:
+                answers.append(h.core.handle(OutcomeReceived(link, tag, outcomes.ACCEPTED, settled), h.now))
+    first, second = answers[:len(answers) // 2], answers[len(answers) // 2:]
+    assert first == second
+    assert [c.__class__.__name__ for batch in second for c in batch].count("SendOutcome") == 2
+
+
+def test_the_last_of_several_accepts_answers_even_after_a_release_elsewhere():
+    h = Harness()
+    h.attach_publisher(1)
+    for link in (2, 3, 4):
+        h.attach_subscriber(link)
+        h.credit(link, 5)
+    delivery, _ = h.publish(1, b"1")
+    tag = stream_tag(b"1")
+    assert h.answer(3, tag) == []
+    assert h.answer(2, tag, outcomes.RELEASED) == []
+    assert h.answer(4, tag) == [SendOutcome(delivery, outcomes.RELEASED)]
+
+
 def test_one_release_among_accepts_gives_released():
     h = Harness()
     h.attach_publisher(1)

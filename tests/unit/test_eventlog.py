@@ -448,3 +448,29 @@ def test_completed_unfolds_into_the_three_events_it_stands_for(tmp_path):
     assert settled == {**common, "event": "settled", "delivery": "a1b2", "by": "router", "deleted": True}
     assert unfold(SAMPLE_FIELDS["received"] | {"event": "received"}) == [SAMPLE_FIELDS["received"] | {"event": "received"}]
     assert set(FOLDED) == {"completed"} and all(k in EVENTS and k not in FOLDED for k in FOLDED["completed"])
+
+
+def test_append_sub_outcome_writes_the_bytes_append_writes(tmp_path):
+    """The per-copy path's sub-outcome line is byte for byte the generic one, for
+    subscriber keys JSON must escape too, across timestamps and the tail cache."""
+    cases = [("ab" * 16, "sub/s2", "accepted", True), ("cd" * 16 + ".2", 'c"o\\n/é\n', "accepted", False),
+             ("ef" * 16, "sub/s2", "rejected", True), ("ab" * 16, "sub/s2", "accepted", True)]
+    written = []
+    for fast in (False, True):
+        with EventLog(tmp_path / str(fast), "A") as log:
+            for ts in (1.0, 2.5):
+                for delivery, subscriber, outcome, settled in cases:
+                    if fast:
+                        log.append_sub_outcome(ts, delivery, subscriber, outcome, settled)
+                    else:
+                        log.append("sub-outcome", ts, {"delivery": delivery, "subscriber": subscriber,
+                                                       "outcome": outcome, "settled": settled})
+            path, boot = log.path, log.boot_id
+        lines = path.read_bytes().replace(boot.encode(), b"BOOT").splitlines()[1:]  # after router-started
+        for line in lines:
+            validate_event(orjson.loads(line))
+        written.append(lines)
+    slow, fast = written
+    assert slow == fast and len(fast) == 8
+    second = orjson.loads(fast[1])
+    assert second["subscriber"] == 'c"o\\n/é\n' and second["delivery"] == "cd" * 16 + ".2"
