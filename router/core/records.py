@@ -94,7 +94,9 @@ class DeliveryRecord:
         self.delivery_id = tag.hex() if not reuse else f"{tag.hex()}.{reuse}"
         self.topic = topic
         self.order = order  # the topic's publisher-order key
-        self.payload: bytes | None = payload  # dropped once settled: the publisher is the store
+        # Dropped once settled (the publisher is the store), unless a resumed
+        # subscriber still awaits its re-send (it holds it unsettled).
+        self.payload: bytes | None = payload
         self.publisher = publisher  # container-id
         self.link_name = link_name
         self.pub_tag = pub_tag

@@ -414,7 +414,7 @@ class ResumptionMixin:
     def _send_targeted(self, record: DeliveryRecord, router_id: str, keys: list, out: list) -> None:
         """A copy addressed to particular subscribers at ``router_id``; they answer us
         individually."""
-        if record.payload is None:
+        if record.payload is None or record.pub_settled:  # settled: a payload kept only for a local re-send
             return
         hop = self.net.next_hop(router_id)
         if hop is None:

@@ -811,6 +811,10 @@ class RouterCore(ResumptionMixin):
                 sub.held.setdefault(record.tag[:tags.STREAM_ID_SIZE], []).append(record)
                 continue
             self._send(sub, record, state, out)
+            if record.pub_settled:  # a resumed subscriber's re-send, settled meanwhile
+                out.append(SettleOutgoing(sub.link_id, record.tag))
+                state.settle_relayed = True
+                sub.awaiting_evidence.append((sub.send_counter, record))
         if sub.drain and not queue and sub.credit > 0:
             sub.credit = 0
             sub.drain = False
@@ -1056,6 +1060,7 @@ class RouterCore(ResumptionMixin):
         if record.pub_settled:
             return
         record.pub_settled = True
+        payload = record.payload
         record.payload = None
         if record.pub_delivery is not None:
             self.by_delivery.pop(record.pub_delivery, None)
@@ -1080,6 +1085,12 @@ class RouterCore(ResumptionMixin):
                 out.append(_new(SettleOutgoing, (sub.link_id, record.tag)))
                 state.settle_relayed = True
                 sub.awaiting_evidence.append((sub.send_counter, record))
+                everyone_knows = False
+            elif state.resend and not state.sent and sub is not None and sub.link_id is not None:
+                # It resumed reporting this delivery, which it holds unsettled, and our
+                # re-send on its new link has not gone out yet (no credit): the re-send
+                # still goes (_pump), then the settlement, or it would hold it for ever.
+                record.payload = payload
                 everyone_knows = False
             else:
                 # It never got it, or got it on a link that is gone: there is no
@@ -1348,7 +1359,7 @@ class RouterCore(ResumptionMixin):
 
     def _send_towards(self, record: DeliveryRecord, routers, now: float, out: list) -> None:
         """One copy per next hop, carrying the set of routers it is for."""
-        if record.payload is None:
+        if record.payload is None or record.pub_settled:  # settled: a payload kept only for a local re-send
             return
         split = self.net.split(routers)
         base = self._base_header(record)
@@ -1767,8 +1778,9 @@ class RouterCore(ResumptionMixin):
                     if pending:
                         self._send_towards(record, pending, now, out)
                 else:
+                    message = self._settle_message(record.tag, self._final_outcome(record))
                     for router_id in sorted(record.settle_pending):
-                        self._route_control(router_id, self._settle_message(record.tag, self._final_outcome(record)), out)
+                        self._route_control(router_id, dict(message), out)
             elif record.outcome is not None and not record.pub_settled and record.origin_router != me:
                 self._answer_origin(record, out)
             if not record.pub_settled:

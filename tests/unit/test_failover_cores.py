@@ -385,3 +385,30 @@ def test_a_reused_tag_is_a_new_delivery_even_where_the_old_one_is_remembered_set
     assert [decode(c.payload).body for c in got] == ["one", "two"]
     assert [e.fields["delivery"] for e in mesh.logs[where] if e.kind == "received"] == [
         got[0].tag.hex(), got[0].tag.hex() + ".1"]
+
+
+def test_a_resumed_subscriber_sees_the_settlement_of_a_delivery_settled_before_the_resend():
+    """It accepted #1 (rcv-settle-mode second, so it holds it unsettled), lost its
+    connection and resumed reporting #1, with no credit yet; the publisher settled
+    #1 before the router could re-send it on the new link. The re-send still goes
+    when credit comes, followed by the settlement: else the subscriber would hold
+    #1 unsettled for ever."""
+    from router.core.commands import Forward, SettleOutgoing
+    from router.core.events import CreditChanged, OutcomeReceived
+    mesh = Mesh("A", [], record_linger=30.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A")
+    d = mesh.publish("A", pub, b"1")
+    (copy,) = mesh.forwarded("A", sub)
+    mesh.feed("A", OutcomeReceived(sub, copy.tag, outcomes.ACCEPTED, False))
+    mesh.settle()
+    assert mesh.outcomes_for("A", d) == [SendOutcome(d, outcomes.ACCEPTED)]
+    mesh.detach("A", sub)
+    resumed = mesh.subscriber("A", "k", credit=0, durable=2, timeout=60, properties={
+        "eorouter:resume": True, "eorouter:unsettled": [[copy.tag, "accepted"]]})
+    mesh.settle_publisher("A", pub, d)
+    assert mesh.cores["A"].record_count() == 1, "kept until the subscriber saw the settlement"
+    mesh.feed("A", CreditChanged(resumed, 10))
+    mesh.settle()
+    on_new_link = [c for c in mesh.client["A"] if isinstance(c, (Forward, SettleOutgoing)) and c.link_id == resumed]
+    assert [(type(c).__name__, c.tag) for c in on_new_link] == [("Forward", copy.tag), ("SettleOutgoing", copy.tag)]
