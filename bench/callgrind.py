@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.build import BuildError, build_c_clients
+from bench.run import router_config
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_RE = re.compile(r"eorouter: router (\S+) ready on (\S+) epoch (\d+)")
@@ -84,20 +85,7 @@ def one_run(mode: str, k: int, n: int, bins: dict, args: argparse.Namespace) -> 
     procs: list[subprocess.Popen] = []
     router = None
     try:
-        cfg = tmp / "router.toml"
-        cfg.write_text(
-            "[router]\n"
-            'id = "bench"\n'
-            f'data_dir = "{tmp / "data"}"\n'
-            "\n[[listener]]\n"
-            'host = "127.0.0.1"\n'
-            "port = 0\n"
-            "\n[limits]\n"
-            f"max_in_flight_per_topic = {args.max_in_flight}\n"
-            f"publisher_credit_window = {args.credit_window}\n"
-            "\n[eventlog]\n"
-            "fsync = false\n"
-        )
+        cfg = router_config(tmp, args)  # the matrix's router config, so counts match its runs
         out_file = tmp / "callgrind.out"
         env = dict(os.environ)
         env["PYTHONPATH"] = str(args.router_root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -203,6 +191,7 @@ def one_run(mode: str, k: int, n: int, bins: dict, args: argparse.Namespace) -> 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/bench --callgrind", description=__doc__.split("\n\n")[0])
+    p.set_defaults(fsync=False)  # router_config() reads it; the log is never fsynced here
     p.add_argument("--subscribers", default="1,4,16", help="comma-separated K values (default 1,4,16)")
     p.add_argument("--modes", default="exactly-once,best-effort")
     p.add_argument("--n1", type=int, default=1000, help="messages in the short run (default 1000)")
