@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.build import BuildError, build_c_clients
-from bench.run import router_config
+from bench.run import router_config, wait_all
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_RE = re.compile(r"eorouter: router (\S+) ready on (\S+) epoch (\d+)")
@@ -125,13 +125,7 @@ def one_run(mode: str, k: int, n: int, bins: dict, args: argparse.Namespace) -> 
                                        "127.0.0.1", str(port), address, str(n)],
                                       cwd=tmp, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
         procs.append(sender)
-        deadline = time.monotonic() + args.run_timeout
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        wait_all(procs, args.run_timeout)
         problems = []
         counts = []
         for out in recv_outs:

@@ -91,6 +91,17 @@ def proc_rss_kib(pid: int) -> int:
 
 # ---------------------------------------------------------------------------------------------- processes
 
+def wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Wait for every process, killing those still running after ``timeout`` seconds in all."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def wait_for(path: Path, pattern: re.Pattern, proc: subprocess.Popen, timeout: float, what: str) -> re.Match:
     deadline = time.monotonic() + timeout
     while True:
@@ -250,14 +261,7 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
         with open(s_out, "wb") as fo, open(s_err, "wb") as fe:
             sender = subprocess.Popen(cmd, cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
         procs.append(sender)
-        deadline = time.monotonic() + args.run_timeout
-        for p in procs:
-            left = max(0.1, deadline - time.monotonic())
-            try:
-                p.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        wait_all(procs, args.run_timeout)
         t1 = time.monotonic()
         server_alive = server.proc.poll() is None
         cpu1 = proc_cpu_ticks(pid) if server_alive else None
@@ -619,13 +623,7 @@ def run_network(hops: int, n: int, args: argparse.Namespace, bins: dict[str, Pat
                             "-t", str(args.client_timeout), "-c", "bench-pub", "-l", "bench-pub"]),
                 cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
         procs.append(sender)
-        deadline = time.monotonic() + args.run_timeout
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        wait_all(procs, args.run_timeout)
         t1 = time.monotonic()
         alive = {r: net.routers[r].is_running() for r in ids}
         cpu1 = {r: proc_cpu_ticks(pid) for r, pid in pids.items() if alive[r]}
