@@ -132,7 +132,9 @@ MEMORY_CACHE_EVENTS = 2_000_000
 
 def estimate_events(spark, sources) -> int | None:
     """About how many events the inputs hold: from the size of local JSON logs, from
-    the row counts in Parquet footers (cheap); None for remote inputs."""
+    the row counts in Parquet footers (cheap); None for remote inputs. Folded lines
+    ("completed", "sub-outcomes") are counted as lines: an underestimate where the
+    routers folded much, which only sizes the partitions and the cache."""
     import os
 
     events = 0
@@ -182,7 +184,7 @@ def add_compact_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="the Parquet dataset to write")
     parser.add_argument("--master", default="local[*]", help="Spark master (default: %(default)s)")
     parser.add_argument("--files", type=int, default=0, metavar="N",
-                        help="Parquet files to write (default: one per ~1 M events)")
+                        help="Parquet files to write (default: one per ~1 M lines)")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
 
@@ -204,7 +206,7 @@ def compact_main(argv: list[str] | None = None, args: argparse.Namespace | None 
         return EXIT_USAGE
     spark = load.get_session(args.master, app_name="eorouter-compact", conf=conf)
     info = compact.compact(spark, args.logdirs, args.out, files=args.files)
-    print(f"eorouter logs compact: {info['events']:,} events from {info['inputs']} input(s) -> {args.out} "
+    print(f"eorouter logs compact: {info['lines']:,} lines from {info['inputs']} input(s) -> {args.out} "
           f"({info['files']} Parquet file(s), {info['bytes'] / 1e6:.1f} MB; JSON was {info['json_bytes'] / 1e6:.1f} "
           f"MB) in {info['seconds']:.1f} s")
     if info["torn_lines"]:

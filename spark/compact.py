@@ -16,7 +16,9 @@ from pathlib import Path
 
 from spark.load import load_events
 
-EVENTS_PER_FILE = 1_000_000
+#: Rows are lines as written: a folded line (router.eventlog.FOLDED) stays one row
+#: (the reconciliation unfolds it), so the dataset counts lines, not events.
+LINES_PER_FILE = 1_000_000
 
 
 def _size(paths: list[str]) -> int:
@@ -36,7 +38,7 @@ def compact(spark, inputs: list[str], out: str, files: int = 0) -> dict:
     events = loaded.events
     if files <= 0:
         lines = events.count()
-        files = max(1, math.ceil(lines / EVENTS_PER_FILE))
+        files = max(1, math.ceil(lines / LINES_PER_FILE))
     events.repartitionByRange(files, "router", "epoch", "seq") \
         .sortWithinPartitions("router", "epoch", "seq") \
         .write.mode("overwrite").option("compression", "zstd").parquet(out)
@@ -44,7 +46,7 @@ def compact(spark, inputs: list[str], out: str, files: int = 0) -> dict:
     torn = loaded.corrupt.count() if loaded.corrupt is not None else 0
     out_path = Path(out)
     parquet = sorted(out_path.rglob("*.parquet")) if out_path.exists() else []
-    info = {"events": written, "inputs": len(loaded.sources), "files": len(parquet),
+    info = {"lines": written, "inputs": len(loaded.sources), "files": len(parquet),
             "bytes": sum(p.stat().st_size for p in parquet), "json_bytes": json_bytes, "torn_lines": torn,
             "seconds": time.monotonic() - started,
             "sources": [str(s) for s in loaded.sources]}

@@ -73,6 +73,7 @@ class Spec:
     p_late: float = 0.3  # a send that waits for credit (a separate `forwarded` event)
     p_restart: float = 0.0  # per round and router: it stops and starts again (new epoch)
     p_fold: float = 0.0  # a sub-outcome directly followed by its accepted pub-outcome: one "completed" line
+    p_batch: float = 0.0  # consecutive sub-outcomes of one subscriber, outcome and settled: one "sub-outcomes" line
     faults: tuple[str, ...] = ()
     ledgers: bool = True
     ts0: float = 1_763_785_200.0
@@ -130,6 +131,7 @@ class Generator:
         self.truth: dict[str, set] = {}
         self.events = 0
         self.folded = 0  # "completed" lines written (each stands for 2-3 events)
+        self.batched = 0  # "sub-outcomes" lines written (each stands for 2 or more events)
         self.deliveries = 0
         p = spec.prefix
         self.router_ids = [f"{p}{chr(ord('A') + i)}" for i in range(spec.routers)]
@@ -183,6 +185,20 @@ class Generator:
                     fields.update(by=settled["fields"]["by"], deleted=settled["fields"].get("deleted"))
                 kind = "completed"
                 self.folded += 1
+            else:
+                n = self._batchable(ready, i)
+                if n:  # the router's "sub-outcomes" line: this sub-outcome and the n - 1 after it
+                    run = [ready[i + k][1] for k in range(n)]
+                    for sub_outcome in run:
+                        sub_outcome["seq"] = log.seq
+                    # Answered within one loop iteration, which ran once the last of them had
+                    # arrived: the line has that one's time (ts stays in seq order).
+                    t = ready[i + n - 1][0]
+                    fields = {"deliveries": [e["fields"]["delivery"] for e in run],
+                              "subscriber": fields["subscriber"], "outcome": fields["outcome"],
+                              "settled": fields["settled"]}
+                    kind = "sub-outcomes"
+                    self.batched += 1
             buf += _DUMPS({"seq": log.seq, "ts": round(t, 6), "router": log.rid, "epoch": log.epoch,
                            "boot": log.boot, "event": kind, **fields}, option=_NL)
             log.lines += 1
@@ -195,7 +211,14 @@ class Generator:
         """How many events from ``ready[i]`` a router would write as one "completed" line
         (router.eventlog.FOLDED): a sub-outcome directly followed by the accepted
         pub-outcome of the same delivery (and its settled, when that comes next);
-        0 when they are not, or when this history does not fold (``p_fold``)."""
+        0 when they are not, or when this history does not fold (``p_fold``). Asked again
+        for the same event, it gives the same answer (a run of sub-outcomes looks ahead)."""
+        ev = ready[i][1]
+        if "folds" not in ev:
+            ev["folds"] = self._decide_fold(ready, i)
+        return ev["folds"]
+
+    def _decide_fold(self, ready: list, i: int) -> int:
         ev = ready[i][1]
         if ev["kind"] != "sub-outcome" or i + 1 >= len(ready) or not self.spec.p_fold:
             return 0
@@ -211,6 +234,29 @@ class Generator:
                 and ready[i + 2][1]["fields"].get("delivery") == d:
             return 3
         return 2
+
+    def _batchable(self, ready: list, i: int) -> int:
+        """How many sub-outcomes from ``ready[i]`` a router would write as one
+        "sub-outcomes" line (router.eventlog.FOLDED, EventLog.append_sub_outcome):
+        consecutive sub-outcomes of one subscriber with the same outcome and settled
+        flag, taken as answered in one loop iteration. The run ends before any other
+        event, and before a sub-outcome that a "completed" line takes (the router
+        appends that one as its own line, which ends the run). 0 when fewer than two,
+        or when this history does not batch (``p_batch``)."""
+        if not self.spec.p_batch or ready[i][1]["kind"] != "sub-outcome":
+            return 0
+        first = ready[i][1]["fields"]
+        answer = (first["subscriber"], first["outcome"], first["settled"])
+        j = i + 1
+        while j < len(ready):
+            ev = ready[j][1]
+            if ev["kind"] != "sub-outcome" or self._foldable(ready, j) \
+                    or (ev["fields"]["subscriber"], ev["fields"]["outcome"], ev["fields"]["settled"]) != answer:
+                break
+            j += 1
+        if j - i < 2 or self.rng.random() >= self.spec.p_batch:
+            return 0
+        return j - i
 
     def _start(self, log: RouterLog, t: float) -> None:
         if log.fh is not None:
@@ -507,7 +553,10 @@ class Generator:
             log.fh.close()
         self._write_ledgers()
         truth = {k: sorted(v) for k, v in self.truth.items()}
-        info = {"events": self.events, "folded_lines": self.folded, "deliveries": self.deliveries, "routers": self.router_ids,
+        # events: as the readers count them (folded lines unfolded); lines: as written.
+        info = {"events": self.events, "lines": sum(log.lines for log in self.routers.values()),
+                "folded_lines": self.folded, "batched_lines": self.batched,
+                "deliveries": self.deliveries, "routers": self.router_ids,
                 "faults": list(spec.faults), "truth": truth, "seed": spec.seed}
         (self.out / "truth.json").write_text(json.dumps(info, indent=2) + "\n")
         return info
@@ -730,21 +779,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fold", type=float, default=0.0,
                         help="chance that a sub-outcome directly followed by its accepted pub-outcome is written "
                              "as one \"completed\" line, as the router's hot path does (default 0)")
+    parser.add_argument("--batch", type=float, default=0.0,
+                        help="chance that consecutive sub-outcomes of one subscriber with the same outcome are "
+                             "written as one \"sub-outcomes\" line, as the router does for those of one loop "
+                             "iteration (default 0)")
     parser.add_argument("--fault", action="append", default=[], choices=FAULTS + LEDGER_FAULTS,
                         help="inject a fault (repeatable); truth.json lists what the job must find")
     parser.add_argument("--no-ledgers", action="store_true", help="skip the applications' ledgers")
     args = parser.parse_args(argv)
     spec = Spec(routers=args.routers, publishers=args.publishers, subscribers=args.subscribers, topics=args.topics,
                 deliveries=args.deliveries, events=args.events, round_size=args.round_size, seed=args.seed,
-                p_restart=args.restart, p_fold=args.fold, faults=tuple(args.fault), ledgers=not args.no_ledgers)
+                p_restart=args.restart, p_fold=args.fold, p_batch=args.batch, faults=tuple(args.fault),
+                ledgers=not args.no_ledgers)
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         print(f"gen-logs: {args.out} is not empty", file=sys.stderr)
         return 2
     started = time.monotonic()
     info = generate(args.out, spec)
     size = sum(p.stat().st_size for p in Path(args.out).rglob("*.jsonl") if "clients" not in p.parts)
-    print(f"gen-logs: {info['events']:,} events, {info['deliveries']:,} deliveries, routers "
-          f"{', '.join(info['routers'])}, {size / 1e6:.0f} MB in {time.monotonic() - started:.0f} s -> {args.out}")
+    print(f"gen-logs: {info['events']:,} events in {info['lines']:,} lines, {info['deliveries']:,} deliveries, "
+          f"routers {', '.join(info['routers'])}, {size / 1e6:.0f} MB in {time.monotonic() - started:.0f} s "
+          f"-> {args.out}")
     return 0
 
 

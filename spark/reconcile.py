@@ -77,45 +77,76 @@ _NEEDED = ("seq", "ts", "router", "epoch", "boot", "event", "delivery", "topic",
            "pub_tag", "incarnation", "stream_seq", "settled", "owed", "forwarded", "routers", "origin_router",
            "subscriber", "outcome", "by", "deleted", "to_router", "from_router", "link", "container", "name",
            "role", "address", "durable", "closed", "reason", "reachable", "resumed", "dests", "subscribers",
-           "pub_outcome")
+           "pub_outcome", "deliveries")
 
-#: A folded line (router.eventlog.FOLDED) stands for several events at its seq:
-#: "completed" is a sub-outcome, a pub-outcome and, when ``by`` is set, a settled.
+#: Folded lines (router.eventlog.FOLDED) stand for several events at their seq:
+#: "completed" is a sub-outcome, a pub-outcome and, when ``by`` is set, a settled;
+#: "sub-outcomes" is one sub-outcome per delivery of its ``deliveries``.
 COMPLETED = "completed"
-#: Column added by unfold(): false on the second and third event of a folded line
-#: (so the input check counts lines, not events).
+SUB_OUTCOMES = "sub-outcomes"
+#: Column added by unfold(): true only on the first event of a line (so the input
+#: check counts lines, not events).
 FIRST = "_first_of_line"
 
 
 def unfold(ev: DataFrame) -> DataFrame:
     """Every folded line as the events it stands for (router.eventlog.unfold(), same
     seq, in the same order), in one pass (an explode, no union: the input is read
-    once). Adds ``FIRST``."""
-    if "pub_outcome" not in ev.columns:  # an input written before folded lines existed
+    once). Adds ``FIRST``.
+
+    Each line becomes an array of (kind, delivery) parts, exploded with their
+    position: a "completed" line its two or three parts, all of its delivery; a
+    "sub-outcomes" line one "sub-outcome" per element of ``deliveries``; any other
+    line itself. An input without the folded kinds' own columns (a log, or a Parquet
+    dataset, written before they existed) has none of those lines."""
+    folds_completed = "pub_outcome" in ev.columns
+    folds_runs = "deliveries" in ev.columns
+    if not (folds_completed or folds_runs):
         return ev.withColumn(FIRST, F.lit(True))
-    folded = F.col("event") == COMPLETED
-    parts = F.when(folded & F.col("by").isNotNull(), F.array(*map(F.lit, ("sub-outcome", "pub-outcome", "settled")))) \
-        .when(folded, F.array(F.lit("sub-outcome"), F.lit("pub-outcome"))) \
-        .otherwise(F.array(F.col("event")))
-    x = ev.select("*", F.posexplode(parts).alias("_part", "_kind"))
-    kind = F.col("_kind")
 
-    def only(part: str, name: str) -> Column:  # a folded line's field belongs to one of its events
-        return F.when(folded & (kind != part), F.lit(None)).otherwise(F.col(name))
+    def event_of_line(kind: Column, delivery: Column) -> Column:
+        return F.struct(kind.alias("kind"), delivery.cast("string").alias("delivery"))
 
-    columns = {
-        "event": kind,
-        "subscriber": only("sub-outcome", "subscriber"),
-        "settled": only("sub-outcome", "settled"),
-        "outcome": F.when(folded & (kind == "pub-outcome"), F.col("pub_outcome"))
-        .when(folded & (kind == "settled"), F.lit(None)).otherwise(F.col("outcome")),
-        "reason": only("pub-outcome", "reason"),
-        "by": only("settled", "by"),
-        "deleted": only("settled", "deleted"),
-    }
+    def of_the_lines_delivery(*kinds: str) -> Column:
+        return F.array(*(event_of_line(F.lit(k), F.col("delivery")) for k in kinds))
+
+    completed = (F.col("event") == COMPLETED) if folds_completed else F.lit(False)
+    cases = []
+    if folds_completed:
+        cases += [(completed & F.col("by").isNotNull(),
+                   of_the_lines_delivery("sub-outcome", "pub-outcome", "settled")),
+                  (completed, of_the_lines_delivery("sub-outcome", "pub-outcome"))]
+    if folds_runs:
+        # A run without deliveries (the router never writes one) stays the line it
+        # is: it then names no delivery, and still counts as a line against seq.
+        cases.append(((F.col("event") == SUB_OUTCOMES) & (F.size("deliveries") > 0),
+                      F.transform("deliveries", lambda d: event_of_line(F.lit("sub-outcome"), d))))
+    parts = F.when(*cases[0])
+    for condition, value in cases[1:]:
+        parts = parts.when(condition, value)
+    parts = parts.otherwise(F.array(event_of_line(F.col("event"), F.col("delivery"))))
+    x = ev.select("*", F.posexplode(parts).alias("_pos", "_part"))
+    kind = F.col("_part.kind")
+
+    def only(part: str, name: str) -> Column:  # a "completed" line's field belongs to one of its events
+        return F.when(completed & (kind != part), F.lit(None)).otherwise(F.col(name))
+
+    # A "sub-outcomes" line's subscriber, outcome and settled are every one of its
+    # events' as they are: only its kind and delivery change.
+    columns = {"event": kind, "delivery": F.col("_part.delivery")}
+    if folds_completed:
+        columns.update({
+            "subscriber": only("sub-outcome", "subscriber"),
+            "settled": only("sub-outcome", "settled"),
+            "outcome": F.when(completed & (kind == "pub-outcome"), F.col("pub_outcome"))
+            .when(completed & (kind == "settled"), F.lit(None)).otherwise(F.col("outcome")),
+            "reason": only("pub-outcome", "reason"),
+            "by": only("settled", "by"),
+            "deleted": only("settled", "deleted"),
+        })
     return x.select(*[columns[c].cast(ev.schema[c].dataType).alias(c) if c in columns else F.col(c)
-                      for c in ev.columns if c != "pub_outcome"],
-                    (F.col("_part") == 0).alias(FIRST))
+                      for c in ev.columns if c not in ("pub_outcome", "deliveries")],
+                    (F.col("_pos") == 0).alias(FIRST))
 
 
 def _key(container: Column, name: Column) -> Column:

@@ -6,6 +6,10 @@ removed, added or moved, and ``seq`` is renumbered per (router, epoch), so the
 log stays gap-free (a gap would be reported as an input problem instead).
 Each injector returns the exact violations the job must report, as
 {check: {item}} with the job's item strings (spark/reconcile.py).
+
+``FAULTS`` work on the events (folded lines unfolded, each event its own line);
+``BATCH_FAULTS`` on the lines as written (``Logs.read(..., raw=True)``), hiding the
+fault inside a "sub-outcomes" line (router.eventlog.FOLDED).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from router.eventlog import read_events
+from router.eventlog import read_events, unfold
 
 _ROUTER_FIELDS = ("router", "origin_router", "to_router", "from_router", "peer")
 _ROUTER_LISTS = ("routers", "dests", "reachable")
@@ -24,18 +28,25 @@ _KEY_LISTS = ("owed", "forwarded")
 
 
 class Logs:
-    """Every router's events, per router, in file order."""
+    """Every router's events (or lines, ``raw``), per router, in file order."""
 
     def __init__(self, by_router: dict[str, list[dict]]):
         self.by_router = by_router
 
     @classmethod
-    def read(cls, data_dirs: list[str | Path]) -> Logs:
+    def read(cls, data_dirs: list[str | Path], raw: bool = False) -> Logs:
+        """The events, each its own line and renumbered (what a router that never
+        folds would have logged: the events of one folded line share its seq, and
+        written one per line they would look like repeated lines); ``raw``: the
+        lines as written."""
         by_router = {}
         for d in data_dirs:
-            events = list(read_events(d))
+            events = list(read_events(d, raw=raw))
             by_router[events[0]["router"]] = events
-        return cls(by_router)
+        logs = cls(by_router)
+        if not raw:
+            logs.renumber()
+        return logs
 
     def copy(self) -> Logs:
         return Logs({r: [dict(e) for e in evs] for r, evs in self.by_router.items()})
@@ -81,6 +92,8 @@ class Logs:
                         e[f] = [key(x) for x in e[f]]
                 if e.get("delivery") is not None:
                     e["delivery"] = ns + e["delivery"]
+                if e.get("deliveries") is not None:
+                    e["deliveries"] = [ns + d for d in e["deliveries"]]
                 new.append(e)
             out[ns + router] = new
         return Logs(out)
@@ -102,7 +115,7 @@ class Logs:
     # ----------------------------------------------------------------- queries
 
     def accepted(self) -> list[str]:
-        return [e["delivery"] for _, e in self.all()
+        return [e["delivery"] for _, line in self.all() for e in unfold(line)
                 if e["event"] == "pub-outcome" and e.get("outcome") == "accepted" and e.get("delivery")]
 
     def find(self, router: str, pred) -> list[int]:
@@ -234,4 +247,46 @@ FAULTS = {
     "reordered-pair": reorder_pair,
     "accept-never-published": accept_never_published,
     "leftover-record": leftover_record,
+}
+
+
+# ----------------------------------------------------------------------------- hidden in a batched line
+
+
+def _accepted_runs(logs: Logs) -> list[tuple[str, dict]]:
+    """The "sub-outcomes" lines of accepts, longest first, each with its router."""
+    runs = [(router, e) for router, e in logs.all() if e["event"] == "sub-outcomes" and e.get("outcome") == "accepted"]
+    return sorted(runs, key=lambda run: -len(run[1]["deliveries"]))
+
+
+def drop_from_batch(logs: Logs) -> dict:
+    """One accept inside a "sub-outcomes" line is missing: the line names one delivery
+    fewer (its publisher was told accepted). Nothing else changes: no line is missing."""
+    accepted = set(logs.accepted())
+    for _, line in _accepted_runs(logs):
+        deliveries = line["deliveries"]
+        middle = len(deliveries) // 2
+        for i in sorted(range(len(deliveries)), key=lambda i: abs(i - middle)):  # one inside the run, not an end
+            d = deliveries[i]
+            others = [e for _, other in logs.all() for e in unfold(other) if e["event"] == "sub-outcome"
+                      and e["delivery"] == d and e["subscriber"] == line["subscriber"]]
+            if d in accepted and len(others) == 1:
+                del deliveries[i]
+                return {"lost": {d}}
+    raise AssertionError("no accepted delivery inside a \"sub-outcomes\" line")
+
+
+def repeat_in_batch(logs: Logs) -> dict:
+    """A "sub-outcomes" line names one delivery twice: the subscriber accepted it twice."""
+    for _, line in _accepted_runs(logs):
+        deliveries = line["deliveries"]
+        d = deliveries[len(deliveries) // 2]
+        deliveries.insert(len(deliveries) // 2 + 1, d)
+        return {"duplicated": {f"{line['subscriber']}|{d}"}}
+    raise AssertionError("no \"sub-outcomes\" line of accepts")
+
+
+BATCH_FAULTS = {
+    "dropped-in-batch": drop_from_batch,
+    "repeated-in-batch": repeat_in_batch,
 }

@@ -44,6 +44,8 @@ SAMPLE_FIELDS = {
     "settled": {"delivery": "a1b2", "by": "publisher"},
     "completed": {"delivery": "a1b2", "subscriber": "sub-1/recv-1", "outcome": "accepted", "settled": True,
                   "pub_outcome": "accepted", "by": "router", "deleted": True},
+    "sub-outcomes": {"deliveries": ["a1b2", "c3d4"], "subscriber": "sub-1/recv-1", "outcome": "accepted",
+                     "settled": True},
     "record-deleted": {"delivery": "a1b2", "reason": "settled"},
     "expired": {"delivery": "a1b2", "subscriber": "sub-1/recv-1"},
     "router-stopping": {"reason": "SIGTERM"},
@@ -447,7 +449,8 @@ def test_completed_unfolds_into_the_three_events_it_stands_for(tmp_path):
                    "reason": None}
     assert settled == {**common, "event": "settled", "delivery": "a1b2", "by": "router", "deleted": True}
     assert unfold(SAMPLE_FIELDS["received"] | {"event": "received"}) == [SAMPLE_FIELDS["received"] | {"event": "received"}]
-    assert set(FOLDED) == {"completed"} and all(k in EVENTS and k not in FOLDED for k in FOLDED["completed"])
+    assert set(FOLDED) == {"completed", "sub-outcomes"}
+    assert all(k in EVENTS and k not in FOLDED for parts in FOLDED.values() for k in parts)
 
 
 def test_append_sub_outcome_writes_the_bytes_append_writes(tmp_path):
@@ -474,3 +477,48 @@ def test_append_sub_outcome_writes_the_bytes_append_writes(tmp_path):
     assert slow == fast and len(fast) == 8
     second = orjson.loads(fast[1])
     assert second["subscriber"] == 'c"o\\n/é\n' and second["delivery"] == "cd" * 16 + ".2"
+
+
+def test_a_run_of_sub_outcomes_is_one_line_that_unfolds_into_them(tmp_path):
+    """Consecutive append_sub_outcome() calls of one subscriber, outcome, settled flag
+    and timestamp are one "sub-outcomes" line; anything else ends the run first, so
+    every line keeps its place, and a flush writes it."""
+    ts, later = 1.0, 2.0
+    with EventLog(tmp_path, "A") as log:
+        log.append_sub_outcome(ts, "d1", "s/a", "accepted", True)
+        log.append_sub_outcome(ts, "d2", "s/a", "accepted", True)
+        assert log.pending == 2  # "router-started" and the open run, as the one line it will be
+        log.append_sub_outcome(ts, "d3", "s/a", "accepted", True)
+        log.append_sub_outcome(ts, "d3", "s/b", "accepted", True)  # another subscriber: a run of one
+        log.append_sub_outcome(ts, "d4", "s/a", "accepted", True)
+        log.append_sub_outcome(ts, "d5", "s/a", "accepted", False)  # not settled: a new run
+        log.append_sub_outcome(ts, "d6", "s/a", "accepted", False)
+        log.append("completed", ts, {"delivery": "d6", "subscriber": "s/b", "outcome": "accepted",
+                                     "settled": True, "pub_outcome": "accepted"})  # ends the run first
+        log.append_sub_outcome(ts, "d7", "s/a", "released", True)
+        log.append_sub_outcome(ts, "d8", "s/a", "accepted", True)  # another outcome
+        log.append_sub_outcome(later, "d9", "s/a", "accepted", True)  # the next loop iteration
+        log.flush()
+        assert log.pending == 0
+        log.append_sub_outcome(later, "d10", "s/a", "accepted", True)
+        log.append_sub_outcome(later, "d11", "s/a", "accepted", True)
+    raw = events_of(tmp_path)[1:]
+    assert [(e["seq"], e["event"], e.get("deliveries") or e["delivery"]) for e in raw] == [
+        (2, "sub-outcomes", ["d1", "d2", "d3"]), (3, "sub-outcome", "d3"), (4, "sub-outcome", "d4"),
+        (5, "sub-outcomes", ["d5", "d6"]), (6, "completed", "d6"), (7, "sub-outcome", "d7"),
+        (8, "sub-outcome", "d8"), (9, "sub-outcome", "d9"), (10, "sub-outcomes", ["d10", "d11"])]
+    for line in raw:
+        validate_event(line)
+    events = events_of(tmp_path, raw=False)[1:]
+    subs = [(e["seq"], e["delivery"], e["subscriber"], e["outcome"], e["settled"], e["ts"])
+            for e in events if e["event"] == "sub-outcome"]
+    assert subs == [(2, "d1", "s/a", "accepted", True, ts), (2, "d2", "s/a", "accepted", True, ts),
+                    (2, "d3", "s/a", "accepted", True, ts), (3, "d3", "s/b", "accepted", True, ts),
+                    (4, "d4", "s/a", "accepted", True, ts), (5, "d5", "s/a", "accepted", False, ts),
+                    (5, "d6", "s/a", "accepted", False, ts), (6, "d6", "s/b", "accepted", True, ts),
+                    (7, "d7", "s/a", "released", True, ts), (8, "d8", "s/a", "accepted", True, ts),
+                    (9, "d9", "s/a", "accepted", True, later), (10, "d10", "s/a", "accepted", True, later),
+                    (10, "d11", "s/a", "accepted", True, later)]
+    for event in events:
+        validate_event(event)
+    assert all(set(e) == set(EVENT_SCHEMA) | set(EVENTS["sub-outcome"]) for e in events if e["event"] == "sub-outcome")
