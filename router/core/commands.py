@@ -99,6 +99,22 @@ class SubOutcome(NamedTuple):
                 "settled": self.settled}
 
 
+class SubOutcomes(NamedTuple):
+    """One ``SubOutcome`` per delivery of ``deliveries``, in order, for one subscriber
+    and outcome: what a batch of accepted dispositions usually comes to
+    (``RouterCore.accepted_batch``). The adapter writes them as one run
+    (EventLog.append_sub_outcomes)."""
+
+    deliveries: list
+    subscriber: str
+    outcome: str
+    settled: bool
+
+    def each(self) -> list[SubOutcome]:
+        """The SubOutcome commands this stands for (for tests and tools)."""
+        return [SubOutcome(d, self.subscriber, self.outcome, self.settled) for d in self.deliveries]
+
+
 class ShutdownComplete(NamedTuple):
     """Every publisher delivery has its outcome; the adapter may close and exit."""
 

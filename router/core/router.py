@@ -27,7 +27,7 @@ from itertools import count
 from router.core import outcomes, tags
 from router.core.commands import (
     DetachLink, Drained, Forward, GrantCredit, Log, OpenLink, SendControl, SendData, SendOutcome,
-    SettleOutgoing, ShutdownComplete, SubOutcome,
+    SettleOutgoing, ShutdownComplete, SubOutcome, SubOutcomes,
 )
 from router.core.errors import ProtocolError
 from router.core.events import (
@@ -212,22 +212,57 @@ class RouterCore(ResumptionMixin):
             self._maybe_finish_shutdown(now, out)
         return out
 
-    def accepted(self, link_id: int, tag: bytes, settled: bool, now: float) -> list:
-        """``handle(OutcomeReceived(link_id, tag, ACCEPTED, settled), now)``, the same
-        commands, without building the event or dispatching on its type: the adapter
-        calls this for every accepted disposition (one per subscriber copy, the most
-        frequent event of exactly-once at K > 1)."""
-        out: list = []
-        sub = self.subscribers.get(link_id)
-        if sub is not None:
-            record = self.records.get(tag)
-            if record is not None:
-                state = record.subscribers.get(sub.key)
-                if state is not None:
-                    self._on_accepted(sub, record, state, settled, now, out)
+    def accepted_batch(self, items: list, now: float, out: list) -> None:
+        """``handle(OutcomeReceived(link_id, tag, ACCEPTED, settled), now)`` for each of
+        ``items`` ([link_id, tag, settled, link_id, ...], in arrival order), without
+        building the events: the adapter's call for the accepted dispositions it read
+        in one go (one per subscriber copy, the most frequent event of exactly-once at
+        K > 1). The commands are appended to ``out``: the same as those calls would
+        give, except that consecutive sub-outcome lines of one subscriber come as one
+        ``SubOutcomes``. On an exception ``out`` holds the
+        commands of the items before it (the caller still executes them)."""
+        subscribers = self.subscribers
+        records = self.records
+        run = None  # the SubOutcomes at the end of ``out``, while nothing came after it
+        last_link = None
+        sub = None
+        each = iter(items)
+        for link_id, tag, settled in zip(each, each, each):
+            if link_id != last_link:
+                sub = subscribers.get(link_id)
+                last_link = link_id
+            if sub is None:
+                continue
+            record = records.get(tag)
+            if record is None:
+                continue
+            key = sub.key
+            state = record.subscribers.get(key)
+            if state is None:
+                continue
+            # _on_accepted for its usual case, inlined: the first answer of this
+            # subscriber, others still to answer, local subscribers only, its
+            # publisher attached, no settlement evidence due. Its only consequence is
+            # the sub-outcome line.
+            if state.outcome is None and record.waiting > 1 and not record.targeted \
+                    and record.outcome is None and not record.remote_routers and not record.moved \
+                    and record.origin_router is None and record.pub_delivery is not None:
+                sent = state.sent
+                if not (sent and sub.awaiting_evidence and sub.awaiting_evidence[0][0] < sent):
+                    state.outcome = OUTCOME_ACCEPTED
+                    record.waiting -= 1
+                    if settled:  # (known_settled waits: its publisher has not settled, it is attached)
+                        state.remote_settled = True
+                    if run is not None and run.subscriber == key and run.settled is settled:
+                        run.deliveries.append(record.delivery_id)
+                    else:
+                        run = _new(SubOutcomes, ([record.delivery_id], key, "accepted", settled))
+                        out.append(run)
+                    continue
+            self._on_accepted(sub, record, state, settled, now, out)
+            run = None  # what it appended comes after the run
         if self.draining and not self._shutdown_done:
             self._maybe_finish_shutdown(now, out)
-        return out
 
     def next_deadline(self) -> float | None:
         return self._timers[0][0] if self._timers else None

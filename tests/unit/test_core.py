@@ -8,10 +8,15 @@ import sys
 import pytest
 
 from router.core import outcomes, tags
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from router.core.commands import (
-    DetachLink, Drained, Forward, GrantCredit, OpenLink, SendOutcome, SettleOutgoing, ShutdownComplete,
+    DetachLink, Drained, Forward, GrantCredit, OpenLink, SendOutcome, SettleOutgoing, ShutdownComplete, SubOutcomes,
 )
-from router.core.events import DURABLE_CONFIGURATION, DURABLE_UNSETTLED_STATE, MessageTooLarge
+from router.core.events import (
+    DURABLE_CONFIGURATION, DURABLE_UNSETTLED_STATE, MessageTooLarge, OutcomeReceived,
+)
 from router.core.message import read_origin
 from router.core.router import INCARNATION_PROPERTY
 
@@ -83,31 +88,83 @@ def test_accepted_only_after_every_subscriber_accepted():
     assert h.answer(4, tag) == [SendOutcome(delivery, outcomes.ACCEPTED)]
 
 
-def test_the_direct_accepted_call_answers_as_the_event_does():
-    """RouterCore.accepted() (the adapter's call per accepted disposition) gives the
-    same commands, in the same order, as handle(OutcomeReceived(..., ACCEPTED, ...))."""
-    from router.core.events import OutcomeReceived
+def _one_by_one(commands) -> list:
+    """Commands with every SubOutcomes as the SubOutcome commands it stands for."""
+    flat = []
+    for c in commands:
+        flat.extend(c.each() if isinstance(c, SubOutcomes) else [c])
+    return flat
 
-    answers = []
-    for direct in (False, True):
+
+def _accepted_batch_against_events(steps, cuts, pub_settled_first=(), rcv_first=True):
+    """Run ``steps`` ((link, pub_tag, settled) accepted dispositions) through
+    handle(OutcomeReceived) one by one and through accepted_batch() in the batches
+    ``cuts`` makes; return both command lists (flattened) and the batch run's raw ones."""
+    results = []
+    for batched in (False, True):
         h = Harness()
-        h.attach_publisher(1, rcv_first=True)
+        h.attach_publisher(1, rcv_first=rcv_first)
         for link in (2, 3, 4):
             h.attach_subscriber(link)
             h.credit(link, 5)
-        for ptag in (b"1", b"2"):
-            h.publish(1, ptag)
-        steps = [(2, b"1", True), (3, b"2", False), (3, b"1", True), (3, b"2", True), (9, b"1", True),
-                 (2, b"x", True), (4, b"1", False), (4, b"1", True), (4, b"2", True), (2, b"2", True)]
-        for link, ptag, settled in steps:
-            tag = stream_tag(ptag)
-            if direct:
-                answers.append(h.core.accepted(link, tag, settled, h.now))
-            else:
-                answers.append(h.core.handle(OutcomeReceived(link, tag, outcomes.ACCEPTED, settled), h.now))
-    first, second = answers[:len(answers) // 2], answers[len(answers) // 2:]
-    assert first == second
-    assert [c.__class__.__name__ for batch in second for c in batch].count("SendOutcome") == 2
+        deliveries = {ptag: h.publish(1, ptag)[0] for ptag in (b"1", b"2", b"3")}
+        for ptag in pub_settled_first:
+            h.settle(1, deliveries[ptag])
+        items = [x for link, ptag, settled in steps for x in (link, stream_tag(ptag), settled)]
+        commands = []
+        if batched:
+            start = 0
+            for cut in [*sorted(cuts), len(steps)]:
+                out = []
+                h.core.accepted_batch(items[3 * start:3 * cut], h.now, out)
+                commands.extend(out)
+                start = max(start, cut)
+        else:
+            for i in range(0, len(items), 3):
+                commands.extend(h.core.handle(OutcomeReceived(items[i], items[i + 1], outcomes.ACCEPTED,
+                                                              items[i + 2]), h.now))
+        # Then the publisher settles what it has not: what the core does then depends
+        # on what it remembered of the subscribers' settlements.
+        for ptag, delivery in deliveries.items():
+            if ptag not in pub_settled_first:
+                commands.extend(h.settle(1, delivery))
+        results.append((commands, _core_state(h.core)))
+    (events, events_state), (batched, batched_state) = results
+    assert batched_state == events_state
+    return events, _one_by_one(batched), batched
+
+
+def _core_state(core) -> dict:
+    return {tag: (r.outcome, r.waiting, r.pub_settled,
+                  {key: (s.outcome, s.remote_settled, s.known_settled, s.settle_relayed)
+                   for key, s in r.subscribers.items()})
+            for tag, r in core.records.items()}
+
+
+def test_accepted_batch_answers_as_the_events_do():
+    """RouterCore.accepted_batch() (the adapter's call for the accepted dispositions it
+    read in one go) gives the commands handle(OutcomeReceived(..., ACCEPTED, ...))
+    gives for each, in the same order; a subscriber's consecutive lines come as one
+    SubOutcomes."""
+    steps = [(2, b"1", True), (2, b"2", True), (2, b"3", True), (3, b"2", False), (3, b"1", True),
+             (3, b"2", True), (9, b"1", True), (2, b"x", True), (4, b"1", False), (4, b"1", True),
+             (4, b"2", True), (3, b"3", True), (4, b"3", True)]
+    events, flat, batched = _accepted_batch_against_events(steps, cuts=[])
+    assert flat == events
+    assert [c.__class__.__name__ for c in flat].count("SendOutcome") == 3
+    runs = [c for c in batched if isinstance(c, SubOutcomes)]
+    assert [(len(r.deliveries), r.subscriber, r.settled) for r in runs][0] == (3, "sub/s2", True)
+
+
+@settings(max_examples=200)
+@given(steps=st.lists(st.tuples(st.sampled_from([2, 3, 4, 9]), st.sampled_from([b"1", b"2", b"3", b"x"]),
+                                st.booleans()), max_size=14),
+       cuts=st.lists(st.integers(min_value=0, max_value=14), max_size=4),
+       pub_settled_first=st.lists(st.sampled_from([b"1", b"2"]), max_size=2, unique=True),
+       rcv_first=st.booleans())
+def test_accepted_batch_equals_the_events_in_any_batches(steps, cuts, pub_settled_first, rcv_first):
+    events, flat, _ = _accepted_batch_against_events(steps, cuts, pub_settled_first, rcv_first)
+    assert flat == events
 
 
 def test_the_last_of_several_accepts_answers_even_after_a_release_elsewhere():
