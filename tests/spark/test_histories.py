@@ -36,6 +36,16 @@ def specs(draw):
     )
 
 
+def violations_by_history(result: dict, prefixes) -> dict[str, dict]:
+    """The job's violations of several histories reconciled together, per history
+    (its id prefix): check -> the items it found."""
+    found: dict[str, dict] = {prefix: {} for prefix in prefixes}
+    for v in result["violations"]:
+        prefix = (v["delivery"] or v["router"] or v["subscriber"]).split(".")[0] + "."
+        found[prefix].setdefault(v["check"], set()).add(v["item"])
+    return found
+
+
 @settings(max_examples=3, deadline=None, derandomize=CI,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batch=st.lists(specs(), min_size=BATCH, max_size=BATCH))
@@ -58,10 +68,7 @@ def test_verdict_matches_known_truth(spark, tmp_path_factory, batch):
         for ledger in sorted(out.glob("clients/*.jsonl")):
             ledger.rename(clients / ledger.name)
     result = run_reconcile(spark, routers, clients=str(clients), first=None, summary=False)
-    found: dict[str, dict] = {prefix: {} for prefix in truth}
-    for v in result["violations"]:
-        prefix = (v["delivery"] or v["router"] or v["subscriber"]).split(".")[0] + "."
-        found[prefix].setdefault(v["check"], set()).add(v["item"])
+    found = violations_by_history(result, truth)
     for prefix in truth:
         assert found[prefix] == truth[prefix], (prefix, batch[int(prefix[1:-1])])
     assert result["verdict"]["proven_clean"] == (not any(truth.values()))
@@ -86,10 +93,7 @@ def test_folded_lines_give_the_same_verdicts(spark, tmp_path):
             ledger.rename(clients / ledger.name)
     assert folded > 50 and all(truth[f"h{n}."] for n in range(1, 8))
     result = run_reconcile(spark, routers, clients=str(clients), first=None, summary=False)
-    found: dict[str, dict] = {prefix: {} for prefix in truth}
-    for v in result["violations"]:
-        prefix = (v["delivery"] or v["router"] or v["subscriber"]).split(".")[0] + "."
-        found[prefix].setdefault(v["check"], set()).add(v["item"])
+    found = violations_by_history(result, truth)
     assert found == truth
 
 
@@ -125,8 +129,5 @@ def test_batched_lines_give_the_same_verdicts(spark, tmp_path):
             ledger.rename(clients / ledger.name)
     assert batched > 20 and all(truth[f"h{n}."] for n in range(1, len(histories)))
     result = run_reconcile(spark, routers, clients=str(clients), first=None, summary=False)
-    found: dict[str, dict] = {prefix: {} for prefix in truth}
-    for v in result["violations"]:
-        prefix = (v["delivery"] or v["router"] or v["subscriber"]).split(".")[0] + "."
-        found[prefix].setdefault(v["check"], set()).add(v["item"])
+    found = violations_by_history(result, truth)
     assert found == truth
