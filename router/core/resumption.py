@@ -145,7 +145,8 @@ class ResumptionMixin:
         """Its origin router died and its publisher resumed here: this router is the
         origin now. Every other interested router is sent the delivery again (they
         recognise the tag and answer us)."""
-        out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": record.origin_router}))
+        old_origin = record.origin_router
+        out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": old_origin}))
         record.origin_router = None
         record.header = None
         record.targeted = EMPTY_MAP
@@ -158,6 +159,17 @@ class ResumptionMixin:
         pending = [r for r, st in record.remote_routers.items() if st.outcome is None]
         if pending:
             self._send_towards(record, pending, now, out)
+        if old_origin in self._lost:
+            # The old origin owed it to its own subscribers too, and may have died
+            # before they had it: its durable ones are owed it by us now, wherever
+            # they re-attach (what _router_lost does for a router we wait for).
+            keys = [str(s.key) for s in self.net.membership.subscribers_at(old_origin, record.topic) if s.durable]
+            if keys:
+                for key in keys:
+                    self._owe_moved_or_local(record, key, now, out)
+                out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin,
+                                              "subscribers": keys}))
+                self._resend_to_moved(record, out)
         self._maybe_answer_publisher(record, now, out)
 
     def _resent_by_publisher(self, record: DeliveryRecord, pub, ev, now: float, out: list) -> bool:

@@ -412,3 +412,36 @@ def test_a_resumed_subscriber_sees_the_settlement_of_a_delivery_settled_before_t
     mesh.settle()
     on_new_link = [c for c in mesh.client["A"] if isinstance(c, (Forward, SettleOutgoing)) and c.link_id == resumed]
     assert [(type(c).__name__, c.tag) for c in on_new_link] == [("Forward", copy.tag), ("SettleOutgoing", copy.tag)]
+
+
+# ------------------------------------------------------------------ the dead origin's own subscribers
+
+
+@pytest.mark.parametrize("subscriber_first", [False, True])
+def test_takeover_owes_the_dead_origins_own_subscribers(subscriber_first):
+    """A took #1 from its publisher and owed it to its own durable subscriber, then
+    died before that subscriber got it. The publisher resumes at B; B, origin now,
+    must not answer before that subscriber, re-attached at B, has it and answered
+    (whether it re-attaches before or after the publisher resumes)."""
+    mesh = Mesh(*TRIANGLE)
+    mesh.subscriber("A", "sa", durable=2, timeout=60)
+    sb = mesh.subscriber("B", "sb", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P")
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("one")
+    mesh.publish("A", pub, b"1", payload=payload)
+    mesh.answer("B", sb, mesh.forwarded("B", sb)[0].tag)
+    mesh.kill("A")  # its copy to its own subscriber never left
+    if subscriber_first:
+        sa = _resume_subscriber(mesh, "B", "sa", [])
+    resumed = mesh.publisher("B", name="p", container="P", properties={
+        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]})
+    delivery = mesh.publish("B", resumed, b"1", payload=payload)
+    if not subscriber_first:
+        assert mesh.outcomes_for("B", delivery) == [], "A's subscriber has not had it yet"
+        sa = _resume_subscriber(mesh, "B", "sa", [])
+    copies = mesh.forwarded("B", sa)
+    assert [decode(c.payload).body for c in copies] == ["one"]
+    assert mesh.outcomes_for("B", delivery) == []
+    mesh.answer("B", sa, copies[0].tag)
+    assert [c.outcome for c in mesh.outcomes_for("B", delivery)] == [outcomes.ACCEPTED]
