@@ -723,7 +723,7 @@ def print_network(cells: list[dict]) -> None:
 def router_source_hash(root: Path) -> str:
     import hashlib
     h = hashlib.sha256()
-    for f in sorted((root / "router").rglob("*.py")):
+    for f in sorted([*(root / "router").rglob("*.py"), *(root / "router").rglob("*.c")]):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:12]
 
@@ -772,6 +772,12 @@ def machine_facts(router_root: Path = ROOT) -> dict:
         pass
     try:
         facts["router source sha256"] = router_source_hash(router_root)
+    except Exception:
+        pass
+    try:  # compiled or Python, as the routers under test will run it (router/adapter/fastpath.py)
+        facts["adapter fast path"] = subprocess.run(
+            [sys.executable, "-c", "from router.adapter import fastpath; print(fastpath.status)"],
+            cwd=router_root, capture_output=True, text=True, timeout=60).stdout.strip() or "unknown"
     except Exception:
         pass
     try:

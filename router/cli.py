@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc), 2)
 
-    from router.adapter import Server
+    from router.adapter import Server, fastpath
     from router.adapter.server import tune_gc_for_serving
     from router.core.router import RouterCore
     from router.eventlog import EventLog, EventLogError
@@ -144,6 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         tune_gc_for_serving()
+        log.info("subscribers' accepted dispositions: %s path", fastpath.status)
         eventlog.flush()  # router-started is on disk before anyone can connect
         addresses = ",".join(f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners)
         print(f"eorouter: router {config.router_id} ready on {addresses} epoch {eventlog.epoch}",

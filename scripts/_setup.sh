@@ -1,5 +1,6 @@
 # Sourced by scripts/*: make (or reuse) the project venv and install the project into it.
-# Idempotent and fast when nothing changed: the install is redone only when pyproject.toml changes.
+# Idempotent and fast when nothing changed: the install is redone only when pyproject.toml, setup.py or
+# the compiled fast path's source changes (the install builds it: router/adapter/_fastpath.c).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${EOROUTER_VENV:-$ROOT/.venv}"
@@ -13,7 +14,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.eorouter-installed"
-if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] \
+        || [ "$ROOT/router/adapter/_fastpath.c" -nt "$STAMP" ]; then
     echo "setup: installing eorouter[test] into $VENV (first run takes a minute)" >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip >&2
     "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2

@@ -30,7 +30,7 @@ class Conn:
     """One accepted socket with its proton transport, connection and collector."""
 
     __slots__ = ("conn_id", "sock", "fd", "peer", "transport", "connection", "collector",
-                 "links", "reported", "closing", "dead", "lost", "want_write", "tail_closed",
+                 "collector_address", "links", "reported", "closing", "dead", "lost", "want_write", "tail_closed",
                  "head_closed", "tick_at", "handshake_at", "ir", "refused")
 
     def __init__(self, conn_id: int, sock, peer: str, transport, connection, collector):
@@ -41,6 +41,7 @@ class Conn:
         self.transport = transport
         self.connection = connection
         self.collector = collector
+        self.collector_address = int(ffi.cast("uintptr_t", collector))  # for the compiled fast path
         self.links: dict[int, Link] = {}  # link_id -> Link, links of this connection we track
         self.reported = False  # the core has heard of this connection (a LinkAttached named it)
         self.closing = False  # we closed the AMQP connection (error, shutdown)

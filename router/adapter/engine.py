@@ -26,7 +26,7 @@ import logging
 
 from cproton_ffi import ffi, lib
 
-from router.adapter import endpoints
+from router.adapter import endpoints, fastpath
 from router.adapter.endpoints import Conn, Link, condition_of, cstr, set_condition
 from router.adapter.interrouter import InterRouter
 from router.core import outcomes
@@ -145,8 +145,21 @@ class Engine:
         # alternating the two per copy. At K subscribers this is K-1 of every K events,
         # and alternating them evicted each other's code from the CPU's caches
         # (docs/benchmarks.md, "Batching by phase").
-        accepted = None
+        accepted: list = []
+        # The usual one (accepted and settled at once) in one compiled call per run of
+        # them, when built (fastpath.py); what it leaves at the head, the loop below.
+        take_accepted = fastpath.take_accepted
+        if take_accepted is not None:
+            collector_address = conn.collector_address
+            links = self._links
         while not conn.dead:
+            if take_accepted is not None:
+                try:
+                    take_accepted(collector_address, links, outgoing, accepted)
+                except Exception as exc:  # out of memory, or a broken invariant: this connection ends
+                    log.exception("connection %d (%s): error in the compiled fast path", conn.conn_id, conn.peer)
+                    self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
+                    break  # what it consumed before failing still goes to the core, below
             event = _collector_peek(collector)
             if event == NULL:
                 break
@@ -169,15 +182,12 @@ class Engine:
                     else:
                         entry[2] = state
                         entry[3] = settled
-                    if accepted is None:
-                        accepted = [link.link_id, tag, settled]
-                    else:
-                        accepted += (link.link_id, tag, settled)
+                    accepted += (link.link_id, tag, settled)
                     _collector_pop(collector)
                     continue
-            if accepted is not None:  # in order: what came before this event first
+            if accepted:  # in order: what came before this event first
                 self._accepted_batch(accepted, conn)
-                accepted = None
+                accepted = []
                 if conn.dead:
                     break
             etype = _event_type(event)
@@ -223,7 +233,7 @@ class Engine:
                               conn.peer, cstr(lib.pn_event_type_name(etype)))
                 self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
             _collector_pop(collector)
-        if accepted is not None:
+        if accepted:
             self._accepted_batch(accepted, conn)
 
     def _accepted_batch(self, items: list, conn: Conn) -> None:
@@ -478,6 +488,8 @@ class Engine:
                     cstr(lib.pn_link_name(lp)) or "")
         self._links_by_ptr[lp] = link
         self._links[link_id] = link
+        if not link.is_receiver:  # a subscriber's: its accepted dispositions may take the compiled path
+            fastpath.mark_link(lp, link_id)
         conn.links[link_id] = link
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
         event = endpoints.attach_event(link, container_id, self.publishers_settle_first)

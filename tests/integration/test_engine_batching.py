@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from cproton_ffi import ffi, lib
 
+from router.adapter import fastpath
 from router.adapter.engine import Engine
 from router.core.commands import Forward, Log, OpenLink
 from router.core.events import CreditChanged, LinkAttached, LinkDetached
@@ -18,6 +19,16 @@ from test_interrouter_flow import FakeLog, _conn
 pytestmark = pytest.mark.timeout(60)
 
 TAGS = (b"t1", b"t2", b"t3")
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def path(request, monkeypatch):
+    """Every test on both of the adapter's paths for accepted dispositions (fastpath.py)."""
+    if request.param == "python":
+        monkeypatch.setattr(fastpath, "take_accepted", None)
+    elif fastpath.take_accepted is None:
+        pytest.skip(f"compiled fast path not in use: {fastpath.status}")
+    return request.param
 
 
 class RecordingCore:

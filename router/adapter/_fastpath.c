@@ -1,0 +1,258 @@
+/*
+ * The adapter's compiled fast path: subscribers' accepted-and-settled dispositions.
+ *
+ * At K subscribers, exactly-once relaying reads K dispositions per message, and the
+ * usual one ("accepted", settled by the subscriber) needs the same steps every time:
+ * find our copy, forget it, settle our side, tell the core. Done from Python that is
+ * six engine calls through cffi per copy (each releasing and retaking the GIL) plus
+ * the dictionary work, and it was the largest part of what exactly-once costs over
+ * best-effort (docs/benchmarks.md, "The compiled fast path"). Here it is one call for
+ * a whole run of such events.
+ *
+ * It handles only that usual case and stops, leaving the event at the head of the
+ * collector, at anything else; router/adapter/engine.py handles the rest exactly as
+ * it does when this module is not built (router/adapter/fastpath.py decides which).
+ *
+ * Proton is not linked in: bind() looks up the functions in the cproton_ffi module
+ * python-qpid-proton already loaded, so this code drives the very engine the adapter
+ * drives, and needs no proton headers (the few declarations below are its public,
+ * stable C API).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct { size_t size; const char *start; } pn_bytes_t; /* pn_delivery_tag_t */
+
+static void *(*pn_collector_peek)(void *collector);
+static bool (*pn_collector_pop)(void *collector);
+static void *(*pn_event_delivery)(void *event);
+static void *(*pn_delivery_link)(void *delivery);
+static uint64_t (*pn_delivery_remote_state)(void *delivery);
+static bool (*pn_delivery_settled)(void *delivery);
+static void (*pn_delivery_settle)(void *delivery);
+static pn_bytes_t (*pn_delivery_tag)(void *delivery);
+static bool (*pn_link_is_sender)(void *link);
+static void *(*pn_link_get_context)(void *link);
+static void (*pn_link_set_context)(void *link, void *context);
+
+static uint64_t accepted_code;
+static int bound;
+static PyObject *out_name; /* "out": Link.out, the link's unsettled copies by tag */
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define hash_pointer Py_HashPointer
+#else
+#define hash_pointer _Py_HashPointer
+#endif
+
+static PyObject *bind(PyObject *self, PyObject *args)
+{
+    const char *path;
+    unsigned long long accepted;
+    if (!PyArg_ParseTuple(args, "sK", &path, &accepted))
+        return NULL;
+    /* RTLD_NOLOAD: the instance Python loaded, never a second copy of proton. */
+    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) {
+        PyErr_Format(PyExc_ImportError, "proton's engine is not loaded from %s: %s", path, dlerror());
+        return NULL;
+    }
+    struct { const char *name; void **slot; } want[] = {
+        {"pn_collector_peek", (void **)&pn_collector_peek},
+        {"pn_collector_pop", (void **)&pn_collector_pop},
+        {"pn_event_delivery", (void **)&pn_event_delivery},
+        {"pn_delivery_link", (void **)&pn_delivery_link},
+        {"pn_delivery_remote_state", (void **)&pn_delivery_remote_state},
+        {"pn_delivery_settled", (void **)&pn_delivery_settled},
+        {"pn_delivery_settle", (void **)&pn_delivery_settle},
+        {"pn_delivery_tag", (void **)&pn_delivery_tag},
+        {"pn_link_is_sender", (void **)&pn_link_is_sender},
+        {"pn_link_get_context", (void **)&pn_link_get_context},
+        {"pn_link_set_context", (void **)&pn_link_set_context},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        void *f = dlsym(lib, want[i].name);
+        if (!f) {
+            dlclose(lib);
+            PyErr_Format(PyExc_ImportError, "proton's engine at %s has no %s", path, want[i].name);
+            return NULL;
+        }
+        *want[i].slot = f;
+    }
+    /* The handle stays open: the module (loaded by Python) is never unloaded anyway. */
+    accepted_code = accepted;
+    bound = 1;
+    Py_RETURN_NONE;
+}
+
+static int check_bound(void)
+{
+    if (!bound)
+        PyErr_SetString(PyExc_RuntimeError, "router.adapter._fastpath: bind() was not called");
+    return bound;
+}
+
+/* set_link_id(link_address, link_id): mark a client subscriber link (our end sends) as
+ * the adapter's link ``link_id``; 0 unmarks it. Only marked links take the fast path. */
+static PyObject *set_link_id(PyObject *self, PyObject *args)
+{
+    unsigned long long link;
+    Py_ssize_t link_id;
+    if (!PyArg_ParseTuple(args, "Kn", &link, &link_id))
+        return NULL;
+    if (!check_bound())
+        return NULL;
+    if (!link || link_id < 0) {
+        PyErr_SetString(PyExc_ValueError, "set_link_id: a link address and a link id >= 0");
+        return NULL;
+    }
+    pn_link_set_context((void *)(uintptr_t)link, (void *)(intptr_t)link_id);
+    Py_RETURN_NONE;
+}
+
+/* take_accepted(collector_address, links, outgoing, items) -> int
+ *
+ * Consumes, from the head of the collector, the events that are a subscriber's
+ * disposition "accepted" + settled on a copy the adapter holds unsettled, and stops
+ * (leaving it at the head) at the first event that is anything else. For each one,
+ * as engine.py's drain() does for it: the copy leaves ``outgoing`` (pn_delivery ->
+ * entry) and its link's ``out`` (tag -> pn_delivery), our side is settled, and
+ * ``link_id, tag, True`` is appended to ``items`` for the core. ``links`` is the
+ * adapter's link_id -> Link. Returns how many it consumed. */
+static PyObject *take_accepted(PyObject *self, PyObject *args)
+{
+    unsigned long long collector_address;
+    PyObject *links, *outgoing, *items;
+    if (!PyArg_ParseTuple(args, "KO!O!O!", &collector_address, &PyDict_Type, &links, &PyDict_Type,
+                          &outgoing, &PyList_Type, &items))
+        return NULL;
+    if (!check_bound())
+        return NULL;
+    void *collector = (void *)(uintptr_t)collector_address;
+    void *last_link = NULL;
+    PyObject *out = NULL;     /* the last link's Link.out (a new reference) */
+    PyObject *link_id = NULL; /* the last link's id (a new reference) */
+    Py_ssize_t taken = 0;
+    for (;;) {
+        void *event = pn_collector_peek(collector);
+        if (!event)
+            break;
+        void *d = pn_event_delivery(event); /* NULL for every other kind of event */
+        if (!d || pn_delivery_remote_state(d) != accepted_code || !pn_delivery_settled(d))
+            break;
+        void *link = pn_delivery_link(d);
+        if (link != last_link) {
+            if (!pn_link_is_sender(link))
+                break;
+            intptr_t id = (intptr_t)pn_link_get_context(link);
+            if (id <= 0)
+                break; /* not a marked client subscriber link */
+            PyObject *key = PyLong_FromSsize_t(id);
+            if (!key)
+                goto error;
+            PyObject *link_obj = PyDict_GetItemWithError(links, key); /* borrowed */
+            if (!link_obj) {
+                Py_DECREF(key);
+                if (PyErr_Occurred())
+                    goto error;
+                break; /* a link the adapter forgot */
+            }
+            PyObject *link_out = PyObject_GetAttr(link_obj, out_name);
+            if (!link_out) {
+                Py_DECREF(key);
+                goto error;
+            }
+            if (!PyDict_Check(link_out)) {
+                Py_DECREF(key);
+                Py_DECREF(link_out);
+                PyErr_SetString(PyExc_TypeError, "take_accepted: Link.out is not a dict");
+                goto error;
+            }
+            Py_XSETREF(out, link_out);
+            Py_XSETREF(link_id, key);
+            last_link = link;
+        }
+        pn_bytes_t t = pn_delivery_tag(d);
+        PyObject *tag = PyBytes_FromStringAndSize(t.start, (Py_ssize_t)t.size);
+        if (!tag)
+            goto error;
+        PyObject *held = PyDict_GetItemWithError(out, tag); /* borrowed: the cdata we hold */
+        if (!held) {
+            Py_DECREF(tag);
+            if (PyErr_Occurred())
+                goto error;
+            break; /* a copy we no longer hold (settled already, or a repeated frame) */
+        }
+        /* The copy we hold under this tag must be this very delivery: cffi hashes a
+         * pointer cdata as Python hashes the pointer. If that ever stopped being true,
+         * every event would go to the Python path, correct and slower. */
+        Py_hash_t h = PyObject_Hash(held);
+        if (h == -1 && PyErr_Occurred()) {
+            Py_DECREF(tag);
+            goto error;
+        }
+        if (h != hash_pointer(d)) {
+            Py_DECREF(tag);
+            break;
+        }
+        Py_INCREF(held);
+        if (PyDict_DelItem(outgoing, held) < 0) {
+            Py_DECREF(held);
+            Py_DECREF(tag);
+            if (!PyErr_ExceptionMatches(PyExc_KeyError))
+                goto error;
+            PyErr_Clear(); /* not in ``outgoing``: the Python path decides */
+            break;
+        }
+        Py_DECREF(held);
+        if (PyDict_DelItem(out, tag) < 0) {
+            Py_DECREF(tag);
+            goto error;
+        }
+        pn_delivery_settle(d);
+        int failed = PyList_Append(items, link_id) < 0 || PyList_Append(items, tag) < 0
+                     || PyList_Append(items, Py_True) < 0;
+        Py_DECREF(tag);
+        pn_collector_pop(collector);
+        taken++;
+        if (failed)
+            goto error; /* consumed and settled: the caller fails this connection */
+    }
+    Py_XDECREF(out);
+    Py_XDECREF(link_id);
+    return PyLong_FromSsize_t(taken);
+error:
+    Py_XDECREF(out);
+    Py_XDECREF(link_id);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS,
+     "bind(cproton_ffi_path, PN_ACCEPTED): look up proton's functions in the loaded cproton_ffi module."},
+    {"set_link_id", set_link_id, METH_VARARGS,
+     "set_link_id(link_address, link_id): mark a client subscriber link for the fast path (0 unmarks)."},
+    {"take_accepted", take_accepted, METH_VARARGS,
+     "take_accepted(collector_address, links, outgoing, items) -> int: consume the run of "
+     "accepted+settled dispositions at the head of the collector."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "router.adapter._fastpath",
+    "The adapter's compiled fast path for subscribers' accepted dispositions (see fastpath.py).",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void)
+{
+    out_name = PyUnicode_InternFromString("out");
+    if (!out_name)
+        return NULL;
+    return PyModule_Create(&module);
+}

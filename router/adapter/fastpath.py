@@ -1,0 +1,58 @@
+"""Which path the adapter takes for subscribers' accepted dispositions: compiled or Python.
+
+``router/adapter/_fastpath.c`` (built by ``pip install``, optional) consumes a run of
+"accepted + settled" disposition events in one call; ``engine.Engine.drain`` does the
+same per event in Python when it is absent or switched off. The two must agree on
+every event: tests/integration/test_engine_batching.py runs both.
+
+``EOROUTER_FASTPATH=0`` in the environment switches the compiled path off (to compare
+the two, or to rule it out).
+"""
+
+from __future__ import annotations
+
+import os
+
+import cproton_ffi
+from cproton_ffi import ffi, lib
+
+ENV = "EOROUTER_FASTPATH"
+
+take_accepted = None  # take_accepted(collector_address, links, outgoing, items) -> int
+_set_link_id = None
+status = "python"  # what this process uses, for the startup log and the benchmark
+
+
+def _load() -> None:
+    global take_accepted, _set_link_id, status
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
+        status = f"python ({ENV}=0)"
+        return
+    try:
+        from router.adapter import _fastpath
+    except ImportError as exc:
+        status = f"python (compiled fast path not built: {exc})"
+        return
+    try:
+        _fastpath.bind(cproton_ffi.__file__, lib.PN_ACCEPTED)
+    except ImportError as exc:
+        status = f"python (compiled fast path unusable: {exc})"
+        return
+    take_accepted = _fastpath.take_accepted
+    _set_link_id = _fastpath.set_link_id
+    status = "compiled"
+
+
+def address(ptr) -> int:
+    """A proton pointer (cffi cdata) as the integer the compiled path takes."""
+    return int(ffi.cast("uintptr_t", ptr))
+
+
+def mark_link(ptr, link_id: int) -> None:
+    """Mark a client subscriber link (our end sends) as the adapter's ``link_id``: only
+    marked links' dispositions take the compiled path. 0 unmarks it."""
+    if _set_link_id is not None:
+        _set_link_id(address(ptr), link_id)
+
+
+_load()
