@@ -1,0 +1,84 @@
+"""The pure core's own cost per message, without proton, sockets or the event log.
+
+``python -m bench.core --subscribers 16 --in-flight 1000``: a RouterCore (the router's
+defaults) with one publisher and K subscribers is fed what the adapter would feed it
+for N messages: each message (exactly-once: unsettled; best-effort: pre-settled), and,
+exactly-once, every subscriber's accepted-and-settled answers in batches of 50 per
+subscriber (as the adapter hands them over, one connection per subscriber), answering
+each message once ``--in-flight`` later ones have arrived. Prints µs per message for
+both modes (the best of ``--repeat`` runs, alternating) and what an exactly-once copy
+adds over a best-effort one.
+
+What it is for: splitting the router's exactly-once cost between the core and the
+adapter (docs/benchmarks.md, "Where K=16 stands"). ``--in-flight`` shows what the
+copies held in flight cost in cache misses: the same work with 20 messages in flight
+runs hot. Timings on a shared VM vary; compare numbers from one invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from proton import Message
+
+from router.core.commands import Forward
+from router.core.events import (DURABLE_NONE, PUBLISHER, RCV_FIRST, SND_MIXED, SND_SETTLED, SUBSCRIBER,
+                                CreditChanged, LinkAttached, MessageReceived)
+from router.core.router import RouterCore
+from router.core.settings import CoreSettings
+
+BATCH = 50  # answers per subscriber per adapter batch (~ one loop iteration's worth in timed runs)
+
+
+def run(k: int, in_flight: int, n: int, best_effort: bool) -> float:
+    # Bounds high enough that credit never limits this open-loop feed.
+    core = RouterCore(CoreSettings(router_id="A", max_in_flight_per_topic=10 * (n + in_flight),
+                                   publisher_credit_window=10 * (n + in_flight)), boot_id="b00t", epoch=1)
+    now = 1000.0
+    core.handle(LinkAttached(1, 1, "pub", "p1", PUBLISHER, "t",
+                             snd_settle_mode=SND_SETTLED if best_effort else SND_MIXED,
+                             rcv_settle_mode=RCV_FIRST), now)
+    for s in range(k):
+        link = 100 + s
+        core.handle(LinkAttached(link, link, "sub", f"s{link}", SUBSCRIBER, "t", durable=DURABLE_NONE,
+                                 snd_settle_mode=SND_MIXED, rcv_settle_mode=RCV_FIRST), now)
+        core.handle(CreditChanged(link, 10 ** 9, False), now)
+    payload = Message(body="x" * 100).encode()
+    pending: list[list[Forward]] = []
+    start = time.perf_counter()
+    for i in range(n):
+        commands = core.handle(MessageReceived(1, i + 1, str(i).encode(), payload, best_effort), now)
+        if best_effort:
+            continue
+        pending.append([c for c in commands if c.__class__ is Forward])
+        if len(pending) >= in_flight + BATCH:
+            batch, pending[:BATCH] = pending[:BATCH], []
+            for s in range(k):
+                items: list = []
+                for forwards in batch:
+                    c = forwards[s]
+                    items += (c.link_id, c.tag, True)
+                core.accepted_batch(items, now, [])
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.core", description=__doc__.split("\n\n")[0])
+    p.add_argument("--subscribers", type=int, default=16)
+    p.add_argument("--in-flight", type=int, default=1000, help="messages answered this many later (default 1000)")
+    p.add_argument("--messages", type=int, default=20000)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    eo, be = [], []
+    for _ in range(args.repeat):
+        be.append(run(args.subscribers, args.in_flight, args.messages, True))
+        eo.append(run(args.subscribers, args.in_flight, args.messages, False))
+    k = args.subscribers
+    print(f"core only, K={k}, {args.in_flight} in flight, {args.messages} messages, best of {args.repeat}: "
+          f"exactly-once {min(eo):.1f} µs/msg, best-effort {min(be):.1f} µs/msg "
+          f"({min(eo) / min(be):.2f}x); an exactly-once copy adds {(min(eo) - min(be)) / k:.2f} µs")
+
+
+if __name__ == "__main__":
+    main()
