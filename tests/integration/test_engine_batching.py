@@ -14,6 +14,7 @@ from router.adapter.engine import Engine
 from router.core.commands import Forward, Log, OpenLink
 from router.core.events import CreditChanged, LinkAttached, LinkDetached
 
+from enginekit import Subscriber, serve
 from test_interrouter_flow import FakeLog, _conn
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,67 +61,16 @@ class RecordingCore:
         return []
 
 
-class Client:
-    """A subscriber: a client-mode proton connection with one receiver link."""
-
-    def __init__(self):
-        self.transport = lib.pn_transport()
-        self.connection = lib.pn_connection()
-        lib.pn_connection_set_container(self.connection, b"client")
-        self.collector = lib.pn_collector()
-        lib.pn_connection_collect(self.connection, self.collector)
-        lib.pn_transport_bind(self.transport, self.connection)
-        lib.pn_connection_open(self.connection)
-        session = lib.pn_session(self.connection)
-        lib.pn_session_open(session)
-        self.link = lib.pn_receiver(session, b"sub-link")
-        lib.pn_terminus_set_address(lib.pn_link_source(self.link), b"topic")
-        lib.pn_link_open(self.link)
-        lib.pn_link_flow(self.link, 10)
-        self.received: list = []
-
-    def take_deliveries(self) -> None:
-        while (event := lib.pn_collector_peek(self.collector)) != ffi.NULL:
-            if lib.pn_event_type(event) == lib.PN_DELIVERY:
-                d = lib.pn_event_delivery(event)
-                if lib.pn_delivery_readable(d) and not lib.pn_delivery_partial(d) and d not in self.received:
-                    lib.pn_link_advance(self.link)
-                    self.received.append(d)
-            lib.pn_collector_pop(self.collector)
-
-
-def move(src, dst) -> int:
-    n = min(lib.pn_transport_pending(src), lib.pn_transport_capacity(dst))
-    if n > 0:
-        buf = ffi.new("char[]", n)
-        lib.pn_transport_peek(src, buf, n)
-        assert lib.pn_transport_push(dst, buf, n) == n
-        lib.pn_transport_pop(src, n)
-    return max(n, 0)
-
-
-def serve(engine: Engine, conn, client: Client, rounds: int = 50) -> None:
-    """Router and client loop iterations until no byte moves."""
-    for _ in range(rounds):
-        moved = move(client.transport, conn.transport)
-        if not conn.dead:
-            engine.drain(conn)
-        moved += move(conn.transport, client.transport)
-        client.take_deliveries()
-        if not moved:
-            return
-
-
 def setup(core: RecordingCore):
     engine = Engine(core, FakeLog(1, "boot"), max_message_size=1 << 20)
     conn = _conn(True, "router")
-    client = Client()
+    client = Subscriber(credit=10)
     serve(engine, conn, client)
     assert len(client.received) == len(TAGS)
     return engine, conn, client
 
 
-def answer_all_then_detach(client: Client) -> None:
+def answer_all_then_detach(client: Subscriber) -> None:
     """Accept and settle every delivery, then detach, before the router reads a byte."""
     for d in client.received:
         lib.pn_delivery_update(d, lib.PN_ACCEPTED)

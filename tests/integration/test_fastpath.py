@@ -11,7 +11,7 @@ the same copies."""
 from __future__ import annotations
 
 import pytest
-from cproton_ffi import ffi, lib
+from cproton_ffi import lib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +20,7 @@ from router.adapter.engine import Engine
 from router.core.commands import Forward, OpenLink, SettleOutgoing
 from router.core.events import LinkAttached, OutcomeReceived
 
-from test_engine_batching import move
+from enginekit import Subscriber, serve
 from test_interrouter_flow import FakeLog, _conn
 
 pytestmark = pytest.mark.timeout(120)
@@ -75,53 +75,6 @@ class ScriptedCore:
 
     def failover_list(self):
         return []
-
-
-class Subscriber:
-    """A client connection with ``links`` receiver links; remembers its deliveries by tag."""
-
-    def __init__(self, links: int):
-        self.transport = lib.pn_transport()
-        self.connection = lib.pn_connection()
-        lib.pn_connection_set_container(self.connection, b"client")
-        self.collector = lib.pn_collector()
-        lib.pn_connection_collect(self.connection, self.collector)
-        lib.pn_transport_bind(self.transport, self.connection)
-        lib.pn_connection_open(self.connection)
-        session = lib.pn_session(self.connection)
-        lib.pn_session_open(session)
-        self.links = []
-        for i in range(links):
-            link = lib.pn_receiver(session, f"sub-{i}".encode())
-            lib.pn_terminus_set_address(lib.pn_link_source(link), b"topic")
-            lib.pn_link_open(link)
-            lib.pn_link_flow(link, 100)
-            self.links.append(link)
-        self.deliveries: dict[bytes, object] = {}  # tag -> pn_delivery, until we settle it
-        self.closed: set[int] = set()
-
-    def take_deliveries(self) -> None:
-        while (event := lib.pn_collector_peek(self.collector)) != ffi.NULL:
-            if lib.pn_event_type(event) == lib.PN_DELIVERY:
-                d = lib.pn_event_delivery(event)
-                if lib.pn_delivery_readable(d) and not lib.pn_delivery_partial(d):
-                    t = lib.pn_delivery_tag(d)
-                    tag = ffi.unpack(t.start, t.size)
-                    if tag not in self.deliveries:
-                        lib.pn_link_advance(lib.pn_delivery_link(d))
-                        self.deliveries[tag] = d
-            lib.pn_collector_pop(self.collector)
-
-
-def serve(engine: Engine, conn, client: Subscriber, rounds: int = 50) -> None:
-    for _ in range(rounds):
-        moved = move(client.transport, conn.transport)
-        if not conn.dead:
-            engine.drain(conn)
-        moved += move(conn.transport, client.transport)
-        client.take_deliveries()
-        if not moved:
-            return
 
 
 # What the subscriber does with one delivery: (outcome or None, settle it now).
