@@ -115,21 +115,22 @@ static PyObject *set_link_id(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* take_accepted(collector_address, links, outgoing, items) -> int
+/* take_accepted(collector_address, links, seen, items) -> int
  *
  * Consumes, from the head of the collector, the events that are a subscriber's
  * disposition "accepted" + settled on a copy the adapter holds unsettled, and stops
  * (leaving it at the head) at the first event that is anything else. For each one,
- * as engine.py's drain() does for it: the copy leaves ``outgoing`` (pn_delivery ->
- * entry) and its link's ``out`` (tag -> pn_delivery), our side is settled, and
- * ``link_id, tag, True`` is appended to ``items`` for the core. ``links`` is the
- * adapter's link_id -> Link. Returns how many it consumed. */
+ * as engine.py's drain() does for it: the copy leaves its link's ``out`` (tag ->
+ * pn_delivery) and ``seen`` (pn_delivery -> the state last read, for the few copies
+ * answered before without settling), our side is settled, and ``link_id, tag, True``
+ * is appended to ``items`` for the core. ``links`` is the adapter's link_id -> Link.
+ * Returns how many it consumed. */
 static PyObject *take_accepted(PyObject *self, PyObject *args)
 {
     unsigned long long collector_address;
-    PyObject *links, *outgoing, *items;
+    PyObject *links, *seen, *items;
     if (!PyArg_ParseTuple(args, "KO!O!O!", &collector_address, &PyDict_Type, &links, &PyDict_Type,
-                          &outgoing, &PyList_Type, &items))
+                          &seen, &PyList_Type, &items))
         return NULL;
     if (!check_bound())
         return NULL;
@@ -200,17 +201,16 @@ static PyObject *take_accepted(PyObject *self, PyObject *args)
             Py_DECREF(tag);
             break;
         }
-        Py_INCREF(held);
-        if (PyDict_DelItem(outgoing, held) < 0) {
-            Py_DECREF(held);
-            Py_DECREF(tag);
-            if (!PyErr_ExceptionMatches(PyExc_KeyError))
-                goto error;
-            PyErr_Clear(); /* not in ``outgoing``: the Python path decides */
-            break;
+        if (PyDict_GET_SIZE(seen) > 0) { /* usually empty: no lookup at all */
+            if (PyDict_DelItem(seen, held) < 0) {
+                if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                    Py_DECREF(tag);
+                    goto error;
+                }
+                PyErr_Clear(); /* never answered before: nothing seen */
+            }
         }
-        Py_DECREF(held);
-        if (PyDict_DelItem(out, tag) < 0) {
+        if (PyDict_DelItem(out, tag) < 0) { /* ``held`` goes with it */
             Py_DECREF(tag);
             goto error;
         }
@@ -238,7 +238,7 @@ static PyMethodDef methods[] = {
     {"set_link_id", set_link_id, METH_VARARGS,
      "set_link_id(link_address, link_id): mark a client subscriber link for the fast path (0 unmarks)."},
     {"take_accepted", take_accepted, METH_VARARGS,
-     "take_accepted(collector_address, links, outgoing, items) -> int: consume the run of "
+     "take_accepted(collector_address, links, seen, items) -> int: consume the run of "
      "accepted+settled dispositions at the head of the collector."},
     {NULL, NULL, 0, NULL},
 };

@@ -16,8 +16,11 @@ Handles: ``link_id`` and the publisher-delivery ``delivery`` handle are ints fro
 process-wide counters, never reused. Maps: ``_links_by_ptr`` (pn_link -> Link),
 ``_links`` (link_id -> Link), ``_incoming`` (pn_delivery -> handle) and
 ``_handles`` (handle -> (pn_delivery, Link)) for unsettled publisher deliveries the
-core knows, ``_outgoing`` (pn_delivery -> [Link, tag, last state]) for our
-unsettled deliveries to subscribers (each Link also keeps tag -> pn_delivery).
+core knows; each subscriber Link's ``out`` (tag -> pn_delivery) for our unsettled
+copies on it, and ``_seen`` (pn_delivery -> (state, settled)) for the few of those
+whose subscriber answered without settling (what was last read, so a repeated frame
+is not news). A copy costs one dict entry: at K subscribers, exactly-once holds
+~K x 1000 of them.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ RELEASED = outcomes.RELEASED
 MODIFIED = outcomes.MODIFIED
 NONE = outcomes.NONE
 _TERMINAL = outcomes.TERMINAL
+_NOTHING_SEEN = (0, False)  # a copy's (remote state, settled) until its subscriber answers
 
 INTERNAL_ERROR = "amqp:internal-error"
 UNAUTHORIZED = "amqp:unauthorized-access"
@@ -113,7 +117,7 @@ class Engine:
         self._links: dict[int, Link] = {}
         self._incoming: dict = {}
         self._handles: dict[int, tuple] = {}
-        self._outgoing: dict = {}
+        self._seen: dict = {}
         self._last_link_id = 0
         self._last_handle = 0
         self._rbuf_size = 64 * 1024
@@ -128,7 +132,8 @@ class Engine:
     def counts(self) -> dict:
         """Sizes of the adapter's maps (a leak shows here first)."""
         return {"links": len(self._links), "incoming": len(self._incoming),
-                "outgoing": len(self._outgoing), **self.peers.counts()}
+                "outgoing": sum(len(link.out) for link in self._links.values()),
+                "outgoing_seen": len(self._seen), **self.peers.counts()}
 
     # ================================================================== inbound: AMQP_*
     def drain(self, conn: Conn) -> None:
@@ -138,7 +143,8 @@ class Engine:
             return
         collector = conn.collector
         amqp_delivery = self.AMQP_delivery
-        outgoing = self._outgoing
+        links_by_ptr = self._links_by_ptr
+        seen = self._seen
         # Subscribers' accepted dispositions, gathered here and given to the core
         # together (_accepted_batch) before any other event of this connection and at
         # the end: one tight loop of engine calls, then one of core calls, instead of
@@ -155,7 +161,7 @@ class Engine:
         while not conn.dead:
             if take_accepted is not None:
                 try:
-                    take_accepted(collector_address, links, outgoing, accepted)
+                    take_accepted(collector_address, links, seen, accepted)
                 except Exception as exc:  # out of memory, or a broken invariant: this connection ends
                     log.exception("connection %d (%s): error in the compiled fast path", conn.conn_id, conn.peer)
                     self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
@@ -165,26 +171,31 @@ class Engine:
                 break
             # NULL unless a PN_DELIVERY event: the usual event needs no type lookup.
             d = _event_delivery(event)
-            entry = outgoing.get(d)
-            if entry is not None:
-                state = _delivery_remote_state(d)
-                settled = _delivery_settled(d)
-                if state == entry[2] and settled == entry[3]:
-                    _collector_pop(collector)
-                    continue  # nothing new (proton raises one event per frame touching it)
-                if state == ACCEPTED:
-                    link = entry[0]
-                    tag = entry[1]
-                    if settled:  # _subscriber_settled, inlined (the entry goes with it)
-                        del outgoing[d]
-                        del link.out[tag]
-                        _delivery_settle(d)
-                    else:
-                        entry[2] = state
-                        entry[3] = settled
-                    accepted += (link.link_id, tag, settled)
-                    _collector_pop(collector)
-                    continue
+            link = copy = None
+            if d:
+                link = links_by_ptr.get(_delivery_link(d))
+                if link is not None and not link.is_receiver:  # a copy we sent a subscriber
+                    t = _delivery_tag(d)
+                    tag = _unpack(t.start, t.size)
+                    if link.out.get(tag) == d:  # still held (else: settled and forgotten, stale)
+                        state = _delivery_remote_state(d)
+                        settled = _delivery_settled(d)
+                        last = seen.get(d, _NOTHING_SEEN) if seen else _NOTHING_SEEN
+                        if state == last[0] and settled == last[1]:
+                            _collector_pop(collector)
+                            continue  # nothing new (proton raises one event per frame touching it)
+                        if state == ACCEPTED:
+                            if settled:  # _subscriber_settled, inlined
+                                del link.out[tag]
+                                if last is not _NOTHING_SEEN:
+                                    del seen[d]
+                                _delivery_settle(d)
+                            else:
+                                seen[d] = (state, settled)
+                            accepted += (link.link_id, tag, settled)
+                            _collector_pop(collector)
+                            continue
+                        copy = (tag, state, settled)
             if accepted:  # in order: what came before this event first
                 self._accepted_batch(accepted, conn)
                 accepted = []
@@ -193,7 +204,10 @@ class Engine:
             etype = _event_type(event)
             try:
                 if etype == PN_DELIVERY:
-                    amqp_delivery(d, conn)
+                    if copy is not None:
+                        self.AMQP_disposition(d, link, *copy)
+                    else:
+                        amqp_delivery(d, conn, link)
                 elif etype == PN_LINK_FLOW:
                     self.AMQP_link_flow(_event_link(event))
                 elif etype == PN_LINK_REMOTE_OPEN:
@@ -262,16 +276,14 @@ class Engine:
         if out:
             self.execute(out)
 
-    def AMQP_delivery(self, d, conn: Conn) -> None:
-        # Known deliveries first (one dict lookup each): a pointer is in these maps
-        # only while the delivery is unsettled on our side, so it cannot be stale.
-        # A subscriber's accepted disposition does not come here (drain batches it);
-        # the publisher's settlement and a new message are inlined: they come once
-        # per message.
-        entry = self._outgoing.get(d)
-        if entry is not None:  # a subscriber updated a delivery we sent
-            self.AMQP_disposition(d, entry)
-            return
+    def AMQP_delivery(self, d, conn: Conn, link: Link | None) -> None:
+        """A delivery event that is not news on a copy we hold (drain() handles those):
+        a publisher's message or settlement, or a stale event. ``link``: the Link of
+        the delivery's link, as drain() looked it up (None: not one we track)."""
+        # Known deliveries first (one dict lookup): a pointer is in this map only
+        # while the delivery is unsettled on our side, so it cannot be stale. The
+        # publisher's settlement and a new message are inlined: they come once per
+        # message.
         handle = self._incoming.get(d)
         if handle is not None:  # a publisher delivery the core has
             link = self._handles[handle][1]
@@ -291,7 +303,6 @@ class Engine:
                     del self._incoming[entry[0]]
                     _delivery_settle(d)
             return
-        link = self._links_by_ptr.get(_delivery_link(d))
         if link is None or not link.is_receiver:
             return  # a link we no longer track, or our pre-settled/settled sends
         if link.rx_d is not None and d == link.rx_d:
@@ -437,40 +448,37 @@ class Engine:
         del self._incoming[entry[0]]
         return True
 
-    def AMQP_disposition(self, d, entry: list) -> None:
-        """A subscriber updated a delivery we sent (outcome and/or settlement)."""
-        state = _delivery_remote_state(d)
-        settled = bool(_delivery_settled(d))
-        if state == entry[2] and settled == entry[3]:
-            return  # nothing new (proton raises one event per frame touching it)
-        entry[2] = state
-        entry[3] = settled
-        link = entry[0]
+    def AMQP_disposition(self, d, link: Link, tag: bytes, state: int, settled: bool) -> None:
+        """A subscriber updated a copy we sent and hold (outcome and/or settlement);
+        drain() read ``state`` and ``settled`` and found them new."""
+        settled = bool(settled)
         if settled:
-            self._subscriber_settled(d, entry)
+            self._subscriber_settled(d, link, tag)
+        else:
+            self._seen[d] = (state, settled)
         if state == ACCEPTED:
-            event = OutcomeReceived(link.link_id, entry[1], ACCEPTED, settled)
+            event = OutcomeReceived(link.link_id, tag, ACCEPTED, settled)
         elif state == RELEASED:
-            event = OutcomeReceived(link.link_id, entry[1], RELEASED, settled)
+            event = OutcomeReceived(link.link_id, tag, RELEASED, settled)
         elif state == REJECTED:
             name, desc = condition_of(lib.pn_disposition_condition(lib.pn_delivery_remote(d)))
-            event = OutcomeReceived(link.link_id, entry[1], REJECTED, settled, name, desc)
+            event = OutcomeReceived(link.link_id, tag, REJECTED, settled, name, desc)
         elif state == MODIFIED:
             remote = lib.pn_delivery_remote(d)
-            event = OutcomeReceived(link.link_id, entry[1], MODIFIED, settled, None, None,
+            event = OutcomeReceived(link.link_id, tag, MODIFIED, settled, None, None,
                                     bool(lib.pn_disposition_is_failed(remote)),
                                     bool(lib.pn_disposition_is_undeliverable(remote)))
         else:  # received, a transactional state, or no state: not an outcome
-            event = OutcomeReceived(link.link_id, entry[1], NONE, settled)
+            event = OutcomeReceived(link.link_id, tag, NONE, settled)
         self.dispatch(event, link.conn, link)
 
-    def _subscriber_settled(self, d, entry: list) -> None:
-        """The subscriber settled a delivery we sent: it expects nothing more on it, so
+    def _subscriber_settled(self, d, link: Link, tag: bytes) -> None:
+        """The subscriber settled a copy we sent: it expects nothing more on it, so
         our side is settled now (proton frees it) and forgotten. The core hears of it
         in the OutcomeReceived (settled) that follows and sends no SettleOutgoing for
         it; one that crosses finds nothing and is skipped."""
-        del self._outgoing[d]
-        entry[0].out.pop(entry[1], None)
+        link.out.pop(tag, None)
+        self._seen.pop(d, None)
         _delivery_settle(d)
 
     def AMQP_link_flow(self, lp) -> None:
@@ -576,8 +584,9 @@ class Engine:
         self._links_by_ptr.pop(link.ptr, None)
         self._links.pop(link.link_id, None)
         link.conn.links.pop(link.link_id, None)
-        for d in link.out.values():
-            self._outgoing.pop(d, None)
+        if self._seen:
+            for d in link.out.values():
+                self._seen.pop(d, None)
         link.out.clear()
         if link.is_receiver:
             stale = [h for h, (_, owner) in self._handles.items() if owner is link]
@@ -645,7 +654,6 @@ class Engine:
                     _delivery_settle(d)
                 else:
                     link.out[tag] = d
-                    self._outgoing[d] = [link, tag, 0, False]
                 touched.add(link.conn)
             elif cls is SendOutcome:  # CORE_send_outcome
                 entry = self._handles.get(cmd.delivery)
@@ -680,12 +688,12 @@ class Engine:
                 d = link.out.pop(cmd.tag, None)
                 if d is None:
                     continue
-                entry = self._outgoing.pop(d)
-                if not entry[3] and entry[2] in _TERMINAL:
+                last = self._seen.pop(d, None) if self._seen else None
+                if last is not None and last[0] in _TERMINAL:
                     # A rcv-settle-mode=second subscriber waits for our settlement:
                     # it carries the outcome it gave, as the final state (a peer such
                     # as Azure's client reads the state from this disposition).
-                    _delivery_update(d, entry[2])
+                    _delivery_update(d, last[0])
                 _delivery_settle(d)
                 touched.add(link.conn)
             elif cls is SendData:

@@ -18,7 +18,7 @@ from cproton_ffi import ffi, lib
 
 ENV = "EOROUTER_FASTPATH"
 
-take_accepted = None  # take_accepted(collector_address, links, outgoing, items) -> int
+take_accepted = None  # take_accepted(collector_address, links, seen, items) -> int
 _set_link_id = None
 status = "python"  # what this process uses, for the startup log and the benchmark
 
