@@ -110,6 +110,14 @@ class SubOutcomes(NamedTuple):
     outcome: str
     settled: bool
 
+    kind = "sub-outcomes"
+
+    @property
+    def fields(self) -> dict:
+        """The line's fields, as a Log's (for tests and tools)."""
+        return {"deliveries": self.deliveries, "subscriber": self.subscriber, "outcome": self.outcome,
+                "settled": self.settled}
+
     def each(self) -> list[SubOutcome]:
         """The SubOutcome commands this stands for (for tests and tools)."""
         return [SubOutcome(d, self.subscriber, self.outcome, self.settled) for d in self.deliveries]

@@ -36,7 +36,7 @@ class Subscription:
     attached link. A durable one outlives its link for the terminus timeout."""
 
     __slots__ = ("key", "container_id", "name", "topic", "durable", "timeout", "link_id", "conn_id",
-                 "best_effort", "credit", "drain", "queue", "send_counter", "awaiting_evidence",
+                 "best_effort", "credit", "drain", "queue", "awaiting_evidence",
                  "expires_at", "in_flight", "ready", "announced", "placeholders", "held")
 
     def __init__(self, key: str, container_id: str, name: str, topic: str):
@@ -53,9 +53,7 @@ class Subscription:
         self.drain = False
         # Records waiting for credit, in publisher order (lazily skipped when done).
         self.queue: deque = deque()
-        # Counts everything sent on the current link; the evidence rule compares these.
-        self.send_counter = 0
-        # (send_counter at settlement, record): settled deliveries this subscriber
+        # (the core's send counter at settlement, record): settled deliveries this subscriber
         # is not yet known to have seen settled, oldest first.
         self.awaiting_evidence: deque = deque()
         self.expires_at: float | None = None
@@ -73,7 +71,7 @@ class Subscription:
 
 
 class Topic:
-    __slots__ = ("name", "subscriptions", "publishers", "records", "unsettled", "outstanding_credit")
+    __slots__ = ("name", "subscriptions", "publishers", "records", "unsettled", "outstanding_credit", "roster")
 
     def __init__(self, name: str):
         self.name = name
@@ -86,6 +84,9 @@ class Topic:
         self.records: dict = {}
         self.unsettled = 0  # records the publisher has not settled: the in-flight bound
         self.outstanding_credit = 0  # credit granted to this topic's publishers, not yet used
+        # The owed subscriptions as a records.Roster, built when needed; None after any
+        # change to them (a subscription comes, goes, changes link or settle mode).
+        self.roster = None
 
     def idle(self) -> bool:
         return not (self.subscriptions or self.publishers or self.records)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from router.core.outcomes import Outcome
+from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 
 # Shared, read-only stand-ins for a record's maps and set while they are empty: most
 # records (one router, no failover) never put anything in them, and four fresh
@@ -41,6 +41,32 @@ class SubscriberState:
         self.settle_relayed = False
         self.known_settled = False
         self.resend = False  # a resumed receiver reported it: send it again whatever its outcome
+
+
+# A compact record's answers (DeliveryRecord.answers): one byte per owed subscriber,
+# in the order of its Roster. In doubt and sent at ``sent_at`` is 0.
+ANSWER_ACCEPTED = 1  # it accepted
+ANSWER_SETTLED = 2  # it settled its copy (remote_settled)
+ANSWER_UNSENT = 4  # not sent yet: queued for credit, or its durable subscription is detached
+ANSWER_DONE = ANSWER_ACCEPTED | ANSWER_SETTLED
+
+
+class Roster:
+    """A topic's owed subscriptions as one immutable snapshot: the subscriptions
+    (best-effort ones are never owed), their keys, the link each is attached on (0:
+    detached) and each key's position. Compact records share the roster they were
+    distributed with, so a record holds no per-subscriber object or map entry.
+    A topic builds a new one whenever a subscription comes, goes, or changes link."""
+
+    __slots__ = ("subs", "keys", "links", "index", "all_done")
+
+    def __init__(self, subs):
+        self.subs = tuple(subs)
+        # A list, not a tuple: it goes into "received" lines as it is (never mutated).
+        self.keys = [sub.key for sub in self.subs]
+        self.links = tuple(sub.link_id or 0 for sub in self.subs)
+        self.index = {key: i for i, key in enumerate(self.keys)}
+        self.all_done = bytes((ANSWER_DONE,)) * len(self.subs)
 
 
 class RouterState:
@@ -74,7 +100,7 @@ class DeliveryRecord:
         "tag", "delivery_id", "topic", "order", "payload",
         "publisher", "link_name", "pub_tag", "incarnation", "stream_seq",
         "pub_link", "pub_delivery",
-        "subscribers", "remote_routers",
+        "_states", "roster", "answers", "sent_at", "remote_routers",
         "outcome", "pub_settled", "expires_at", "reuse", "origin_router", "header",
         "moved", "targeted", "settle_pending", "waiting",
         # Set only when they apply (read with getattr(record, name, default)):
@@ -104,8 +130,18 @@ class DeliveryRecord:
         self.stream_seq = stream_seq
         self.pub_link = pub_link
         self.pub_delivery = pub_delivery  # the adapter's handle; None once the publisher is gone
-        # subscription key ("container/link") -> SubscriberState, in attach order
-        self.subscribers: dict[str, SubscriberState] = {}
+        # The owed subscribers' states, in one of two forms (``subscribers`` gives the
+        # map whichever it is). Compact, the usual one (RouterCore._distribute): the
+        # topic's ``roster`` at distribution, one byte per subscriber in ``answers``
+        # (ANSWER_*) and the send counter all copies went out at (``sent_at``): no
+        # object and no map entry per copy. Otherwise ``_states``: subscription key
+        # ("container/link") -> SubscriberState, in attach order. The first read of
+        # ``subscribers`` turns a compact record into the map, for good; the core's
+        # usual path reads the compact form directly and never does.
+        self._states: dict[str, SubscriberState] | None = None
+        self.roster: Roster | None = None
+        self.answers: bytearray | None = None
+        self.sent_at = 0
         # router id -> RouterState: the interested remote routers (origin router only)
         self.remote_routers: dict[str, RouterState] = EMPTY_MAP  # own_remote_routers() to write
         # None when our publisher sent it; else the ingress router we answer to
@@ -128,6 +164,46 @@ class DeliveryRecord:
         self.pub_settled = False
         self.expires_at = expires_at
 
+
+    @property
+    def subscribers(self) -> dict[str, SubscriberState]:
+        """Subscription key -> SubscriberState for every owed subscriber."""
+        states = self._states
+        if states is None:
+            states = self._states = self.expanded_states()
+            self.answers = None
+            self.roster = None
+        return states
+
+    def expanded_states(self) -> dict[str, SubscriberState]:
+        """The compact form as new SubscriberStates (an empty map when the record is
+        not compact), leaving the record as it is."""
+        states: dict[str, SubscriberState] = {}
+        answers = self.answers
+        if answers is None:
+            return states
+        roster = self.roster
+        sent_at = self.sent_at
+        links = roster.links
+        for i, key in enumerate(roster.keys):
+            answer = answers[i]
+            state = states[key] = SubscriberState()
+            if answer & ANSWER_ACCEPTED:
+                state.outcome = OUTCOME_ACCEPTED
+            if answer & ANSWER_SETTLED:
+                state.remote_settled = True
+            if not answer & ANSWER_UNSENT:
+                state.sent = sent_at
+                state.link = links[i]
+        return states
+
+    @property
+    def compact(self) -> bool:
+        return self.answers is not None
+
+    def owed_count(self) -> int:
+        """How many subscribers it is owed to (without leaving the compact form)."""
+        return len(self.answers) if self.answers is not None else len(self.subscribers)
 
     def own_remote_routers(self) -> dict:
         d = self.remote_routers
@@ -156,4 +232,4 @@ class DeliveryRecord:
     def __repr__(self) -> str:
         return (f"DeliveryRecord({self.delivery_id[:12]}… topic={self.topic!r} "
                 f"pub={self.publisher}/{self.link_name} tag={self.pub_tag!r} "
-                f"outcome={self.outcome} settled={self.pub_settled} subs={len(self.subscribers)})")
+                f"outcome={self.outcome} settled={self.pub_settled} subs={self.owed_count()})")

@@ -41,7 +41,9 @@ from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.network import (
     Network, announcement_from, announcement_message, link_state_from, link_state_message, snapshot_from,
 )
-from router.core.records import DeliveryRecord, RouterState, SubscriberState
+from router.core.records import (
+    ANSWER_ACCEPTED, ANSWER_DONE, ANSWER_UNSENT, DeliveryRecord, Roster, RouterState, SubscriberState,
+)
 from router.core.resumption import ResumptionMixin, _split_key, reported_unsettled
 from router.core.settings import CoreSettings
 
@@ -157,6 +159,9 @@ class RouterCore(ResumptionMixin):
         self.link_conn: dict[int, int] = {}
         self._incarnations = count(1)
         self._order = count(1)
+        # Counts sends to subscribers (all copies of one distribution share a value).
+        # A copy's SubscriberState.sent is its value; the evidence rule compares them.
+        self._send_counter = 0
         self._timers: list = []  # heap of (deadline, seq, kind, object)
         self._timer_seq = count()
         self.net = Network(settings.router_id, epoch, boot_id)
@@ -218,8 +223,8 @@ class RouterCore(ResumptionMixin):
         building the events: the adapter's call for the accepted dispositions it read
         in one go (one per subscriber copy, the most frequent event of exactly-once at
         K > 1). The commands are appended to ``out``: the same as those calls would
-        give, except that consecutive sub-outcome lines of one subscriber come as one
-        ``SubOutcomes``. On an exception ``out`` holds the commands of the items before
+        give, except that consecutive sub-outcome lines of one subscriber on compact
+        records (the usual path) come as one ``SubOutcomes``. On an exception ``out`` holds the commands of the items before
         it (the caller still executes them)."""
         subscribers = self.subscribers
         records = self.records
@@ -237,30 +242,35 @@ class RouterCore(ResumptionMixin):
             if record is None:
                 continue
             key = sub.key
-            state = record.subscribers.get(key)
-            if state is None:
+            answers = record.answers
+            if answers is None:
+                # Expanded (records.py): an unusual record, the general path.
+                state = record.subscribers.get(key)
+                if state is not None:
+                    self._on_accepted(sub, record, state, settled, now, out)
+                    run = None  # what it appended comes after the run
                 continue
-            # _on_accepted for its usual case, inlined: the first answer of this
-            # subscriber, others still to answer, local subscribers only, its
+            i = record.roster.index.get(key)
+            if i is None:
+                continue
+            # _on_accepted_compact for its usual case, inlined: the first answer of
+            # this subscriber, others still to answer, local subscribers only, its
             # publisher attached, no settlement evidence due. Its only consequence is
             # the sub-outcome line.
-            if state.outcome is None and record.waiting > 1 and not record.targeted \
+            if not answers[i] and record.waiting > 1 and not record.targeted \
                     and record.outcome is None and not record.remote_routers and not record.moved \
-                    and record.origin_router is None and record.pub_delivery is not None:
-                sent = state.sent
-                if not (sent and sub.awaiting_evidence and sub.awaiting_evidence[0][0] < sent):
-                    state.outcome = OUTCOME_ACCEPTED
-                    record.waiting -= 1
-                    if settled:  # (known_settled waits: its publisher has not settled, it is attached)
-                        state.remote_settled = True
-                    if run is not None and run.subscriber == key and run.settled is settled:
-                        run.deliveries.append(record.delivery_id)
-                    else:
-                        run = _new(SubOutcomes, ([record.delivery_id], key, "accepted", settled))
-                        out.append(run)
-                    continue
-            self._on_accepted(sub, record, state, settled, now, out)
-            run = None  # what it appended comes after the run
+                    and record.origin_router is None and record.pub_delivery is not None \
+                    and not (sub.awaiting_evidence and sub.awaiting_evidence[0][0] < record.sent_at):
+                answers[i] = ANSWER_DONE if settled else ANSWER_ACCEPTED
+                record.waiting -= 1
+                if run is not None and run.subscriber == key and run.settled is settled:
+                    run.deliveries.append(record.delivery_id)
+                else:
+                    run = _new(SubOutcomes, ([record.delivery_id], key, "accepted", settled))
+                    out.append(run)
+                continue
+            self._on_accepted_compact(sub, record, i, settled, now, out)
+            run = None
         if self.draining and not self._shutdown_done:
             self._maybe_finish_shutdown(now, out)
 
@@ -355,6 +365,7 @@ class RouterCore(ResumptionMixin):
             sub = None
         resumed = sub is not None
         topic = self._topic(address)
+        topic.roster = None  # a subscription comes, or changes link or settle mode
         if sub is None:
             sub = Subscription(key, ev.container_id, ev.name, address)
             self.subscriptions[key] = sub
@@ -367,7 +378,6 @@ class RouterCore(ResumptionMixin):
         sub.credit = 0
         sub.drain = False
         sub.expires_at = None
-        sub.send_counter = 0
         sub.awaiting_evidence.clear()
         self.subscribers[ev.link_id] = sub
         announcement = self.net.announcer.attached(address, ev.container_id, ev.name, durable=sub.durable,
@@ -508,6 +518,9 @@ class RouterCore(ResumptionMixin):
         sub.link_id = None
         sub.conn_id = None
         sub.credit = 0
+        topic = self.topics.get(sub.topic)
+        if topic is not None:
+            topic.roster = None
         out.append(Log("link-detached", {"link": link_id, "container": sub.container_id, "name": sub.name,
                                          "role": SUBSCRIBER, "closed": closed, "reason": reason}))
         self._awaiting_acks.pop(sub.key, None)
@@ -539,6 +552,7 @@ class RouterCore(ResumptionMixin):
         self.subscriptions.pop(sub.key, None)
         topic = self.topics[sub.topic]
         topic.subscriptions.pop(sub.key, None)
+        topic.roster = None
         sub.queue.clear()
         sub.awaiting_evidence.clear()
         if sub.announced:  # a retained (durable, detached) subscription ends now
@@ -658,9 +672,8 @@ class RouterCore(ResumptionMixin):
                                 expires_at, reuse)
         if resent:
             record.resent = True
-        states = record.subscribers
-        sent_to, best_effort = self._distribute(record, topic, out)
-        record.waiting = len(states)  # every owed subscriber is yet to answer
+        owed, sent_to, best_effort = self._distribute(record, topic, out)
+        record.waiting = len(owed)  # every owed subscriber is yet to answer
         routers = None
         interested = self.net._interest.get(topic.name)  # Network.interested_routers' cache, read inline
         if interested is None:
@@ -675,7 +688,7 @@ class RouterCore(ResumptionMixin):
         out.append(_new(Log, ("received", {
             "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
             "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
-            "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": list(states),
+            "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": owed,
             "forwarded": sent_to, "routers": routers})))
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record
@@ -689,7 +702,7 @@ class RouterCore(ResumptionMixin):
             if sub.placeholders:
                 self._after_distribute_to_resumed(record, topic, now, out)
                 break
-        if not states and not routers and not record.moved:
+        if not owed and not routers and not record.moved:
             self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
                                    now, out)
         elif expires_at is not None:
@@ -708,31 +721,39 @@ class RouterCore(ResumptionMixin):
                                        "condition": None,
                                        "reason": "resent after it was finished and settled; outcome remembered"}))
 
-    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list) -> tuple[list, bool]:
+    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list) -> tuple[list, list, bool]:
         """Owe ``record`` to the topic's subscriptions and send it to those that can
-        take it now. Returns (keys sent to, whether best-effort subscribers exist)."""
-        states = record.subscribers
+        take it now; the others get it from their queue, or on re-attach. The record
+        is compact (records.py): it shares the topic's roster and holds one answer
+        byte per subscriber. Returns (keys owed, keys sent to, whether best-effort
+        subscribers exist); the lists are shared: never change them."""
+        roster = topic.roster
+        if roster is None:
+            roster = topic.roster = Roster(sub for sub in topic.subscriptions.values() if not sub.best_effort)
+        subs = roster.subs
+        answers = bytearray(len(subs))
+        record.roster = roster
+        record.answers = answers
+        record.sent_at = self._send_counter = self._send_counter + 1
         tag = record.tag
         payload = record.payload
-        sent_to = []
-        best_effort = False
-        for key, sub in topic.subscriptions.items():
-            if sub.best_effort:
-                best_effort = True
-                continue
-            state = states[key] = SubscriberState()
+        unsent = False
+        for i, sub in enumerate(subs):
             link_id = sub.link_id
-            if link_id is None:
-                continue  # durable, detached: it gets the record on re-attach
-            if sub.credit > 0 and sub.ready and not sub.queue and not sub.placeholders:
+            if link_id is not None and sub.credit > 0 and sub.ready and not sub.queue and not sub.placeholders:
                 sub.credit -= 1
-                state.sent = sub.send_counter = sub.send_counter + 1
-                state.link = link_id
                 out.append(_new(Forward, (link_id, tag, payload, False)))
-                sent_to.append(key)
             else:
-                sub.queue.append(record)
-        return sent_to, best_effort
+                answers[i] = ANSWER_UNSENT
+                unsent = True
+                if link_id is not None:
+                    sub.queue.append(record)
+                # else: durable, detached: it gets the record on re-attach
+        keys = roster.keys
+        best_effort = len(subs) != len(topic.subscriptions)
+        if not unsent:
+            return keys, keys, best_effort
+        return keys, [key for key, answer in zip(keys, answers) if not answer], best_effort
 
     def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list) -> None:
         """Pre-settled copies for at-most-once subscribers that have credit now."""
@@ -822,7 +843,7 @@ class RouterCore(ResumptionMixin):
 
     def _send(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, out: list) -> None:
         sub.credit -= 1
-        state.sent = sub.send_counter = sub.send_counter + 1
+        state.sent = self._send_counter = self._send_counter + 1
         state.link = sub.link_id
         state.remote_settled = False  # a new copy (a resend after a resume): not settled by it yet
         out.append(Forward(sub.link_id, record.tag, record.payload, False))
@@ -849,7 +870,7 @@ class RouterCore(ResumptionMixin):
             if record.pub_settled:  # a resumed subscriber's re-send, settled meanwhile
                 out.append(SettleOutgoing(sub.link_id, record.tag))
                 state.settle_relayed = True
-                sub.awaiting_evidence.append((sub.send_counter, record))
+                sub.awaiting_evidence.append((self._send_counter, record))
         if sub.drain and not queue and sub.credit > 0:
             sub.credit = 0
             sub.drain = False
@@ -873,11 +894,16 @@ class RouterCore(ResumptionMixin):
         if record is None:
             return  # pre-settled copy, or a record already retired
         key = sub.key
+        code = ev.outcome
+        settled = ev.settled
+        if code == ACCEPTED and record.answers is not None:
+            i = record.roster.index.get(key)
+            if i is not None:
+                self._on_accepted_compact(sub, record, i, settled, now, out)
+            return
         state = record.subscribers.get(key)
         if state is None:
             return
-        code = ev.outcome
-        settled = ev.settled
         if code == ACCEPTED:
             self._on_accepted(sub, record, state, settled, now, out)
             return
@@ -903,6 +929,32 @@ class RouterCore(ResumptionMixin):
             if record.pub_settled:
                 state.known_settled = True
         self._after_subscriber_outcome(record, key, now, out)
+
+    def _on_accepted_compact(self, sub: Subscription, record: DeliveryRecord, i: int, settled: bool,
+                             now: float, out: list) -> None:
+        """_on_accepted on a compact record, for the answer at ``i`` of its roster:
+        the usual case (the copy's first answer, local subscribers only, its publisher
+        attached, no settlement evidence due, the count kept) on its answer byte;
+        anything else on its SubscriberStates, which the record becomes for good."""
+        answers = record.answers
+        waiting = record.waiting
+        if answers[i] or waiting < 1 or record.targeted or record.outcome is not None or record.remote_routers \
+                or record.moved or record.origin_router is not None or record.pub_delivery is None \
+                or (sub.awaiting_evidence and sub.awaiting_evidence[0][0] < record.sent_at):
+            self._on_accepted(sub, record, record.subscribers[sub.key], settled, now, out)
+            return
+        answers[i] = ANSWER_DONE if settled else ANSWER_ACCEPTED
+        record.waiting = waiting = waiting - 1
+        if waiting:
+            out.append(_new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled)))
+            return
+        # The last answer, and (an outcome is only ever accepted in a compact record)
+        # all accepted: one "completed" line (docs/event-log.md), as in _on_accepted.
+        record.outcome = OUTCOME_ACCEPTED
+        fields = {"delivery": record.delivery_id, "subscriber": sub.key, "outcome": "accepted",
+                  "settled": settled, "pub_outcome": "accepted"}
+        out.append(_new(Log, ("completed", fields)))
+        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
 
     def _on_accepted(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool,
                      now: float, out: list) -> None:
@@ -1109,7 +1161,15 @@ class RouterCore(ResumptionMixin):
             record.outcome = Outcome(outcomes.RELEASED, description="settled by publisher before outcome")
         everyone_knows = True
         subscriptions = topic.subscriptions
-        for key, state in record.subscribers.items():
+        answers = record.answers
+        if answers is not None and answers == record.roster.all_done and not record.remote_routers \
+                and not record.moved:
+            # Compact, and every subscriber settled its copy itself: each knows it is
+            # settled, nothing to relay, and the record goes now (below).
+            states = ()
+        else:
+            states = record.subscribers.items()
+        for key, state in states:
             if state.remote_settled:
                 # It settled its copy itself (the adapter settled ours then: nothing
                 # to relay), or it got it on a link that is gone.
@@ -1119,7 +1179,7 @@ class RouterCore(ResumptionMixin):
             if state.sent and sub is not None and sub.link_id == state.link:
                 out.append(_new(SettleOutgoing, (sub.link_id, record.tag)))
                 state.settle_relayed = True
-                sub.awaiting_evidence.append((sub.send_counter, record))
+                sub.awaiting_evidence.append((self._send_counter, record))
                 everyone_knows = False
             elif state.resend and not state.sent and sub is not None and sub.link_id is not None:
                 # It resumed reporting this delivery, which it holds unsettled, and our
@@ -1681,12 +1741,12 @@ class RouterCore(ResumptionMixin):
                                 header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
                                 header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"), reuse)
         record.origin_router = origin
-        sent_to, best_effort = self._distribute(record, topic, out)
+        owed, sent_to, best_effort = self._distribute(record, topic, out)
         out.append(Log("received", {
             "delivery": record.delivery_id, "topic": topic_name, "publisher": record.publisher,
             "link_name": record.link_name, "pub_tag": header.get("ptag"), "incarnation": record.incarnation,
             "stream_seq": record.stream_seq, "size": len(ev.payload), "settled": False,
-            "owed": list(record.subscribers), "forwarded": sent_to, "origin_router": origin}))
+            "owed": owed, "forwarded": sent_to, "origin_router": origin}))
         self._saw_seq(record)
         self.records[tag] = record
         topic.records[record.order] = record

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import copy
+
 from proton import Message
 
 from router.core import outcomes
-from router.core.commands import Log, SubOutcome
+from router.core.commands import Log, SubOutcome, SubOutcomes
 from router.core.events import (
     DURABLE_NONE, PUBLISHER, RCV_FIRST, RCV_SECOND, SND_MIXED, SND_SETTLED, SUBSCRIBER, ConnectionLost,
     CreditChanged, LinkAttached, LinkDetached, MessageReceived, OutcomeReceived, PublisherSettled,
     ShutdownRequested, TimerFired,
 )
+from router.core.records import SubscriberState
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
+
+
+LOG_KINDS = (Log, SubOutcome, SubOutcomes)  # what the adapter writes to the event log
 
 
 def encode(body, **fields) -> bytes:
@@ -32,12 +38,20 @@ class Harness:
 
     def do(self, event) -> list:
         commands = self.core.handle(event, self.now)
-        self.logs.extend(c for c in commands if isinstance(c, (Log, SubOutcome)))
-        return [c for c in commands if not isinstance(c, (Log, SubOutcome))]
+        self.logs.extend(c for c in commands if isinstance(c, LOG_KINDS))
+        return [c for c in commands if not isinstance(c, LOG_KINDS)]
 
     def advance(self, seconds: float) -> list:
         self.now += seconds
         return self.do(TimerFired())
+
+    def accepted_batch(self, items: list) -> list:
+        """The adapter's call for accepted dispositions read in one go:
+        ``items`` = [link_id, tag, settled, ...]."""
+        out: list = []
+        self.core.accepted_batch(items, self.now, out)
+        self.logs.extend(c for c in out if isinstance(c, LOG_KINDS))
+        return [c for c in out if not isinstance(c, LOG_KINDS)]
 
     def attach_publisher(self, link, topic="t", name=None, container="pub", conn=None, settled=False,
                          properties=None, rcv_first=False):
@@ -88,3 +102,62 @@ def decode(payload: bytes) -> Message:
     message = Message()
     message.decode(payload)
     return message
+
+
+def one_by_one(commands) -> list:
+    """``commands`` with each SubOutcomes as the SubOutcome commands it stands for."""
+    flat = []
+    for command in commands:
+        flat.extend(command.each() if isinstance(command, SubOutcomes) else (command,))
+    return flat
+
+
+def record_states(core) -> dict:
+    """Every record's decisions and its subscribers' states, whatever form the record
+    keeps them in (a compact record is read without changing it)."""
+    result = {}
+    for tag, record in core.records.items():
+        states = record.expanded_states() if record.compact else record.subscribers
+        result[tag] = (record.outcome, record.waiting, record.pub_settled, record.payload is None,
+                       {key: tuple(getattr(state, name) for name in SubscriberState.__slots__)
+                        for key, state in states.items()})
+    return result
+
+
+class TwinHarness(Harness):
+    """A Harness whose every step also runs on a twin core that turns each of its
+    records into SubscriberStates after every step (``record.subscribers``), so the
+    twin decides on the general path what the first core decides on its compact
+    records' path. The two must give the same commands and the same states."""
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        self.twin = RouterCore(self.core.settings, boot_id="b00t", epoch=1)
+        self.compact_steps = 0  # steps after which the first core held a compact record
+
+    def _twin_step(self, commands: list, twin_commands: list) -> None:
+        for record in self.twin.records.values():
+            record.subscribers  # expand it: the twin's records leave the compact form
+        # A run of accepted answers is one SubOutcomes on the compact path and one
+        # SubOutcome each on the general one: the same log lines.
+        assert one_by_one(twin_commands) == one_by_one(commands), \
+            "the compact path decided otherwise than the general path"
+        assert record_states(self.twin) == record_states(self.core)
+        if any(record.compact for record in self.core.records.values()):
+            self.compact_steps += 1
+
+    def do(self, event) -> list:
+        twin_event = copy.deepcopy(event)
+        commands = self.core.handle(event, self.now)
+        self._twin_step(commands, self.twin.handle(twin_event, self.now))
+        self.logs.extend(c for c in commands if isinstance(c, LOG_KINDS))
+        return [c for c in commands if not isinstance(c, LOG_KINDS)]
+
+    def accepted_batch(self, items: list) -> list:
+        out: list = []
+        twin_out: list = []
+        self.core.accepted_batch(list(items), self.now, out)
+        self.twin.accepted_batch(list(items), self.now, twin_out)
+        self._twin_step(out, twin_out)
+        self.logs.extend(c for c in out if isinstance(c, LOG_KINDS))
+        return [c for c in out if not isinstance(c, LOG_KINDS)]

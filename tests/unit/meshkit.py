@@ -9,6 +9,7 @@ flight on a cut link are lost, as on a real connection.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import deque
 
@@ -23,14 +24,19 @@ from router.core.events import (
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
 
-from corekit import encode
+from corekit import encode, record_states
 
 
 class Mesh:
-    def __init__(self, names, links=(), **settings):
+    def __init__(self, names, links=(), twins=False, **settings):
+        """``twins``: each core has a twin fed the same events whose records are
+        expanded to SubscriberStates after every step (corekit.TwinHarness): it must
+        give the same commands and states."""
         self.now = 1000.0
         self.cores = {n: RouterCore(CoreSettings(router_id=n, **settings), boot_id=f"boot-{n}", epoch=1)
                       for n in names}
+        self.twins = {n: RouterCore(core.settings, boot_id=core.boot_id, epoch=1)
+                      for n, core in self.cores.items()} if twins else {}
         self.inflight: deque = deque()
         self.links: dict[frozenset, int] = {}
         self.client: dict[str, list] = {n: [] for n in names}
@@ -45,7 +51,15 @@ class Mesh:
     # ------------------------------------------------------------ plumbing
 
     def feed(self, name, event):
+        twin = self.twins.get(name)
+        twin_event = copy.deepcopy(event) if twin is not None else None
         commands = self.cores[name].handle(event, self.now)
+        if twin is not None:
+            twin_commands = twin.handle(twin_event, self.now)
+            for record in twin.records.values():
+                record.subscribers  # expand it
+            assert twin_commands == commands, f"{name}: the compact path decided otherwise"
+            assert record_states(twin) == record_states(self.cores[name]), name
         for c in commands:
             if isinstance(c, SendControl):
                 wire = orjson.loads(orjson.dumps(c.message))

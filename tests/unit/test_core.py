@@ -20,7 +20,7 @@ from router.core.events import (
 from router.core.message import read_origin
 from router.core.router import INCARNATION_PROPERTY
 
-from corekit import Harness, decode, encode
+from corekit import Harness, decode, encode, one_by_one
 
 INCARNATION_1 = "b00t.1"
 
@@ -88,12 +88,34 @@ def test_accepted_only_after_every_subscriber_accepted():
     assert h.answer(4, tag) == [SendOutcome(delivery, outcomes.ACCEPTED)]
 
 
-def _one_by_one(commands) -> list:
-    """Commands with every SubOutcomes as the SubOutcome commands it stands for."""
-    flat = []
-    for c in commands:
-        flat.extend(c.each() if isinstance(c, SubOutcomes) else [c])
-    return flat
+def test_the_usual_path_keeps_records_compact_until_they_go():
+    """Every subscriber accepts and settles, one by one and in the adapter's batches:
+    no record is ever expanded to SubscriberStates (records.py, the compact form)."""
+    h = Harness()
+    h.attach_publisher(1, rcv_first=True)
+    for link in (2, 3, 4):
+        h.attach_subscriber(link)
+        h.credit(link, 10)
+    deliveries = {}
+    for n in (b"1", b"2", b"3"):
+        delivery, commands = h.publish(1, n)
+        assert [c.link_id for c in forwarded(commands)] == [2, 3, 4]
+        deliveries[stream_tag(n)] = delivery
+    t1, t2, t3 = deliveries
+
+    def all_compact():
+        return all(r.compact and r._states is None for r in h.core.records.values())
+
+    assert h.core.record_count() == 3 and all_compact()
+    assert h.answer(2, t1) == [] and all_compact()
+    assert h.accepted_batch([3, t1, True, 3, t2, True, 2, t2, True, 2, t3, True]) == [] and all_compact()
+    assert h.accepted_batch([4, t2, True, 4, t1, True]) == [
+        SendOutcome(deliveries[t2], outcomes.ACCEPTED, True), SendOutcome(deliveries[t1], outcomes.ACCEPTED, True)]
+    assert h.core.record_count() == 1 and all_compact()
+    assert h.answer(3, t3) == [] and h.answer(4, t3) == [SendOutcome(deliveries[t3], outcomes.ACCEPTED, True)]
+    assert h.core.record_count() == 0
+    assert h.log_kinds()[-7:] == ["sub-outcome", "sub-outcomes", "sub-outcomes", "completed", "completed",
+                                  "sub-outcome", "completed"]
 
 
 def _accepted_batch_against_events(steps, cuts, pub_settled_first=(), rcv_first=True):
@@ -131,7 +153,7 @@ def _accepted_batch_against_events(steps, cuts, pub_settled_first=(), rcv_first=
         results.append((commands, _core_state(h.core)))
     (events, events_state), (batched, batched_state) = results
     assert batched_state == events_state
-    return events, _one_by_one(batched), batched
+    return events, one_by_one(batched), batched
 
 
 def _core_state(core) -> dict:
@@ -188,8 +210,15 @@ def test_one_release_among_accepts_gives_released():
         h.credit(link, 5)
     delivery, _ = h.publish(1, b"1")
     tag = stream_tag(b"1")
-    h.answer(2, tag)
+    (record,) = h.core.records.values()
+    assert h.answer(2, tag, settled=False) == [] and record.compact  # accepted, unsettled: still compact
     assert h.answer(3, tag, outcomes.RELEASED) == [SendOutcome(delivery, outcomes.RELEASED)]
+    # Anything but an accept turns the record into SubscriberStates, with what the bytes said.
+    assert not record.compact
+    assert {k: (s.outcome.code, s.remote_settled) for k, s in record.subscribers.items()} == {
+        "sub/s2": (outcomes.ACCEPTED, False), "sub/s3": (outcomes.RELEASED, True)}
+    # The publisher settles: sub/s2 did not settle its copy, so the settlement is relayed to it.
+    assert h.settle(1, delivery) == [SettleOutgoing(2, tag)]
 
 
 def test_rejection_wins_and_carries_its_condition():

@@ -4,6 +4,9 @@ Two publishers and three subscriptions on one topic (a plain one, a durable one
 that detaches and re-attaches, and one with rcv-settle-mode=second). Hypothesis
 interleaves publishing, credit, answers, settlement, detaches and time; the
 invariants are checked after every step and a final drain must leave no record.
+Every step also runs on a twin core whose records are expanded to SubscriberStates
+(corekit.TwinHarness): the compact records' path must decide exactly as the general
+one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from router.core import outcomes
 from router.core.commands import Forward, SendOutcome, SettleOutgoing
 from router.core.events import DURABLE_UNSETTLED_STATE, MessageReceived
 
-from corekit import Harness, encode
+from corekit import TwinHarness, encode
 
 PUBLISHERS = (1, 2)
 PLAIN, DURABLE, SECOND = "plain", "durable", "second"
@@ -25,7 +28,7 @@ PLAIN, DURABLE, SECOND = "plain", "durable", "second"
 class CoreHistory(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.h = Harness(max_in_flight_per_topic=8, publisher_credit_window=4, record_linger=1.0)
+        self.h = TwinHarness(max_in_flight_per_topic=8, publisher_credit_window=4, record_linger=1.0)
         self.next_link = 10
         self.links: dict[str, int | None] = {}
         self.credit = {p: 0 for p in PUBLISHERS}
@@ -118,6 +121,23 @@ class CoreHistory(RuleBasedStateMachine):
         tag = pending.pop(min(pick, len(pending) - 1))
         self.answers[(tag, role)] = code
         self._run(self.h.answer(link, tag, code, settled=role != SECOND))
+
+    @rule(role=st.sampled_from((PLAIN, DURABLE, SECOND)), n=st.integers(1, 4), repeat=st.booleans())
+    def accepts_in_one_go(self, role, n, repeat):
+        """The adapter's batch of accepted dispositions (RouterCore.accepted_batch),
+        oldest first; ``repeat``: the last one comes twice (a repeated frame)."""
+        link = self.links[role]
+        pending = self.unanswered[role]
+        if link is None or not pending:
+            return
+        taken, self.unanswered[role] = pending[:n], pending[n:]
+        if repeat:
+            taken.append(taken[-1])
+        items = []
+        for tag in taken:
+            self.answers[(tag, role)] = outcomes.ACCEPTED
+            items += [link, tag, role != SECOND]
+        self._run(self.h.accepted_batch(items))
 
     @rule(pick=st.integers(0, 3))
     def publisher_settles(self, pick):

@@ -59,7 +59,7 @@ def deliver_one(mesh, pick, duplicate=False):
 @given(st.sampled_from(sorted(TOPOLOGIES)), st.data(), steps)
 def test_exactly_once_in_order_under_drops_and_duplicates(topology, data, plan):
     names, links = TOPOLOGIES[topology]
-    mesh = Mesh(names, links, record_linger=1.0)
+    mesh = Mesh(names, links, twins=True, record_linger=1.0)
     where = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True), label="subs")
     # Durable: a router cut off from the others counts as dead until it is back, and
     # what the network owes is owed to durable subscribers (docs/resumption.md).
