@@ -10,7 +10,7 @@ both modes (the best of ``--repeat`` runs, alternating) and what an exactly-once
 adds over a best-effort one.
 
 What it is for: splitting the router's exactly-once cost between the core and the
-adapter (docs/benchmarks.md, "Where K=16 stands"). ``--in-flight`` shows what the
+adapter (docs/benchmarks.md, "Compact records"). ``--in-flight`` shows what the
 copies held in flight cost in cache misses: the same work with 20 messages in flight
 runs hot. Timings on a shared VM vary; compare numbers from one invocation.
 """

@@ -175,6 +175,10 @@ class DeliveryRecord:
             self.roster = None
         return states
 
+    def owe_no_subscriber(self) -> None:
+        """Owed to no subscriber here: the (empty) expanded form from the start."""
+        self._states = {}
+
     def expanded_states(self) -> dict[str, SubscriberState]:
         """The compact form as new SubscriberStates (an empty map when the record is
         not compact), leaving the record as it is."""

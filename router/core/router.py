@@ -731,6 +731,12 @@ class RouterCore(ResumptionMixin):
         if roster is None:
             roster = topic.roster = Roster(sub for sub in topic.subscriptions.values() if not sub.best_effort)
         subs = roster.subs
+        if not subs:
+            # Owed to nobody here (a router that only relays or originates it, or only
+            # best-effort subscribers): an empty map from the start costs less than
+            # a compact record that would be expanded at its first look.
+            record.owe_no_subscriber()
+            return roster.keys, roster.keys, bool(topic.subscriptions)
         answers = bytearray(len(subs))
         record.roster = roster
         record.answers = answers
@@ -1040,21 +1046,22 @@ class RouterCore(ResumptionMixin):
         router addressed a copy to: they answer that router individually), interested
         remote routers, and subscribers that moved away from a dead router."""
         targeted = record.targeted
+        states = record.subscribers
         if not targeted and not record.remote_routers and not record.moved:
             # The usual case, the same rule with less to look at: local subscribers only.
-            for state in record.subscribers.values():
+            for state in states.values():
                 outcome = state.outcome
                 if outcome is None:
                     return
                 if outcome is not OUTCOME_ACCEPTED:
                     break
             else:
-                if record.subscribers:
+                if states:
                     self._answer_publisher(record, OUTCOME_ACCEPTED, now, out)
                     return
         all_accepted = True
         answered = 0
-        for key, state in record.subscribers.items():
+        for key, state in states.items():
             if targeted and key in targeted:
                 continue
             outcome = state.outcome

@@ -116,4 +116,7 @@ def test_a_record_never_distributed_owes_nobody():
     r = _record()
     assert not r.compact and r.expanded_states() == {} and r.owed_count() == 0
     assert r.subscribers == {} and r.every_receiver_knows_settled()
+    relay = _record(b"r")
+    relay.owe_no_subscriber()  # a router that only relays it: the empty map from the start
+    assert not relay.compact and relay.subscribers == {} and relay.owed_count() == 0
     assert ANSWER_ACCEPTED & ANSWER_DONE and not ANSWER_UNSENT & ANSWER_DONE
