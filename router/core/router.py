@@ -224,8 +224,8 @@ class RouterCore(ResumptionMixin):
         in one go (one per subscriber copy, the most frequent event of exactly-once at
         K > 1). The commands are appended to ``out``: the same as those calls would
         give, except that consecutive sub-outcome lines of one subscriber on compact
-        records (the usual path) come as one ``SubOutcomes``. On an exception ``out`` holds the commands of the items before
-        it (the caller still executes them)."""
+        records (the usual path) come as one ``SubOutcomes``. On an exception ``out``
+        holds the commands of the items before it (the caller still executes them)."""
         subscribers = self.subscribers
         records = self.records
         run = None  # the SubOutcomes at the end of ``out``, while nothing came after it
