@@ -38,6 +38,9 @@ class Outcome(NamedTuple):
 
 OUTCOME_ACCEPTED = Outcome(ACCEPTED)
 OUTCOME_RELEASED = Outcome(RELEASED)
+# What a router owed nothing answers for a copy it was sent ("none" on the wire):
+# it takes no part in the outcome, but holds a record until the settlement.
+OUTCOME_NOT_OWED = Outcome(NONE)
 
 # Which outcome wins when subscribers disagree: the publisher hears the most
 # severe one. Rejected means "this message is bad for someone, do not resend it

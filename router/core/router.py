@@ -37,7 +37,7 @@ from router.core.events import (
 )
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, OriginTemplate, splice_origin
-from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
+from router.core.outcomes import OUTCOME_ACCEPTED, OUTCOME_NOT_OWED, Outcome
 from router.core.network import (
     Network, announcement_from, announcement_message, link_state_from, link_state_message, snapshot_from,
 )
@@ -1074,6 +1074,8 @@ class RouterCore(ResumptionMixin):
             outcome = state.outcome
             if outcome is None:
                 return
+            if outcome is OUTCOME_NOT_OWED:
+                continue
             answered += 1
             if outcome is not OUTCOME_ACCEPTED:
                 all_accepted = False
@@ -1091,7 +1093,7 @@ class RouterCore(ResumptionMixin):
         else:
             outcome = outcomes.aggregate(
                 [s.outcome for k, s in record.subscribers.items() if k not in targeted]
-                + [s.outcome for s in record.remote_routers.values()]
+                + [s.outcome for s in record.remote_routers.values() if s.outcome is not OUTCOME_NOT_OWED]
                 + [s.outcome for s in record.moved.values()])
         self._answer_publisher(record, outcome, now, out)
 
@@ -1600,7 +1602,14 @@ class RouterCore(ResumptionMixin):
 
     def _membership_changed(self, changes, now: float, out: list) -> None:
         """A router no longer holding any subscription to a topic stops being owed
-        that topic's deliveries (as a local non-durable subscriber that left)."""
+        that topic's deliveries (as a local non-durable subscriber that left), but
+        only those we never sent it. A copy it was sent, it answers itself: with its
+        subscribers' outcomes when they answered before leaving, or "none". The news
+        that it has nobody left travels on other paths than its answers (flooded
+        through every neighbour, while answers go along the best path), so it can
+        arrive first: acting on it would discard answers in flight
+        and tell the publisher "released" for what was accepted (issue 14). A router
+        that becomes unreachable is not waited for (_router_lost)."""
         self.net.membership_changed()
         self._expire_moved(changes, now, out)
         for change in changes:
@@ -1626,7 +1635,7 @@ class RouterCore(ResumptionMixin):
                 continue
             for record in list(topic.records.values()):
                 state = record.remote_routers.get(router_id)
-                if state is not None and state.outcome is None:
+                if state is not None and state.outcome is None and not state.sent:
                     del record.remote_routers[router_id]
                     if record.outcome is None:
                         self._maybe_answer_publisher(record, now, out)
@@ -1793,7 +1802,10 @@ class RouterCore(ResumptionMixin):
                 self._route_control(sender, self._settle_message(record.tag, self._final_outcome(record)), out)
             return
         if code == outcomes.NONE:
-            del record.remote_routers[sender]  # nobody there was owed it
+            # Nobody there was owed it. It takes no part in the outcome; but if it
+            # holds a record (it lost its subscribers after the copy came), only our
+            # settlement ends that record: it stays one of the routers we settle.
+            state.outcome = OUTCOME_NOT_OWED
         elif code == outcomes.ACCEPTED:
             state.outcome = OUTCOME_ACCEPTED
         elif code in outcomes.TERMINAL:

@@ -91,6 +91,24 @@ class Mesh:
             steps += 1
             assert steps < limit, "the mesh does not quiesce"
 
+    def deliver_from(self, source, target, count=1):
+        """Deliver the oldest ``count`` messages in flight from ``source`` to ``target``
+        (one link's queue, in its order) and nothing else: a test's way to make one
+        path win a race against another."""
+        for _ in range(count):
+            for index, (pair, conn, to, event) in enumerate(self.inflight):
+                if to == target and event.router_id == source:
+                    del self.inflight[index]
+                    if self.links.get(pair) == conn:
+                        self.feed(target, event)
+                    break
+            else:
+                raise AssertionError(f"nothing in flight from {source} to {target}")
+
+    def in_flight(self, source, target):
+        """The messages in flight from ``source`` to ``target``, oldest first."""
+        return [event for _, _, to, event in self.inflight if to == target and event.router_id == source]
+
     def connect(self, a, b):
         conn = next(self._conn)
         self.links[frozenset((a, b))] = conn

@@ -6,6 +6,7 @@ import pytest
 
 from router.core import outcomes
 from router.core.commands import SendOutcome, SettleOutgoing
+from router.core.events import ConnectionLost, MessageReceived, OutcomeReceived
 
 from corekit import encode
 from meshkit import Mesh
@@ -242,3 +243,48 @@ def test_a_presettled_delivery_reaches_subscribers_on_other_routers_best_effort(
         (copy,) = mesh.forwarded(r, subs[r])
         assert copy.settled, f"a pre-settled copy at {r}"
     assert all(core.record_count() == 0 for core in mesh.cores.values()), "nothing recorded, nothing owed"
+
+
+def test_an_answer_given_before_the_subscriber_left_counts_when_the_news_of_leaving_wins_the_race():
+    """A, B, C each linked to the other two (issue 14). The only subscriber, on C,
+    accepts every message and its connection closes at once: C answers A for each
+    delivery, then floods that it has no subscriber left. The flood reaches A
+    through B before C's own transfer to A (another connection, read first on a busy
+    router). A must still count C's answers: they were given before the subscriber
+    left, and the publisher must hear "accepted", not "released"."""
+    mesh = Mesh("ABC", [("A", "B"), ("A", "C"), ("B", "C")])
+    sub = mesh.subscriber("C", "sc")
+    pub = mesh.publisher("A")
+    deliveries = [mesh.publish("A", pub, str(n).encode()) for n in range(1, 11)]
+    copies = mesh.forwarded("C", sub)
+    assert len(copies) == 10
+    for copy in copies:  # one read: ten accepted dispositions, then the close
+        mesh.feed("C", OutcomeReceived(sub, copy.tag, outcomes.ACCEPTED, True))
+    mesh.feed("C", ConnectionLost(sub))
+    assert [m["t"] for e in mesh.in_flight("C", "A") for m in e.messages].count("outcome") == 10
+    mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))  # B hears C has nobody left...
+    mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))  # ...and tells A first
+    assert all(mesh.outcomes_for("A", d) == [] for d in deliveries), "C's answers are on their way"
+    mesh.settle()
+    assert [[c.outcome for c in mesh.outcomes_for("A", d)] for d in deliveries] == [[outcomes.ACCEPTED]] * 10
+    for d in deliveries:
+        mesh.settle_publisher("A", pub, d)
+    mesh.advance(60.0)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
+def test_a_router_that_lost_its_subscriber_before_the_copy_arrived_answers_none():
+    """The other side of the same race: C's subscriber left before A's copy reached
+    C. A keeps waiting for C (the copy was sent), and C, owing it to nobody, answers
+    "none": the publisher hears released, as with no subscriber anywhere."""
+    mesh = Mesh("ABC", [("A", "B"), ("A", "C"), ("B", "C")])
+    sub = mesh.subscriber("C", "sc")
+    pub = mesh.publisher("A")
+    mesh.feed("A", MessageReceived(pub, 1, b"1", encode("m"), False))
+    mesh.feed("C", ConnectionLost(sub))  # before A's copy arrives
+    mesh.settle()
+    assert mesh.forwarded("C", sub) == []
+    assert [c.outcome for c in mesh.outcomes_for("A", 1)] == [outcomes.RELEASED]
+    mesh.settle_publisher("A", pub, 1)
+    mesh.advance(60.0)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from router.core import outcomes
 from router.core.commands import Forward, SendOutcome
-from router.core.events import MessageReceived
+from router.core.events import (
+    SUBSCRIBER, ConnectionLost, CreditChanged, LinkAttached, LinkDetached, MessageReceived, OutcomeReceived,
+)
 
 from corekit import decode, encode
 from meshkit import Mesh
@@ -128,5 +130,130 @@ def test_exactly_once_in_order_under_drops_and_duplicates(topology, data, plan):
         if not first[p]:
             mesh.settle_publisher(router, link, delivery)
     mesh.advance(6.0)
+    for name, core in mesh.cores.items():
+        assert core.record_count() == 0, (name, list(core.records.values())[:3])
+
+
+# ---------------------------------------------------------------- subscribers that leave
+
+TRIANGLE = ("ABC", [("A", "B"), ("A", "C"), ("B", "C")])
+
+leaving_steps = st.lists(st.one_of(
+    st.tuples(st.just("publish"), st.integers(0, 1)),
+    st.tuples(st.just("deliver"), st.integers(0, 50)),
+    st.tuples(st.just("accept"), st.integers(0, 10)),
+    st.tuples(st.just("leave"), st.integers(0, 10)),
+    st.tuples(st.just("join"), st.integers(0, 10)),
+), min_size=5, max_size=80)
+
+
+def deliver_one_kind(mesh, pick):
+    """Deliver the head of one queue: per link, direction and kind (control or data,
+    which are separate AMQP links on one connection: the adapter sends data as
+    credit allows and control at the end of a loop iteration, so either may go
+    first), a random one."""
+    if not mesh.inflight:
+        return
+    heads = {}
+    for index, item in enumerate(mesh.inflight):
+        heads.setdefault((item[0], item[2], type(item[3])), index)
+    index = sorted(heads.values())[pick % len(heads)]
+    pair, conn, target, event = mesh.inflight[index]
+    del mesh.inflight[index]
+    if mesh.links.get(pair) == conn:
+        mesh.feed(target, event)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["line", "triangle"]), st.data(), leaving_steps)
+def test_answers_given_before_a_subscriber_left_always_count(topology, data, plan):
+    """Issue 14: non-durable subscribers accept some copies and leave (a closed link,
+    a lost connection) at any moment, new ones join, and the network's messages
+    arrive in any order the links allow. Every answer given before a subscriber left
+    counts: a delivery some subscriber accepted (and nobody refused: they all accept
+    here) is "accepted" for its publisher, never "released"; one nobody accepted is
+    "released"; no subscriber gets a delivery twice or out of publisher order; and
+    every record ends."""
+    names, links = TRIANGLE if topology == "triangle" else TOPOLOGIES["line"]
+    mesh = Mesh(names, links, twins=True, record_linger=1.0)
+    first = data.draw(st.booleans(), label="rcv-settle-mode first")
+    pubs = [("A", mesh.publisher("A", name="p0", rcv_first=first)),
+            (names[-1], mesh.publisher(names[-1], name="p1", rcv_first=first))]
+    subs = []  # [router, link, attached]
+    for router in data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3), label="subs"):
+        subs.append([router, mesh.subscriber(router, f"s{len(subs)}"), True])
+    next_link = iter(range(10_000, 20_000))
+    sent = {0: 0, 1: 0}
+    deliveries = {}
+    accepted_tags: set = set()  # tags some subscriber accepted
+    answered: set = set()  # (link, tag)
+
+    def accept_one(router, link):
+        for fwd in mesh.forwarded(router, link):
+            if (link, fwd.tag) not in answered:
+                answered.add((link, fwd.tag))
+                accepted_tags.add(fwd.tag)
+                mesh.feed(router, OutcomeReceived(link, fwd.tag, outcomes.ACCEPTED, True))
+                return True
+        return False
+
+    for action, arg in plan:
+        if action == "publish":
+            router, link = pubs[arg]
+            sent[arg] += 1
+            delivery = 1000 * (arg + 1) + sent[arg]
+            deliveries[delivery] = (router, link, arg)
+            mesh.feed(router, MessageReceived(link, delivery, str(sent[arg]).encode(),
+                                              encode(f"{arg}:{sent[arg]}"), False))
+        elif action == "deliver":
+            deliver_one_kind(mesh, arg)
+        elif action == "accept":
+            live = [s for s in subs if s[2]]
+            if live:
+                router, link, _ = live[arg % len(live)]
+                accept_one(router, link)
+        elif action == "leave":
+            live = [s for s in subs if s[2]]
+            if live:
+                sub = live[arg % len(live)]
+                sub[2] = False
+                mesh.feed(sub[0], LinkDetached(sub[1], True) if arg % 2 else ConnectionLost(sub[1]))
+        elif action == "join":
+            router = names[arg % len(names)]
+            link = next(next_link)
+            mesh.feed(router, LinkAttached(link, link, f"S-j{link}", f"j{link}", SUBSCRIBER, "t"))
+            mesh.feed(router, CreditChanged(link, 100))
+            subs.append([router, link, True])
+    # Let everything arrive; the subscribers still there accept what they hold.
+    for _ in range(10):
+        mesh.settle()
+        for router, link, attached in subs:
+            while attached and accept_one(router, link):
+                pass
+        mesh.settle()
+        mesh.advance(3.0)
+    for router, link, _ in subs:
+        copies = mesh.forwarded(router, link)
+        tags = [c.tag for c in copies]
+        assert len(tags) == len(set(tags)), f"duplicate delivery to {link} at {router}"
+        for p in (0, 1):
+            bodies = [decode(c.payload).body for c in copies]
+            seqs = [int(b.split(":")[1]) for b in bodies if b.startswith(f"{p}:")]
+            assert seqs == sorted(seqs), f"publisher {p} out of order at {router}: {seqs}"
+    tag_of = {}
+    for router, link, _ in subs:
+        for fwd in mesh.forwarded(router, link):
+            tag_of[decode(fwd.payload).body] = fwd.tag
+    for delivery, (router, link, p) in deliveries.items():
+        answers = mesh.outcomes_for(router, delivery)
+        assert len(answers) == 1, (delivery, answers)
+        tag = tag_of.get(f"{p}:{delivery % 1000}")
+        expected = outcomes.ACCEPTED if tag in accepted_tags else outcomes.RELEASED
+        assert answers[0].outcome == expected, (delivery, "accepted by a subscriber" if tag in accepted_tags
+                                                else "accepted by nobody", answers)
+        if not first:
+            mesh.settle_publisher(router, link, delivery)
+    mesh.advance(6.0)
+    mesh.advance(60.0)
     for name, core in mesh.cores.items():
         assert core.record_count() == 0, (name, list(core.records.values())[:3])
