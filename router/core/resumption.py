@@ -65,29 +65,41 @@ class ResumptionMixin:
         for record in [r for r in topic.records.values() if r.tag[:tags.STREAM_ID_SIZE] == pub.stream]:
             if record.pub_settled:
                 continue
+            # Before a takeover, which may answer: a record made from another origin's
+            # copy has no publisher link here (GONE), and would be settled for it.
+            record.pub_link = pub.link_id
             if record.origin_router is not None:
                 self._take_over(record, topic, now, out)
-            record.pub_link = pub.link_id
             if not incomplete and record.pub_tag not in reported:
                 # It does not hold it unsettled any more: it settled it.
                 self._settle_record(record, "publisher-resumed", now, out)
         if not incomplete:
             self._stream_resumed(pub.stream, reported, now, out)
-            # Routers holding this stream's deliveries from the dead origin may never
-            # hear that the publisher settled some: tell them what it still holds.
-            self._flood({"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.settings.router_id,
-                         "unsettled": sorted(t.hex() for t in reported)}, None, out)
+        # Routers holding this stream's deliveries from the old origin may never hear
+        # that the publisher settled some: tell them what it still holds. And every
+        # router must learn where the publisher is now, complete list or not: an old
+        # origin that outlived its link hands its records over, or the copies we send
+        # it would wait for its answer for ever (issue 16, part 3).
+        message = {"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.settings.router_id,
+                   "unsettled": sorted(t.hex() for t in reported)}
+        if incomplete:
+            message["incomplete"] = True
+        self._flood(message, None, out)
         return answer
 
     def _on_stream_resumed(self, message: dict, now: float, out: list) -> None:
-        """A publisher resumed elsewhere with its complete unsettled list: deliveries
-        of its stream we hold that it does not list, it settled."""
+        """A publisher resumed elsewhere: that router is the origin of its stream's
+        deliveries we still act as origin for. With its complete unsettled list, the
+        deliveries of its stream we hold that it does not list, it settled."""
         stream = bytes.fromhex(message["stream"])
         unsettled = {bytes.fromhex(t) for t in message.get("unsettled", ())}
         at = message["at"]
         if at == self.settings.router_id:
             return  # our own announcement, come back round a loop
-        self._stream_resumed(stream, unsettled, now, out)
+        # An incomplete list says where the publisher is, not what it settled.
+        complete = not message.get("incomplete")
+        if complete:
+            self._stream_resumed(stream, unsettled, now, out)
         for pub in [p for p in self.publishers.values() if p.stream == stream]:
             # Its link here still looks live, but the publisher already resumed at
             # ``at`` (we lost it before we noticed: a cut link, not a death). The
@@ -97,7 +109,7 @@ class ResumptionMixin:
         for record in list(self.records.values()):
             if record.tag[:tags.STREAM_ID_SIZE] != stream or record.pub_settled:
                 continue
-            if record.pub_tag not in unsettled:
+            if complete and record.pub_tag not in unsettled:
                 self._settle_record(record, "publisher-resumed", now, out)
             elif record.origin_router is None:
                 self._hand_origin_over(record, at, now, out)
@@ -177,13 +189,24 @@ class ResumptionMixin:
         the record (never forward it twice) and answer it if we can already."""
         if record.pub_delivery is not None:
             return False
+        if record.origin_router is not None and not record.pub_settled:
+            # A copy from its old origin that reached us after the publisher resumed
+            # here (still in flight, or resent on a route change before that router
+            # heard): the publisher is here, so we are its origin now.
+            record.pub_link = pub.link_id
+            self._take_over(record, self.topics[record.topic], now, out)
         record.pub_delivery = ev.delivery
         record.pub_link = pub.link_id
         self.by_delivery[ev.delivery] = record
         out.append(Log("resend-matched", {"delivery": record.delivery_id, "link": pub.link_id}))
         if record.pub_settled:
             # Settled on its behalf meanwhile: it hears the outcome, and we are done.
-            self._send_publisher_outcome(record, record.outcome or OUTCOME_ACCEPTED, out, settle=True)
+            # (Settled by another origin: the outcome that origin finished it with.)
+            outcome = record.outcome
+            final = self._final_outcome(record) if record.origin_router is not None else None
+            if final is not None:
+                outcome = OUTCOME_ACCEPTED if final == outcomes.ACCEPTED else Outcome(final)
+            self._send_publisher_outcome(record, outcome or OUTCOME_ACCEPTED, out, settle=True)
             self.by_delivery.pop(ev.delivery, None)
             record.pub_delivery = None
         elif record.outcome is not None:

@@ -612,8 +612,8 @@ class RouterCore(ResumptionMixin):
         resending = pub.resending
         if resending is not None and ptag in resending:
             resending.discard(ptag)
+            resent = True  # a resend of a delivery it reported unsettled: never a reuse
             if existing is None:
-                resent = True
                 final = self._settled_tags.outcome_of(tag)
                 if final is not None:
                     self._answer_finished_resend(tag, final, ev, out)
@@ -632,7 +632,8 @@ class RouterCore(ResumptionMixin):
                 return
             # No live publisher delivery (its link went: a resumed publisher resends it),
             # or settled on its behalf while it was away: a resend, never a new delivery.
-            if (existing.pub_delivery is None and (not existing.pub_settled or existing.pub_link != ev.link_id)
+            if (existing.pub_delivery is None
+                    and (resent or not existing.pub_settled or existing.pub_link != ev.link_id)
                     and self._resent_by_publisher(existing, pub, ev, now, out)):
                 self._refill_credit(topic, out)
                 return
@@ -1708,6 +1709,19 @@ class RouterCore(ResumptionMixin):
             # allows it): a new delivery, not a resend of the one we still linger on.
             self._delete(record, "tag-reused", out)
             record = None
+        if record is not None and record.origin_router is None and origin != self.settings.router_id \
+                and not targets:
+            # We took it from its publisher, which resumed at ``origin`` and resent it.
+            # Or, unsettled here, its copy overtook the "stream-resumed" news, which
+            # hands the record over when it comes (a copy alone cannot tell the new
+            # origin from a stale one: ours, to the router that took over from us).
+            if record.pub_settled:
+                # Finished and settled here, its record only lingering: as for a tag
+                # remembered settled (below), the resend gets the final outcome, or
+                # the new origin would wait for us for ever (issue 16, part 3).
+                self._route_control(report_to, self._settle_message(tag, self._final_outcome(record), True), out)
+                out.append(Log("dropped", {"delivery": record.delivery_id, "reason": "already settled here"}))
+            return
         if record is not None:
             if record.origin_router is not None and record.origin_router != origin and not targets:
                 record.origin_router = origin  # its publisher resumed at another router
@@ -1846,6 +1860,10 @@ class RouterCore(ResumptionMixin):
                 and record.pub_delivery is None and not record.pub_settled:
             # We still act as its origin, but its publisher is not here: it resumed
             # at another router, which finished and settled the delivery meanwhile.
+            # Its outcome is the one that router finished it with (what we remember,
+            # and tell a resend), not ours so far.
+            if final is not None:
+                record.outcome = OUTCOME_ACCEPTED if final == ACCEPTED else Outcome(final)
             self._settle_record(record, "settled-elsewhere", now, out)
         elif record is None and message.get("done"):
             self._placeholder_settled(tag, now, out)  # the answer to our "settled?"

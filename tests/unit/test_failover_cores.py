@@ -445,3 +445,35 @@ def test_takeover_owes_the_dead_origins_own_subscribers(subscriber_first):
     assert mesh.outcomes_for("B", delivery) == []
     mesh.answer("B", sa, copies[0].tag)
     assert [c.outcome for c in mesh.outcomes_for("B", delivery)] == [outcomes.ACCEPTED]
+
+
+# ------------------------------------------------------------------ a resend while the record lingers
+
+
+@pytest.mark.parametrize("linger", [30.0, 0.5], ids=["record-lingering", "record-forgotten"])
+def test_a_resend_reaching_the_origin_while_its_settled_record_lingers_is_answered(linger):
+    """Issue 16, part 3: the subscriber is on A with the publisher; A finished #1 and
+    settled it (rcv-settle-mode first) as the publisher's connection was cut, so the
+    publisher never heard. It resumes at B and resends #1; B, which never saw it,
+    forwards it to A. A still holds its settled record (it lingers) or only the tag:
+    either way A must answer B with the outcome it finished #1 with, or the
+    publisher's resend never completes."""
+    mesh = Mesh(*TRIANGLE, record_linger=linger)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    d = mesh.publish("A", pub, b"1", payload=payload)
+    (copy,) = mesh.forwarded("A", sub)
+    mesh.answer("A", sub, copy.tag, settled=False)  # rcv-settle-mode second: A relays the settlement
+    assert mesh.outcomes_for("A", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
+    mesh.advance(1.0)
+    assert mesh.cores["A"].record_count() == (1 if linger > 1.0 else 0)
+    mesh.detach("A", pub)
+    resumed = _resume_publisher(mesh, "B", incarnation, [b"1"])
+    again = mesh.publish("B", resumed, b"1", payload=payload)
+    assert mesh.outcomes_for("B", again) == [SendOutcome(again, outcomes.ACCEPTED, True)]
+    assert len(mesh.forwarded("A", sub)) == 1, "A's subscriber did not get it twice"
+    mesh.answer("A", sub, copy.tag)
+    mesh.advance(60.0)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())

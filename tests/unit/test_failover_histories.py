@@ -1,0 +1,166 @@
+"""Random cut timings for a publisher that fails over (issue 16, part 3), on pure
+cores over the fake network (meshkit).
+
+    A - B
+     \\ /
+      C
+
+The publisher starts on A. At a random moment its connection is cut: from then on
+it hears nothing from A (outcomes A sends after the cut are lost), and A notices
+the loss at another random moment, possibly after the publisher has resumed at
+another router. It resumes there with every delivery it has not heard settled,
+resends them in order, and publishes more. Meanwhile the network's messages
+interleave in any order each link allows, subscribers (durable, on any routers)
+answer at random, and records linger or not. In the end every subscriber has every
+message once, in publisher order; the publisher hears "accepted" for every message;
+and every record ends.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.core import outcomes
+from router.core.commands import OpenLink, SendOutcome
+from router.core.events import ConnectionLost, MessageReceived, OutcomeReceived, PublisherSettled
+from router.core.router import INCARNATION_PROPERTY
+
+from corekit import decode, encode
+from meshkit import Mesh
+
+TRIANGLE = ("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("publish"), st.integers(0, 0)),
+    st.tuples(st.just("deliver"), st.integers(0, 50)),
+    st.tuples(st.just("answer"), st.integers(0, 10)),
+    st.tuples(st.just("tick"), st.integers(0, 3)),
+    st.tuples(st.just("cut"), st.integers(0, 0)),
+    st.tuples(st.just("notice"), st.integers(0, 0)),
+    st.tuples(st.just("resume"), st.sampled_from("BC")),
+), min_size=5, max_size=60)
+
+
+def deliver_one(mesh, pick):
+    """Deliver the head of one queue (per link, direction and kind), a random one."""
+    if not mesh.inflight:
+        return
+    heads = {}
+    for index, item in enumerate(mesh.inflight):
+        heads.setdefault((item[0], item[2], type(item[3])), index)
+    index = sorted(heads.values())[pick % len(heads)]
+    pair, conn, target, event = mesh.inflight[index]
+    del mesh.inflight[index]
+    if mesh.links.get(pair) == conn:
+        mesh.feed(target, event)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), steps)
+def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, plan):
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=data.draw(st.sampled_from([0.5, 5.0]), label="linger"))
+    where = data.draw(st.lists(st.sampled_from("ABC"), min_size=1, max_size=3, unique=True), label="subs")
+    subs = {r: mesh.subscriber(r, f"k{r}", durable=2, timeout=600) for r in where}
+    first = data.draw(st.booleans(), label="rcv-settle-mode first")
+    link = mesh.publisher("A", name="p", container="P", rcv_first=first)
+    (opened,) = [c for c in mesh.client["A"] if isinstance(c, OpenLink) and c.link_id == link]
+    incarnation = opened.properties[INCARNATION_PROPERTY]
+    state = {"router": "A", "link": link, "cut": False, "noticed": False, "seen": 0}
+    sent = []  # n of each message, in order
+    delivery_of = {}  # n -> (router, delivery) of its latest transfer
+    heard = {}  # n -> outcome code the publisher heard
+    answered = set()
+    next_delivery = iter(range(1, 10_000))
+
+    def hear():
+        """What the publisher hears: outcomes on its current link (none on A after the cut)."""
+        router = state["router"]
+        if router == "A" and state["cut"]:
+            return
+        commands = mesh.client[router]
+        for c in commands[state["seen"]:]:
+            if isinstance(c, SendOutcome):
+                for n, (r, d) in delivery_of.items():
+                    if r == router and d == c.delivery and n not in heard:
+                        heard[n] = c.outcome
+                        if not first:
+                            mesh.feed(router, PublisherSettled(state["link"], d))
+        state["seen"] = len(commands)
+
+    def publish(n):
+        d = next(next_delivery)
+        delivery_of[n] = (state["router"], d)
+        if state["router"] == "A" and state["noticed"]:
+            return  # A dropped the connection: the transfer is lost with it
+        mesh.feed(state["router"], MessageReceived(state["link"], d, str(n).encode(), encode(f"m{n}"), False))
+
+    def resume(router):
+        if not state["noticed"] and not state["cut"]:
+            state["cut"] = True
+        unsettled = [str(n).encode() for n in sent if n not in heard]
+        state.update(router=router, seen=len(mesh.client[router]))
+        state["link"] = mesh.publisher(router, name="p", container="P", rcv_first=first, properties={
+            INCARNATION_PROPERTY: incarnation, "eorouter:resume": True,
+            "eorouter:unsettled": [[t, "none"] for t in unsettled]})
+        for tag in unsettled:
+            publish(int(tag))
+
+    for action, arg in plan:
+        if action == "publish":
+            n = len(sent) + 1
+            sent.append(n)
+            publish(n)
+        elif action == "deliver":
+            deliver_one(mesh, arg)
+        elif action == "answer":
+            for r, sub in sorted(subs.items()):
+                for fwd in mesh.forwarded(r, sub):
+                    if (r, fwd.tag) not in answered:
+                        answered.add((r, fwd.tag))
+                        mesh.feed(r, OutcomeReceived(sub, fwd.tag, outcomes.ACCEPTED, arg % 2 == 0))
+                        break
+        elif action == "tick":
+            mesh.now += arg
+            for name in mesh.cores:
+                mesh.feed(name, mesh_timer())
+        elif action == "cut" and state["router"] == "A":
+            hear()
+            state["cut"] = True
+        elif action == "notice" and state["cut"] and not state["noticed"]:
+            state["noticed"] = True
+            mesh.feed("A", ConnectionLost(link))
+        elif action == "resume" and state["router"] == "A":
+            hear()
+            resume(arg)
+        hear()
+    if state["router"] == "A" and state["cut"]:
+        resume("B")
+    if state["cut"] and not state["noticed"]:
+        mesh.feed("A", ConnectionLost(link))
+    for _ in range(12):
+        mesh.settle()
+        for r, sub in sorted(subs.items()):
+            for fwd in mesh.forwarded(r, sub):
+                if (r, fwd.tag) not in answered:
+                    answered.add((r, fwd.tag))
+                    mesh.feed(r, OutcomeReceived(sub, fwd.tag, outcomes.ACCEPTED, True))
+        mesh.settle()
+        hear()
+        mesh.advance(3.0)
+        hear()
+    for r, sub in subs.items():
+        copies = mesh.forwarded(r, sub)
+        bodies = [decode(c.payload).body for c in copies]
+        assert len(set(c.tag for c in copies)) == len(copies), f"a duplicate at {r}: {bodies}"
+        assert bodies == [f"m{n}" for n in sent], f"at {r}: {bodies}, sent {sent}"
+    assert heard == {n: outcomes.ACCEPTED for n in sent}, (heard, sent)
+    mesh.advance(60.0)
+    mesh.advance(60.0)
+    for name, core in mesh.cores.items():
+        assert core.record_count() == 0, (name, list(core.records.values())[:3])
+
+
+def mesh_timer():
+    from router.core.events import TimerFired
+    return TimerFired()
