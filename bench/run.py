@@ -541,7 +541,7 @@ def memory_run(n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
                                          "cpu_us_per_msg", "active_s") if k in part})
         # growth: RSS at the end of the warm-up (the first half of the samples) vs the last samples.
         # The router's bounded memories fill by message count, not time: the settled-tag
-        # memory (SETTLED_TAGS_KEPT to twice that many tags) and the allocator's reuse of
+        # memory (per stream, max_in_flight_per_topic to twice that many tags) and the allocator's reuse of
         # its discarded generations settle within ~300 k messages, so a cut at 10 % of
         # 1 M counted that filling as growth. A leak still shows: 10 B per message is
         # +4.8 MiB over the second half of 1 M, and the slope is reported beside it.

@@ -214,6 +214,10 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "failover": {
         "placeholder_timeout": _seconds(positive=True),
         "publisher_resume_timeout": _seconds(positive=False),
+        "stream_seq_timeout": _seconds(positive=True),
+        "resume_horizon": _seconds(positive=True),
+        "remembered_streams": _positive,
+        "forgotten_streams": _positive,
     },
 }
 _REQUIRED = {"router": ("id",), "connector": ("host", "port", "role")}
@@ -342,6 +346,10 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         placeholder_timeout=failover.get("placeholder_timeout", _CORE_DEFAULTS.placeholder_timeout),
         publisher_resume_timeout=failover.get("publisher_resume_timeout",
                                               _CORE_DEFAULTS.publisher_resume_timeout),
+        stream_seq_timeout=failover.get("stream_seq_timeout", _CORE_DEFAULTS.stream_seq_timeout),
+        resume_horizon=failover.get("resume_horizon", _CORE_DEFAULTS.resume_horizon),
+        remembered_streams=failover.get("remembered_streams", _CORE_DEFAULTS.remembered_streams),
+        forgotten_streams=failover.get("forgotten_streams", _CORE_DEFAULTS.forgotten_streams),
     )
     defaults = RouterConfig(router_id=router_id, data_dir=data_dir)
     return RouterConfig(

@@ -166,6 +166,15 @@ EVENTS: dict[str, dict[str, str]] = {
     "resume-requested": {"link": "long", "role": "string", "reported": "long", "known": "long",
                          "incomplete": "boolean"},
     "resend-matched": {"delivery": "string", "link": "long"},
+    # A resumed publisher link's numbering: where it continues (after every router
+    # said how far it saw the stream numbered), or which routers never said.
+    "stream-seq-continued": {"link": "long", "next_seq": "long"},
+    # A resumed publisher's resend of a stream this router forgot (resume horizon or
+    # memory limit): refused, never delivered as new (docs/resumption.md).
+    "resend-beyond-horizon": {"delivery": "string", "stream": "string", "origin_router": "string"},
+    # A sweep of the settled-delivery memory forgot ``count`` quiet streams.
+    "streams-forgotten": {"count": "long", "remembered": "long"},
+    "stream-seq-timeout": {"link": "long", "routers": "array<string>"},
     "origin-taken-over": {"delivery": "string", "from_router": "string", "to_router": "string"},
     "placeholder-created": {"delivery": "string", "subscriber": "string"},
     "placeholder-fulfilled": {"delivery": "string", "subscriber": "string"},

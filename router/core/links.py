@@ -7,7 +7,7 @@ from collections import deque
 
 class PublisherLink:
     __slots__ = ("link_id", "conn_id", "container_id", "name", "topic", "incarnation", "stream",
-                 "presettled", "settles_first", "credit", "next_seq", "origin", "resending")
+                 "presettled", "settles_first", "credit", "next_seq", "origin", "resending", "awaiting_seq")
 
     def __init__(self, link_id: int, conn_id: int, container_id: str, name: str, topic: str,
                  incarnation: str, stream: bytes, presettled: bool, settles_first: bool = True):
@@ -29,6 +29,10 @@ class PublisherLink:
         # Resumed: the publisher tags it reported unsettled and has not resent yet. A
         # transfer with one of them is a resend, never a new use of the tag.
         self.resending: set[bytes] | None = None
+        # Resumed: the routers yet to say how far they saw its stream numbered (its
+        # credit waits for them, so its numbering continues past every seq already
+        # used: docs/resumption.md, "Publisher order across a resume").
+        self.awaiting_seq: set[str] | None = None
 
 
 class Subscription:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from router.core import outcomes, tags
 from router.core.commands import DetachLink, Log, SendData
+from router.core.errors import ProtocolError
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, MovedState, RouterState, SubscriberState
 
@@ -81,11 +82,38 @@ class ResumptionMixin:
         # origin that outlived its link hands its records over, or the copies we send
         # it would wait for its answer for ever (issue 16, part 3).
         message = {"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.settings.router_id,
-                   "unsettled": sorted(t.hex() for t in reported)}
+                   "n": f"{self.epoch}.{pub.link_id}", "unsettled": sorted(t.hex() for t in reported)}
         if incomplete:
             message["incomplete"] = True
         self._flood(message, None, out)
+        # Every router answers with how far it saw the stream numbered; until they
+        # have (or are unreachable, or a timeout), the link gets no credit, so every
+        # new delivery here is numbered after all of theirs.
+        others = self.net.reachable() - {self.settings.router_id}
+        if others:
+            pub.awaiting_seq = set(others)
+            self._add_timer(now + self.settings.stream_seq_timeout, self._TIMER_STREAM_SEQ, pub)
         return answer
+
+    def _on_stream_seq(self, message: dict, now: float, out: list) -> None:
+        """A router's answer to our "stream-resumed": the highest stream_seq it saw."""
+        stream = bytes.fromhex(message["stream"])
+        seq = message.get("seq", -1)
+        sender = message.get("from")
+        if not isinstance(seq, int):
+            raise ProtocolError("amqp:invalid-field", f"stream-seq from {sender}: seq {seq!r}")
+        for pub in list(self.publishers.values()):
+            if pub.stream == stream and pub.awaiting_seq and sender in pub.awaiting_seq:
+                pub.next_seq = max(pub.next_seq, seq + 1)
+                pub.awaiting_seq.discard(sender)
+                if not pub.awaiting_seq:
+                    self._stream_seq_known(pub, out)
+
+    def _stream_seq_known(self, pub, out: list) -> None:
+        pub.awaiting_seq = None
+        self._stream_seq[pub.stream] = max(self._stream_seq.get(pub.stream, -1), pub.next_seq - 1)
+        out.append(Log("stream-seq-continued", {"link": pub.link_id, "next_seq": pub.next_seq}))
+        self._refill_credit(self.topics[pub.topic], out)
 
     def _on_stream_resumed(self, message: dict, now: float, out: list) -> None:
         """A publisher resumed elsewhere: that router is the origin of its stream's
@@ -106,6 +134,10 @@ class ResumptionMixin:
             # newer attach wins, as link stealing does on one router.
             out.append(DetachLink(pub.link_id, "amqp:link:stolen", f"the link resumed at router {at}", close=False))
             self._detach_publisher(pub, "stolen", now, out)
+        # Tell it how far we saw the stream numbered (after taking our link down:
+        # nothing more of the stream is numbered here).
+        self._route_control(at, {"t": "stream-seq", "stream": message["stream"],
+                                 "seq": self._stream_seq.get(stream, -1)}, out)
         for record in list(self.records.values()):
             if record.tag[:tags.STREAM_ID_SIZE] != stream or record.pub_settled:
                 continue

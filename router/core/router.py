@@ -46,6 +46,7 @@ from router.core.records import (
 )
 from router.core.resumption import ResumptionMixin, _split_key, reported_unsettled
 from router.core.settings import CoreSettings
+from router.core.settled import BEYOND_HORIZON, KNOWN, SettledMemory
 
 # Link property through which a publisher presents (and learns) its incarnation.
 INCARNATION_PROPERTY = "eorouter:incarnation"
@@ -61,6 +62,11 @@ _TIMER_ORDER_GAP = 5
 _TIMER_PLACEHOLDER = 6
 _TIMER_PUBLISHER_GONE = 7
 _TIMER_MEMBERSHIP = 8
+_TIMER_STREAM_SEQ = 9
+_TIMER_SETTLED_SWEEP = 10
+# The condition a resend is refused with when the network may have finished and
+# forgotten it (docs/resumption.md, "What a publisher may rely on").
+BEYOND_HORIZON_CONDITION = "eorouter:resend-beyond-horizon"
 GONE = -1  # DeliveryRecord.pub_link once its publisher is gone for good
 # The length byte of an inline publisher tag in an outgoing tag (tags.outgoing_tag).
 _TAG_SIZE = tuple(bytes((size,)) for size in range(tags.MAX_INLINE_TAG + 1))
@@ -72,61 +78,6 @@ ACCEPTED = outcomes.ACCEPTED
 _RELEASED = outcomes.RELEASED
 _TERMINAL = outcomes.TERMINAL
 _NAMES = outcomes.NAMES
-
-# How many settled deliveries' tags a router remembers after deleting their records
-# (at least; up to twice as many): a resuming subscriber reporting one is told it is
-# settled. An older one gets a placeholder, which its publisher's resume
-# (stream-resumed) or the placeholder timeout resolves.
-SETTLED_TAGS_KEPT = 50_000
-
-
-class RecentTags:
-    """The last ``keep`` to ``2 * keep`` settled tags, each with the final outcome
-    code it was settled with (None when this router never learnt it), in two
-    generations: when the current one is full it becomes the previous one and the
-    oldest is dropped whole. Unlike an LRU dict under constant insert/evict churn
-    (whose table is rebuilt again and again, leaving the process's memory a little
-    larger each time), each generation's dict is freed in one piece."""
-
-    __slots__ = ("keep", "current", "previous")
-
-    def __init__(self, keep: int):
-        self.keep = keep
-        self.current: dict[bytes, int | None] = {}
-        self.previous: dict[bytes, int | None] = {}
-
-    def add(self, tag: bytes, outcome: int | None = None, reuse: int = 0) -> None:
-        """``reuse``: the record's reuse count (docs/tags.md), kept (as a pair with
-        the outcome) only in the rare case it is not 0."""
-        current = self.current
-        current[tag] = (outcome, reuse) if reuse else outcome
-        if len(current) >= self.keep:
-            self.roll()
-
-    def roll(self) -> None:
-        """The current generation becomes the previous one; the oldest goes whole."""
-        self.previous = self.current
-        self.current = {}
-
-    def __contains__(self, tag: bytes) -> bool:
-        return tag in self.current or tag in self.previous
-
-    def _value(self, tag: bytes):
-        value = self.current.get(tag)
-        return self.previous.get(tag) if value is None else value
-
-    def outcome_of(self, tag: bytes) -> int | None:
-        """The final outcome code ``tag`` was settled with, if known here."""
-        value = self._value(tag)
-        return value[0] if type(value) is tuple else value
-
-    def reuse_of(self, tag: bytes) -> int:
-        """Which use of ``tag`` (by its publisher, on one link incarnation) was settled."""
-        value = self._value(tag)
-        return value[1] if type(value) is tuple else 0
-
-    def __len__(self) -> int:
-        return len(self.current) + len(self.previous)
 
 # How long a relayed copy may wait for its predecessor from the same publisher
 # before it is delivered anyway (the predecessor is then logged as a gap).
@@ -143,6 +94,7 @@ MAX_HOPS = 16
 class RouterCore(ResumptionMixin):
     _TIMER_PLACEHOLDER = _TIMER_PLACEHOLDER
     _TIMER_MEMBERSHIP = _TIMER_MEMBERSHIP
+    _TIMER_STREAM_SEQ = _TIMER_STREAM_SEQ
 
     def __init__(self, settings: CoreSettings, *, boot_id: str, epoch: int):
         self.settings = settings
@@ -167,10 +119,13 @@ class RouterCore(ResumptionMixin):
         self.net = Network(settings.router_id, epoch, boot_id)
         self._open_properties: dict[int, dict] = {}  # held subscriber attaches' answer properties
         self._known_routers: set[str] = set()  # every router we ever reached
-        # Tags of settled deliveries whose records are gone (newest last): a resuming
-        # subscriber that still reports one is told it is settled, not given a
-        # placeholder (docs/resumption.md). Bounded; 32 bytes a tag.
-        self._settled_tags = RecentTags(SETTLED_TAGS_KEPT)
+        # Tags and outcomes of settled deliveries whose records are gone, per publisher
+        # stream (router/core/settled.py): a resumed publisher's resend of one is
+        # answered with its outcome, a resuming subscriber that still reports one is
+        # told it is settled (docs/resumption.md).
+        self._settled_tags = SettledMemory(settings.max_in_flight_per_topic, settings.resume_horizon,
+                                           settings.remembered_streams, settings.forgotten_streams)
+        self._sweep_at: float | None = None  # the next sweep of that memory, once armed
         # publisher stream -> the highest stream_seq seen here (from its publisher or
         # relayed): a publisher that resumes here continues its stream's numbering.
         self._stream_seq: dict[bytes, int] = {}
@@ -320,7 +275,8 @@ class RouterCore(ResumptionMixin):
                 break
         presented = (ev.properties or {}).get(INCARNATION_PROPERTY)
         resumed = isinstance(presented, str) and 0 < len(presented) <= 128
-        incarnation = presented if resumed else tags.fresh_incarnation(self.boot_id, next(self._incarnations))
+        incarnation = presented if resumed else tags.fresh_incarnation(self.boot_id, next(self._incarnations),
+                                                                       now)
         stream = tags.stream_id(ev.container_id, ev.name, incarnation)
         triple = (ev.container_id, ev.name, incarnation)
         known = self.streams.get(stream)
@@ -614,17 +570,23 @@ class RouterCore(ResumptionMixin):
             resending.discard(ptag)
             resent = True  # a resend of a delivery it reported unsettled: never a reuse
             if existing is None:
-                final = self._settled_tags.outcome_of(tag)
-                if final is not None:
-                    self._answer_finished_resend(tag, final, ev, out)
+                settled = self._settled_tags
+                verdict = settled.resend_verdict(tag, pub.incarnation)
+                if verdict == KNOWN and settled.outcome_of(tag) is not None:
+                    self._answer_finished_resend(tag, settled.outcome_of(tag), ev, out)
+                    self._refill_credit(topic, out)
+                    return
+                if verdict == BEYOND_HORIZON:
+                    self._refuse_beyond_horizon(tag, ev.delivery, out)
                     self._refill_credit(topic, out)
                     return
         elif existing is None:
-            settled = self._settled_tags  # ``tag in settled``, inlined: once per message
-            if tag in settled.current or tag in settled.previous:
+            # ``tag in self._settled_tags``, inlined: once per message
+            memory = self._settled_tags.streams.get(pub.stream)
+            if memory is not None and (tag in memory.current or tag in memory.previous):
                 # Reused after the old delivery was settled and forgotten here: other
                 # routers may still remember the old one, so the copy says which use it is.
-                reuse = settled.reuse_of(tag) + 1
+                reuse = self._settled_tags.reuse_of(tag) + 1
         if existing is not None:
             if existing.pub_tag != ev.tag:
                 out.append(Log("tag-collision", {"delivery": existing.delivery_id, "link": ev.link_id}))
@@ -712,6 +674,17 @@ class RouterCore(ResumptionMixin):
             self._best_effort_copies(topic, tag, payload, out)
         if pub.credit * 2 < self.settings.publisher_credit_window:
             self._refill_credit(topic, out, bound_only=True)
+
+    def _refuse_beyond_horizon(self, tag: bytes, delivery: int, out: list) -> None:
+        """A resumed publisher resent a delivery of a stream this router finished
+        with and forgot (docs/resumption.md): it may have been delivered, so it is
+        refused (rejected, a condition of its own), never taken as new."""
+        description = ("resent after the router forgot its stream (resume horizon or memory limit): "
+                       "it may have been delivered already")
+        out.append(SendOutcome(delivery, outcomes.REJECTED, True, BEYOND_HORIZON_CONDITION, description))
+        out.append(Log("resend-beyond-horizon", {"delivery": tag.hex(), "stream": tag[:tags.STREAM_ID_SIZE].hex()}))
+        out.append(Log("pub-outcome", {"delivery": tag.hex(), "outcome": "rejected",
+                                       "condition": BEYOND_HORIZON_CONDITION, "reason": description}))
 
     def _answer_finished_resend(self, tag: bytes, final: int, ev: MessageReceived, out: list) -> None:
         """A failed-over publisher resent a delivery this router took part in and saw
@@ -1157,6 +1130,9 @@ class RouterCore(ResumptionMixin):
         if record.pub_settled:
             return
         record.pub_settled = True
+        if self._sweep_at is None:  # the first settlement arms the settled memory's sweeps
+            self._sweep_at = now + self._settled_tags.sweep_interval()
+            self._add_timer(self._sweep_at, _TIMER_SETTLED_SWEEP, None)
         payload = record.payload
         record.payload = None
         if record.pub_delivery is not None:
@@ -1219,13 +1195,18 @@ class RouterCore(ResumptionMixin):
                 del records[tag]
                 del topic.records[record.order]
                 settled = self._settled_tags
-                if record.origin_router is None and not record.reuse:
+                memory = settled.streams.get(tag[:16]) if record.origin_router is None and not record.reuse \
+                    else None
+                if memory is not None:
                     # settled.add(tag, outcome), inlined for the usual case: we are the
-                    # origin and decided the outcome
-                    current = settled.current
+                    # origin, decided the outcome, and remember the stream already
+                    memory.sweep = settled.sweeps
+                    current = memory.current
                     current[tag] = record.outcome.code
                     if len(current) >= settled.keep:
-                        settled.roll()
+                        memory.previous = current
+                        memory.current = {}
+                        memory.partial = False
                 else:
                     settled.add(tag, self._final_outcome(record), record.reuse)
                 if not topic.records:
@@ -1321,7 +1302,7 @@ class RouterCore(ResumptionMixin):
             return
         for pub in publishers.values():
             want = window - pub.credit
-            if want * 2 < window:
+            if want * 2 < window or pub.awaiting_seq:
                 continue
             if not pub.presettled:
                 if room < want:
@@ -1371,12 +1352,40 @@ class RouterCore(ResumptionMixin):
             elif kind == _TIMER_MEMBERSHIP:
                 self._membership_changed(self.net.membership.expire_lost(now), now, out)
                 self._schedule_membership_expiry()
+            elif kind == _TIMER_SETTLED_SWEEP:
+                self._sweep_settled(now, out)
+            elif kind == _TIMER_STREAM_SEQ:
+                if self.publishers.get(obj.link_id) is obj and obj.awaiting_seq:
+                    out.append(Log("stream-seq-timeout", {"link": obj.link_id, "routers": sorted(obj.awaiting_seq)}))
+                    self._stream_seq_known(obj, out)
             elif kind == _TIMER_ANNOUNCE:
                 key, link_id = obj
                 waiting = self._awaiting_acks.get(key)
                 if waiting is not None and waiting[0] == link_id:
                     out.append(Log("announce-timeout", {"subscriber": key, "routers": sorted(waiting[1])}))
                     self._subscriber_ready(key, out)
+
+    def _sweep_settled(self, now: float, out: list) -> None:
+        """Forget the settled deliveries of streams a resume horizon quiet (or, over
+        the limit, the quietest): their resends are refused from now on. What else
+        is kept per stream goes with them."""
+        in_use = self._stream_in_use()
+        forgotten = self._settled_tags.sweep(now, in_use.__contains__, lambda s: self._stream_seq.get(s, -1))
+        for stream in forgotten:
+            self._stream_seq.pop(stream, None)
+            self._chain_head.pop(stream, None)
+        if forgotten:
+            out.append(Log("streams-forgotten", {"count": len(forgotten),
+                                                 "remembered": len(self._settled_tags.streams)}))
+        self._sweep_at = now + self._settled_tags.sweep_interval()
+        self._add_timer(self._sweep_at, _TIMER_SETTLED_SWEEP, None)
+
+    def _stream_in_use(self) -> set[bytes]:
+        """Streams with a publisher link here or a record here: never forgotten."""
+        in_use = set(self.streams)
+        for record in self.records.values():
+            in_use.add(record.tag[:tags.STREAM_ID_SIZE])
+        return in_use
 
     def _expire_message(self, record: DeliveryRecord, now: float, out: list) -> None:
         """The message's ttl ran out: subscribers it has not reached yet will not
@@ -1460,6 +1469,8 @@ class RouterCore(ResumptionMixin):
                 "exp": record.expires_at, "hops": 0}
             if record.reuse:
                 header["reuse"] = record.reuse  # a settled tag used again (docs/tags.md)
+            if getattr(record, "resent", False):
+                header["rs"] = 1  # a resumed publisher's resend: maybe finished and forgotten
         return header
 
     def _send_towards(self, record: DeliveryRecord, routers, now: float, out: list) -> None:
@@ -1573,9 +1584,11 @@ class RouterCore(ResumptionMixin):
                 changes = self.net.membership.apply(snapshot_from(message))
                 self._membership_changed(changes, now, out)
             elif kind == "stream-resumed":
-                if self._flood_once(("stream", message.get("stream"), message.get("at"),
+                if self._flood_once(("stream", message.get("stream"), message.get("at"), message.get("n"),
                                      len(message.get("unsettled", ()))), message, ev.router_id, out):
                     self._on_stream_resumed(message, now, out)
+            elif kind == "stream-seq":
+                self._on_stream_seq(message, now, out)
             elif kind == "addr":
                 if self.net.learn_addresses(message):
                     self._flood(message, ev.router_id, out)
@@ -1743,6 +1756,17 @@ class RouterCore(ResumptionMixin):
         topic_name = header["topic"]
         topic = self.topics.get(topic_name)
         owed_here = topic is not None and any(not s.best_effort for s in topic.subscriptions.values())
+        if header.get("rs") and not targets and owed_here \
+                and self._settled_tags.resend_verdict(tag, header.get("inc")) == BEYOND_HORIZON:
+            # A resend of a stream we finished with and forgot: our subscribers may
+            # have had it. Refused, never delivered as new (docs/resumption.md).
+            description = ("resent after router " + self.settings.router_id + " forgot its stream "
+                           "(resume horizon or memory limit): it may have been delivered already")
+            self._route_control(report_to, {"t": "outcome", "d": tag.hex(), "o": outcomes.REJECTED,
+                                            "cond": BEYOND_HORIZON_CONDITION, "desc": description}, out)
+            out.append(Log("resend-beyond-horizon", {"delivery": tag.hex(), "stream": tag[:tags.STREAM_ID_SIZE].hex(),
+                                                     "origin_router": origin}))
+            return
         if targets and topic is not None:
             record = DeliveryRecord(tag, topic_name, next(self._order), ev.payload, header.get("pub", ""),
                                     header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
@@ -1918,8 +1942,13 @@ class RouterCore(ResumptionMixin):
             if not record.pub_settled:
                 self._resend_to_moved(record, out)
         # Subscribers waiting for confirmation from routers we can no longer reach
-        # need not wait for them.
+        # need not wait for them, nor resumed publishers for their stream's numbering.
         reachable = self.net.reachable()
+        for pub in list(self.publishers.values()):
+            if pub.awaiting_seq:
+                pub.awaiting_seq &= reachable
+                if not pub.awaiting_seq:
+                    self._stream_seq_known(pub, out)
         for key, (link_id, waiting, _) in list(self._awaiting_acks.items()):
             waiting &= reachable
             if not waiting:

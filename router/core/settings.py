@@ -35,3 +35,14 @@ class CoreSettings:
     # wait for it to resume before the router settles them on its behalf.
     placeholder_timeout: float = 30.0
     publisher_resume_timeout: float = 8.0
+    # How long a resumed publisher's credit waits for the other routers to say how
+    # far they saw its stream numbered (it continues after the highest).
+    stream_seq_timeout: float = 2.0
+    # What a router remembers of settled deliveries (router/core/settled.py): per
+    # publisher stream, at least its last max_in_flight_per_topic outcomes, for
+    # resume_horizon seconds after the stream's last settlement here; at most
+    # remembered_streams streams, and the ids of forgotten_streams forgotten ones
+    # (a resend of those is refused, "eorouter:resend-beyond-horizon").
+    resume_horizon: float = 600.0
+    remembered_streams: int = 100_000
+    forgotten_streams: int = 1_000_000

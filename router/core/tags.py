@@ -74,7 +74,22 @@ def inline_publisher_tag(tag: bytes) -> bytes | None:
     return tag[STREAM_ID_SIZE + 1:STREAM_ID_SIZE + 1 + size]
 
 
-def fresh_incarnation(boot_id: str, counter: int) -> str:
+def fresh_incarnation(boot_id: str, counter: int, minted: float | None = None) -> str:
     """An incarnation unique for all time: the router's random boot id (new at
-    every start, so a lost data directory cannot repeat one) and a counter."""
-    return f"{boot_id}.{counter}"
+    every start, so a lost data directory cannot repeat one) and a counter; and
+    when it was minted (whole seconds of wall time), which tells a router that no
+    longer knows every stream it forgot whether a resent delivery could be one of
+    them (router/core/settled.py)."""
+    if minted is None:
+        return f"{boot_id}.{counter}"
+    return f"{boot_id}.{counter}.{int(minted)}"
+
+
+def incarnation_minted(incarnation: str | None) -> float | None:
+    """The mint time an incarnation carries (fresh_incarnation), if any."""
+    if not incarnation:
+        return None
+    parts = incarnation.split(".")
+    if len(parts) != 3 or not parts[2].isdigit() or len(parts[2]) > 12:
+        return None
+    return float(parts[2])

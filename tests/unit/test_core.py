@@ -22,7 +22,7 @@ from router.core.router import INCARNATION_PROPERTY
 
 from corekit import Harness, decode, encode, one_by_one
 
-INCARNATION_1 = "b00t.1"
+INCARNATION_1 = "b00t.1.1000"  # boot id, counter, mint time (the harness starts at now=1000)
 
 
 def stream_tag(pub_tag: bytes, container="pub", name="p1", incarnation=INCARNATION_1) -> bytes:

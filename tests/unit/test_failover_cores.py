@@ -477,3 +477,130 @@ def test_a_resend_reaching_the_origin_while_its_settled_record_lingers_is_answer
     mesh.answer("A", sub, copy.tag)
     mesh.advance(60.0)
     assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
+# ------------------------------------------------------------------ publisher order across a resume
+
+
+@pytest.mark.parametrize("subscribers", ["A", "C", "AC"])
+def test_a_stream_resumed_at_a_router_that_never_saw_it_continues_its_numbering(subscribers):
+    """Issue 16, part 2: the publisher sent #1-#3 at A (all finished, heard), then
+    resumes at B, which never saw its stream (no subscriber there). #4 must be
+    numbered after #3 wherever a subscriber is, at either end: B asks every router
+    how far it saw the stream numbered before it gives the link credit."""
+    from router.core.commands import GrantCredit
+    from router.core.events import LinkAttached, PUBLISHER
+    mesh = Mesh(*TRIANGLE, record_linger=0.5)
+    subs = {r: mesh.subscriber(r, f"k{r}", durable=2, timeout=60) for r in subscribers}
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    for n in (1, 2, 3):
+        mesh.publish("A", pub, str(n).encode(), body=f"m{n}")
+    for r, link in subs.items():
+        for copy in mesh.forwarded(r, link):
+            mesh.answer(r, link, copy.tag)
+    mesh.detach("A", pub)
+    mesh.advance(2)
+    # The resumed attach: no credit until A and C have answered "stream-seq".
+    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", rcv_settle_mode=0, properties={
+        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": []}))
+    assert not [c for c in mesh.client["B"] if isinstance(c, GrantCredit) and c.link_id == 500]
+    mesh.settle()
+    assert [c for c in mesh.client["B"] if isinstance(c, GrantCredit) and c.link_id == 500]
+    assert [e.fields["next_seq"] for e in mesh.logs["B"] if e.kind == "stream-seq-continued"] == [3]
+    mesh.publish("B", 500, b"4", body="m4")
+    for r, link in subs.items():
+        seq_of = {e.fields["delivery"]: e.fields["stream_seq"] for e in mesh.logs[r] if e.kind == "received"}
+        copies = mesh.forwarded(r, link)
+        assert [decode(c.payload).body for c in copies] == ["m1", "m2", "m3", "m4"]
+        assert [seq_of[c.tag.hex()] for c in copies] == [0, 1, 2, 3], r
+
+
+def test_a_resumed_publisher_waits_for_its_numbering_no_longer_than_the_timeout():
+    """A router that never answers (it went quiet, not yet noticed as gone) delays
+    the resumed link's credit only by ``stream_seq_timeout``."""
+    from router.core.commands import GrantCredit
+    from router.core.events import LinkAttached, PUBLISHER
+    mesh = Mesh(*TRIANGLE, stream_seq_timeout=2.0)
+    pub = mesh.publisher("A", name="p", container="P")
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    mesh.detach("A", pub)
+    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", properties={
+        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": []}))
+    mesh.deliver_from("B", "C", len(mesh.in_flight("B", "C")))
+    mesh.inflight = type(mesh.inflight)(x for x in mesh.inflight if x[2] != "A")  # A hears nothing
+    mesh.settle()
+    assert not [c for c in mesh.client["B"] if isinstance(c, GrantCredit) and c.link_id == 500], "waits for A"
+    mesh.advance(2.5)
+    assert [c for c in mesh.client["B"] if isinstance(c, GrantCredit) and c.link_id == 500]
+    assert [e.fields["routers"] for e in mesh.logs["B"] if e.kind == "stream-seq-timeout"] == [["A"]]
+
+
+# ------------------------------------------------------------------ the memory horizon (issue 16, part 1)
+
+
+def _finish_unheard(mesh, where, count, pub_router="A"):
+    """A publisher on ``pub_router`` whose ``count`` deliveries every subscriber (one
+    per router in ``where``) accepted, settled with their outcome, while the
+    publisher heard nothing (its link was being cut). Returns (incarnation, subs, payloads)."""
+    subs = {r: mesh.subscriber(r, f"k{r}", credit=10_000, durable=2, timeout=600) for r in where}
+    pub = mesh.publisher(pub_router, name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, pub_router, pub)[INCARNATION_PROPERTY]
+    payloads = {n: encode(f"m{n}") for n in range(1, count + 1)}
+    for n in payloads:
+        mesh.publish(pub_router, pub, str(n).encode(), payload=payloads[n])
+    for r, link in subs.items():
+        for copy in mesh.forwarded(r, link):
+            mesh.answer(r, link, copy.tag)
+    mesh.detach(pub_router, pub)
+    mesh.advance(3)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())
+    return incarnation, subs, payloads
+
+
+@pytest.mark.parametrize("where", ["AB", "A"], ids=["B-took-part", "B-never-saw-it"])
+def test_resends_are_answered_from_memory_however_busy_the_other_streams_were(where):
+    """Issue 16, part 1: after the publisher's deliveries were finished unheard, other
+    publishers settle far more deliveries than any router-wide memory of recent tags
+    would hold. The resends at B are still answered with their outcome, and no
+    subscriber gets one twice."""
+    mesh = Mesh(*TRIANGLE, record_linger=0.5, max_in_flight_per_topic=20)
+    incarnation, subs, payloads = _finish_unheard(mesh, where, 20)
+    other = mesh.publisher("A", name="busy", container="Q", rcv_first=True)
+    for n in range(2000):
+        delivery = mesh.publish("A", other, str(n).encode(), body=f"q{n}")
+        for r, link in subs.items():
+            mesh.answer(r, link, mesh.forwarded(r, link)[-1].tag)
+        assert [a.outcome for a in mesh.outcomes_for("A", delivery)] == [outcomes.ACCEPTED], n
+    mesh.advance(3)
+    resumed = _resume_publisher(mesh, "B", incarnation, [str(n).encode() for n in payloads])
+    answers = [mesh.outcomes_for("B", mesh.publish("B", resumed, str(n).encode(), payload=payloads[n]))
+               for n in payloads]
+    assert [[a.outcome for a in answer] for answer in answers] == [[outcomes.ACCEPTED]] * 20
+    for r, link in subs.items():
+        bodies = [decode(c.payload).body for c in mesh.forwarded(r, link)]
+        assert len(bodies) == len(set(bodies)) == 2020, f"nobody got one twice at {r}"
+
+
+@pytest.mark.parametrize("where", ["AB", "A"], ids=["B-took-part", "B-never-saw-it"])
+def test_a_resend_after_the_horizon_is_refused_visibly_never_delivered_twice(where):
+    """The same, but the publisher comes back after the resume horizon: every router
+    that took part forgot its stream. Its resends are refused with
+    eorouter:resend-beyond-horizon (rejected: do not resend blindly) and logged, and
+    no subscriber gets them again."""
+    mesh = Mesh(*TRIANGLE, record_linger=0.5, resume_horizon=40.0)
+    incarnation, subs, payloads = _finish_unheard(mesh, where, 3)
+    for _ in range(6):
+        mesh.advance(10.0)
+    assert any(e.kind == "streams-forgotten" for e in mesh.logs["A"])
+    resumed = _resume_publisher(mesh, "B", incarnation, [str(n).encode() for n in payloads])
+    answers = [mesh.outcomes_for("B", mesh.publish("B", resumed, str(n).encode(), payload=payloads[n]))
+               for n in payloads]
+    assert [[(a.outcome, a.condition) for a in answer] for answer in answers] == \
+        [[(outcomes.REJECTED, "eorouter:resend-beyond-horizon")]] * 3
+    logged = [e for r in "AB" for e in mesh.logs[r] if e.kind == "resend-beyond-horizon"]
+    assert len(logged) == 3
+    for r, link in subs.items():
+        assert len(mesh.forwarded(r, link)) == 3, f"nobody got one twice at {r}"
+    mesh.advance(10.0)
+    assert all(core.record_count() == 0 for core in mesh.cores.values())

@@ -154,6 +154,11 @@ def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, 
         bodies = [decode(c.payload).body for c in copies]
         assert len(set(c.tag for c in copies)) == len(copies), f"a duplicate at {r}: {bodies}"
         assert bodies == [f"m{n}" for n in sent], f"at {r}: {bodies}, sent {sent}"
+        # What the proof checks (docs/reconcile.md, publisher order): the stream's
+        # numbering, as this router logged it, follows the order of the sends.
+        seq_of = {e.fields["delivery"]: e.fields["stream_seq"] for e in mesh.logs[r] if e.kind == "received"}
+        seqs = [seq_of[c.tag.hex()] for c in copies]
+        assert seqs == sorted(seqs), f"stream_seq out of order at {r}: {seqs} for {bodies}"
     assert heard == {n: outcomes.ACCEPTED for n in sent}, (heard, sent)
     mesh.advance(60.0)
     mesh.advance(60.0)

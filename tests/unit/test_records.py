@@ -43,30 +43,6 @@ def test_own_gives_each_record_its_own_container():
     assert len(records.EMPTY_MAP) == 0 and len(records.EMPTY_SET) == 0
 
 
-def test_recent_tags_keeps_at_least_the_last_keep_and_at_most_twice_that():
-    from router.core.router import RecentTags
-    recent = RecentTags(3)
-    for n in range(10):
-        recent.add(bytes([n]))
-        assert all(bytes([m]) in recent for m in range(max(0, n - 2), n + 1)), n
-        assert len(recent) <= 6
-    assert bytes([0]) not in recent
-
-
-def test_recent_tags_remember_each_tags_outcome_and_reuse_across_a_roll():
-    from router.core import outcomes
-    from router.core.router import RecentTags
-    recent = RecentTags(2)
-    recent.add(b"a", outcomes.ACCEPTED)
-    recent.add(b"b", outcomes.REJECTED, reuse=2)  # fills the generation: it rolls over
-    recent.add(b"c")
-    assert [recent.outcome_of(t) for t in (b"a", b"b", b"c", b"x")] == [
-        outcomes.ACCEPTED, outcomes.REJECTED, None, None]
-    assert [recent.reuse_of(t) for t in (b"a", b"b", b"c")] == [0, 2, 0]
-    recent.add(b"d")  # rolls again: a and b are forgotten
-    assert b"a" not in recent and recent.outcome_of(b"b") is None and b"c" in recent
-
-
 def _roster() -> Roster:
     subs = []
     for name, link in (("a", 5), ("b", None), ("c", 7)):
