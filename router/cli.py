@@ -110,6 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
 
     from router.adapter import Server, fastpath
+    from router.adapter.malloc import return_large_buffers_to_the_os
     from router.adapter.server import tune_gc_for_serving
     from router.core.router import RouterCore
     from router.eventlog import EventLog, EventLogError
@@ -144,6 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         tune_gc_for_serving()
+        return_large_buffers_to_the_os()
         log.info("subscribers' accepted dispositions: %s path", fastpath.status)
         eventlog.flush()  # router-started is on disk before anyone can connect
         addresses = ",".join(f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners)

@@ -200,6 +200,8 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "limits": {
         "max_message_size": _positive,
         "max_in_flight_per_topic": _positive,
+        "max_bytes_in_flight": _positive,
+        "max_bytes_in_flight_per_topic": _positive,
         "publisher_credit_window": _uint_positive,
         "default_terminus_timeout": _uint,
         "max_terminus_timeout": _uint,
@@ -322,6 +324,15 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         raise p.error(key, f"expected default_terminus_timeout ({default_timeout}) to be at most "
                            f"max_terminus_timeout ({max_timeout})")
 
+    max_size = limits.get("max_message_size", _CORE_DEFAULTS.max_message_size)
+    topic_bytes = limits.get("max_bytes_in_flight_per_topic", _CORE_DEFAULTS.max_bytes_in_flight_per_topic)
+    router_bytes = limits.get("max_bytes_in_flight", _CORE_DEFAULTS.max_bytes_in_flight)
+    for key, budget in (("max_bytes_in_flight_per_topic", topic_bytes), ("max_bytes_in_flight", router_bytes)):
+        if budget < max_size:
+            raise p.error(f"limits.{key}" if key in limits else "limits.max_message_size",
+                          f"expected {key} ({budget}) to be at least max_message_size ({max_size}): "
+                          "a largest message must fit in the budget")
+
     router_id = router["id"]
     if base_dir is None:
         base_dir = Path(source).absolute().parent
@@ -334,6 +345,9 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     core = CoreSettings(
         router_id=router_id,
         max_in_flight_per_topic=limits.get("max_in_flight_per_topic", _CORE_DEFAULTS.max_in_flight_per_topic),
+        max_bytes_in_flight=limits.get("max_bytes_in_flight", _CORE_DEFAULTS.max_bytes_in_flight),
+        max_bytes_in_flight_per_topic=limits.get("max_bytes_in_flight_per_topic",
+                                                 _CORE_DEFAULTS.max_bytes_in_flight_per_topic),
         publisher_credit_window=limits.get("publisher_credit_window", _CORE_DEFAULTS.publisher_credit_window),
         max_message_size=limits.get("max_message_size", _CORE_DEFAULTS.max_message_size),
         default_terminus_timeout=default_timeout,

@@ -172,6 +172,11 @@ EVENTS: dict[str, dict[str, str]] = {
     # A resumed publisher's resend of a stream this router forgot (resume horizon or
     # memory limit): refused, never delivered as new (docs/resumption.md).
     "resend-beyond-horizon": {"delivery": "string", "stream": "string", "origin_router": "string"},
+    # The byte budget (docs/configuration.md, [limits]): a topic's publishers get no
+    # more credit ("reached": by the topic's own budget or the router's, ``limit``)
+    # or get it again ("below"); bytes: the topic's message bytes held then.
+    "budget": {"topic": "string", "state": "string", "bytes": "long", "router_bytes": "long",
+               "limit": "string"},
     # A sweep of the settled-delivery memory forgot ``count`` quiet streams.
     "streams-forgotten": {"count": "long", "remembered": "long"},
     "stream-seq-timeout": {"link": "long", "routers": "array<string>"},

@@ -51,6 +51,7 @@ __all__ = [
     "decode_data",
     "encode_control",
     "encode_data",
+    "encode_data_head",
     "hello_properties",
     "new_nonce",
     "parse_hello",
@@ -271,8 +272,14 @@ DATA_MAGIC = b"EOR1"
 
 def encode_data(header: dict, message: bytes) -> bytes:
     """One data transfer's payload."""
+    return encode_data_head(header) + message
+
+
+def encode_data_head(header: dict) -> bytes:
+    """A data transfer's payload up to the message: sent before the message's own
+    bytes, so a large message is never copied to be joined to its header."""
     h = _dumps(header)
-    return b"".join((DATA_MAGIC, _pack_u32(len(h)), h, message))
+    return b"".join((DATA_MAGIC, _pack_u32(len(h)), h))
 
 
 def decode_data(payload) -> tuple[dict, bytes]:

@@ -31,7 +31,7 @@ class Conn:
 
     __slots__ = ("conn_id", "sock", "fd", "peer", "transport", "connection", "collector",
                  "collector_address", "links", "reported", "closing", "dead", "lost", "want_write", "tail_closed",
-                 "head_closed", "tick_at", "handshake_at", "ir", "refused")
+                 "head_closed", "tick_at", "handshake_at", "ir", "refused", "streaming")
 
     def __init__(self, conn_id: int, sock, peer: str, transport, connection, collector):
         self.conn_id = conn_id
@@ -54,6 +54,7 @@ class Conn:
         self.handshake_at = 0  # until proton runs its own idle timer: cut the peer at this time
         self.ir = None  # inter-router connections: their interrouter.Peer (None: a client connection)
         self.refused = False  # a client connection closed at open (it claimed to be a router)
+        self.streaming: set = set()  # its links with large messages going out (streaming.py)
 
     def __repr__(self) -> str:
         return f"<Conn {self.conn_id} {self.peer}>"
@@ -63,7 +64,7 @@ class Link:
     """A link the adapter has reported to the core (or refused)."""
 
     __slots__ = ("link_id", "conn", "ptr", "is_receiver", "name", "core_attached",
-                 "out", "rx_d", "rx_buf", "rx_handle", "rx_tag", "rx_settled", "rx_size")
+                 "out", "rx_d", "rx_buf", "rx_handle", "rx_tag", "rx_settled", "rx_size", "streams")
 
     def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str):
         self.link_id = link_id
@@ -83,6 +84,9 @@ class Link:
         self.rx_tag = b""
         self.rx_settled = False
         self.rx_size = 0
+        # Sender links: messages going out piece by piece, and what queued behind them
+        # (streaming.py); None until the first large one.
+        self.streams = None
 
     def __repr__(self) -> str:
         return f"<Link {self.link_id} {self.name!r} on conn {self.conn.conn_id}>"

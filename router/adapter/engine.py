@@ -29,9 +29,10 @@ import logging
 
 from cproton_ffi import ffi, lib
 
-from router.adapter import endpoints, fastpath
+from router.adapter import endpoints, fastpath, streaming
 from router.adapter.endpoints import Conn, Link, condition_of, cstr, set_condition
 from router.adapter.interrouter import InterRouter
+from router.adapter.streaming import STREAM_MIN
 from router.core import outcomes
 from router.core.commands import (DetachLink, Drained, Forward, GrantCredit, Log, OpenLink,
                                   SendControl, SendData, SendOutcome, SettleOutgoing,
@@ -581,6 +582,8 @@ class Engine:
             self.dispatch(ConnectionLost(conn.conn_id), conn, None)
 
     def _forget_link(self, link: Link) -> None:
+        if link.streams is not None:
+            streaming.forget(link)
         self._links_by_ptr.pop(link.ptr, None)
         self._links.pop(link.link_id, None)
         link.conn.links.pop(link.link_id, None)
@@ -644,10 +647,16 @@ class Engine:
                 link = self._links.get(cmd.link_id)
                 if link is None:
                     continue  # the link went away in this batch; the core hears of it next
+                payload = cmd.payload
+                if link.streams or len(payload) >= STREAM_MIN:
+                    # Large: fed to proton piece by piece (streaming.py); or queued
+                    # behind one that is.
+                    streaming.send(link, cmd.tag, payload, cmd.settled)
+                    touched.add(link.conn)
+                    continue
                 lp = link.ptr
                 tag = cmd.tag
                 d = _delivery_new(lp, (len(tag), _from_buffer(tag)))
-                payload = cmd.payload
                 _link_send(lp, payload, len(payload))
                 _link_advance(lp)
                 if cmd.settled:
@@ -685,7 +694,7 @@ class Engine:
                 link = self._links.get(cmd.link_id)
                 if link is None:
                     continue
-                d = link.out.pop(cmd.tag, None)
+                d = link.out.pop(cmd.tag, None) if not link.streams else streaming.settle(link, cmd.tag)
                 if d is None:
                     continue
                 last = self._seen.pop(d, None) if self._seen else None

@@ -106,7 +106,7 @@ _link_flow = lib.pn_link_flow
 _unpack = ffi.unpack
 _from_buffer = ffi.from_buffer
 _buffer = ffi.buffer
-_encode_data = codec.encode_data
+_encode_data_head = codec.encode_data_head
 _decode_data = codec.decode_data
 
 
@@ -585,17 +585,25 @@ class InterRouter:
             self.dropped_data += 1
             log.debug("no connection to router %s: data transfer dropped", cmd.router_id)
             return
-        payload = _encode_data(cmd.header, cmd.payload)
+        head = _encode_data_head(cmd.header)  # the message follows it, not copied to join it
         queue = peer.queue
         if not queue and _link_credit(peer.data_out) > 0:
-            self._send(peer.data_out, cmd.tag, payload)
+            self._send_data(peer.data_out, cmd.tag, head, cmd.payload)
             self.touched.add(peer.conn)
             return
-        queue.append((cmd.tag, payload))
+        queue.append((cmd.tag, head, cmd.payload))
         if len(queue) > QUEUE_BOUND and peer not in self.congested:
             self.congested.add(peer)
             log.warning("router %s (connection %d) is slow: %d data transfers queued; pausing credit on the "
                         "data links of the other routers", cmd.router_id, peer.conn.conn_id, len(queue))
+
+    @staticmethod
+    def _send_data(lp, tag: bytes, head: bytes, message: bytes) -> None:
+        d = _delivery_new(lp, (len(tag), _from_buffer(tag)))
+        _link_send(lp, head, len(head))
+        _link_send(lp, message, len(message))
+        _link_advance(lp)
+        _delivery_settle(d)  # pre-settled
 
     @staticmethod
     def _send(lp, tag: bytes, payload: bytes) -> None:
@@ -610,10 +618,10 @@ class InterRouter:
         if not queue or peer.state != UP:
             return
         lp = peer.data_out
-        send = self._send
+        send = self._send_data
         while queue and _link_credit(lp) > 0:
-            tag, payload = queue.popleft()
-            send(lp, tag, payload)
+            tag, head, message = queue.popleft()
+            send(lp, tag, head, message)
         self.touched.add(peer.conn)
         if peer in self.congested and len(queue) <= QUEUE_BOUND // 2:
             self._uncongest(peer)

@@ -36,6 +36,7 @@ import time
 
 from cproton_ffi import ffi, lib
 
+from router.adapter import streaming
 from router.adapter.endpoints import Conn, condition_of
 from router.adapter.engine import Engine
 from router.core.events import ListenersReady, ShutdownRequested, TimerFired
@@ -45,6 +46,7 @@ log = logging.getLogger("eorouter.server")
 NULL = ffi.NULL
 READ = selectors.EVENT_READ
 WRITE = selectors.EVENT_WRITE
+MAX_FEEDS_PER_WRITE = 4  # streaming.FEED_BUDGET each: 4 MiB per connection per loop round
 IO_SIZE = 256 * 1024
 ACCEPT_BATCH = 64
 CLOSE_WAIT = 3.0  # how long closing connections get to finish their close handshake
@@ -482,6 +484,7 @@ class Server:
     def _write(self, conn: Conn) -> None:
         transport = conn.transport
         sock = conn.sock
+        feeds = 0  # rounds of large-message pieces this call (a few, then the others' turn)
         while True:
             pending = _transport_pending(transport)
             if pending < 0:  # our side is done (close sent or transport error)
@@ -497,6 +500,14 @@ class Server:
                     self._redo.add(conn)
                 break
             if pending == 0:
+                # Everything written: feed the next pieces of large messages, if any
+                # (router/adapter/streaming.py), and write again.
+                if conn.streaming:
+                    if feeds == MAX_FEEDS_PER_WRITE:
+                        self._redo.add(conn)  # more to go: on the next round of the loop
+                    elif self._feed_streams(conn):
+                        feeds += 1
+                        continue
                 if conn.want_write:
                     conn.want_write = False
                     self._update_interest(conn)
@@ -520,6 +531,14 @@ class Server:
                 break
         if _collector_peek(conn.collector) != NULL:
             self._redo.add(conn)
+
+    @staticmethod
+    def _feed_streams(conn: Conn) -> bool:
+        """Feed each link's large messages a budget's worth; True when bytes moved."""
+        moved = 0
+        for link in list(conn.streaming):
+            moved += streaming.feed(link, streaming.FEED_BUDGET)
+        return moved > 0
 
     def _io_failed(self, conn: Conn, what: str) -> None:
         """A bug while moving bytes for one connection: drop that connection only."""

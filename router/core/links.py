@@ -75,7 +75,8 @@ class Subscription:
 
 
 class Topic:
-    __slots__ = ("name", "subscriptions", "publishers", "records", "unsettled", "outstanding_credit", "roster")
+    __slots__ = ("name", "subscriptions", "publishers", "records", "unsettled", "outstanding_credit", "roster",
+                 "bytes", "est", "largest_recent", "at_budget")
 
     def __init__(self, name: str):
         self.name = name
@@ -91,6 +92,15 @@ class Topic:
         # The owed subscriptions as a records.Roster, built when needed; None after any
         # change to them (a subscription comes, goes, changes link or settle mode).
         self.roster = None
+        # The byte budget (docs/configuration.md, [limits]): message bytes its records
+        # hold; the size its outstanding credit is counted at (the largest recent
+        # message: it grows at once, and halves per credit grant while messages stay
+        # smaller; it starts at the largest allowed, so the first grant is safe);
+        # the largest size since the last grant; and whether it sits at its budget.
+        self.bytes = 0
+        self.est = 0  # set by the core to max_message_size when the topic is made
+        self.largest_recent = 0
+        self.at_budget = False
 
     def idle(self) -> bool:
         return not (self.subscriptions or self.publishers or self.records)

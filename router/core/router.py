@@ -64,6 +64,9 @@ _TIMER_PUBLISHER_GONE = 7
 _TIMER_MEMBERSHIP = 8
 _TIMER_STREAM_SEQ = 9
 _TIMER_SETTLED_SWEEP = 10
+# What a topic may always hold, in largest messages, whatever the router-wide
+# byte budget says (the rest of the router keeps flowing when some topics are stuck).
+TOPIC_FLOOR_MESSAGES = 4
 # The condition a resend is refused with when the network may have finished and
 # forgotten it (docs/resumption.md, "What a publisher may rely on").
 BEYOND_HORIZON_CONDITION = "eorouter:resend-beyond-horizon"
@@ -126,6 +129,14 @@ class RouterCore(ResumptionMixin):
         self._settled_tags = SettledMemory(settings.max_in_flight_per_topic, settings.resume_horizon,
                                            settings.remembered_streams, settings.forgotten_streams)
         self._sweep_at: float | None = None  # the next sweep of that memory, once armed
+        # The byte budget: message bytes every record here holds, what the credit
+        # outstanding on every topic may still bring (its count times the topic's
+        # size estimate), and the topics whose grants wait for router-wide room.
+        self.bytes_held = 0
+        self._promised = 0
+        self._starved: dict[str, None] = {}  # topic names, in the order they began to wait
+        self._pending_refills: list = []  # topics to refill once this event is handled
+        self._topic_floor = min(settings.max_bytes_in_flight_per_topic, TOPIC_FLOOR_MESSAGES * settings.max_message_size)
         # publisher stream -> the highest stream_seq seen here (from its publisher or
         # relayed): a publisher that resumes here continues its stream's numbering.
         self._stream_seq: dict[bytes, int] = {}
@@ -168,9 +179,20 @@ class RouterCore(ResumptionMixin):
         """Apply one event; return the commands it causes, in order."""
         out: list = []
         self._handlers[type(event)](event, now, out)
+        if self._pending_refills:
+            self._refill_pending(out)
         if self.draining and not self._shutdown_done:
             self._maybe_finish_shutdown(now, out)
         return out
+
+    def _refill_pending(self, out: list) -> None:
+        pending = self._pending_refills
+        self._pending_refills = []
+        for topic in pending:
+            if self.topics.get(topic.name) is topic:
+                self._refill_credit(topic, out)
+            else:
+                self._starved.pop(topic.name, None)  # gone meanwhile
 
     def accepted_batch(self, items: list, now: float, out: list) -> None:
         """``handle(OutcomeReceived(link_id, tag, ACCEPTED, settled), now)`` for each of
@@ -226,6 +248,8 @@ class RouterCore(ResumptionMixin):
                 continue
             self._on_accepted_compact(sub, record, i, settled, now, out)
             run = None
+        if self._pending_refills:
+            self._refill_pending(out)
         if self.draining and not self._shutdown_done:
             self._maybe_finish_shutdown(now, out)
 
@@ -434,6 +458,7 @@ class RouterCore(ResumptionMixin):
         topic = self.topics[pub.topic]
         del topic.publishers[pub.link_id]
         topic.outstanding_credit -= pub.credit
+        self._promised -= pub.credit * topic.est
         pub.credit = 0
         out.append(Log("link-detached", {"link": pub.link_id, "container": pub.container_id,
                                          "name": pub.name, "role": PUBLISHER, "closed": reason == "closed",
@@ -541,6 +566,13 @@ class RouterCore(ResumptionMixin):
         if pub.credit > 0:
             pub.credit -= 1
             topic.outstanding_credit -= 1
+            self._promised -= topic.est
+        size = len(ev.payload)
+        if size > topic.largest_recent:
+            topic.largest_recent = size
+            if size > topic.est:  # larger than its credit was counted at: count it so from now
+                self._promised += topic.outstanding_credit * (size - topic.est)
+                topic.est = size
         seq = pub.next_seq
         pub.next_seq = seq + 1
         self._stream_seq[pub.stream] = seq
@@ -657,6 +689,9 @@ class RouterCore(ResumptionMixin):
         self.by_delivery[ev.delivery] = record
         topic.records[record.order] = record
         topic.unsettled += 1
+        size = len(payload)
+        topic.bytes += size
+        self.bytes_held += size
         if routers:
             self._send_towards(record, routers, now, out)
         if self._lost:
@@ -813,6 +848,7 @@ class RouterCore(ResumptionMixin):
         if pub is not None and pub.credit > 0:
             pub.credit -= 1
             self.topics[pub.topic].outstanding_credit -= 1
+            self._promised -= self.topics[pub.topic].est
         description = f"message of {ev.size}+ bytes exceeds the router's limit of {self.settings.max_message_size}"
         if ev.settled:
             out.append(Log("dropped", {"delivery": None, "reason": description}))
@@ -1177,6 +1213,8 @@ class RouterCore(ResumptionMixin):
                 # It never got it, or got it on a link that is gone: there is no
                 # settlement to relay on the current link.
                 state.known_settled = True
+        if payload is not None and record.payload is None:
+            self._release_bytes(topic, payload)
         if record.remote_routers or record.moved:  # else settle_pending stays the empty set
             targets = set(record.remote_routers)
             for moved in record.moved.values():
@@ -1255,6 +1293,9 @@ class RouterCore(ResumptionMixin):
         del self.records[record.tag]
         topic = self.topics[record.topic]
         del topic.records[record.order]
+        if record.payload is not None:
+            self._release_bytes(topic, record.payload)
+            record.payload = None
         if not record.pub_settled and record.origin_router is None:
             topic.unsettled -= 1
             if record.pub_delivery is not None:
@@ -1288,6 +1329,8 @@ class RouterCore(ResumptionMixin):
         publishers ignore the bound and are topped up at their own messages."""
         publishers = topic.publishers
         if self.draining or not publishers:
+            if self._starved:
+                self._starved.pop(topic.name, None)  # nobody there to wait
             return
         settings = self.settings
         limit = settings.max_in_flight_per_topic
@@ -1298,8 +1341,43 @@ class RouterCore(ResumptionMixin):
         if window < 1:
             window = 1
         room = limit - topic.unsettled - topic.outstanding_credit
-        if bound_only and room * 8 < window:
+        # The byte budget, in messages of the topic's size estimate. Each publisher's
+        # window is its share of the topic's budget, as it is of the in-flight bound;
+        # the room is what the topic's and the router's budgets have left beyond what
+        # is held and promised.
+        est = topic.est
+        byte_window = settings.max_bytes_in_flight_per_topic // (est * len(publishers))
+        if byte_window < window:
+            window = byte_window if byte_window > 1 else 1
+        by_bytes = (settings.max_bytes_in_flight_per_topic - topic.bytes) // est - topic.outstanding_credit
+        router_room = (settings.max_bytes_in_flight - self.bytes_held - self._promised) // est
+        # Every topic may hold a few largest messages whatever the others hold: topics
+        # stuck at their budgets must not stop the rest (it bounds memory at the
+        # router's budget plus that floor per topic in flight).
+        floor = (self._topic_floor - topic.bytes) // est - topic.outstanding_credit
+        if floor > router_room:
+            router_room = floor
+        router_limited = router_room < by_bytes and router_room < room
+        if router_room < by_bytes:
+            by_bytes = router_room
+        eighth = window
+        if by_bytes < room:
+            # Bytes are what is left: what fits goes out however little (it may stay
+            # under an eighth of a window for good: the floor, or a window another
+            # publisher took while the topic's sizes were not known yet). Each grant
+            # then lets the size estimate follow the messages down.
+            room = by_bytes
+            eighth = 0
+        if router_limited and self._starved and topic.name not in self._starved:
+            # Others wait for the router's room: they get it first, in turn.
+            self._starved[topic.name] = None
             return
+        if room < 1 and by_bytes == room and not topic.at_budget \
+                and not any(p.credit for p in publishers.values() if not p.presettled):
+            self._at_budget(topic, router_limited, out)
+        if bound_only and room * 8 < eighth:
+            return
+        granted = False
         for pub in publishers.values():
             want = window - pub.credit
             if want * 2 < window or pub.awaiting_seq:
@@ -1307,12 +1385,58 @@ class RouterCore(ResumptionMixin):
             if not pub.presettled:
                 if room < want:
                     want = room
-                    if want <= 0 or want * 8 < window:
+                    if want <= 0 or want * 8 < eighth:
                         continue
                 room -= want
             pub.credit += want
             topic.outstanding_credit += want
+            self._promised += want * est
+            granted = True
             out.append(GrantCredit(pub.link_id, want))
+        if granted:
+            self._starved.pop(topic.name, None)
+            largest = topic.largest_recent
+            topic.largest_recent = 0
+            if 0 < largest < est >> 1 and est > 1024:
+                # Messages stayed smaller: count its credit at half the size from now.
+                new_est = est >> 1 if (est >> 1) > largest else largest
+                if new_est < 1024:
+                    new_est = 1024
+                self._promised -= topic.outstanding_credit * (est - new_est)
+                topic.est = new_est
+            if topic.at_budget:
+                topic.at_budget = False
+                out.append(Log("budget", {"topic": topic.name, "state": "below", "bytes": topic.bytes,
+                                          "router_bytes": self.bytes_held}))
+
+    def _at_budget(self, topic: Topic, router_wide: bool, out: list) -> None:
+        """The byte budget withholds the topic's credit: say so once, and remember to
+        grant again when the router's other topics give bytes back."""
+        if router_wide:
+            self._starved[topic.name] = None
+        if not topic.at_budget:
+            topic.at_budget = True
+            out.append(Log("budget", {"topic": topic.name, "state": "reached", "bytes": topic.bytes,
+                                      "router_bytes": self.bytes_held,
+                                      "limit": "router" if router_wide else "topic"}))
+
+    def _hold_bytes(self, topic: Topic, payload: bytes | None) -> None:
+        if payload is not None:
+            size = len(payload)
+            topic.bytes += size
+            self.bytes_held += size
+
+    def _release_bytes(self, topic: Topic, payload: bytes) -> None:
+        size = len(payload)
+        topic.bytes -= size
+        self.bytes_held -= size
+        if self._starved:
+            # Room router-wide: the topics waiting for it try again, in turn, once this
+            # event is handled (a topic that did not wait joins the end of the line).
+            for name in self._starved:
+                other = self.topics.get(name)
+                if other is not None and other not in self._pending_refills:
+                    self._pending_refills.append(other)
 
     # ------------------------------------------------------------ timers
 
@@ -1776,6 +1900,7 @@ class RouterCore(ResumptionMixin):
             self._saw_seq(record)
             self.records[tag] = record
             topic.records[record.order] = record
+            self._hold_bytes(topic, record.payload)
             out.append(Log("received", {
                 "delivery": record.delivery_id, "topic": topic_name, "publisher": record.publisher,
                 "link_name": record.link_name, "pub_tag": header.get("ptag"), "incarnation": record.incarnation,
@@ -1804,6 +1929,7 @@ class RouterCore(ResumptionMixin):
         self._saw_seq(record)
         self.records[tag] = record
         topic.records[record.order] = record
+        self._hold_bytes(topic, record.payload)
         self._after_distribute_to_resumed(record, topic, now, out)
         if record.expires_at is not None:
             if record.expires_at <= now:
@@ -1960,6 +2086,7 @@ class RouterCore(ResumptionMixin):
         topic = self.topics.get(name)
         if topic is None:
             topic = self.topics[name] = Topic(name)
+            topic.est = self.settings.max_message_size
         return topic
 
     def _drop_topic_if_idle(self, topic: Topic) -> None:

@@ -16,6 +16,11 @@ class CoreSettings:
     # Most credit one publisher link holds at a time.
     publisher_credit_window: int = 250
     max_message_size: int = 1024 * 1024
+    # Most message bytes the router's delivery records may hold, router-wide and per
+    # topic (the payloads of deliveries in flight): publisher credit is withheld
+    # before either is reached (docs/configuration.md).
+    max_bytes_in_flight: int = 1024 * 1024 * 1024
+    max_bytes_in_flight_per_topic: int = 256 * 1024 * 1024
     # Terminus timeout bounds (seconds) for durable subscriptions; a peer asking for
     # 0 gets the default, one asking for more than the maximum gets the maximum.
     default_terminus_timeout: int = 60

@@ -67,6 +67,7 @@ SAMPLE_FIELDS = {
     "resend-matched": {"delivery": "ab12", "link": 7},
     "stream-seq-continued": {"link": 7, "next_seq": 398},
     "resend-beyond-horizon": {"delivery": "ab12", "stream": "ab", "origin_router": "B"},
+    "budget": {"topic": "t", "state": "reached", "bytes": 1024, "router_bytes": 4096, "limit": "topic"},
     "streams-forgotten": {"count": 3, "remembered": 12},
     "stream-seq-timeout": {"link": 7, "routers": ["A"]},
     "origin-taken-over": {"delivery": "ab12", "from_router": "A"},

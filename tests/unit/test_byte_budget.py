@@ -1,0 +1,118 @@
+"""The byte budget (issue 16, part 4): publisher credit is withheld before the
+message bytes a router's records hold reach its budget, per topic and router-wide;
+it comes back as deliveries finish; small messages are not throttled by it."""
+
+from __future__ import annotations
+
+from router.core.commands import Forward, GrantCredit
+
+from corekit import Harness, encode
+
+KB = 1024
+BIG = encode("x" * (100 * KB))  # one AMQP message of about 100 KB
+
+
+def credit_of(h, link) -> int:
+    return h.core.publishers[link].credit
+
+
+def granted(commands, link) -> int:
+    return sum(c.credit for c in commands if isinstance(c, GrantCredit) and c.link_id == link)
+
+
+def fill(h, pub, sub, limit=10_000):
+    """Publish 100 KB messages while the publisher has credit; the subscriber takes
+    them and answers nothing. Returns the tags sent to it."""
+    tags = []
+    n = 0
+    while credit_of(h, pub) and n < limit:
+        n += 1
+        _, out = h.publish(pub, str(n).encode(), payload=BIG)
+        tags += [c.tag for c in out if isinstance(c, Forward) and c.link_id == sub]
+    return tags
+
+
+def budget_lines(h):
+    return [(e.fields["topic"], e.fields["state"]) for e in h.logs if e.kind == "budget"]
+
+
+def test_a_topic_at_its_byte_budget_gets_no_more_credit_until_deliveries_finish():
+    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB,
+                max_bytes_in_flight=64 * 1024 * KB)
+    h.attach_subscriber(1, topic="big")
+    h.credit(1, 1000)
+    h.attach_publisher(2, topic="big", rcv_first=True)
+    tags = fill(h, 2, 1)
+    held = h.core.topics["big"].bytes
+    assert held <= 1024 * KB, f"{held} bytes held, over the topic's budget"
+    assert len(tags) >= 8, "the budget is used, not left idle"
+    assert credit_of(h, 2) == 0
+    assert budget_lines(h) == [("big", "reached")]
+    for tag in tags[:5]:  # five finish: their bytes go back, and credit with them
+        out = h.answer(1, tag)
+    assert granted(out, 2) > 0 or credit_of(h, 2) > 0
+    assert budget_lines(h) == [("big", "reached"), ("big", "below")]
+
+
+def test_the_router_wide_budget_holds_across_topics_and_credit_returns_where_it_waited():
+    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB,
+                max_bytes_in_flight=1536 * KB)
+    for n, topic in ((1, "a"), (3, "b")):
+        h.attach_subscriber(n, topic=topic)
+        h.credit(n, 1000)
+    h.attach_publisher(2, topic="a", rcv_first=True)
+    tags_a = fill(h, 2, 1)
+    h.attach_publisher(4, topic="b", rcv_first=True)
+    tags_b = fill(h, 4, 3)
+    assert h.core.bytes_held <= 1536 * KB
+    assert credit_of(h, 2) == 0 and credit_of(h, 4) == 0
+    assert ("b", "reached") in budget_lines(h)
+    for tag in tags_a:  # topic a's deliveries finish: b may go on
+        h.answer(1, tag)
+    assert credit_of(h, 4) > 0, "b's credit came back when a gave its bytes back"
+    assert tags_b
+
+
+def test_small_messages_are_not_throttled_by_the_budget():
+    h = Harness(max_bytes_in_flight_per_topic=4 * 1024 * KB, max_bytes_in_flight=8 * 1024 * KB)
+    h.attach_subscriber(1, topic="small")
+    h.credit(1, 100_000)
+    h.attach_publisher(2, topic="small", rcv_first=True)
+    sent = 0
+    for n in range(3000):
+        if not credit_of(h, 2):
+            break
+        _, out = h.publish(2, str(n).encode(), body="tiny")
+        for c in out:
+            if isinstance(c, Forward):
+                h.answer(1, c.tag)
+        sent += 1
+    assert sent == 3000, f"credit ran out after {sent} small messages"
+    assert h.core.topics["small"].est < 4 * KB, "the size estimate followed the messages down"
+    assert budget_lines(h) == []
+    assert h.core.bytes_held == 0 and h.core._promised == h.core.topics["small"].outstanding_credit * \
+        h.core.topics["small"].est
+
+
+def test_a_topic_keeps_flowing_while_stuck_topics_hold_the_whole_router_budget():
+    """Every topic may hold a few largest messages whatever the others hold."""
+    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB,
+                max_bytes_in_flight=2048 * KB)
+    for n, topic in ((1, "stuck-1"), (3, "stuck-2")):
+        h.attach_subscriber(n, topic=topic)
+        h.credit(n, 1000)
+        h.attach_publisher(n + 1, topic=topic, rcv_first=True)
+        fill(h, n + 1, n)
+    assert h.core.bytes_held >= 1800 * KB, "the stuck topics hold the router's budget"
+    h.attach_subscriber(5, topic="live")
+    h.credit(5, 100_000)
+    h.attach_publisher(6, topic="live", rcv_first=True)
+    delivered = 0
+    for n in range(500):
+        assert credit_of(h, 6), f"the live topic stopped after {n} messages"
+        _, out = h.publish(6, str(n).encode(), body="small")
+        for c in out:
+            if isinstance(c, Forward):
+                h.answer(5, c.tag)
+                delivered += 1
+    assert delivered == 500
