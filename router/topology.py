@@ -27,7 +27,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from router.launcher import RouterProcess, read_event_log
+from router.launcher import RouterError, RouterProcess, read_event_log
 
 DEFAULT_TOPOLOGY = """\
 # The embedded default: three routers, each linked to the other two.
@@ -183,9 +183,20 @@ class RouterNetwork:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        """SIGTERM every running router, the last started first (one that will not stop
+        is SIGKILLed); a router that stopped wrongly is reported once all are down."""
+        problems = []
         for router in reversed(list(self.routers.values())):
-            if router.is_running():
-                router.terminate()
+            try:
+                if router.is_running():
+                    router.terminate()
+            except RouterError as err:
+                problems.append(err)
+            finally:
+                if router.is_running():
+                    router.kill()
+        if problems:
+            raise problems[0]
 
     def describe(self) -> str:
         lines = []
@@ -195,8 +206,28 @@ class RouterNetwork:
         return "\n".join(lines)
 
 
+# What launching, watching and stopping routers can raise: a router that failed
+# (RouterError), routes that never converged (TimeoutError), files that could not be
+# made (OSError). A command line reports them in one line (launch_failure), never as
+# a traceback.
+LAUNCH_ERRORS = (RouterError, OSError)
+
+
+def launch_failure(err: BaseException) -> str:
+    """One line saying why a launch failed (the router's own stderr stays in its file)."""
+    if isinstance(err, RouterError):
+        text = err.brief
+    elif isinstance(err, OSError) and err.strerror and err.filename:
+        text = f"{err.strerror}: {err.filename}"  # not "[Errno 20] Not a directory: '...'"
+    else:
+        text = str(err)
+    return " ".join(text.split()) or type(err).__name__
+
+
 def main(args) -> int:
-    """``eorouter network``: launch, print where each router listens, wait for Ctrl-C."""
+    """``eorouter network``: launch, print where each router listens, wait for Ctrl-C
+    (or SIGTERM). Exit 0 after a stop asked for, 1 when a router failed (one line on
+    stderr says which and why), 2 for a bad topology file."""
     try:
         topology = load_topology(args.topology)
     except TopologyError as err:
@@ -206,6 +237,7 @@ def main(args) -> int:
     network = RouterNetwork(workdir, topology)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    failure = None
     try:
         network.start()
         print(f"eorouter network: {len(topology.routers)} routers converged (data in {workdir})\n"
@@ -214,11 +246,22 @@ def main(args) -> int:
             time.sleep(0.2)
             for router_id, router in network.routers.items():
                 if router.died_unexpectedly():
-                    print(f"eorouter network: router {router_id} exited ({router.returncode})", file=sys.stderr)
+                    failure = RouterError(f"router {router_id} exited with {router.returncode}",
+                                          brief=f"router {router_id} exited with {router.returncode}: "
+                                                f"{router.stderr_tail(1).strip() or '(no output)'} "
+                                                f"(its output: {router.stderr_path})")
                     stop.append(True)
     except KeyboardInterrupt:
         pass
+    except LAUNCH_ERRORS as err:
+        failure = err
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan routers
-        network.stop()
+        try:
+            network.stop()
+        except LAUNCH_ERRORS as err:
+            failure = failure or err
+    if failure is not None:
+        print(f"eorouter network: {launch_failure(failure)}", file=sys.stderr, flush=True)
+        return 1
     return 0
