@@ -193,3 +193,12 @@ def test_a_work_folder_that_cannot_be_made_is_one_line(tmp_path):
     code = cmd.wait_exit()
     assert code == 1
     assert cmd.stderr().strip() == f"eorouter network: Not a directory: {tmp_path / 'taken' / 'net'}"
+
+
+def test_a_bad_topology_file_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "ring.toml").write_text('[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[link]]\nbetwen = ["A", "B"]\n')
+    cmd = NetworkCommand(tmp_path, ["eorouter", "network", "--topology", "ring.toml"])
+    assert cmd.wait_exit() == 2
+    assert cmd.stderr() == ("eorouter network: ring.toml: link[0].betwen: unknown key (did you mean 'between'?); "
+                            "known keys in [[link]]: between\n")
+    assert not (tmp_path / "network").exists(), "nothing is started for a bad file"
