@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             server.bind()
         except OSError as exc:
-            return _fail(f"cannot listen: {exc}", 1)
+            return _fail(exc.strerror or f"cannot listen: {exc}", 1)  # names the address and port
 
         def on_signal(signum, frame):
             if server.stop_requested:

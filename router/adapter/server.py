@@ -147,9 +147,16 @@ class Server:
         for lst in self.listeners:
             sock = socket.socket(socket.AF_INET6 if ":" in lst.host else socket.AF_INET,
                                  socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((lst.host, lst.port))
-            sock.listen(128)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((lst.host, lst.port))
+                sock.listen(128)
+            except OSError as exc:
+                sock.close()
+                # "Address already in use" alone does not say which of the listeners.
+                where = f"[{lst.host}]:{lst.port}" if ":" in lst.host else f"{lst.host}:{lst.port}"
+                raise OSError(exc.errno, f"cannot listen on {where} ({lst.role} listener): "
+                                         f"{exc.strerror or exc}") from exc
             sock.setblocking(False)
             lst.sock = sock
             lst.port = sock.getsockname()[1]
