@@ -30,7 +30,7 @@ import logging
 from cproton_ffi import ffi, lib
 
 from router.adapter import endpoints, fastpath
-from router.adapter.endpoints import Conn, Link, condition_of, cstr, set_condition
+from router.adapter.endpoints import Conn, Link, condition_of, cstr, printable, set_condition
 from router.adapter.interrouter import InterRouter
 from router.core import outcomes
 from router.core.commands import (DetachLink, Drained, Forward, GrantCredit, Log, OpenLink,
@@ -234,7 +234,7 @@ class Engine:
                 elif etype == PN_TRANSPORT_ERROR:
                     name, desc = condition_of(lib.pn_transport_condition(conn.transport))
                     log.info("connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer,
-                             name, desc)
+                             name, printable(desc))  # a bounded, escaped prefix of what a non-AMQP peer sent
                     if desc and "idle-timeout" in desc:
                         # The peer is silent: the close frame proton queued may never
                         # leave (on a cut link the socket's send buffer is full), and
@@ -559,7 +559,8 @@ class Engine:
     def AMQP_connection_close(self, conn: Conn) -> None:
         name, desc = condition_of(lib.pn_connection_remote_condition(conn.connection))
         if name:
-            log.info("connection %d (%s) closed by peer: %s: %s", conn.conn_id, conn.peer, name, desc)
+            log.info("connection %d (%s) closed by peer: %s: %s", conn.conn_id, conn.peer, printable(name),
+                     printable(desc))
         if not lib.pn_connection_state(conn.connection) & endpoints.LOCAL_CLOSED:
             lib.pn_connection_close(conn.connection)
         self.touched.add(conn)

@@ -36,7 +36,7 @@ import time
 
 from cproton_ffi import ffi, lib
 
-from router.adapter.endpoints import Conn, condition_of
+from router.adapter.endpoints import Conn, condition_of, printable
 from router.adapter.engine import Engine
 from router.core.events import ListenersReady, ShutdownRequested, TimerFired
 
@@ -593,7 +593,7 @@ class Server:
         lib.pn_decref(transport)
         lib.pn_collector_free(collector)
         if name and name != "amqp:connection:framing-error":
-            log.info("connection %d (%s) closed: %s: %s", conn.conn_id, conn.peer, name, desc)
+            log.info("connection %d (%s) closed: %s: %s", conn.conn_id, conn.peer, printable(name), printable(desc))
         else:
             log.info("connection %d (%s) closed", conn.conn_id, conn.peer)
         dialer = conn.ir.dialer if conn.ir is not None else None
