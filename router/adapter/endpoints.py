@@ -62,7 +62,7 @@ class Conn:
 class Link:
     """A link the adapter has reported to the core (or refused)."""
 
-    __slots__ = ("link_id", "conn", "ptr", "is_receiver", "name", "core_attached",
+    __slots__ = ("link_id", "conn", "ptr", "is_receiver", "name", "address", "core_attached",
                  "out", "rx_d", "rx_buf", "rx_handle", "rx_tag", "rx_settled", "rx_size")
 
     def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str):
@@ -71,6 +71,7 @@ class Link:
         self.ptr = ptr
         self.is_receiver = is_receiver  # our end receives: the peer is a publisher
         self.name = name
+        self.address: str | None = None  # the topic its attach named (for the logs)
         # The core believes this link is attached: it accepted the LinkAttached and has
         # not seen a LinkDetached nor issued a DetachLink for it.
         self.core_attached = False

@@ -501,14 +501,11 @@ class Engine:
         conn.links[link_id] = link
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
         event = endpoints.attach_event(link, container_id, self.publishers_settle_first)
+        link.address = event.address
         if event.address is not None and event.address.startswith(RESERVED_PREFIX):
             # The inter-router protocol's addresses: never a client's, never the core's.
-            log.warning("connection %d (%s): refused link %r to %r: a reserved address",
-                        conn.conn_id, conn.peer, link.name, event.address)
-            endpoints.detach_link(link, UNAUTHORIZED,
-                                  f"addresses starting with {RESERVED_PREFIX} are reserved for "
-                                  "inter-router connections", True)
-            self.touched.add(conn)
+            self._refuse_attach(link, UNAUTHORIZED, f"addresses starting with {RESERVED_PREFIX} are reserved "
+                                                    "for inter-router connections")
             return
         conn.reported = True
         link.core_attached = True
@@ -516,9 +513,7 @@ class Engine:
             commands = self.core.handle(event, self.now)
         except ProtocolError as err:
             link.core_attached = False
-            log.info("connection %d: refused link %r: %s", conn.conn_id, link.name, err)
-            endpoints.detach_link(link, err.condition, err.description, True)
-            self.touched.add(conn)
+            self._refuse_attach(link, err.condition, err.description)
             return
         except Exception:
             link.core_attached = False
@@ -742,8 +737,22 @@ class Engine:
         if link is None:
             return
         link.core_attached = False
+        if lib.pn_link_state(link.ptr) & endpoints.LOCAL_UNINIT:  # never opened: the core refused the attach
+            self._refuse_attach(link, cmd.condition, cmd.description, cmd.close)
+            return
         endpoints.detach_link(link, cmd.condition, cmd.description, cmd.close)
         self.touched.add(link.conn)
+
+    def _refuse_attach(self, link: Link, condition: str, description: str | None, close: bool = True) -> None:
+        """Answer an attach with a detach carrying the error, and log it: one line of
+        the same form for every refusal, whoever decided it (this adapter, or the core
+        with a ProtocolError or a DetachLink before any OpenLink)."""
+        conn = link.conn
+        log.info("connection %d (%s): refused %s link %s (address %s): %s: %s", conn.conn_id, conn.peer,
+                 "publisher" if link.is_receiver else "subscriber", printable(repr(link.name)),
+                 printable(repr(link.address)), condition, printable(description))
+        endpoints.detach_link(link, condition, description, close)
+        self.touched.add(conn)
 
     # ================================================================== connection-wide
     def close_connection(self, conn: Conn, condition: str | None, description: str | None) -> None:

@@ -367,3 +367,42 @@ def test_printable(text, logged):
     from router.adapter.endpoints import printable
 
     assert printable(text) == logged
+
+
+def test_every_refused_attach_is_logged_the_same_way(router_factory, amqp):
+    """A refusal decided by the core (no address, an address too long) was not logged at
+    all, while the adapter's own (a reserved address) was, in another form: now each is
+    one INFO line naming the connection, role, link, address, condition and reason."""
+    import re
+    import time
+
+    from router.core.router import MAX_ADDRESS_LENGTH
+
+    router = router_factory("R")
+    conn = amqp.connect(router.url)
+    long_address = "t" * (MAX_ADDRESS_LENGTH + 1)
+    attempts = [  # (role, address, link name, condition)
+        ("publisher", None, "no-target", "amqp:invalid-field"),
+        ("subscriber", None, "no-source", "amqp:invalid-field"),
+        ("publisher", "_eorouter/control", "reserved", "amqp:unauthorized-access"),
+        ("subscriber", long_address, "too-long", "amqp:invalid-field"),
+    ]
+    for role, address, name, condition in attempts:
+        link = (conn.publisher if role == "publisher" else conn.subscriber)(address, name=name, wait=False)
+        link.wait_gone()
+        assert link.remote_condition is not None and link.remote_condition.name == condition, link.remote_condition
+    line = re.compile(r"INFO eorouter\.adapter: connection \d+ \(127\.0\.0\.1:\d+\): refused (?P<role>publisher|"
+                      r"subscriber) link '(?P<name>[^']*)' \(address (?P<address>.*?)\): (?P<condition>amqp:\S+): "
+                      r"(?P<reason>.+)$")
+    deadline = time.monotonic() + 5
+    while True:
+        found = [m.groupdict() for m in map(line.search, router.stderr_since_start().splitlines()) if m]
+        if len(found) >= len(attempts) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert [(f["role"], f["name"], f["condition"]) for f in found] == \
+        [(role, name, condition) for role, _, name, condition in attempts], router.stderr_since_start()
+    assert [f["address"] for f in found[:3]] == ["None", "None", "'_eorouter/control'"]
+    assert found[3]["address"].endswith("more characters)")  # bounded like any peer text
+    assert "needs a target address" in found[0]["reason"] and "needs a source address" in found[1]["reason"]
+    assert_round_trip(amqp, router)
