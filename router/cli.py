@@ -32,9 +32,9 @@ def _build_parser() -> argparse.ArgumentParser:
                               description="Run one router until SIGTERM/SIGINT.")
     run.add_argument("--config", "-c", required=True, metavar="PATH",
                      help="the router's TOML configuration file")
-    run.add_argument("--log-level", default="INFO",
+    run.add_argument("--log-level", default="INFO", type=str.upper,  # debug and DEBUG alike
                      choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                     help="operational log level on stderr (default: INFO)")
+                     help="operational log level on stderr, in any case (default: INFO)")
     run.set_defaults(func=cmd_run)
     network = commands.add_parser("network", help="launch a network of routers on loopback",
                                   description="Start the routers of a topology file on loopback, wait until "
@@ -132,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             server.bind()
         except OSError as exc:
-            return _fail(f"cannot listen: {exc}", 1)
+            return _fail(exc.strerror or f"cannot listen: {exc}", 1)  # names the address and port
 
         def on_signal(signum, frame):
             if server.stop_requested:

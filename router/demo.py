@@ -29,7 +29,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container, DurableSubscription
 
 from router.eventlog import read_events
-from router.topology import RouterNetwork, TopologyError, load_topology
+from router.topology import LAUNCH_ERRORS, RouterNetwork, TopologyError, launch_failure, load_topology
 
 TOPIC = "demo/news"
 POISON = "poison"
@@ -213,13 +213,17 @@ def run(messages: int = 10, hold: float = 0.05, workdir: str | None = None, topo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eorouter demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="eorouter demo --rule", description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10, help="messages per publisher (default 10)")
     parser.add_argument("--hold", type=float, default=0.05, help="seconds bob holds each delivery")
     parser.add_argument("--workdir", help="where the routers' configs and data go (default: a temp dir)")
     parser.add_argument("--topology", help="topology TOML file (default: three routers, fully linked)")
     args = parser.parse_args(argv)
-    return run(args.messages, args.hold, args.workdir, args.topology)
+    try:
+        return run(args.messages, args.hold, args.workdir, args.topology)
+    except LAUNCH_ERRORS as err:
+        print(f"eorouter demo: {launch_failure(err)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

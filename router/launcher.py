@@ -70,7 +70,21 @@ DEFAULT_CONFIG: dict = {
 
 
 class RouterError(AssertionError):
-    """A router did not behave as a process should (died, never ready, bad exit code)."""
+    """A router did not behave as a process should (died, never ready, bad exit code).
+
+    The message carries the router's stderr (for a test report); ``brief`` says the
+    same in one line, for a command line (``eorouter network``, the demos)."""
+
+    def __init__(self, message: str, brief: str | None = None):
+        super().__init__(message)
+        self.brief = brief or message.splitlines()[0]
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of a router's stderr, without the ``eorouter: `` prefix of
+    its one-line startup failures (bad config, data directory in use, port taken)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("--- start #")]
+    return lines[-1].removeprefix("eorouter: ") if lines else "(it printed nothing)"
 
 
 # --------------------------------------------------------------------------- config
@@ -168,7 +182,9 @@ class RouterProcess:
     def __init__(self, workdir: Path, router_id: str = "A", overrides: dict | None = None,
                  ready_timeout: float = 20.0, prelude: str | None = None):
         self.id = router_id
-        self.workdir = Path(workdir)
+        # Absolute: the child runs with cwd=workdir, so a relative config path (or
+        # data_dir) would be resolved a second time, inside workdir (issue 14).
+        self.workdir = Path(workdir).absolute()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.data_dir = self.workdir / router_id
         self.config_path = self.workdir / f"{router_id}.toml"
@@ -251,14 +267,18 @@ class RouterProcess:
                 self.host, self.port, self.epoch = first[1], first[2], int(match["epoch"])
                 return
             if self.proc.poll() is not None:
+                stderr = self.stderr_since_start()
                 raise RouterError(
-                    f"router {self.id} exited with {self.proc.returncode} before it was ready; "
-                    f"stderr:\n{self.stderr_since_start()}")
+                    f"router {self.id} exited with {self.proc.returncode} before it was ready; stderr:\n{stderr}",
+                    brief=f"router {self.id} exited with {self.proc.returncode} before it was ready: "
+                          f"{_last_line(stderr)} (its output: {self.stderr_path})")
             if time.monotonic() > deadline:
                 self.kill()
+                stderr = self.stderr_since_start()
                 raise RouterError(
-                    f"router {self.id} not ready after {timeout or self.ready_timeout}s; "
-                    f"stderr:\n{self.stderr_since_start()}")
+                    f"router {self.id} not ready after {timeout or self.ready_timeout}s; stderr:\n{stderr}",
+                    brief=f"router {self.id} not ready after {timeout or self.ready_timeout} s; killed it "
+                          f"(its output: {self.stderr_path})")
             time.sleep(delay)  # polling a file for the ready line, under the deadline above
             delay = min(delay * 2, 0.1)
 
@@ -289,14 +309,15 @@ class RouterProcess:
         code = self.wait_exit(timeout)
         if code is None:
             self.kill()
-            raise RouterError(
-                f"router {self.id} did not exit within {timeout}s of {signal.Signals(signum).name}; "
-                f"killed it. stderr:\n{self.stderr_tail()}")
+            what = f"router {self.id} did not exit within {timeout}s of {signal.Signals(signum).name}; killed it"
+            raise RouterError(f"{what}. stderr:\n{self.stderr_tail()}",
+                              brief=f"{what} (its output: {self.stderr_path})")
         self._reaped()
         if code != expect:
-            raise RouterError(
-                f"router {self.id} exited with {code} after {signal.Signals(signum).name}, "
-                f"expected {expect}; stderr:\n{self.stderr_tail()}")
+            what = f"router {self.id} exited with {code} after {signal.Signals(signum).name}, expected {expect}"
+            raise RouterError(f"{what}; stderr:\n{self.stderr_tail()}",
+                              brief=f"{what}: {_last_line(self.stderr_since_start())} "
+                                    f"(its output: {self.stderr_path})")
         return code
 
     def kill(self) -> None:
@@ -331,9 +352,12 @@ class RouterProcess:
     def check_alive(self, context: str = "") -> None:
         """Raise with the router's stderr if it is not running."""
         if not self.is_running():
+            where = f" ({context})" if context else ""
             raise RouterError(
-                f"router {self.id} is not running{' (' + context + ')' if context else ''}: "
-                f"exit code {self.returncode}; stderr:\n{self.stderr_tail()}")
+                f"router {self.id} is not running{where}: exit code {self.returncode}; "
+                f"stderr:\n{self.stderr_tail()}",
+                brief=f"router {self.id} is not running{where}: exit code {self.returncode}: "
+                      f"{_last_line(self.stderr_since_start())} (its output: {self.stderr_path})")
 
     @property
     def ports_by_role(self) -> dict[str, list[int]]:

@@ -186,7 +186,8 @@ def add_compact_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files", type=int, default=0, metavar="N",
                         help="Parquet files to write (default: one per ~1 M lines)")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark configuration, e.g. --conf spark.driver.memory=4g (repeatable)")
 
 
 def compact_main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:

@@ -63,7 +63,7 @@ class Conn:
 class Link:
     """A link the adapter has reported to the core (or refused)."""
 
-    __slots__ = ("link_id", "conn", "ptr", "is_receiver", "name", "core_attached",
+    __slots__ = ("link_id", "conn", "ptr", "is_receiver", "name", "address", "core_attached",
                  "out", "rx_d", "rx_buf", "rx_handle", "rx_tag", "rx_settled", "rx_size", "streams")
 
     def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str):
@@ -72,6 +72,7 @@ class Link:
         self.ptr = ptr
         self.is_receiver = is_receiver  # our end receives: the peer is a publisher
         self.name = name
+        self.address: str | None = None  # the topic its attach named (for the logs)
         # The core believes this link is attached: it accepted the LinkAttached and has
         # not seen a LinkDetached nor issued a DetachLink for it.
         self.core_attached = False
@@ -155,6 +156,35 @@ def set_condition(cond_ptr, name: str | None, description: str | None) -> None:
         lib.pn_condition_set_name(cond_ptr, name.encode("utf-8"))
         if description:
             lib.pn_condition_set_description(cond_ptr, description.encode("utf-8"))
+
+
+LOG_TEXT_LIMIT = 160  # characters of a peer's text in one log line (before "... (N more characters)")
+
+
+def printable(text, limit: int = LOG_TEXT_LIMIT) -> str:
+    """A peer's text (a condition's description, a link name, an address) fit for one
+    log line: non-printable characters escaped (\\xNN, \\uNNNN) and at most ``limit``
+    characters kept, then how many more there were. proton's "Unknown protocol detected"
+    quotes every byte a non-AMQP client sent: one such line was 1,149 characters."""
+    if text is None:
+        return "-"
+    text = str(text)
+    out, size = [], 0
+    for index, char in enumerate(text):
+        unit = char if char.isprintable() else (f"\\x{ord(char):02x}" if ord(char) < 0x100
+                                                else f"\\u{ord(char):04x}" if ord(char) < 0x10000
+                                                else f"\\U{ord(char):08x}")
+        if size + len(unit) > limit:
+            kept = "".join(out)
+            more = len(text) - index
+            tail = kept[-3:]
+            if "\\" in tail:  # do not end inside an escape the peer's text already had (proton's \\x0d)
+                cut = len(tail) - tail.index("\\")  # printable characters of the text, one each
+                kept, more = kept[:-cut], more + cut
+            return f"{kept}... ({more:,} more characters)"
+        out.append(unit)
+        size += len(unit)
+    return "".join(out)
 
 
 def condition_of(cond_ptr) -> tuple[str | None, str | None]:

@@ -30,7 +30,7 @@ import logging
 from cproton_ffi import ffi, lib
 
 from router.adapter import endpoints, fastpath, streaming
-from router.adapter.endpoints import Conn, Link, condition_of, cstr, set_condition
+from router.adapter.endpoints import Conn, Link, condition_of, cstr, printable, set_condition
 from router.adapter.interrouter import InterRouter
 from router.adapter.streaming import STREAM_MIN
 from router.core import outcomes
@@ -235,7 +235,7 @@ class Engine:
                 elif etype == PN_TRANSPORT_ERROR:
                     name, desc = condition_of(lib.pn_transport_condition(conn.transport))
                     log.info("connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer,
-                             name, desc)
+                             name, printable(desc))  # a bounded, escaped prefix of what a non-AMQP peer sent
                     if desc and "idle-timeout" in desc:
                         # The peer is silent: the close frame proton queued may never
                         # leave (on a cut link the socket's send buffer is full), and
@@ -502,14 +502,11 @@ class Engine:
         conn.links[link_id] = link
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
         event = endpoints.attach_event(link, container_id, self.publishers_settle_first)
+        link.address = event.address
         if event.address is not None and event.address.startswith(RESERVED_PREFIX):
             # The inter-router protocol's addresses: never a client's, never the core's.
-            log.warning("connection %d (%s): refused link %r to %r: a reserved address",
-                        conn.conn_id, conn.peer, link.name, event.address)
-            endpoints.detach_link(link, UNAUTHORIZED,
-                                  f"addresses starting with {RESERVED_PREFIX} are reserved for "
-                                  "inter-router connections", True)
-            self.touched.add(conn)
+            self._refuse_attach(link, UNAUTHORIZED, f"addresses starting with {RESERVED_PREFIX} are reserved "
+                                                    "for inter-router connections")
             return
         conn.reported = True
         link.core_attached = True
@@ -517,9 +514,7 @@ class Engine:
             commands = self.core.handle(event, self.now)
         except ProtocolError as err:
             link.core_attached = False
-            log.info("connection %d: refused link %r: %s", conn.conn_id, link.name, err)
-            endpoints.detach_link(link, err.condition, err.description, True)
-            self.touched.add(conn)
+            self._refuse_attach(link, err.condition, err.description)
             return
         except Exception:
             link.core_attached = False
@@ -560,7 +555,8 @@ class Engine:
     def AMQP_connection_close(self, conn: Conn) -> None:
         name, desc = condition_of(lib.pn_connection_remote_condition(conn.connection))
         if name:
-            log.info("connection %d (%s) closed by peer: %s: %s", conn.conn_id, conn.peer, name, desc)
+            log.info("connection %d (%s) closed by peer: %s: %s", conn.conn_id, conn.peer, printable(name),
+                     printable(desc))
         if not lib.pn_connection_state(conn.connection) & endpoints.LOCAL_CLOSED:
             lib.pn_connection_close(conn.connection)
         self.touched.add(conn)
@@ -750,8 +746,22 @@ class Engine:
         if link is None:
             return
         link.core_attached = False
+        if lib.pn_link_state(link.ptr) & endpoints.LOCAL_UNINIT:  # never opened: the core refused the attach
+            self._refuse_attach(link, cmd.condition, cmd.description, cmd.close)
+            return
         endpoints.detach_link(link, cmd.condition, cmd.description, cmd.close)
         self.touched.add(link.conn)
+
+    def _refuse_attach(self, link: Link, condition: str, description: str | None, close: bool = True) -> None:
+        """Answer an attach with a detach carrying the error, and log it: one line of
+        the same form for every refusal, whoever decided it (this adapter, or the core
+        with a ProtocolError or a DetachLink before any OpenLink)."""
+        conn = link.conn
+        log.info("connection %d (%s): refused %s link %s (address %s): %s: %s", conn.conn_id, conn.peer,
+                 "publisher" if link.is_receiver else "subscriber", printable(repr(link.name)),
+                 printable(repr(link.address)), condition, printable(description))
+        endpoints.detach_link(link, condition, description, close)
+        self.touched.add(conn)
 
     # ================================================================== connection-wide
     def close_connection(self, conn: Conn, condition: str | None, description: str | None) -> None:

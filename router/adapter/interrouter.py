@@ -45,7 +45,7 @@ from proton._data import Data, PropertyDict, int32, symbol
 
 from router import interrouter_codec as codec
 from router.adapter import endpoints
-from router.adapter.endpoints import Conn, condition_of, cstr, decode_properties, set_condition
+from router.adapter.endpoints import Conn, condition_of, cstr, decode_properties, printable, set_condition
 from router.core.errors import ProtocolError
 from router.core.events import ControlReceived, DataReceived, PeerConnected, PeerLost
 from router.interrouter_codec import CodecError
@@ -245,7 +245,7 @@ class InterRouter:
                 elif etype == PN_TRANSPORT_ERROR:
                     name, desc = condition_of(lib.pn_transport_condition(conn.transport))
                     log.info("inter-router connection %d (%s): transport error %s: %s", conn.conn_id,
-                             conn.peer, name, desc)
+                             conn.peer, name, printable(desc))
                     if desc and "idle-timeout" in desc:
                         self.engine.silent.append(conn)  # see Engine.silent: cut now, not after TCP gives up
                 elif etype == PN_TRANSPORT_CLOSED:
@@ -340,8 +340,8 @@ class InterRouter:
                 kind = DATA_IN
         if kind is None:
             name = cstr(lib.pn_link_name(lp))
-            log.info("inter-router connection %d (%s): refused link %r (address %r)", peer.conn.conn_id,
-                     peer.router_id, name, address)
+            log.info("inter-router connection %d (%s): refused link %s (address %s)", peer.conn.conn_id,
+                     peer.router_id, printable(repr(name)), printable(repr(address)))
             set_condition(lib.pn_link_condition(lp), NOT_ALLOWED,
                           f"an inter-router connection carries only one {codec.CONTROL_ADDRESS} and one "
                           f"{codec.DATA_ADDRESS} sender link from each side")
@@ -675,13 +675,14 @@ class InterRouter:
         name, desc = condition_of(lib.pn_connection_remote_condition(conn.connection))
         if peer.state != UP and name and not peer.refused:
             peer.refused = True
-            reason = f"refused by the peer: {name}: {desc}" if desc else f"refused by the peer: {name}"
+            reason = (f"refused by the peer: {printable(name)}: {printable(desc)}" if desc
+                      else f"refused by the peer: {printable(name)}")
             log.warning("inter-router connection %d (%s): %s", conn.conn_id, peer.router_id or conn.peer, reason)
             self.eventlog.append("peer-refused", self.engine.now,
                                  {"peer": peer.router_id, "conn": conn.conn_id, "reason": reason})
         elif name:
             log.info("inter-router connection %d (%s) closed by the peer: %s: %s", conn.conn_id,
-                     peer.router_id or conn.peer, name, desc)
+                     peer.router_id or conn.peer, printable(name), printable(desc))
         if not lib.pn_connection_state(conn.connection) & endpoints.LOCAL_CLOSED:
             lib.pn_connection_close(conn.connection)
         self.touched.add(conn)
@@ -743,7 +744,8 @@ class InterRouter:
         claimed = props.get(codec.KEY_ID)
         claimed = claimed if isinstance(claimed, str) else None
         reason = "an inter-router open on a client listener (routers connect to an inter-router listener)"
-        log.warning("connection %d (%s) refused: %s (router id %r)", conn.conn_id, conn.peer, reason, claimed)
+        log.warning("connection %d (%s) refused: %s (router id %s)", conn.conn_id, conn.peer, reason,
+                    printable(repr(claimed)))
         self.eventlog.append("peer-refused", self.engine.now,
                              {"peer": claimed, "conn": conn.conn_id, "reason": reason})
         conn.refused = True

@@ -37,7 +37,7 @@ import time
 from cproton_ffi import ffi, lib
 
 from router.adapter import streaming
-from router.adapter.endpoints import Conn, condition_of
+from router.adapter.endpoints import Conn, condition_of, printable
 from router.adapter.engine import Engine
 from router.core.events import ListenersReady, ShutdownRequested, TimerFired
 
@@ -149,9 +149,16 @@ class Server:
         for lst in self.listeners:
             sock = socket.socket(socket.AF_INET6 if ":" in lst.host else socket.AF_INET,
                                  socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((lst.host, lst.port))
-            sock.listen(128)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((lst.host, lst.port))
+                sock.listen(128)
+            except OSError as exc:
+                sock.close()
+                # "Address already in use" alone does not say which of the listeners.
+                where = f"[{lst.host}]:{lst.port}" if ":" in lst.host else f"{lst.host}:{lst.port}"
+                raise OSError(exc.errno, f"cannot listen on {where} ({lst.role} listener): "
+                                         f"{exc.strerror or exc}") from exc
             sock.setblocking(False)
             lst.sock = sock
             lst.port = sock.getsockname()[1]
@@ -605,7 +612,7 @@ class Server:
         lib.pn_decref(transport)
         lib.pn_collector_free(collector)
         if name and name != "amqp:connection:framing-error":
-            log.info("connection %d (%s) closed: %s: %s", conn.conn_id, conn.peer, name, desc)
+            log.info("connection %d (%s) closed: %s: %s", conn.conn_id, conn.peer, printable(name), printable(desc))
         else:
             log.info("connection %d (%s) closed", conn.conn_id, conn.peer)
         dialer = conn.ir.dialer if conn.ir is not None else None

@@ -1355,7 +1355,8 @@ class RouterCore(ResumptionMixin):
         # stuck at their budgets must not stop the rest (it bounds memory at the
         # router's budget plus that floor per topic in flight).
         floor = (self._topic_floor - topic.bytes) // est - topic.outstanding_credit
-        if floor > router_room:
+        on_floor = floor > router_room  # (then it never waits behind other topics)
+        if on_floor:
             router_room = floor
         router_limited = router_room < by_bytes and router_room < room
         if router_room < by_bytes:
@@ -1368,7 +1369,7 @@ class RouterCore(ResumptionMixin):
             # then lets the size estimate follow the messages down.
             room = by_bytes
             eighth = 0
-        if router_limited and self._starved and topic.name not in self._starved:
+        if router_limited and not on_floor and self._starved and topic.name not in self._starved:
             # Others wait for the router's room: they get it first, in turn.
             self._starved[topic.name] = None
             return

@@ -302,3 +302,107 @@ def test_garbage_bytes_instead_of_amqp(router, amqp):
                 pass
     router.check_alive("after non-AMQP bytes")
     assert_round_trip(amqp, router)
+
+
+def _send_junk(host: str, port: int, junk: bytes) -> None:
+    import socket
+
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(junk)
+        sock.settimeout(3)
+        try:
+            while sock.recv(4096):
+                pass
+        except (ConnectionResetError, TimeoutError):
+            pass
+
+
+def test_garbage_bytes_are_logged_as_a_bounded_escaped_prefix(router_factory, amqp):
+    """One such line was 1,149 characters: every byte a non-AMQP client sent, as proton
+    quotes them. On a client and an inter-router listener alike, the log keeps a bounded,
+    escaped prefix and says how much more there was."""
+    import re
+    import time
+
+    from router.adapter.endpoints import LOG_TEXT_LIMIT
+
+    router = router_factory("G", listener=[{"host": "127.0.0.1", "port": 0, "role": "normal"},
+                                           {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
+                            network={"secret": "s3cret"})
+    http = b"GET / HTTP/1.1\r\nHost: x\r\n" + b"A" * 1100 + b"\r\n\r\n"
+    binary = bytes(range(256)) * 4
+    for port in (router.port, router.inter_router_port):
+        _send_junk(router.host, port, http)
+        _send_junk(router.host, port, binary)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [line for line in router.stderr_since_start().splitlines() if "transport error" in line]
+        if len(lines) == 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(lines) == 4, router.stderr_since_start()
+    for line in lines:
+        description = line.split("framing-error: ", 1)[1]
+        assert re.fullmatch(r".*\.\.\. \(\d[\d,]* more characters\)", description), line
+        assert len(description.split("... (")[0]) <= LOG_TEXT_LIMIT, line
+        assert line.isprintable(), repr(line)
+    assert "Unknown protocol detected: 'GET / HTTP/1.1\\x0d\\x0aHost: x\\x0d\\x0aAAAA" in lines[0]
+    assert "Unknown protocol detected: '\\x00\\x01\\x02\\x03" in lines[1]
+    router.check_alive("after non-AMQP bytes")
+    assert_round_trip(amqp, router)
+
+
+@pytest.mark.parametrize("text, logged", [
+    ("plain", "plain"),
+    ("tab\there\r\n\x00", "tab\\x09here\\x0d\\x0a\\x00"),
+    ("caf\u00e9 \u2028 \U0001f600", "caf\u00e9 \\u2028 \U0001f600"),  # printable non-ASCII stays
+    ("x" * 160, "x" * 160),
+    ("x" * 161, "x" * 160 + "... (1 more characters)"),
+    ("\x01" * 50, "\\x01" * 40 + "... (10 more characters)"),
+    # proton's own escapes are text: a cut never ends inside one
+    ("y" * 158 + "\\x0d" + "z" * 10, "y" * 158 + "... (14 more characters)"),
+    (None, "-"),
+])
+def test_printable(text, logged):
+    from router.adapter.endpoints import printable
+
+    assert printable(text) == logged
+
+
+def test_every_refused_attach_is_logged_the_same_way(router_factory, amqp):
+    """A refusal decided by the core (no address, an address too long) was not logged at
+    all, while the adapter's own (a reserved address) was, in another form: now each is
+    one INFO line naming the connection, role, link, address, condition and reason."""
+    import re
+    import time
+
+    from router.core.router import MAX_ADDRESS_LENGTH
+
+    router = router_factory("R")
+    conn = amqp.connect(router.url)
+    long_address = "t" * (MAX_ADDRESS_LENGTH + 1)
+    attempts = [  # (role, address, link name, condition)
+        ("publisher", None, "no-target", "amqp:invalid-field"),
+        ("subscriber", None, "no-source", "amqp:invalid-field"),
+        ("publisher", "_eorouter/control", "reserved", "amqp:unauthorized-access"),
+        ("subscriber", long_address, "too-long", "amqp:invalid-field"),
+    ]
+    for role, address, name, condition in attempts:
+        link = (conn.publisher if role == "publisher" else conn.subscriber)(address, name=name, wait=False)
+        link.wait_gone()
+        assert link.remote_condition is not None and link.remote_condition.name == condition, link.remote_condition
+    line = re.compile(r"INFO eorouter\.adapter: connection \d+ \(127\.0\.0\.1:\d+\): refused (?P<role>publisher|"
+                      r"subscriber) link '(?P<name>[^']*)' \(address (?P<address>.*?)\): (?P<condition>amqp:\S+): "
+                      r"(?P<reason>.+)$")
+    deadline = time.monotonic() + 5
+    while True:
+        found = [m.groupdict() for m in map(line.search, router.stderr_since_start().splitlines()) if m]
+        if len(found) >= len(attempts) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert [(f["role"], f["name"], f["condition"]) for f in found] == \
+        [(role, name, condition) for role, _, name, condition in attempts], router.stderr_since_start()
+    assert [f["address"] for f in found[:3]] == ["None", "None", "'_eorouter/control'"]
+    assert found[3]["address"].endswith("more characters)")  # bounded like any peer text
+    assert "needs a target address" in found[0]["reason"] and "needs a source address" in found[1]["reason"]
+    assert_round_trip(amqp, router)

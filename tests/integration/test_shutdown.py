@@ -109,6 +109,22 @@ def test_second_router_on_the_same_data_dir_refuses_to_start(router_factory):
     first.check_alive("a refused second router must not disturb the first")
 
 
+def test_a_port_in_use_names_the_address_and_the_listener(router_factory):
+    first = router_factory("P")
+    second = router_factory("Q", start=False, listener=[{"host": "127.0.0.1", "port": 0},
+                                                         {"host": "127.0.0.1", "port": first.port}])
+    second.spawn()
+    code = second.wait_exit(timeout=20)
+    second.expected_exit = code
+    message = second.stderr_since_start().strip()
+    assert code == 1, f"exit {code}; stderr:\n{message}"
+    # Its one line (after the INFO line of the listener it did bind) says which one failed.
+    assert message.splitlines()[-1] == (f"eorouter: cannot listen on 127.0.0.1:{first.port} (normal listener): "
+                                        f"Address already in use"), message
+    assert "Traceback" not in message
+    first.check_alive("a refused second router must not disturb the first")
+
+
 # --------------------------------------------------------------------------- bad config
 
 BAD_CONFIGS = {
