@@ -64,6 +64,10 @@ _TIMER_PUBLISHER_GONE = 7
 _TIMER_MEMBERSHIP = 8
 _TIMER_STREAM_SEQ = 9
 _TIMER_SETTLED_SWEEP = 10
+# Messages smaller than this are not counted against the byte budget: the in-flight
+# bound already holds a topic's to max_in_flight_per_topic of them (4 MiB at the
+# default), and counting each would cost every small message its share of the hot path.
+UNCOUNTED_BELOW = 4096
 # What a topic may always hold, in largest messages, whatever the router-wide
 # byte budget says (the rest of the router keeps flowing when some topics are stuck).
 TOPIC_FLOOR_MESSAGES = 4
@@ -137,6 +141,7 @@ class RouterCore(ResumptionMixin):
         self._starved: dict[str, None] = {}  # topic names, in the order they began to wait
         self._pending_refills: list = []  # topics to refill once this event is handled
         self._topic_floor = min(settings.max_bytes_in_flight_per_topic, TOPIC_FLOOR_MESSAGES * settings.max_message_size)
+
         # publisher stream -> the highest stream_seq seen here (from its publisher or
         # relayed): a publisher that resumes here continues its stream's numbering.
         self._stream_seq: dict[bytes, int] = {}
@@ -683,15 +688,16 @@ class RouterCore(ResumptionMixin):
         out.append(_new(Log, ("received", {
             "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
             "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
-            "stream_seq": seq, "size": len(ev.payload), "settled": False, "owed": owed,
+            "stream_seq": seq, "size": size, "settled": False, "owed": owed,
             "forwarded": sent_to, "routers": routers})))
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record
         topic.records[record.order] = record
         topic.unsettled += 1
-        size = len(payload)
-        topic.bytes += size
-        self.bytes_held += size
+        held = len(payload)  # with the origin annotation; counted as _release_bytes counts it
+        if held >= UNCOUNTED_BELOW:  # self._hold_bytes(topic, payload), inlined
+            topic.bytes += held
+            self.bytes_held += held
         if routers:
             self._send_towards(record, routers, now, out)
         if self._lost:
@@ -1213,7 +1219,7 @@ class RouterCore(ResumptionMixin):
                 # It never got it, or got it on a link that is gone: there is no
                 # settlement to relay on the current link.
                 state.known_settled = True
-        if payload is not None and record.payload is None:
+        if topic.bytes and payload is not None and record.payload is None:
             self._release_bytes(topic, payload)
         if record.remote_routers or record.moved:  # else settle_pending stays the empty set
             targets = set(record.remote_routers)
@@ -1294,7 +1300,8 @@ class RouterCore(ResumptionMixin):
         topic = self.topics[record.topic]
         del topic.records[record.order]
         if record.payload is not None:
-            self._release_bytes(topic, record.payload)
+            if topic.bytes:
+                self._release_bytes(topic, record.payload)
             record.payload = None
         if not record.pub_settled and record.origin_router is None:
             topic.unsettled -= 1
@@ -1341,6 +1348,12 @@ class RouterCore(ResumptionMixin):
         if window < 1:
             window = 1
         room = limit - topic.unsettled - topic.outstanding_credit
+        if bound_only and room * 8 < window:
+            # No grant due by count (the usual case, ~twice per message). Bytes could
+            # only make one due by a smaller byte window, i.e. for messages so large
+            # that the byte budget keeps the topic far from its in-flight bound: then
+            # the count's room is never this small, and the byte arithmetic below runs.
+            return
         # The byte budget, in messages of the topic's size estimate. Each publisher's
         # window is its share of the topic's budget, as it is of the in-flight bound;
         # the room is what the topic's and the router's budgets have left beyond what
@@ -1424,20 +1437,25 @@ class RouterCore(ResumptionMixin):
     def _hold_bytes(self, topic: Topic, payload: bytes | None) -> None:
         if payload is not None:
             size = len(payload)
-            topic.bytes += size
-            self.bytes_held += size
+            if size >= UNCOUNTED_BELOW:
+                topic.bytes += size
+                self.bytes_held += size
 
     def _release_bytes(self, topic: Topic, payload: bytes) -> None:
         size = len(payload)
-        topic.bytes -= size
-        self.bytes_held -= size
-        if self._starved:
-            # Room router-wide: the topics waiting for it try again, in turn, once this
-            # event is handled (a topic that did not wait joins the end of the line).
-            for name in self._starved:
-                other = self.topics.get(name)
-                if other is not None and other not in self._pending_refills:
-                    self._pending_refills.append(other)
+        if size >= UNCOUNTED_BELOW:
+            topic.bytes -= size
+            self.bytes_held -= size
+            if self._starved:
+                self._wake_starved(topic)
+
+    def _wake_starved(self, topic: Topic) -> None:
+        """Room router-wide: the topics waiting for it try again, in turn, once this
+        event is handled (a topic that did not wait joins the end of the line)."""
+        for name in self._starved:
+            other = self.topics.get(name)
+            if other is not None and other not in self._pending_refills:
+                self._pending_refills.append(other)
 
     # ------------------------------------------------------------ timers
 

@@ -4,6 +4,9 @@ it comes back as deliveries finish; small messages are not throttled by it."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from router.core.commands import Forward, GrantCredit
 
 from corekit import Harness, encode
@@ -116,3 +119,48 @@ def test_a_topic_keeps_flowing_while_stuck_topics_hold_the_whole_router_budget()
                 h.answer(5, c.tag)
                 delivered += 1
     assert delivered == 500
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("publish"), st.integers(0, 1), st.sampled_from([10, 3000, 5000, 70_000, 120_000])),
+    st.tuples(st.just("answer"), st.integers(0, 1), st.booleans()),
+    st.tuples(st.just("detach"), st.integers(0, 1), st.just(0)),
+), max_size=80))
+def test_the_byte_count_follows_the_records_exactly(plan):
+    """Whatever happens, the bytes counted are the payloads the records hold (of
+    those counted), the promise is each topic's outstanding credit at its estimate,
+    and once every delivery finished nothing is counted."""
+    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=512 * KB,
+                max_bytes_in_flight=768 * KB, record_linger=0.0)
+    for n in (0, 1):
+        h.attach_subscriber(10 + n, topic=f"t{n}")
+        h.credit(10 + n, 100_000)
+    pubs = {0: 20, 1: 21}
+    for n, link in pubs.items():
+        h.attach_publisher(link, topic=f"t{n}", rcv_first=True)
+    sent: dict[int, list] = {0: [], 1: []}
+    tick = 0
+    for action, n, arg in plan:
+        tick += 1
+        if action == "publish" and pubs[n] in h.core.publishers and credit_of(h, pubs[n]):
+            _, out = h.publish(pubs[n], str(tick).encode(), payload=encode("x" * arg))
+            sent[n] += [c.tag for c in out if isinstance(c, Forward)]
+        elif action == "answer" and sent[n]:
+            h.answer(10 + n, sent[n].pop(0))
+        elif action == "detach" and pubs[n] in h.core.publishers:
+            h.detach(pubs[n])
+            pubs[n] = 30 + tick
+            h.attach_publisher(pubs[n], topic=f"t{n}", rcv_first=True)
+        core = h.core
+        counted = {name: sum(len(r.payload) for r in t.records.values()
+                             if r.payload is not None and len(r.payload) >= 4096)
+                   for name, t in core.topics.items()}
+        assert {name: t.bytes for name, t in core.topics.items()} == counted
+        assert core.bytes_held == sum(counted.values())
+        assert core._promised == sum(t.outstanding_credit * t.est for t in core.topics.values())
+    for n in (0, 1):
+        while sent[n]:
+            h.answer(10 + n, sent[n].pop(0))
+    h.advance(10.0)
+    assert h.core.bytes_held == 0 and not h.core.records
