@@ -208,6 +208,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lines", default=None, help=argparse.SUPPRESS)  # a line-tracer script (experiments)
     p.add_argument("--top", type=int, default=40, help="--profile: how many functions to list")
     p.add_argument("--json", action="store_true", help="print the results as one JSON document too")
+    p.add_argument("--root", type=Path, default=None,
+                   help="run the router/ found in this directory (e.g. an earlier commit's, from git archive, "
+                        "its fast path built with setup.py build_ext --inplace) instead of a copy of this tree's")
     a = p.parse_args(argv)
     a.k_values = [int(x) for x in a.subscribers.split(",") if x.strip()]
     a.mode_list = [m.strip() for m in a.modes.split(",") if m.strip()]
@@ -232,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     # Every run uses the same code even while router/ is being edited: a copy of it.
+    if args.root is not None:
+        args.router_root = args.root.resolve()
+        return _measure(args, bins)
     snapshot = Path(tempfile.mkdtemp(prefix="eocg-router-"))
     shutil.copytree(ROOT / "router", snapshot / "router", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     args.router_root = snapshot

@@ -630,6 +630,7 @@ class Engine:
         SettleOutgoing (a few per message) are executed inline here; the CORE_*
         methods of the same names run them through this loop."""
         touched = self.touched
+        small = None  # the last payload known to be small: a message's copies share it
         for cmd in commands:
             cls = cmd.__class__
             if cls is Log:
@@ -644,12 +645,13 @@ class Engine:
                 if link is None:
                     continue  # the link went away in this batch; the core hears of it next
                 payload = cmd.payload
-                if link.streams or len(payload) >= STREAM_MIN:
+                if link.streams or (payload is not small and len(payload) >= STREAM_MIN):
                     # Large: fed to proton piece by piece (streaming.py); or queued
                     # behind one that is.
                     streaming.send(link, cmd.tag, payload, cmd.settled)
                     touched.add(link.conn)
                     continue
+                small = payload
                 lp = link.ptr
                 tag = cmd.tag
                 d = _delivery_new(lp, (len(tag), _from_buffer(tag)))

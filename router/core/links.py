@@ -7,7 +7,8 @@ from collections import deque
 
 class PublisherLink:
     __slots__ = ("link_id", "conn_id", "container_id", "name", "topic", "incarnation", "stream",
-                 "presettled", "settles_first", "credit", "next_seq", "origin", "resending", "awaiting_seq")
+                 "presettled", "settles_first", "credit", "next_seq", "origin", "resending", "awaiting_seq",
+                 "memory")
 
     def __init__(self, link_id: int, conn_id: int, container_id: str, name: str, topic: str,
                  incarnation: str, stream: bytes, presettled: bool, settles_first: bool = True):
@@ -33,6 +34,8 @@ class PublisherLink:
         # credit waits for them, so its numbering continues past every seq already
         # used: docs/resumption.md, "Publisher order across a resume").
         self.awaiting_seq: set[str] | None = None
+        # Its stream's settled-delivery memory (settled.StreamSettled), once it sent.
+        self.memory = None
 
 
 class Subscription:

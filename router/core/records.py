@@ -108,6 +108,7 @@ class DeliveryRecord:
         #   finished and forgotten before; final: at a relaying router, the outcome
         #   code the origin settled it with.
         "resent", "final",
+        "memory",
     )
 
     def __init__(self, tag: bytes, topic: str, order: int, payload: bytes, publisher: str,
@@ -163,6 +164,9 @@ class DeliveryRecord:
         self.waiting = -1
         self.pub_settled = False
         self.expires_at = expires_at
+        # Its stream's settled-delivery memory (settled.StreamSettled), for a record
+        # its own publisher sent here: its outcome goes there when it goes.
+        self.memory = None
 
 
     @property

@@ -619,8 +619,10 @@ class RouterCore(ResumptionMixin):
                     return
         elif existing is None:
             # ``tag in self._settled_tags``, inlined: once per message
-            memory = self._settled_tags.streams.get(pub.stream)
-            if memory is not None and (tag in memory.current or tag in memory.previous):
+            memory = pub.memory
+            if memory is None:
+                memory = pub.memory = self._settled_tags.memory_of(pub.stream)
+            if tag in memory.current or tag in memory.previous:
                 # Reused after the old delivery was settled and forgotten here: other
                 # routers may still remember the old one, so the copy says which use it is.
                 reuse = self._settled_tags.reuse_of(tag) + 1
@@ -672,6 +674,10 @@ class RouterCore(ResumptionMixin):
                                 expires_at, reuse)
         if resent:
             record.resent = True
+        memory = pub.memory
+        if memory is None:
+            memory = pub.memory = self._settled_tags.memory_of(pub.stream)
+        record.memory = memory
         owed, sent_to, best_effort = self._distribute(record, topic, out)
         record.waiting = len(owed)  # every owed subscriber is yet to answer
         routers = None
@@ -694,7 +700,7 @@ class RouterCore(ResumptionMixin):
         self.by_delivery[ev.delivery] = record
         topic.records[record.order] = record
         topic.unsettled += 1
-        held = len(payload)  # with the origin annotation; counted as _release_bytes counts it
+        held = len(payload)  # with the origin annotation: counted as _release_bytes counts it
         if held >= UNCOUNTED_BELOW:  # self._hold_bytes(topic, payload), inlined
             topic.bytes += held
             self.bytes_held += held
@@ -1239,8 +1245,7 @@ class RouterCore(ResumptionMixin):
                 del records[tag]
                 del topic.records[record.order]
                 settled = self._settled_tags
-                memory = settled.streams.get(tag[:16]) if record.origin_router is None and not record.reuse \
-                    else None
+                memory = record.memory if record.origin_router is None and not record.reuse else None
                 if memory is not None:
                     # settled.add(tag, outcome), inlined for the usual case: we are the
                     # origin, decided the outcome, and remember the stream already

@@ -81,16 +81,21 @@ class SettledMemory:
 
     # ------------------------------------------------------------ the usual path
 
-    def add(self, tag: bytes, outcome: int | None = None, reuse: int = 0) -> None:
-        """Remember ``tag`` settled with ``outcome``; ``reuse``: which use of the tag
-        (docs/tags.md), kept (as a pair with the outcome) only when not 0."""
-        stream = tag[:tags.STREAM_ID_SIZE]
+    def memory_of(self, stream: bytes) -> StreamSettled:
+        """The stream's memory, made (empty) when there is none: the core keeps a
+        reference to it on the stream's publisher link and records, which the usual
+        path adds to directly (the stream is in use, so no sweep forgets it)."""
         memory = self.streams.get(stream)
         if memory is None:
             forgot = bool(self.forgotten) and self.forgotten.pop(stream, None) is not None
             memory = self.streams[stream] = StreamSettled(self.sweeps, forgot or self.may_have_forgotten(stream))
-        else:
-            memory.sweep = self.sweeps
+        return memory
+
+    def add(self, tag: bytes, outcome: int | None = None, reuse: int = 0) -> None:
+        """Remember ``tag`` settled with ``outcome``; ``reuse``: which use of the tag
+        (docs/tags.md), kept (as a pair with the outcome) only when not 0."""
+        memory = self.memory_of(tag[:tags.STREAM_ID_SIZE])
+        memory.sweep = self.sweeps
         current = memory.current
         current[tag] = (outcome, reuse) if reuse else outcome
         if len(current) >= self.keep:
