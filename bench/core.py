@@ -36,10 +36,10 @@ def run(k: int, in_flight: int, n: int, best_effort: bool) -> float:
     # Bounds high enough that credit never limits this open-loop feed.
     core = RouterCore(CoreSettings(router_id="A", max_in_flight_per_topic=10 * (n + in_flight),
                                    publisher_credit_window=10 * (n + in_flight)), boot_id="b00t", epoch=1)
-    if hasattr(core._settled_tags, "streams"):
+    if hasattr(getattr(core, "settled", None), "streams"):
         # The settled-delivery memory keeps max_in_flight_per_topic per stream: what a
         # router with the default bound keeps, not the open loop's bound.
-        core._settled_tags.keep = CoreSettings().max_in_flight_per_topic
+        core.settled.keep = CoreSettings().max_in_flight_per_topic
     now = 1000.0
     core.handle(LinkAttached(1, 1, "pub", "p1", PUBLISHER, "t",
                              snd_settle_mode=SND_SETTLED if best_effort else SND_MIXED,

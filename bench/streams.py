@@ -63,7 +63,7 @@ def measure(streams: int, messages: int) -> tuple[float, int]:
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    return held / streams, len(core._settled_tags)
+    return held / streams, len(core.settled)
 
 
 def measure_forgotten(streams: int) -> float:
@@ -76,13 +76,13 @@ def measure_forgotten(streams: int) -> float:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    step = core._settled_tags.sweep_interval()
+    step = core.settled.sweep_interval()
     for n in range(1, 7):
         core.handle(TimerFired(), now + n * step + 0.001)
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert len(core._settled_tags.streams) == 0 and len(core._settled_tags.forgotten) == streams
+    assert len(core.settled.streams) == 0 and len(core.settled.forgotten) == streams
     return (after - before) / streams  # negative: the forgotten id costs less than the memory it replaced
 
 

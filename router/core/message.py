@@ -77,14 +77,33 @@ against ~1.9 us through ``prepare`` (113 B, the same machine).
 from __future__ import annotations
 
 from functools import lru_cache
-from struct import Struct, error as _StructError
 from typing import NamedTuple
+
+from router.core.amqp_values import (  # noqa: F401  (MessageError, DECODE_ERROR: re-exported)
+    _DESCRIBED,
+    _INVALID,
+    _MAX_DEPTH,
+    _TRUNCATED,
+    _VAR8,
+    _VAR32,
+    _WIDTH,
+    DECODE_ERROR,
+    MessageError,
+    _bounds,
+    _check,
+    _check_array,
+    _i64,
+    _skip,
+    _u32,
+    _u64,
+    _utf8,
+    _within,
+)
 
 __all__ = ["ORIGIN_KEY", "DECODE_ERROR", "MessageError", "Origin", "OriginTemplate", "Prepared", "prepare",
            "read_origin", "splice_origin"]
 
 ORIGIN_KEY = "x-opt-eorouter-origin"
-DECODE_ERROR = "amqp:decode-error"
 
 # Section descriptor codes (AMQP 1.0 part 3, section 3.2).
 HEADER = 0x70
@@ -122,19 +141,6 @@ _SYMBOLS = {
 }
 
 
-class MessageError(ValueError):
-    """The encoded message is malformed. The router rejects such a delivery with
-    the AMQP error condition ``condition`` (amqp:decode-error) and ``str(error)``
-    as its description. ``offset`` is the byte offset of the problem."""
-
-    condition = DECODE_ERROR
-
-    def __init__(self, what: str, offset: int | None = None):
-        self.what = what
-        self.offset = offset
-        super().__init__(what if offset is None else f"{what} (at byte offset {offset})")
-
-
 class Origin(NamedTuple):
     """Where a message entered the router network: the publisher's container id
     and link name, its delivery tag, the publisher link's incarnation and the
@@ -160,41 +166,6 @@ class Prepared(NamedTuple):
     origin: Origin
 
 
-# Constructor -> bytes after the constructor (>= 0), or how the value is sized.
-_VAR8 = -1  # one size byte, then that many bytes (vbin8 str8 sym8 list8 map8 array8)
-_VAR32 = -2  # four size bytes, then that many bytes (the 32-bit forms)
-_DESCRIBED = -3  # 0x00: a descriptor value, then the described value
-_INVALID = -4
-
-
-def _width_table() -> tuple:
-    table = [_INVALID] * 256
-    for codes, width in (
-        ((0x40, 0x41, 0x42, 0x43, 0x44, 0x45), 0),  # null true false uint0 ulong0 list0
-        ((0x50, 0x51, 0x52, 0x53, 0x54, 0x55, 0x56), 1),
-        ((0x60, 0x61), 2),
-        ((0x70, 0x71, 0x72, 0x73, 0x74), 4),
-        ((0x80, 0x81, 0x82, 0x83, 0x84), 8),
-        ((0x94, 0x98), 16),  # decimal128, uuid
-        ((0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0), _VAR8),
-        ((0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0), _VAR32),
-        ((0x00,), _DESCRIBED),
-    ):
-        for code in codes:
-            table[code] = width
-    return tuple(table)
-
-
-_WIDTH = _width_table()
-# unpack_from is ~3x cheaper than int.from_bytes on a slice. It raises struct.error
-# where a read runs off the end (and indexing raises IndexError): the public
-# functions report both as truncation.
-_u32 = Struct(">I").unpack_from
-_u64 = Struct(">Q").unpack_from
-_i64 = Struct(">q").unpack_from
-_TRUNCATED = (IndexError, _StructError)
-_MAX_DEPTH = 64  # nesting of lists/maps/arrays checked in annotations; deeper is refused
-
 # Header fields (AMQP 1.0 part 3, 3.2.1) and the constructors each may use.
 _BOOLEAN = frozenset((0x40, 0x41, 0x42, 0x56))
 _HEADER_FIELDS = (
@@ -204,143 +175,6 @@ _HEADER_FIELDS = (
     _BOOLEAN,  # first-acquirer
     frozenset((0x40, 0x43, 0x52, 0x70)),  # delivery-count: uint
 )
-
-
-def _skip(p: bytes, i: int, n: int, count: int = 1) -> int:
-    """Offset just past the ``count`` values starting at ``i``, each skipped by
-    its own size (not looked into); they must end by ``n``. Iterative, and every
-    step consumes a byte: hostile input can neither exhaust the stack nor loop
-    for longer than it is long. IndexError/struct.error when the payload ends
-    mid-value (the public functions report truncation)."""
-    start = i
-    width = _WIDTH
-    while count:
-        c = p[i]
-        w = width[c]
-        if w >= 0:
-            i += 1 + w
-        elif w == _VAR8:
-            i += 2 + p[i + 1]
-        elif w == _VAR32:
-            i += 5 + _u32(p, i + 1)[0]
-        elif w == _DESCRIBED:
-            i += 1
-            count += 1  # one value became two: the descriptor, then the described value
-            continue
-        else:
-            raise MessageError(f"invalid type constructor 0x{c:02x}", i)
-        count -= 1
-    if i > n:
-        raise MessageError(f"value runs past the end of its container, which ends at offset {n}", start)
-    return i
-
-
-def _check(p: bytes, i: int, n: int, count: int, depth: int) -> int:
-    """Like ``_skip``, but looks into every list, map and array (and described
-    value) and requires each to be exactly as long as its size says, so that a
-    count-trusting decoder ends where we do. Nesting is bounded by _MAX_DEPTH."""
-    if depth > _MAX_DEPTH:
-        raise MessageError(f"values nested deeper than {_MAX_DEPTH} levels", i)
-    start = i
-    width = _WIDTH
-    while count:
-        c = p[i]
-        w = width[c]
-        if w >= 0:
-            i += 1 + w
-        elif c >= 0xC0 and w != _INVALID:  # list, map or array: look inside
-            first, items, end = _bounds(p, i, n, c)
-            if c >= 0xE0:
-                first = _check_array(p, first, end, items, depth + 1)
-            else:
-                if items & 1 and c & 1:
-                    raise MessageError(f"map with an odd element count {items}", i)
-                first = _check(p, first, end, items, depth + 1)
-            if first != end:
-                raise MessageError("list/map/array size does not match its elements", i)
-            i = end
-        elif w == _VAR8:
-            i += 2 + p[i + 1]
-        elif w == _VAR32:
-            i += 5 + _u32(p, i + 1)[0]
-        elif w == _DESCRIBED:
-            i += 1
-            count += 1
-            continue
-        else:
-            raise MessageError(f"invalid type constructor 0x{c:02x}", i)
-        count -= 1
-    if i > n:
-        raise MessageError(f"value runs past the end of its container, which ends at offset {n}", start)
-    return i
-
-
-def _bounds(p: bytes, i: int, n: int, c: int):
-    """(first element offset, element count, end offset) of the list/map/array
-    with constructor ``c`` at ``i``; checks the size against ``n``."""
-    if c & 0x10:  # the 32-bit forms: 0xd0 0xd1 0xf0
-        size = _u32(p, i + 1)[0]
-        if size < 4:
-            raise MessageError(f"size {size} too small for a count", i)
-        end = i + 5 + size
-        count = _u32(p, i + 5)[0]
-        first = i + 9
-    else:
-        size = p[i + 1]
-        if size < 1:
-            raise MessageError("size 0 too small for a count", i)
-        end = i + 2 + size
-        count = p[i + 2]
-        first = i + 3
-    if end > n:
-        raise MessageError(f"size runs past the end of its container ({end} > {n})", i)
-    if c < 0xE0 and count > end - first:  # list/map elements take a byte at least
-        raise MessageError(f"{count} elements cannot fit in {end - first} bytes", i)
-    return first, count, end
-
-
-def _check_array(p: bytes, i: int, end: int, count: int, depth: int) -> int:
-    """Check ``count`` array elements at ``i`` (the element constructor first)."""
-    if depth > _MAX_DEPTH:
-        raise MessageError(f"values nested deeper than {_MAX_DEPTH} levels", i)
-    c = p[i]
-    i += 1
-    if c == 0x00:  # described elements: the descriptor, then the real constructor
-        i = _check(p, i, end, 1, depth)
-        c = p[i]
-        i += 1
-    w = _WIDTH[c]
-    if w >= 0:
-        return i + count * w
-    if w == _INVALID or w == _DESCRIBED:
-        raise MessageError(f"invalid array element constructor 0x{c:02x}", i - 1)
-    if count > end - i:
-        raise MessageError(f"{count} array elements cannot fit in {end - i} bytes", i)
-    for _ in range(count):
-        if c < 0xC0:  # binary, string, symbol
-            i += 1 + p[i] if w == _VAR8 else 4 + _u32(p, i)[0]
-            continue
-        # a list, map or array without its constructor byte: size, count, contents
-        if w == _VAR8:
-            e = i + 1 + p[i]
-            items = p[i + 1]
-            first = i + 2
-        else:
-            e = i + 4 + _u32(p, i)[0]
-            items = _u32(p, i + 4)[0]
-            first = i + 8
-        if e > end or first > e:
-            raise MessageError("array element runs past the end of its array", i)
-        if c >= 0xE0:
-            first = _check_array(p, first, e, items, depth + 1)
-        else:
-            if items & 1 and c & 1:
-                raise MessageError(f"map with an odd element count {items}", i)
-            first = _check(p, first, e, items, depth + 1)
-        if first != e:
-            raise MessageError("array element size does not match its contents", i)
-        i = e
-    return i
 
 
 def _annotations(p: bytes, i: int, n: int, name: str):
@@ -379,28 +213,6 @@ def _annotations(p: bytes, i: int, n: int, name: str):
     if j != end:
         raise MessageError(f"{name}: map size does not match its {count} elements", i)
     return first, end, count, found
-
-
-def _within(exc: MessageError, where: str) -> MessageError:
-    return MessageError(f"{exc.what} (in the {where})", exc.offset)
-
-
-def _utf8(p: bytes, i: int, n: int, what: str):
-    c = p[i]
-    if c == 0xA1:
-        start = i + 2
-        end = start + p[i + 1]
-    elif c == 0xB1:
-        start = i + 5
-        end = start + _u32(p, i + 1)[0]
-    else:
-        raise MessageError(f"{what}: expected a string, found constructor 0x{c:02x}", i)
-    if end > n:
-        raise MessageError(f"{what}: string runs past the end of its list", i)
-    try:
-        return p[start:end].decode("utf-8"), end
-    except UnicodeDecodeError as exc:
-        raise MessageError(f"{what}: invalid UTF-8 ({exc.reason})", start + exc.start) from None
 
 
 def _origin_at(p: bytes, i: int, n: int) -> Origin:
@@ -467,6 +279,125 @@ def _order_error(code: int, last: int, start: int) -> MessageError:
                         start)
 
 
+def _descriptor(p: bytes, i: int, n: int) -> tuple[int, int]:
+    """The section code of the described value at ``i`` and where its value starts."""
+    if p[i]:
+        raise MessageError(f"expected a section (a described value, 0x00), found 0x{p[i]:02x}", i)
+    c = p[i + 1]
+    if c == 0x53:  # smallulong: the usual encoding
+        return p[i + 2], i + 3
+    if c == 0xA3 or c == 0xB3:  # symbolic descriptor "amqp:...:..."
+        if c == 0xA3:
+            end = i + 3 + p[i + 2]
+            sym = p[i + 3:end]
+        else:
+            end = i + 6 + _u32(p, i + 2)[0]
+            sym = p[i + 6:end]
+        if end > n:
+            raise MessageError("section descriptor runs past the end of the message", i + 1)
+        code = _SYMBOLS.get(sym)
+        if code is None:
+            raise MessageError(f"unknown section descriptor {sym!r}", i + 1)
+        return code, end
+    if c == 0x80:
+        return _u64(p, i + 2)[0], i + 10
+    if c == 0x44:
+        return 0, i + 2
+    raise MessageError(f"section descriptor must be a ulong or a symbol, found constructor 0x{c:02x}", i + 1)
+
+
+def _list(p: bytes, i: int, n: int, v: int, name: str) -> tuple[int, int, int]:
+    """(first field, field count, end) of the list at ``i`` (constructor ``v``)."""
+    if v == 0xC0 and p[i + 1]:  # list8, the usual encoding (_bounds inlined)
+        end = i + 2 + p[i + 1]
+        if end > n:
+            raise MessageError(f"{name}: list runs past the end of the message", i)
+        return i + 3, p[i + 2], end
+    if v == 0xC0 or v == 0xD0:
+        return _bounds(p, i, n, v)
+    raise MessageError(f"{name}: expected a list, found constructor 0x{v:02x}", i)
+
+
+# The section readers: (p, value offset, message end, value constructor) -> (the
+# section's end, what it tells: header the ttl, properties the absolute expiry,
+# message-annotations (map offset, first entry, end, count, origin value offset)).
+
+def _read_header(p: bytes, i: int, n: int, v: int):
+    if v == 0x45:
+        return i + 1, None
+    j, count, end = _list(p, i, n, v, "header")
+    if count > 5:
+        raise MessageError(f"header: {count} fields, at most 5 defined", i)
+    ttl = None
+    for k in range(count):
+        t = p[j]
+        if t not in _HEADER_FIELDS[k]:
+            raise MessageError(f"header field {k}: unexpected constructor 0x{t:02x}", j)
+        if k == 2 and t != 0x40:  # ttl
+            ttl = _u32(p, j + 1)[0] if t == 0x70 else (p[j + 1] if t == 0x52 else 0)
+        j += 1 + _WIDTH[t]
+    if j != end:
+        raise MessageError("header: list size does not match its fields", i)
+    return end, ttl
+
+
+def _read_properties(p: bytes, i: int, n: int, v: int):
+    if v == 0x45:
+        return i + 1, None
+    j, count, end = _list(p, i, n, v, "properties")
+    expiry = None
+    if count > 8:
+        j = _skip(p, j, end, 8)
+        t = p[j]  # absolute-expiry-time: timestamp (ms since the epoch)
+        if t == 0x83:
+            expiry = _i64(p, j + 1)[0]
+            j += 9
+        elif t == 0x40:
+            j += 1
+        else:
+            raise MessageError(f"properties absolute-expiry-time: expected a timestamp, found constructor 0x{t:02x}",
+                               j)
+        count -= 9
+    j = _skip(p, j, end, count)
+    if j != end:
+        raise MessageError("properties: list size does not match its fields", i)
+    return end, expiry
+
+
+def _read_message_annotations(p: bytes, i: int, n: int, v: int):
+    first, end, count, found = _annotations(p, i, n, "message-annotations")
+    return end, (i, first, end, count, found)
+
+
+def _read_delivery_annotations(p: bytes, i: int, n: int, v: int):
+    return _annotations(p, i, n, "delivery-annotations")[1], None
+
+
+def _skipped(code: int):
+    """Application-properties and footer (maps) and amqp-sequence (a list): checked
+    for their shape, skipped by size."""
+    name = SECTION_NAMES[code]
+
+    def read(p: bytes, i: int, n: int, v: int):
+        if code == AMQP_SEQUENCE:
+            if v == 0x45:
+                return i + 1, None
+            if v != 0xC0 and v != 0xD0:
+                raise MessageError(f"{name} section: expected a list, found constructor 0x{v:02x}", i)
+        elif v != 0xC1 and v != 0xD1:
+            raise MessageError(f"{name}: expected a map, found constructor 0x{v:02x}", i)
+        count, end = _bounds(p, i, n, v)[1:]
+        if count & 1 and v & 1:
+            raise MessageError(f"{name}: odd element count {count}", i)
+        return end, None
+    return read
+
+
+_READERS = {HEADER: _read_header, PROPERTIES: _read_properties, MESSAGE_ANNOTATIONS: _read_message_annotations,
+            DELIVERY_ANNOTATIONS: _read_delivery_annotations, APPLICATION_PROPERTIES: _skipped(APPLICATION_PROPERTIES),
+            FOOTER: _skipped(FOOTER), AMQP_SEQUENCE: _skipped(AMQP_SEQUENCE)}
+
+
 def _scan(p: bytes):
     """Check the sections of ``p``; return (ttl, expiry, ma, insert_at) where
     ``ma`` is None or (map offset, first entry offset, map end, entry count,
@@ -493,40 +424,17 @@ def _scan(p: bytes):
         while i < n:
             start = i
             current = 0  # set once the section's descriptor and place are known
-            if p[i]:
-                raise MessageError(f"expected a section (a described value, 0x00), found 0x{p[i]:02x}", i)
-            c = p[i + 1]
-            if c == 0x53:  # smallulong: the usual encoding
+            if p[i] == 0 and p[i + 1] == 0x53:  # _descriptor inlined for the usual smallulong
                 code = p[i + 2]
                 i += 3
-            elif c == 0xA3 or c == 0xB3:  # symbolic descriptor "amqp:...:..."
-                if c == 0xA3:
-                    i += 3 + p[i + 2]
-                    sym = p[start + 3:i]
-                else:
-                    i += 6 + _u32(p, i + 2)[0]
-                    sym = p[start + 6:i]
-                if i > n:
-                    raise MessageError("section descriptor runs past the end of the message", start + 1)
-                code = _SYMBOLS.get(sym)
-                if code is None:
-                    raise MessageError(f"unknown section descriptor {sym!r}", start + 1)
-            elif c == 0x80:
-                code = _u64(p, i + 2)[0]
-                i += 10
-            elif c == 0x44:
-                code = 0
-                i += 2
             else:
-                raise MessageError(f"section descriptor must be a ulong or a symbol, found constructor 0x{c:02x}",
-                                   start + 1)
+                code, i = _descriptor(p, i, n)
             if code not in after[last]:
                 raise _order_error(code, last, start)
             if code >= PROPERTIES and insert_at < 0:
                 insert_at = start
             last = current = code
             v = p[i]  # the section's value constructor (IndexError if the payload stops here)
-
             if code == AMQP_VALUE:
                 i = _skip(p, i, n)
             elif code == DATA:  # _skip inlined for the binary: the body of most messages
@@ -543,82 +451,18 @@ def _scan(p: bytes):
                 if code == MESSAGE_ANNOTATIONS:
                     ma = (i, i + 1, i + 1, 0, -1)
                 i += 1
-            elif code == PROPERTIES:
-                if v == 0x45:
-                    i += 1
-                    continue
-                if v == 0xC0 and p[i + 1]:  # list8, the usual encoding (_bounds inlined)
-                    end = i + 2 + p[i + 1]
-                    count = p[i + 2]
-                    j = i + 3
-                    if end > n:
-                        raise MessageError("properties: list runs past the end of the message", i)
-                elif v == 0xC0 or v == 0xD0:
-                    j, count, end = _bounds(p, i, n, v)
-                else:
-                    raise MessageError(f"properties: expected a list, found constructor 0x{v:02x}", i)
-                if count > 8:
-                    j = _skip(p, j, end, 8)
-                    t = p[j]  # absolute-expiry-time: timestamp (ms since the epoch)
-                    if t == 0x83:
-                        expiry = _i64(p, j + 1)[0]
-                        j += 9
-                    elif t == 0x40:
-                        j += 1
+            elif v == 0x45 and code <= PROPERTIES and code != MESSAGE_ANNOTATIONS \
+                    and code != DELIVERY_ANNOTATIONS:  # an empty header or properties (list0): what proton sends
+                i += 1
+            else:
+                i, told = _READERS[code](p, i, n, v)
+                if told is not None:
+                    if code == HEADER:
+                        ttl = told
+                    elif code == PROPERTIES:
+                        expiry = told
                     else:
-                        raise MessageError("properties absolute-expiry-time: expected a timestamp, "
-                                           f"found constructor 0x{t:02x}", j)
-                    count -= 9
-                j = _skip(p, j, end, count)
-                if j != end:
-                    raise MessageError("properties: list size does not match its fields", i)
-                i = end
-            elif code == HEADER:
-                if v == 0x45:
-                    i += 1
-                    continue
-                if v == 0xC0 and p[i + 1]:  # list8, the usual encoding (_bounds inlined)
-                    end = i + 2 + p[i + 1]
-                    count = p[i + 2]
-                    j = i + 3
-                    if end > n:
-                        raise MessageError("header: list runs past the end of the message", i)
-                elif v == 0xC0 or v == 0xD0:
-                    j, count, end = _bounds(p, i, n, v)
-                else:
-                    raise MessageError(f"header: expected a list, found constructor 0x{v:02x}", i)
-                if count > 5:
-                    raise MessageError(f"header: {count} fields, at most 5 defined", i)
-                for k in range(count):
-                    t = p[j]
-                    if t not in _HEADER_FIELDS[k]:
-                        raise MessageError(f"header field {k}: unexpected constructor 0x{t:02x}", j)
-                    if k == 2 and t != 0x40:  # ttl
-                        ttl = _u32(p, j + 1)[0] if t == 0x70 else (p[j + 1] if t == 0x52 else 0)
-                    j += 1 + _WIDTH[t]
-                if j != end:
-                    raise MessageError("header: list size does not match its fields", i)
-                i = end
-            elif code == MESSAGE_ANNOTATIONS:
-                first, end, count, found = _annotations(p, i, n, "message-annotations")
-                ma = (i, first, end, count, found)
-                i = end
-            elif code == DELIVERY_ANNOTATIONS:
-                i = _annotations(p, i, n, "delivery-annotations")[1]
-            else:  # application-properties, footer: maps; amqp-sequence: a list. Skipped by size.
-                name = SECTION_NAMES[code]
-                if code == AMQP_SEQUENCE:
-                    if v == 0x45:
-                        i += 1
-                        continue
-                    if v != 0xC0 and v != 0xD0:
-                        raise MessageError(f"{name} section: expected a list, found constructor 0x{v:02x}", i)
-                elif v != 0xC1 and v != 0xD1:
-                    raise MessageError(f"{name}: expected a map, found constructor 0x{v:02x}", i)
-                count, end = _bounds(p, i, n, v)[1:]
-                if count & 1 and v & 1:
-                    raise MessageError(f"{name}: odd element count {count}", i)
-                i = end
+                        ma = told
     except _TRUNCATED:
         raise MessageError(f"message truncated inside the section starting at offset {start}", n) from None
     except MessageError as exc:

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from router.core.errors import ProtocolError
 from router.core.membership import (
-    LocalAnnouncer, MembershipTable, SubscriberAttached, SubscriberDetached, SubscribersSnapshot,
+    LocalAnnouncer,
+    MembershipTable,
+    SubscriberAttached,
+    SubscriberDetached,
+    SubscribersSnapshot,
 )
 from router.core.routing import LinkState, LinkStateDatabase, Routes, compute_routes, split_by_next_hop
 

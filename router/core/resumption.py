@@ -1,15 +1,18 @@
 """Failover: resuming publishers and subscribers, and following subscribers that
 moved away from a dead router (docs/resumption.md).
 
-A mixin of ``RouterCore``: these methods share its state (records, topics,
-subscriptions, the network view) and are split out only to keep one idea per
-module. Pure like the rest of the core.
+A component of ``RouterCore`` (class ``Resumption``), not a mixin: it works
+through the core's public state and named services only. Pure like the rest of
+the core.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from router.core import outcomes, tags
 from router.core.commands import DetachLink, Log, SendData
+from router.core.constants import _TIMER_MEMBERSHIP, _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
 from router.core.errors import ProtocolError
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, MovedState, RouterState, SubscriberState
@@ -46,18 +49,35 @@ def state_name(outcome: Outcome | None) -> str:
     return "none" if outcome is None else outcomes.NAMES[outcome.code]
 
 
-class ResumptionMixin:
+class Resumption:
+    """Failover as a component of the core, with a stated interface both ways.
+
+    The core calls the public methods below (each says when). This component reads
+    the core's public state (``records``, ``topics``, ``publishers``,
+    ``subscriptions``, ``by_delivery``, ``net``, ``settings``, ``epoch``,
+    ``stream_seq``, ``lost``, ``settled``) and calls only the core's services named
+    in ``RouterCore.SERVICES`` (router/core/router.py). Its own state: the last
+    complete unsettled list each resumed stream was announced with."""
+
+    def __init__(self, core):
+        self.core = core
+        # publisher stream -> the outgoing tags its publisher still held unsettled when
+        # it last resumed with a complete list (here, or announced by "stream-resumed"):
+        # any other tag of the stream published before then it had settled, so a
+        # resuming subscriber's placeholder for it would wait for nothing. Bounded.
+        self.resumed_streams: OrderedDict[bytes, frozenset] = OrderedDict()
+
     # ------------------------------------------------------------ publishers
 
-    def _resume_publisher(self, pub, properties, topic, now: float, out: list) -> list:
+    def resume_publisher(self, pub, properties, topic, now: float, out: list) -> list:
         """A publisher re-attached with its incarnation: we become the origin of
         its stream's deliveries we hold. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         # Continue the stream's numbering (publisher order) where any router left it.
-        pub.next_seq = max(pub.next_seq, self._stream_seq.get(pub.stream, -1) + 1)
+        pub.next_seq = max(pub.next_seq, self.core.stream_seq.get(pub.stream, -1) + 1)
         answer = []
         for pub_tag in reported:
-            record = self.records.get(tags.outgoing_tag(pub.stream, pub_tag))
+            record = self.core.records.get(tags.outgoing_tag(pub.stream, pub_tag))
             if record is not None:
                 answer.append([pub_tag, state_name(record.outcome) if record.outcome else "none"])
         pub.resending = set(reported) or None
@@ -73,7 +93,7 @@ class ResumptionMixin:
                 self._take_over(record, topic, now, out)
             if not incomplete and record.pub_tag not in reported:
                 # It does not hold it unsettled any more: it settled it.
-                self._settle_record(record, "publisher-resumed", now, out)
+                self.core.settle_record(record, "publisher-resumed", now, out)
         if not incomplete:
             self._stream_resumed(pub.stream, reported, now, out)
         # Routers holding this stream's deliveries from the old origin may never hear
@@ -81,68 +101,68 @@ class ResumptionMixin:
         # router must learn where the publisher is now, complete list or not: an old
         # origin that outlived its link hands its records over, or the copies we send
         # it would wait for its answer for ever (issue 16, part 3).
-        message = {"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.settings.router_id,
-                   "n": f"{self.epoch}.{pub.link_id}", "unsettled": sorted(t.hex() for t in reported)}
+        message = {"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.core.settings.router_id,
+                   "n": f"{self.core.epoch}.{pub.link_id}", "unsettled": sorted(t.hex() for t in reported)}
         if incomplete:
             message["incomplete"] = True
-        self._flood(message, None, out)
+        self.core.flood(message, None, out)
         # Every router answers with how far it saw the stream numbered; until they
         # have (or are unreachable, or a timeout), the link gets no credit, so every
         # new delivery here is numbered after all of theirs.
-        others = self.net.reachable() - {self.settings.router_id}
+        others = self.core.net.reachable() - {self.core.settings.router_id}
         if others:
             pub.awaiting_seq = set(others)
-            self._add_timer(now + self.settings.stream_seq_timeout, self._TIMER_STREAM_SEQ, pub)
+            self.core.add_timer(now + self.core.settings.stream_seq_timeout, _TIMER_STREAM_SEQ, pub)
         return answer
 
-    def _on_stream_seq(self, message: dict, now: float, out: list) -> None:
+    def on_stream_seq(self, message: dict, now: float, out: list) -> None:
         """A router's answer to our "stream-resumed": the highest stream_seq it saw."""
         stream = bytes.fromhex(message["stream"])
         seq = message.get("seq", -1)
         sender = message.get("from")
         if not isinstance(seq, int):
             raise ProtocolError("amqp:invalid-field", f"stream-seq from {sender}: seq {seq!r}")
-        for pub in list(self.publishers.values()):
+        for pub in list(self.core.publishers.values()):
             if pub.stream == stream and pub.awaiting_seq and sender in pub.awaiting_seq:
                 pub.next_seq = max(pub.next_seq, seq + 1)
                 pub.awaiting_seq.discard(sender)
                 if not pub.awaiting_seq:
-                    self._stream_seq_known(pub, out)
+                    self.stream_seq_known(pub, out)
 
-    def _stream_seq_known(self, pub, out: list) -> None:
+    def stream_seq_known(self, pub, out: list) -> None:
         pub.awaiting_seq = None
-        self._stream_seq[pub.stream] = max(self._stream_seq.get(pub.stream, -1), pub.next_seq - 1)
+        self.core.stream_seq[pub.stream] = max(self.core.stream_seq.get(pub.stream, -1), pub.next_seq - 1)
         out.append(Log("stream-seq-continued", {"link": pub.link_id, "next_seq": pub.next_seq}))
-        self._refill_credit(self.topics[pub.topic], out)
+        self.core.refill_credit(self.core.topics[pub.topic], out)
 
-    def _on_stream_resumed(self, message: dict, now: float, out: list) -> None:
+    def on_stream_resumed(self, message: dict, now: float, out: list) -> None:
         """A publisher resumed elsewhere: that router is the origin of its stream's
         deliveries we still act as origin for. With its complete unsettled list, the
         deliveries of its stream we hold that it does not list, it settled."""
         stream = bytes.fromhex(message["stream"])
         unsettled = {bytes.fromhex(t) for t in message.get("unsettled", ())}
         at = message["at"]
-        if at == self.settings.router_id:
+        if at == self.core.settings.router_id:
             return  # our own announcement, come back round a loop
         # An incomplete list says where the publisher is, not what it settled.
         complete = not message.get("incomplete")
         if complete:
             self._stream_resumed(stream, unsettled, now, out)
-        for pub in [p for p in self.publishers.values() if p.stream == stream]:
+        for pub in [p for p in self.core.publishers.values() if p.stream == stream]:
             # Its link here still looks live, but the publisher already resumed at
             # ``at`` (we lost it before we noticed: a cut link, not a death). The
             # newer attach wins, as link stealing does on one router.
             out.append(DetachLink(pub.link_id, "amqp:link:stolen", f"the link resumed at router {at}", close=False))
-            self._detach_publisher(pub, "stolen", now, out)
+            self.core.detach_publisher(pub, "stolen", now, out)
         # Tell it how far we saw the stream numbered (after taking our link down:
         # nothing more of the stream is numbered here).
-        self._route_control(at, {"t": "stream-seq", "stream": message["stream"],
-                                 "seq": self._stream_seq.get(stream, -1)}, out)
-        for record in list(self.records.values()):
+        self.core.route_control(at, {"t": "stream-seq", "stream": message["stream"],
+                                 "seq": self.core.stream_seq.get(stream, -1)}, out)
+        for record in list(self.core.records.values()):
             if record.tag[:tags.STREAM_ID_SIZE] != stream or record.pub_settled:
                 continue
             if complete and record.pub_tag not in unsettled:
-                self._settle_record(record, "publisher-resumed", now, out)
+                self.core.settle_record(record, "publisher-resumed", now, out)
             elif record.origin_router is None:
                 self._hand_origin_over(record, at, now, out)
             else:
@@ -153,7 +173,7 @@ class ResumptionMixin:
         and drop resuming subscribers' placeholders for tags it no longer holds (it
         settled them; they will never arrive) so they stop holding the stream back."""
         still = frozenset(tags.outgoing_tag(stream, t) for t in unsettled_pub_tags)
-        resumed = self._resumed_streams
+        resumed = self.resumed_streams
         resumed[stream] = still
         resumed.move_to_end(stream)
         if len(resumed) > RESUMED_STREAMS_KEPT:
@@ -165,10 +185,10 @@ class ResumptionMixin:
         still acted as origin (we were cut off from it, not dead). That router is the
         origin now; we are one of the routers it waits for, answering for our own
         subscribers only."""
-        out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": self.settings.router_id,
+        out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": self.core.settings.router_id,
                                              "to_router": new_origin}))
         if record.pub_delivery is not None:
-            self.by_delivery.pop(record.pub_delivery, None)
+            self.core.by_delivery.pop(record.pub_delivery, None)
             record.pub_delivery = None
         record.pub_link = -1
         record.origin_router = new_origin
@@ -176,14 +196,14 @@ class ResumptionMixin:
         record.moved = EMPTY_MAP
         record.targeted = EMPTY_MAP
         record.settle_pending = EMPTY_SET
-        self.topics[record.topic].unsettled -= 1
+        self.core.topics[record.topic].unsettled -= 1
         record.outcome = None
         if not record.subscribers:
             # Owed to nobody here: the new origin will not wait for us, nor tell us
             # when it settles, so there is nothing left to keep.
-            self._delete(record, "origin-handed-over", out)
+            self.core.delete(record, "origin-handed-over", out)
             return
-        self._maybe_answer_publisher(record, now, out)
+        self.core.maybe_answer_publisher(record, now, out)
 
     def _take_over(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
         """Its origin router died and its publisher resumed here: this router is the
@@ -198,25 +218,25 @@ class ResumptionMixin:
         # network's: the publisher hears only once everyone answered us.
         record.outcome = None
         topic.unsettled += 1
-        for router_id in sorted(self.net.interested_routers(record.topic)):
+        for router_id in sorted(self.core.net.interested_routers(record.topic)):
             record.own_remote_routers().setdefault(router_id, RouterState())
         pending = [r for r, st in record.remote_routers.items() if st.outcome is None]
         if pending:
-            self._send_towards(record, pending, now, out)
-        if old_origin in self._lost:
+            self.core.send_towards(record, pending, now, out)
+        if old_origin in self.core.lost:
             # The old origin owed it to its own subscribers too, and may have died
             # before they had it: its durable ones are owed it by us now, wherever
             # they re-attach (what _router_lost does for a router we wait for).
-            keys = [str(s.key) for s in self.net.membership.subscribers_at(old_origin, record.topic) if s.durable]
+            keys = [str(s.key) for s in self.core.net.membership.subscribers_at(old_origin, record.topic) if s.durable]
             if keys:
                 for key in keys:
                     self._owe_moved_or_local(record, key, now, out)
                 out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin,
                                               "subscribers": keys}))
-                self._resend_to_moved(record, out)
-        self._maybe_answer_publisher(record, now, out)
+                self.resend_to_moved(record, out)
+        self.core.maybe_answer_publisher(record, now, out)
 
-    def _resent_by_publisher(self, record: DeliveryRecord, pub, ev, now: float, out: list) -> bool:
+    def resent_by_publisher(self, record: DeliveryRecord, pub, ev, now: float, out: list) -> bool:
         """A resumed publisher resent a delivery we hold: attach the new transfer to
         the record (never forward it twice) and answer it if we can already."""
         if record.pub_delivery is not None:
@@ -226,65 +246,65 @@ class ResumptionMixin:
             # here (still in flight, or resent on a route change before that router
             # heard): the publisher is here, so we are its origin now.
             record.pub_link = pub.link_id
-            self._take_over(record, self.topics[record.topic], now, out)
+            self._take_over(record, self.core.topics[record.topic], now, out)
         record.pub_delivery = ev.delivery
         record.pub_link = pub.link_id
-        self.by_delivery[ev.delivery] = record
+        self.core.by_delivery[ev.delivery] = record
         out.append(Log("resend-matched", {"delivery": record.delivery_id, "link": pub.link_id}))
         if record.pub_settled:
             # Settled on its behalf meanwhile: it hears the outcome, and we are done.
             # (Settled by another origin: the outcome that origin finished it with.)
             outcome = record.outcome
-            final = self._final_outcome(record) if record.origin_router is not None else None
+            final = self.core.final_outcome(record) if record.origin_router is not None else None
             if final is not None:
                 outcome = OUTCOME_ACCEPTED if final == outcomes.ACCEPTED else Outcome(final)
-            self._send_publisher_outcome(record, outcome or OUTCOME_ACCEPTED, out, settle=True)
-            self.by_delivery.pop(ev.delivery, None)
+            self.core.send_publisher_outcome(record, outcome or OUTCOME_ACCEPTED, out, settle=True)
+            self.core.by_delivery.pop(ev.delivery, None)
             record.pub_delivery = None
         elif record.outcome is not None:
-            self._outcome_to_publisher(record, record.outcome, now, out)
+            self.core.outcome_to_publisher(record, record.outcome, now, out)
         return True
 
     # ------------------------------------------------------------ subscribers
 
-    def _resume_subscriber(self, sub, properties, topic, now: float, out: list) -> list:
+    def resume_subscriber(self, sub, properties, topic, now: float, out: list) -> list:
         """The design's rules for a resuming receiver. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         key = sub.key
         answer = []
         for tag, code in reported.items():
-            record = self.records.get(tag)
-            if record is None and tag in self._settled_tags:
+            record = self.core.records.get(tag)
+            if record is None and tag in self.core.settled:
                 continue  # settled and forgotten here: left out of our answer
             if record is None:
                 stream = tag[:tags.STREAM_ID_SIZE]
-                still = self._resumed_streams.get(stream)
+                still = self.resumed_streams.get(stream)
                 if still is not None and tag not in still:
                     # Its publisher resumed without it: settled (its router died
                     # before this subscriber heard). Left out of our answer.
                     out.append(Log("placeholder-settled", {"subscriber": key, "delivery": tag.hex()}))
                     continue
                 sub.placeholders.setdefault(stream, set()).add(tag)
-                self._add_timer(now + self.settings.placeholder_timeout, self._TIMER_PLACEHOLDER, (sub, tag))
+                self.core.add_timer(now + self.core.settings.placeholder_timeout, _TIMER_PLACEHOLDER, (sub, tag))
                 out.append(Log("placeholder-created", {"subscriber": key, "delivery": tag.hex()}))
                 # It may be on its way here, or settled long ago by a router that is
                 # still alive (its settlement died with the subscriber's old router):
                 # ask; a router that knows it settled answers "settle" with "done".
-                for router_id in sorted(self.net.reachable() - {self.settings.router_id}):
-                    self._route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
+                for router_id in sorted(self.core.net.reachable() - {self.core.settings.router_id}):
+                    self.core.route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
                 continue
             if record.pub_settled:
                 state = record.subscribers.get(key)
                 if state is not None:
                     state.known_settled = True
                 continue  # left out of our answer: it is settled
-            state = self._owe_here(record, key)
+            state = self.owe_here(record, key)
             state.resend = True
             if code in outcomes.TERMINAL and state.outcome is None:
                 state.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(code)
                 out.append(Log("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
                                                "outcome": outcomes.NAMES[code], "settled": False}))
-                self._after_subscriber_outcome(record, key, now, out)
+                self.core.after_subscriber_outcome(record, key, now, out)
             answer.append((tag, record, state))
         if not incomplete:
             # Unsettled records it did not report: it never got them.
@@ -292,7 +312,7 @@ class ResumptionMixin:
                 if not record.pub_settled and record.tag not in reported and record.payload is not None:
                     state = record.subscribers.get(key)
                     if state is None or state.outcome is None:
-                        self._owe_here(record, key)
+                        self.owe_here(record, key)
         # Its reported outcome may have been the last answer a record needed, and
         # the record settled meanwhile: that one is settled, so left out too.
         answer = [[tag, state_name(state.outcome)] for tag, record, state in answer if not record.pub_settled]
@@ -300,7 +320,7 @@ class ResumptionMixin:
                                             "known": len(answer), "incomplete": incomplete}))
         return answer
 
-    def _owe_here(self, record: DeliveryRecord, key: str) -> SubscriberState:
+    def owe_here(self, record: DeliveryRecord, key: str) -> SubscriberState:
         """Make ``record`` owed to local subscriber ``key`` (late: after the record's
         answer to its origin went out, the subscriber answers individually)."""
         record.waiting = -1  # its states change outside the count
@@ -316,24 +336,24 @@ class ResumptionMixin:
             state.outcome = moved.outcome
         return state
 
-    def _placeholder_blocks(self, sub, record: DeliveryRecord) -> bool:
+    def placeholder_blocks(self, sub, record: DeliveryRecord) -> bool:
         return bool(sub.placeholders) and record.tag[:tags.STREAM_ID_SIZE] in sub.placeholders \
             and record.tag not in sub.placeholders[record.tag[:tags.STREAM_ID_SIZE]]
 
-    def _after_distribute_to_resumed(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
+    def after_distribute_to_resumed(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
         """A new record was queued (never sent directly) for subscribers holding
         placeholders: fulfil theirs, then send it through the placeholder check."""
         resumed = [sub for sub in topic.subscriptions.values() if sub.placeholders]
         if not resumed:
             return
-        self._fulfil_placeholders(record, now, out)
+        self.fulfil_placeholders(record, now, out)
         for sub in resumed:
-            self._pump(sub, now, out)
+            self.core.pump(sub, now, out)
 
-    def _fulfil_placeholders(self, record: DeliveryRecord, now: float, out: list) -> None:
+    def fulfil_placeholders(self, record: DeliveryRecord, now: float, out: list) -> None:
         """A delivery arrived here: resumed subscribers waiting for it get it first,
         then what they held back of its stream."""
-        topic = self.topics.get(record.topic)
+        topic = self.core.topics.get(record.topic)
         if topic is None:
             return
         stream = None
@@ -347,14 +367,14 @@ class ResumptionMixin:
                 continue
             waiting.discard(record.tag)
             out.append(Log("placeholder-fulfilled", {"subscriber": sub.key, "delivery": record.delivery_id}))
-            state = self._owe_here(record, sub.key)
+            state = self.owe_here(record, sub.key)
             state.resend = True
             sub.queue.appendleft(record)
             if not waiting:
                 self._release_held(sub, stream)
-            self._pump(sub, now, out)
+            self.core.pump(sub, now, out)
 
-    def _placeholder_expired(self, sub, tag: bytes, now: float, out: list) -> None:
+    def placeholder_expired(self, sub, tag: bytes, now: float, out: list) -> None:
         stream = tag[:tags.STREAM_ID_SIZE]
         waiting = sub.placeholders.get(stream)
         if not waiting or tag not in waiting:
@@ -363,9 +383,9 @@ class ResumptionMixin:
         out.append(Log("placeholder-expired", {"subscriber": sub.key, "delivery": tag.hex()}))
         if not waiting:
             self._release_held(sub, stream)
-            self._pump(sub, now, out)
+            self.core.pump(sub, now, out)
 
-    def _placeholder_settled(self, tag: bytes, now: float, out: list) -> None:
+    def placeholder_settled(self, tag: bytes, now: float, out: list) -> None:
         """Another router says ``tag`` was settled: placeholders for it wait for nothing."""
         self._drop_placeholders(tag[:tags.STREAM_ID_SIZE], lambda waiting: [tag] if tag in waiting else [],
                                 now, out)
@@ -374,7 +394,7 @@ class ResumptionMixin:
         """Drop the placeholders ``settled(waiting)`` names (settled deliveries will
         never arrive) from every subscription waiting on ``stream``; one left with
         none gets what it held back."""
-        for sub in list(self.subscriptions.values()):
+        for sub in list(self.core.subscriptions.values()):
             waiting = sub.placeholders.get(stream)
             if not waiting:
                 continue
@@ -384,7 +404,7 @@ class ResumptionMixin:
                 out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
             if dropped and not waiting:
                 self._release_held(sub, stream)
-                self._pump(sub, now, out)
+                self.core.pump(sub, now, out)
 
     def _release_held(self, sub, stream: bytes) -> None:
         sub.placeholders.pop(stream, None)
@@ -393,58 +413,58 @@ class ResumptionMixin:
 
     # ------------------------------------------------------------ moved subscribers
 
-    def _router_lost(self, router_id: str, now: float, out: list) -> None:
+    def router_lost(self, router_id: str, now: float, out: list) -> None:
         """A router became unreachable: stop waiting for *it*; wait for its durable
         subscribers wherever they re-attach (within their terminus timeout)."""
-        self.net.membership.router_lost(router_id, now)
-        self.net.membership_changed()
-        for record in list(self.records.values()):
+        self.core.net.membership.router_lost(router_id, now)
+        self.core.net.membership_changed()
+        for record in list(self.core.records.values()):
             state = record.remote_routers.get(router_id)
             if state is None or state.outcome is not None or record.pub_settled:
                 continue
             del record.remote_routers[router_id]
-            keys = [str(s.key) for s in self.net.membership.subscribers_at(router_id, record.topic) if s.durable]
+            keys = [str(s.key) for s in self.core.net.membership.subscribers_at(router_id, record.topic) if s.durable]
             for key in keys:
                 self._owe_moved_or_local(record, key, now, out)
             out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id,
                                           "subscribers": keys}))
-            self._resend_to_moved(record, out)
+            self.resend_to_moved(record, out)
             if record.outcome is None:
-                self._maybe_answer_publisher(record, now, out)
-        self._schedule_membership_expiry()
+                self.core.maybe_answer_publisher(record, now, out)
+        self.schedule_membership_expiry()
 
-    def _owe_lost_subscribers(self, record: DeliveryRecord, out: list) -> None:
+    def owe_lost_subscribers(self, record: DeliveryRecord, out: list) -> None:
         """Durable subscribers of routers we lost are owed new deliveries too (they
         are detached within their terminus timeout), wherever they re-attach."""
-        membership = self.net.membership
-        for router_id in self._lost:
+        membership = self.core.net.membership
+        for router_id in self.core.lost:
             for remote in membership.subscribers_at(router_id, record.topic):
                 if remote.durable and membership.where(remote.key) is None:
                     self._owe_moved_or_local(record, str(remote.key), None, out)
         if record.moved:
-            self._resend_to_moved(record, out)
+            self.resend_to_moved(record, out)
 
     def _owe_moved_or_local(self, record: DeliveryRecord, key: str, now, out: list) -> None:
         """Owe ``record`` to a subscriber of a lost router: here if it already
         re-attached here, else wherever it shows up."""
-        sub = self.subscriptions.get(key)
+        sub = self.core.subscriptions.get(key)
         if sub is None:
             record.own_moved().setdefault(key, MovedState())
             return
         if key not in record.subscribers:
-            self._owe_here(record, key)
+            self.owe_here(record, key)
             if sub.link_id is not None:
                 sub.queue.append(record)
                 if now is not None:
-                    self._pump(sub, now, out)
+                    self.core.pump(sub, now, out)
 
-    def _local_subscriber_moved(self, key: str, to_router: str, now: float, out: list) -> None:
+    def local_subscriber_moved(self, key: str, to_router: str, now: float, out: list) -> None:
         """A durable subscriber we held (detached, retained) attached at another router:
         what it is owed here follows it there."""
-        sub = self.subscriptions.get(key)
+        sub = self.core.subscriptions.get(key)
         if sub is None or sub.attached:
             return
-        topic = self.topics[sub.topic]
+        topic = self.core.topics[sub.topic]
         for record in list(topic.records.values()):
             state = record.subscribers.get(key)
             if state is None or state.outcome is not None or record.pub_settled:
@@ -452,25 +472,25 @@ class ResumptionMixin:
             del record.subscribers[key]
             record.waiting = -1
             record.own_moved()[key] = MovedState()
-            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": self.settings.router_id,
+            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": self.core.settings.router_id,
                                           "subscribers": [key]}))
         sub.announced = False  # its new router announces it now
-        self._end_subscription(sub, now, out, reason="moved")
-        self._moved_subscriber_at(key, to_router, now, out)
+        self.core.end_subscription(sub, now, out, reason="moved")
+        self.moved_subscriber_at(key, to_router, now, out)
 
-    def _moved_subscriber_at(self, key: str, router_id: str, now: float, out: list) -> None:
-        for record in list(self.records.values()):
+    def moved_subscriber_at(self, key: str, router_id: str, now: float, out: list) -> None:
+        for record in list(self.core.records.values()):
             moved = record.moved.get(key)
             if moved is not None and moved.outcome is None and moved.router != router_id:
                 moved.router = router_id
                 self._send_targeted(record, router_id, [key], out)
 
-    def _resend_to_moved(self, record: DeliveryRecord, out: list) -> None:
+    def resend_to_moved(self, record: DeliveryRecord, out: list) -> None:
         by_router: dict[str, list[str]] = {}
         for key, moved in record.moved.items():
             if moved.outcome is not None:
                 continue
-            where = self.net.membership.where(_split_key(key))
+            where = self.core.net.membership.where(_split_key(key))
             if where is not None:
                 moved.router = where
             if moved.router is not None:
@@ -483,20 +503,20 @@ class ResumptionMixin:
         individually."""
         if record.payload is None or record.pub_settled:  # settled: a payload kept only for a local re-send
             return
-        hop = self.net.next_hop(router_id)
+        hop = self.core.net.next_hop(router_id)
         if hop is None:
             return
-        header = dict(self._base_header(record))
-        header["origin"] = record.origin_router or self.settings.router_id
+        header = dict(self.core.base_header(record))
+        header["origin"] = record.origin_router or self.core.settings.router_id
         header["dests"] = [router_id]
         header["for"] = {router_id: keys}
-        header["report"] = self.settings.router_id
+        header["report"] = self.core.settings.router_id
         header["prev"] = {}
         out.append(SendData(hop, record.tag, header, record.payload))
         out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop,
                                                "dests": [router_id]}))
 
-    def _on_moved_outcome(self, record: DeliveryRecord, key: str, sender: str, message: dict, now: float,
+    def on_moved_outcome(self, record: DeliveryRecord, key: str, sender: str, message: dict, now: float,
                           out: list) -> None:
         moved = record.moved.get(key)
         code = message.get("o", outcomes.NONE)
@@ -504,7 +524,7 @@ class ResumptionMixin:
                                                "outcome": outcomes.NAMES.get(code, str(code))}))
         if moved is None or moved.outcome is not None:
             if record.pub_settled and sender in record.settle_pending:
-                self._route_control(sender, self._settle_message(record.tag, self._final_outcome(record)), out)
+                self.core.route_control(sender, self.core.settle_message(record.tag, self.core.final_outcome(record)), out)
             return
         moved.router = sender
         if code == outcomes.NONE:
@@ -513,53 +533,53 @@ class ResumptionMixin:
             code, message.get("cond"), message.get("desc"), bool(message.get("failed")),
             bool(message.get("undeliv")))
         if record.outcome is None:
-            self._maybe_answer_publisher(record, now, out)
+            self.core.maybe_answer_publisher(record, now, out)
 
-    def _accept_targeted(self, record: DeliveryRecord, keys, report_to: str, now: float, out: list) -> None:
+    def accept_targeted(self, record: DeliveryRecord, keys, report_to: str, now: float, out: list) -> None:
         """Another router addressed ``record`` to these subscribers here."""
-        topic = self.topics.get(record.topic)
+        topic = self.core.topics.get(record.topic)
         for key in keys:
             sub = topic.subscriptions.get(key) if topic is not None else None
             if sub is None:
-                self._route_control(report_to, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE,
+                self.core.route_control(report_to, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE,
                                                 "key": key}, out)
                 continue
             known = key in record.subscribers
-            state = self._owe_here(record, key)
+            state = self.owe_here(record, key)
             record.own_targeted()[key] = report_to
             if state.outcome is not None:
-                self._report_targeted(record, key, out)
+                self.report_targeted(record, key, out)
             elif not known and sub.link_id is not None:
                 sub.queue.append(record)
-                self._pump(sub, now, out)
+                self.core.pump(sub, now, out)
 
-    def _report_targeted(self, record: DeliveryRecord, key: str, out: list) -> None:
+    def report_targeted(self, record: DeliveryRecord, key: str, out: list) -> None:
         state = record.subscribers[key]
         message = {"t": "outcome", "d": record.tag.hex(), "o": state.outcome.code, "key": key}
         if state.outcome.condition:
             message["cond"] = state.outcome.condition
             message["desc"] = state.outcome.description
-        self._route_control(record.targeted[key], message, out)
+        self.core.route_control(record.targeted[key], message, out)
 
-    def _expire_moved(self, changes, now: float, out: list) -> None:
+    def expire_moved(self, changes, now: float, out: list) -> None:
         """Subscribers of a lost router that did not re-attach within their terminus
         timeout stop being owed."""
         for change in changes:
             if type(change).__name__ != "RemoteSubscriberRemoved" or change.reason != "expired":
                 continue
             key = str(change.key)
-            for record in list(self.records.values()):
+            for record in list(self.core.records.values()):
                 moved = record.moved.get(key)
                 if moved is not None and moved.outcome is None:
                     del record.moved[key]
                     out.append(Log("owed-state-discarded", {"delivery": record.delivery_id, "subscriber": key}))
                     if record.outcome is None:
-                        self._maybe_answer_publisher(record, now, out)
+                        self.core.maybe_answer_publisher(record, now, out)
 
-    def _schedule_membership_expiry(self) -> None:
-        deadline = self.net.membership.next_expiry()
+    def schedule_membership_expiry(self) -> None:
+        deadline = self.core.net.membership.next_expiry()
         if deadline is not None:
-            self._add_timer(deadline, self._TIMER_MEMBERSHIP, None)
+            self.core.add_timer(deadline, _TIMER_MEMBERSHIP, None)
 
 
 def _split_key(key: str):

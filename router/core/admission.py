@@ -1,0 +1,432 @@
+"""A publisher's message: its tag, its admission, and its fan-out to subscribers (and best effort).
+
+A mixin of ``RouterCore`` (router/core/router.py): its methods share the core's state,
+documented there, and are split out only to keep one concern per module."""
+
+from __future__ import annotations
+
+from router.core import outcomes, tags
+from router.core.commands import (
+    Drained,
+    Forward,
+    Log,
+    SendData,
+    SendOutcome,
+    SettleOutgoing,
+)
+from router.core.constants import (
+    _TAG_SIZE,
+    _TIMER_EXPIRY,
+    BEYOND_HORIZON_CONDITION,
+    UNCOUNTED_BELOW,
+    _new,
+)
+from router.core.errors import ProtocolError
+from router.core.events import (
+    CreditChanged,
+    DataReceived,
+    MessageReceived,
+    MessageTooLarge,
+)
+from router.core.links import PublisherLink, Subscription, Topic
+from router.core.message import MessageError, OriginTemplate, splice_origin
+from router.core.outcomes import Outcome
+from router.core.records import (
+    ANSWER_UNSENT,
+    DeliveryRecord,
+    Roster,
+    RouterState,
+    SubscriberState,
+)
+from router.core.settled import BEYOND_HORIZON, KNOWN
+
+
+class AdmissionMixin:
+    def _on_message(self, ev: MessageReceived, now: float, out: list) -> None:
+        """A publisher's transfer: counted against its credit and the topic's size
+        estimate, numbered in its stream, then named (its outgoing tag: a new
+        delivery, a resend, or a reuse), prepared (the origin annotation, expiry) and
+        fanned out. Each step returns None when it answered the transfer itself."""
+        pub = self.publishers.get(ev.link_id)
+        if pub is None:
+            raise ProtocolError("amqp:internal-error", f"message on unknown link {ev.link_id}")
+        topic = self.topics[pub.topic]
+        if pub.credit > 0:
+            pub.credit -= 1
+            topic.outstanding_credit -= 1
+            self._promised -= topic.est
+        size = len(ev.payload)
+        if size > topic.largest_recent:
+            topic.largest_recent = size
+            if size > topic.est:  # larger than its credit was counted at: count it so from now
+                self._promised += topic.outstanding_credit * (size - topic.est)
+                topic.est = size
+        seq = pub.next_seq
+        pub.next_seq = seq + 1
+        self.stream_seq[pub.stream] = seq
+        if ev.settled or pub.presettled:
+            self._relay_best_effort(pub, topic, ev, now, out)
+            return
+        if self.draining:
+            out.append(SendOutcome(ev.delivery, outcomes.RELEASED, True))
+            out.append(Log("pub-outcome", {"delivery": None, "outcome": "released",
+                                           "condition": outcomes.SHUTTING_DOWN,
+                                           "reason": "router is shutting down"}))
+            return
+        named = self._name_delivery(pub, topic, ev, now, out)
+        if named is None:
+            return
+        prepared = self._prepare_payload(pub, ev, now, out)
+        if prepared is None:
+            return
+        tag, reuse, resent = named
+        payload, expires_at = prepared
+        record = DeliveryRecord(tag, topic.name, next(self._order), payload, pub.container_id,
+                                pub.name, ev.tag, pub.incarnation, seq, pub.link_id, ev.delivery,
+                                expires_at, reuse)
+        if resent:
+            record.resent = True
+        memory = pub.memory
+        if memory is None:
+            memory = pub.memory = self.settled.memory_of(pub.stream)
+        record.memory = memory
+        self._fan_out(record, pub, topic, ev, size, now, out)
+
+    def _name_delivery(self, pub, topic: Topic, ev: MessageReceived, now: float, out: list):
+        """(outgoing tag, reuse count, resent?) of a transfer: a new delivery, a resend
+        of one the publisher reported unsettled when it resumed (answered here when
+        this router knows its end), or a reuse of a settled tag. None: answered."""
+        ptag = ev.tag
+        if len(ptag) <= tags.MAX_INLINE_TAG:  # tags.outgoing_tag() inlined for short tags
+            tag = pub.stream + _TAG_SIZE[len(ptag)] + ptag
+        else:
+            try:
+                tag = tags.outgoing_tag(pub.stream, ptag)
+            except ProtocolError as err:
+                self._refuse(ev.delivery, err.condition, err.description, out)
+                return None
+        reuse = 0
+        resent = False
+        existing = self.records.get(tag)
+        resending = pub.resending
+        if resending is not None and ptag in resending:
+            resending.discard(ptag)
+            resent = True  # a resend of a delivery it reported unsettled: never a reuse
+            if existing is None:
+                settled = self.settled
+                verdict = settled.resend_verdict(tag, pub.incarnation)
+                if verdict == KNOWN and settled.outcome_of(tag) is not None:
+                    self._answer_finished_resend(tag, settled.outcome_of(tag), ev, out)
+                    self._refill_credit(topic, out)
+                    return None
+                if verdict == BEYOND_HORIZON:
+                    self._refuse_beyond_horizon(tag, ev.delivery, out)
+                    self._refill_credit(topic, out)
+                    return None
+        elif existing is None:
+            # ``tag in self.settled``, inlined: once per message
+            memory = pub.memory
+            if memory is None:
+                memory = pub.memory = self.settled.memory_of(pub.stream)
+            if tag in memory.current or tag in memory.previous:
+                # Reused after the old delivery was settled and forgotten here: other
+                # routers may still remember the old one, so the copy says which use it is.
+                reuse = self.settled.reuse_of(tag) + 1
+        if existing is not None:
+            reuse = self._existing_delivery(existing, pub, topic, ev, resent, now, out)
+            if reuse is None:
+                return None
+        return tag, reuse, resent
+
+    def _existing_delivery(self, existing: DeliveryRecord, pub, topic: Topic, ev: MessageReceived, resent: bool,
+                           now: float, out: list) -> int | None:
+        """The transfer's tag names a record we hold: a resend (matched to it), a
+        reuse of a settled tag (the reuse count of the new delivery), or an error.
+        None: answered."""
+        if existing.pub_tag != ev.tag:
+            out.append(Log("tag-collision", {"delivery": existing.delivery_id, "link": ev.link_id}))
+            self._refuse(ev.delivery, "amqp:internal-error", "delivery-tag hash collision; resend it", out)
+            return None
+        # No live publisher delivery (its link went: a resumed publisher resends it),
+        # or settled on its behalf while it was away: a resend, never a new delivery.
+        if (existing.pub_delivery is None
+                and (resent or not existing.pub_settled or existing.pub_link != ev.link_id)
+                and self.resumption.resent_by_publisher(existing, pub, ev, now, out)):
+            self._refill_credit(topic, out)
+            return None
+        if not existing.pub_settled:
+            self._refuse(ev.delivery, "amqp:invalid-field",
+                         "delivery-tag reused while the earlier delivery is unsettled", out)
+            return None
+        # The publisher reused a settled tag: the old record has done its job.
+        self._delete(existing, "tag-reused", out)
+        return existing.reuse + 1
+
+    def _prepare_payload(self, pub, ev: MessageReceived, now: float, out: list):
+        """(the message with the origin annotation spliced in, when it expires) or
+        None: refused (malformed, forged annotation, expired)."""
+        template = pub.origin
+        if template is None:
+            template = pub.origin = OriginTemplate(pub.container_id, pub.name, pub.incarnation,
+                                                   self.settings.router_id)
+        try:
+            prepared = splice_origin(ev.payload, template, ev.tag)
+        except MessageError as err:
+            self._refuse(ev.delivery, err.condition, str(err), out)
+            return None
+        if prepared is None:
+            # Only routers set the origin annotation: a client's would be a forgery.
+            self._refuse(ev.delivery, "amqp:unauthorized-access",
+                         "message already carries an x-opt-eorouter-origin annotation", out)
+            return None
+        payload, ttl_ms, absolute_expiry_ms = prepared
+        expires_at = None
+        if ttl_ms is not None:
+            expires_at = now + ttl_ms / 1000.0
+        if absolute_expiry_ms:
+            absolute = absolute_expiry_ms / 1000.0
+            expires_at = absolute if expires_at is None else min(expires_at, absolute)
+        if expires_at is not None and expires_at <= now:
+            self._refuse(ev.delivery, outcomes.EXPIRED, "message expired before it could be delivered", out)
+            return None
+        return payload, expires_at
+
+    def _fan_out(self, record: DeliveryRecord, pub, topic: Topic, ev: MessageReceived, size: int, now: float,
+                 out: list) -> None:
+        """A new delivery: owed to the topic's subscribers here (sent to those who can
+        take it) and to every interested router, logged, and kept."""
+        owed, sent_to, best_effort = self._distribute(record, topic, out)
+        record.waiting = len(owed)  # every owed subscriber is yet to answer
+        routers = None
+        interested = self.net._interest.get(topic.name)  # Network.interested_routers' cache, read inline
+        if interested is None:
+            interested = self.net.interested_routers(topic.name)
+        if interested:
+            routers = sorted(interested)
+            remote = record.remote_routers = {}
+            for router_id in routers:
+                remote[router_id] = RouterState()
+        # One record for arrival and the immediate sends keeps the log cheap: later
+        # sends (from a queue) get "forwarded" events of their own.
+        out.append(_new(Log, ("received", {
+            "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
+            "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
+            "stream_seq": record.stream_seq, "size": size, "settled": False, "owed": owed,
+            "forwarded": sent_to, "routers": routers})))
+        tag = record.tag
+        payload = record.payload
+        self.records[tag] = record
+        self.by_delivery[ev.delivery] = record
+        topic.records[record.order] = record
+        topic.unsettled += 1
+        held = len(payload)  # with the origin annotation: counted as _release_bytes counts it
+        if held >= UNCOUNTED_BELOW:  # self._hold_bytes(topic, payload), inlined
+            topic.bytes += held
+            self.bytes_held += held
+        if routers:
+            self._send_towards(record, routers, now, out)
+        if self.lost:
+            self.resumption.owe_lost_subscribers(record, out)
+        for sub in topic.subscriptions.values():  # only resumed subscribers hold placeholders
+            if sub.placeholders:
+                self.resumption.after_distribute_to_resumed(record, topic, now, out)
+                break
+        if not owed and not routers and not record.moved:
+            self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
+                                   now, out)
+        elif record.expires_at is not None:
+            self._add_timer(record.expires_at, _TIMER_EXPIRY, record)
+        if best_effort:
+            self._best_effort_copies(topic, tag, payload, out)
+        if pub.credit * 2 < self.settings.publisher_credit_window:
+            self._refill_credit(topic, out, bound_only=True)
+
+    def _refuse_beyond_horizon(self, tag: bytes, delivery: int, out: list) -> None:
+        """A resumed publisher resent a delivery of a stream this router finished
+        with and forgot (docs/resumption.md): it may have been delivered, so it is
+        refused (rejected, a condition of its own), never taken as new."""
+        description = ("resent after the router forgot its stream (resume horizon or memory limit): "
+                       "it may have been delivered already")
+        out.append(SendOutcome(delivery, outcomes.REJECTED, True, BEYOND_HORIZON_CONDITION, description))
+        out.append(Log("resend-beyond-horizon", {"delivery": tag.hex(), "stream": tag[:tags.STREAM_ID_SIZE].hex()}))
+        out.append(Log("pub-outcome", {"delivery": tag.hex(), "outcome": "rejected",
+                                       "condition": BEYOND_HORIZON_CONDITION, "reason": description}))
+
+    def _answer_finished_resend(self, tag: bytes, final: int, ev: MessageReceived, out: list) -> None:
+        """A failed-over publisher resent a delivery this router took part in and saw
+        finished (settled by its origin, now forgotten): the subscribers have it;
+        the publisher gets the outcome it was finished with, and nobody a copy."""
+        out.append(SendOutcome(ev.delivery, final, True))
+        out.append(Log("pub-outcome", {"delivery": tag.hex(), "outcome": outcomes.NAMES.get(final, str(final)),
+                                       "condition": None,
+                                       "reason": "resent after it was finished and settled; outcome remembered"}))
+
+    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list) -> tuple[list, list, bool]:
+        """Owe ``record`` to the topic's subscriptions and send it to those that can
+        take it now; the others get it from their queue, or on re-attach. The record
+        is compact (records.py): it shares the topic's roster and holds one answer
+        byte per subscriber. Returns (keys owed, keys sent to, whether best-effort
+        subscribers exist); the lists are shared: never change them."""
+        roster = topic.roster
+        if roster is None:
+            roster = topic.roster = Roster(sub for sub in topic.subscriptions.values() if not sub.best_effort)
+        subs = roster.subs
+        if not subs:
+            # Owed to nobody here (a router that only relays or originates it, or only
+            # best-effort subscribers): an empty map from the start costs less than
+            # a compact record that would be expanded at its first look.
+            record.owe_no_subscriber()
+            return roster.keys, roster.keys, bool(topic.subscriptions)
+        answers = bytearray(len(subs))
+        record.roster = roster
+        record.answers = answers
+        record.sent_at = self._send_counter = self._send_counter + 1
+        tag = record.tag
+        payload = record.payload
+        unsent = False
+        for i, sub in enumerate(subs):
+            link_id = sub.link_id
+            if link_id is not None and sub.credit > 0 and sub.ready and not sub.queue and not sub.placeholders:
+                sub.credit -= 1
+                out.append(_new(Forward, (link_id, tag, payload, False)))
+            else:
+                answers[i] = ANSWER_UNSENT
+                unsent = True
+                if link_id is not None:
+                    sub.queue.append(record)
+                # else: durable, detached: it gets the record on re-attach
+        keys = roster.keys
+        best_effort = len(subs) != len(topic.subscriptions)
+        if not unsent:
+            return keys, keys, best_effort
+        return keys, [key for key, answer in zip(keys, answers) if not answer], best_effort
+
+    def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list) -> None:
+        """Pre-settled copies for at-most-once subscribers that have credit now."""
+        for sub in topic.subscriptions.values():
+            if sub.best_effort and sub.link_id is not None and sub.credit > 0:
+                sub.credit -= 1
+                out.append(Forward(sub.link_id, tag, payload, True))
+
+    def _refuse(self, delivery: int, condition: str, description: str, out: list) -> None:
+        """Answer a publisher delivery the router will not carry."""
+        out.append(SendOutcome(delivery, outcomes.REJECTED, True, condition, description))
+        out.append(Log("pub-outcome", {"delivery": None, "outcome": "rejected", "condition": condition,
+                                       "reason": description}))
+
+    def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
+                           out: list) -> None:
+        """Pre-settled: forward to whoever has credit now; never wait, never owe."""
+        template = pub.origin
+        if template is None:
+            template = pub.origin = OriginTemplate(pub.container_id, pub.name, pub.incarnation,
+                                                   self.settings.router_id)
+        try:
+            prepared = splice_origin(ev.payload, template, ev.tag)
+        except MessageError:
+            out.append(Log("dropped", {"delivery": None, "reason": "malformed pre-settled message"}))
+            self._refill_credit(topic, out)
+            return
+        # A message that already carries an origin is relayed as it is (best effort
+        # never refused anything).
+        payload = ev.payload if prepared is None else prepared[0]
+        ptag = ev.tag
+        if len(ptag) <= tags.MAX_INLINE_TAG:  # tags.outgoing_tag() inlined for short tags
+            tag = pub.stream + _TAG_SIZE[len(ptag)] + ptag
+        else:
+            tag = tags.outgoing_tag(pub.stream, ptag[:tags.MAX_TAG_SIZE])
+        delivery_id = tag.hex()
+        out.append(Log("received", {
+            "delivery": delivery_id, "topic": topic.name, "publisher": pub.container_id,
+            "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
+            "stream_seq": pub.next_seq - 1, "size": len(ev.payload), "settled": True, "owed": []}))
+        self._best_effort_to_local(topic, tag, payload, out)
+        interested = self.net.interested_routers(topic.name)
+        if interested:
+            # One copy per next hop, as for exactly-once, but nobody answers it.
+            base = {"origin": self.settings.router_id, "epoch": self.epoch, "boot": self.boot_id,
+                    "topic": topic.name, "pub": pub.container_id, "link": pub.name, "ptag": ptag.hex(),
+                    "inc": pub.incarnation, "seq": pub.next_seq - 1, "hops": 0, "be": True}
+            for hop, dests in self.net.split(sorted(interested)).by_next_hop.items():
+                header = dict(base)
+                header["dests"] = sorted(dests)
+                out.append(SendData(hop, tag, header, payload))
+                out.append(Log("forwarded-to-router", {"delivery": delivery_id, "to_router": hop,
+                                                       "dests": header["dests"]}))
+        self._refill_credit(topic, out)
+
+    def _best_effort_to_local(self, topic: Topic, tag: bytes, payload: bytes, out: list) -> None:
+        """A pre-settled copy to every local subscriber with credit now (at-most-once)."""
+        for sub in topic.subscriptions.values():
+            if sub.link_id is not None and sub.credit > 0:
+                sub.credit -= 1
+                out.append(Forward(sub.link_id, tag, payload, True))
+
+    def _best_effort_from_router(self, ev: DataReceived, header: dict, out: list) -> None:
+        """A pre-settled delivery relayed from its publisher's router: copies to our
+        subscribers with credit now; no record, no answer, no order hold."""
+        topic = self.topics.get(header.get("topic"))
+        out.append(Log("received", {
+            "delivery": ev.tag.hex(), "topic": header.get("topic"), "publisher": header.get("pub"),
+            "link_name": header.get("link"), "pub_tag": header.get("ptag"), "incarnation": header.get("inc"),
+            "stream_seq": header.get("seq", 0), "size": len(ev.payload), "settled": True, "owed": [],
+            "origin_router": header.get("origin")}))
+        if topic is not None:
+            self._best_effort_to_local(topic, ev.tag, ev.payload, out)
+
+    def _on_too_large(self, ev: MessageTooLarge, now: float, out: list) -> None:
+        pub = self.publishers.get(ev.link_id)
+        if pub is not None and pub.credit > 0:
+            pub.credit -= 1
+            self.topics[pub.topic].outstanding_credit -= 1
+            self._promised -= self.topics[pub.topic].est
+        description = f"message of {ev.size}+ bytes exceeds the router's limit of {self.settings.max_message_size}"
+        if ev.settled:
+            out.append(Log("dropped", {"delivery": None, "reason": description}))
+        else:
+            self._refuse(ev.delivery, "amqp:link:message-size-exceeded", description, out)
+        if pub is not None:
+            self._refill_credit(self.topics[pub.topic], out)
+
+    def _send(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, out: list) -> None:
+        sub.credit -= 1
+        state.sent = self._send_counter = self._send_counter + 1
+        state.link = sub.link_id
+        state.remote_settled = False  # a new copy (a resend after a resume): not settled by it yet
+        out.append(Forward(sub.link_id, record.tag, record.payload, False))
+        out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key,
+                                     "link": sub.link_id, "settled": False}))
+
+    def _pump(self, sub: Subscription, now: float, out: list) -> None:
+        """Send queued records while the subscriber has credit."""
+        if not sub.ready:
+            return
+        queue = sub.queue
+        key = sub.key
+        while queue and sub.credit > 0:
+            record = queue.popleft()
+            state = record.subscribers.get(key)
+            if state is None or state.sent or record.payload is None:
+                continue
+            if state.outcome is not None and not state.resend:
+                continue
+            if sub.placeholders and self.resumption.placeholder_blocks(sub, record):
+                sub.held.setdefault(record.tag[:tags.STREAM_ID_SIZE], []).append(record)
+                continue
+            self._send(sub, record, state, out)
+            if record.pub_settled:  # a resumed subscriber's re-send, settled meanwhile
+                out.append(SettleOutgoing(sub.link_id, record.tag))
+                state.settle_relayed = True
+                sub.awaiting_evidence.append((self._send_counter, record))
+        if sub.drain and not queue and sub.credit > 0:
+            sub.credit = 0
+            sub.drain = False
+            out.append(Drained(sub.link_id))
+
+    def _on_credit(self, ev: CreditChanged, now: float, out: list) -> None:
+        sub = self.subscribers.get(ev.link_id)
+        if sub is None:
+            return
+        sub.credit = ev.credit
+        sub.drain = ev.drain
+        self._pump(sub, now, out)
