@@ -23,7 +23,8 @@ from io import BytesIO
 from pathlib import Path
 
 from bench.build import BuildError, build_c_clients
-from bench.run import ROOT, parse_args as bench_args, run_one
+from bench.run import ROOT, run_one
+from bench.run import parse_args as bench_args
 
 
 def snapshot_at(rev: str | None, into: Path) -> Path:

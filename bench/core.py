@@ -22,12 +22,21 @@ import time
 
 from proton import Message
 
-from router.adapter.server import tune_gc_for_serving
 from router.core.commands import Forward
-from router.core.events import (DURABLE_NONE, PUBLISHER, RCV_FIRST, SND_MIXED, SND_SETTLED, SUBSCRIBER,
-                                CreditChanged, LinkAttached, MessageReceived)
+from router.core.events import (
+    DURABLE_NONE,
+    PUBLISHER,
+    RCV_FIRST,
+    SND_MIXED,
+    SND_SETTLED,
+    SUBSCRIBER,
+    CreditChanged,
+    LinkAttached,
+    MessageReceived,
+)
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
+from router.serving import tune_gc_for_serving
 
 BATCH = 50  # answers per subscriber per adapter batch (~ one loop iteration's worth in timed runs)
 

@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from router.adapter.server import tune_gc_for_serving
 from router.core.commands import Forward
 from router.core.router import RouterCore
+from router.serving import tune_gc_for_serving
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
 from meshkit import Mesh  # noqa: E402  (the tests' fake network, not a package)

@@ -22,7 +22,7 @@ import time
 
 from proton import Delivery, Message
 from proton.handlers import MessagingHandler
-from proton.reactor import AtMostOnce, AtLeastOnce, Container
+from proton.reactor import AtLeastOnce, AtMostOnce, Container
 
 MAGIC = b"EOBENCH1"
 _HDR = struct.Struct(">8sQQ")

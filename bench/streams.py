@@ -20,8 +20,18 @@ import tracemalloc
 from proton import Message
 
 from router.core.commands import Forward
-from router.core.events import (PUBLISHER, RCV_FIRST, SND_MIXED, SUBSCRIBER, CreditChanged, LinkAttached,
-                                LinkDetached, MessageReceived, OutcomeReceived, TimerFired)
+from router.core.events import (
+    PUBLISHER,
+    RCV_FIRST,
+    SND_MIXED,
+    SUBSCRIBER,
+    CreditChanged,
+    LinkAttached,
+    LinkDetached,
+    MessageReceived,
+    OutcomeReceived,
+    TimerFired,
+)
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
 

@@ -890,7 +890,7 @@ def run_failover_scenario(scenario: str, pub_stack: str, sub_stack: str, topo: F
             return result
     p_at, s_at, b_at = FAILOVER_PLACEMENT[scenario]
     killed = FAILOVER_KILLED
-    killed_url = "%s:%d" % topo.routers[killed]
+    killed_url = "{}:{}".format(*topo.routers[killed])
     run = Run(Path(workdir), topo, scenario, pub_stack, sub_stack)
     t0 = time.monotonic()
     killed_at = None

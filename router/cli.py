@@ -111,9 +111,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from router.adapter import Server, fastpath
     from router.adapter.malloc import return_large_buffers_to_the_os
-    from router.adapter.server import tune_gc_for_serving
     from router.core.router import RouterCore
     from router.eventlog import EventLog, EventLogError
+    from router.serving import tune_gc_for_serving
 
     try:
         eventlog = EventLog(config.data_dir, config.router_id,

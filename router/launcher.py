@@ -52,7 +52,7 @@ _RUN_ROUTER_MAIN = "import runpy\nrunpy.run_module('router', run_name='__main__'
 
 # Every router this process started and has not reaped yet: the last line of defence
 # against orphans (atexit) and what the failure hook prints stderr for.
-_LIVE: list["RouterProcess"] = []
+_LIVE: list[RouterProcess] = []
 
 DEFAULT_CONFIG: dict = {
     "router": {"idle_timeout": 4.0},
@@ -158,7 +158,7 @@ def read_event_log(data_dir: Path) -> list[dict]:
             except ValueError:
                 if index == len(lines) - 1:  # torn tail: no newline yet
                     continue
-                raise AssertionError(f"{path}: line {index + 1} is not JSON: {line[:200]!r}")
+                raise AssertionError(f"{path}: line {index + 1} is not JSON: {line[:200]!r}") from None
     events.sort(key=lambda e: (e.get("epoch", 0), e.get("seq", 0)))
     return events
 
@@ -211,7 +211,7 @@ class RouterProcess:
         self.config_path.write_text(to_toml(self.config) if text is None else text)
         return self.config_path
 
-    def spawn(self, config_text: str | None = None, args: list[str] | None = None) -> "RouterProcess":
+    def spawn(self, config_text: str | None = None, args: list[str] | None = None) -> RouterProcess:
         """Start the process without waiting for it to be ready."""
         if self.proc is not None and self.proc.poll() is None:
             raise RouterError(f"router {self.id} is already running (pid {self.proc.pid})")
@@ -242,13 +242,13 @@ class RouterProcess:
             _LIVE.append(self)
         return self
 
-    def start(self) -> "RouterProcess":
+    def start(self) -> RouterProcess:
         """Start and wait until the ready line shows the listening port."""
         self.spawn()
         self.wait_ready()
         return self
 
-    def restart(self) -> "RouterProcess":
+    def restart(self) -> RouterProcess:
         """Start again on the same data directory (after terminate() or kill())."""
         if self.is_running():
             raise RouterError(f"router {self.id} is still running; stop it before restart()")

@@ -231,7 +231,7 @@ class RouterNetwork:
             config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
         return config
 
-    def start(self, timeout: float = 30.0) -> "RouterNetwork":
+    def start(self, timeout: float = 30.0) -> RouterNetwork:
         for router_id in self.topology.routers:
             router = RouterProcess(self.workdir, router_id, self._config_for(router_id))
             self.routers[router_id] = router

@@ -10,7 +10,6 @@ receiver *settled* it (a settled disposition), whatever ``--settle`` says (``on-
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 import time
@@ -18,7 +17,6 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # for clientkit
 import clientkit  # noqa: E402
-
 from azure.servicebus._pyamqp.authentication import SASLAnonymousCredential  # noqa: E402
 from azure.servicebus._pyamqp.client import SendClient  # noqa: E402
 from azure.servicebus._pyamqp.constants import AUTH_TYPE_SASL_PLAIN, SenderSettleMode  # noqa: E402

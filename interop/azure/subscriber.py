@@ -17,11 +17,9 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # for clientkit
 import clientkit  # noqa: E402
-
 from azure.servicebus._pyamqp.authentication import SASLAnonymousCredential  # noqa: E402
 from azure.servicebus._pyamqp.client import ReceiveClient  # noqa: E402
-from azure.servicebus._pyamqp.constants import (AUTH_TYPE_SASL_PLAIN, ReceiverSettleMode,  # noqa: E402
-                                                SenderSettleMode)
+from azure.servicebus._pyamqp.constants import AUTH_TYPE_SASL_PLAIN, ReceiverSettleMode, SenderSettleMode  # noqa: E402
 from azure.servicebus._pyamqp.error import AMQPError, MessageException, MessageSettlementUnconfirmed  # noqa: E402
 
 

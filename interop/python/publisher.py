@@ -9,11 +9,11 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # for clientkit
 import clientkit  # noqa: E402
-
 from cproton import ffi, lib  # noqa: E402
 from proton import Delivery, Message  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402
 from proton.reactor import Container  # noqa: E402
+
 
 def raw_tag(dlv) -> bytes:
     """A delivery's tag as bytes (proton-python 0.40's ``Delivery.tag`` decodes it as UTF-8)."""

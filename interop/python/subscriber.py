@@ -9,7 +9,6 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # for clientkit
 import clientkit  # noqa: E402
-
 from cproton import ffi, lib  # noqa: E402
 from proton import Condition, Delivery, Link  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402

@@ -32,29 +32,74 @@ from cproton_ffi import ffi, lib
 from router.adapter import endpoints, fastpath, streaming
 from router.adapter.endpoints import Conn, Link, condition_of, cstr, printable, set_condition
 from router.adapter.interrouter import InterRouter
+from router.adapter.pn import (
+    PN_CONNECTION_REMOTE_CLOSE,
+    PN_CONNECTION_REMOTE_OPEN,
+    PN_DELIVERY,
+    PN_LINK_FLOW,
+    PN_LINK_REMOTE_CLOSE,
+    PN_LINK_REMOTE_DETACH,
+    PN_LINK_REMOTE_OPEN,
+    PN_SESSION_REMOTE_CLOSE,
+    PN_SESSION_REMOTE_OPEN,
+    PN_TRANSPORT_CLOSED,
+    PN_TRANSPORT_ERROR,
+    _collector_peek,
+    _collector_pop,
+    _delivery_aborted,
+    _delivery_link,
+    _delivery_new,
+    _delivery_partial,
+    _delivery_pending,
+    _delivery_readable,
+    _delivery_remote_state,
+    _delivery_settle,
+    _delivery_settled,
+    _delivery_tag,
+    _delivery_update,
+    _event_delivery,
+    _event_link,
+    _event_type,
+    _from_buffer,
+    _link_advance,
+    _link_credit,
+    _link_flow,
+    _link_get_drain,
+    _link_recv,
+    _link_send,
+    _unpack,
+)
 from router.adapter.streaming import STREAM_MIN
 from router.core import outcomes
-from router.core.commands import (DetachLink, Drained, Forward, GrantCredit, Log, OpenLink,
-                                  SendControl, SendData, SendOutcome, SettleOutgoing,
-                                  ShutdownComplete, SubOutcome, SubOutcomes)
+from router.core.commands import (
+    DetachLink,
+    Drained,
+    Forward,
+    GrantCredit,
+    Log,
+    OpenLink,
+    SendControl,
+    SendData,
+    SendOutcome,
+    SettleOutgoing,
+    ShutdownComplete,
+    SubOutcome,
+    SubOutcomes,
+)
 from router.core.errors import ProtocolError
-from router.core.events import (ConnectionLost, CreditChanged, LinkDetached, MessageReceived,
-                                MessageTooLarge, OutcomeReceived, PublisherSettled)
+from router.core.events import (
+    ConnectionLost,
+    CreditChanged,
+    LinkDetached,
+    MessageReceived,
+    MessageTooLarge,
+    OutcomeReceived,
+    PublisherSettled,
+)
 
 log = logging.getLogger("eorouter.adapter")
 
 # Engine event types (ints, compared with ==).
-PN_CONNECTION_REMOTE_OPEN = lib.PN_CONNECTION_REMOTE_OPEN
-PN_CONNECTION_REMOTE_CLOSE = lib.PN_CONNECTION_REMOTE_CLOSE
-PN_SESSION_REMOTE_OPEN = lib.PN_SESSION_REMOTE_OPEN
-PN_SESSION_REMOTE_CLOSE = lib.PN_SESSION_REMOTE_CLOSE
-PN_LINK_REMOTE_OPEN = lib.PN_LINK_REMOTE_OPEN
-PN_LINK_REMOTE_DETACH = lib.PN_LINK_REMOTE_DETACH
-PN_LINK_REMOTE_CLOSE = lib.PN_LINK_REMOTE_CLOSE
-PN_LINK_FLOW = lib.PN_LINK_FLOW
-PN_DELIVERY = lib.PN_DELIVERY
-PN_TRANSPORT_ERROR = lib.PN_TRANSPORT_ERROR
-PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
 
 ACCEPTED = outcomes.ACCEPTED
 REJECTED = outcomes.REJECTED
@@ -69,30 +114,6 @@ UNAUTHORIZED = "amqp:unauthorized-access"
 RESERVED_PREFIX = "_eorouter/"  # the inter-router protocol's addresses: never a client's
 NULL = ffi.NULL
 
-_collector_peek = lib.pn_collector_peek
-_collector_pop = lib.pn_collector_pop
-_event_type = lib.pn_event_type
-_event_delivery = lib.pn_event_delivery
-_event_link = lib.pn_event_link
-_delivery_link = lib.pn_delivery_link
-_delivery_readable = lib.pn_delivery_readable
-_delivery_partial = lib.pn_delivery_partial
-_delivery_pending = lib.pn_delivery_pending
-_delivery_aborted = lib.pn_delivery_aborted
-_delivery_settled = lib.pn_delivery_settled
-_delivery_settle = lib.pn_delivery_settle
-_delivery_tag = lib.pn_delivery_tag
-_delivery_update = lib.pn_delivery_update
-_delivery_remote_state = lib.pn_delivery_remote_state
-_delivery_new = lib.pn_delivery
-_link_recv = lib.pn_link_recv
-_link_send = lib.pn_link_send
-_link_advance = lib.pn_link_advance
-_link_credit = lib.pn_link_credit
-_link_get_drain = lib.pn_link_get_drain
-_link_flow = lib.pn_link_flow
-_unpack = ffi.unpack
-_from_buffer = ffi.from_buffer
 # Events and commands are NamedTuples; tuple.__new__(Cls, values) builds one without
 # the Python-level __new__ a NamedTuple call runs (~0.1 µs less each, and the hot
 # path builds a few per message). Every field is given, defaults included.

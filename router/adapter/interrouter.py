@@ -46,6 +46,40 @@ from proton._data import Data, PropertyDict, int32, symbol
 from router import interrouter_codec as codec
 from router.adapter import endpoints
 from router.adapter.endpoints import Conn, condition_of, cstr, decode_properties, printable, set_condition
+from router.adapter.pn import (
+    PN_CONNECTION_REMOTE_CLOSE,
+    PN_CONNECTION_REMOTE_OPEN,
+    PN_DELIVERY,
+    PN_LINK_FLOW,
+    PN_LINK_REMOTE_CLOSE,
+    PN_LINK_REMOTE_DETACH,
+    PN_LINK_REMOTE_OPEN,
+    PN_SESSION_REMOTE_CLOSE,
+    PN_SESSION_REMOTE_OPEN,
+    PN_TRANSPORT_CLOSED,
+    PN_TRANSPORT_ERROR,
+    _buffer,
+    _collector_peek,
+    _collector_pop,
+    _delivery_aborted,
+    _delivery_link,
+    _delivery_new,
+    _delivery_partial,
+    _delivery_pending,
+    _delivery_readable,
+    _delivery_settle,
+    _delivery_tag,
+    _event_delivery,
+    _event_link,
+    _event_type,
+    _from_buffer,
+    _link_advance,
+    _link_credit,
+    _link_flow,
+    _link_recv,
+    _link_send,
+    _unpack,
+)
 from router.core.errors import ProtocolError
 from router.core.events import ControlReceived, DataReceived, PeerConnected, PeerLost
 from router.interrouter_codec import CodecError
@@ -73,39 +107,7 @@ INTERNAL_ERROR = "amqp:internal-error"
 UNAUTHORIZED = codec.UNAUTHORIZED
 DECODE_ERROR = codec.DECODE_ERROR
 
-PN_CONNECTION_REMOTE_OPEN = lib.PN_CONNECTION_REMOTE_OPEN
-PN_CONNECTION_REMOTE_CLOSE = lib.PN_CONNECTION_REMOTE_CLOSE
-PN_SESSION_REMOTE_OPEN = lib.PN_SESSION_REMOTE_OPEN
-PN_SESSION_REMOTE_CLOSE = lib.PN_SESSION_REMOTE_CLOSE
-PN_LINK_REMOTE_OPEN = lib.PN_LINK_REMOTE_OPEN
-PN_LINK_REMOTE_DETACH = lib.PN_LINK_REMOTE_DETACH
-PN_LINK_REMOTE_CLOSE = lib.PN_LINK_REMOTE_CLOSE
-PN_LINK_FLOW = lib.PN_LINK_FLOW
-PN_DELIVERY = lib.PN_DELIVERY
-PN_TRANSPORT_ERROR = lib.PN_TRANSPORT_ERROR
-PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
 
-_collector_peek = lib.pn_collector_peek
-_collector_pop = lib.pn_collector_pop
-_event_type = lib.pn_event_type
-_event_delivery = lib.pn_event_delivery
-_event_link = lib.pn_event_link
-_delivery_link = lib.pn_delivery_link
-_delivery_readable = lib.pn_delivery_readable
-_delivery_partial = lib.pn_delivery_partial
-_delivery_pending = lib.pn_delivery_pending
-_delivery_aborted = lib.pn_delivery_aborted
-_delivery_settle = lib.pn_delivery_settle
-_delivery_tag = lib.pn_delivery_tag
-_delivery_new = lib.pn_delivery
-_link_recv = lib.pn_link_recv
-_link_send = lib.pn_link_send
-_link_advance = lib.pn_link_advance
-_link_credit = lib.pn_link_credit
-_link_flow = lib.pn_link_flow
-_unpack = ffi.unpack
-_from_buffer = ffi.from_buffer
-_buffer = ffi.buffer
 _encode_data_head = codec.encode_data_head
 _decode_data = codec.decode_data
 

@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from collections import deque
 
-from cproton_ffi import ffi, lib
+from router.adapter.pn import (
+    _delivery_new,
+    _delivery_pending,
+    _delivery_settle,
+    _from_buffer,
+    _link_advance,
+    _link_send,
+)
 
 STREAM_MIN = 256 * 1024
 CHUNK = 64 * 1024
@@ -26,12 +33,6 @@ CHUNK = 64 * 1024
 # written: the other connections get their turn.
 FEED_BUDGET = 16 * CHUNK
 
-_delivery_new = lib.pn_delivery
-_delivery_pending = lib.pn_delivery_pending
-_delivery_settle = lib.pn_delivery_settle
-_link_send = lib.pn_link_send
-_link_advance = lib.pn_link_advance
-_from_buffer = ffi.from_buffer
 
 
 class Pending:

@@ -33,8 +33,16 @@ from proton import Delivery, Endpoint, Handler, symbol
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from router.client.ledger import Ledger
-from router.client.protocol import (Backoff, ResumeAnswer, failover_urls, merge_urls, normalise_url,
-                                    read_answer, resume_properties, unsettled_budget)
+from router.client.protocol import (
+    Backoff,
+    ResumeAnswer,
+    failover_urls,
+    merge_urls,
+    normalise_url,
+    read_answer,
+    resume_properties,
+    unsettled_budget,
+)
 
 log = logging.getLogger("eorouter.client")
 
@@ -70,7 +78,7 @@ def _symbols(props: dict) -> dict:
 
 
 class _Wakeup(Handler):
-    def __init__(self, client: "ResumableClient"):
+    def __init__(self, client: ResumableClient):
         super().__init__()
         self.client = client
 
@@ -96,7 +104,7 @@ class _ConnHandler(Handler):
     """Engine events of one connection (and its session and link); events of a
     connection we have given up on are ignored."""
 
-    def __init__(self, client: "ResumableClient", gen: int):
+    def __init__(self, client: ResumableClient, gen: int):
         super().__init__()
         self.client = client
         self.gen = gen
@@ -205,7 +213,7 @@ class ResumableClient:
 
     # ------------------------------------------------------------------ application side
 
-    def start(self) -> "ResumableClient":
+    def start(self) -> ResumableClient:
         if self._thread is not None:
             return self
         self._injector = EventInjector()

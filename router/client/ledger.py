@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from hashlib import blake2b
 import time
+from hashlib import blake2b
 from pathlib import Path
 
 FIELDS = ("ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",

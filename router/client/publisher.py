@@ -29,7 +29,6 @@ from router.client.protocol import ResumeAnswer
 from router.client.state import PublisherState
 
 
-
 @dataclass(frozen=True)
 class Outcome:
     """The router's answer for one message: ``accepted`` only when every subscriber

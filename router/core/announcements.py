@@ -4,7 +4,7 @@ table's change reports, and the checks a received one must pass
 
 from __future__ import annotations
 
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 from router.core.errors import ProtocolError
 from router.core.routing import RouterId
@@ -69,7 +69,7 @@ class SubscriberDetached(NamedTuple):
         return SubscriberKey(self.container_id, self.link_name)
 
 
-Announcement = Union[SubscriberAttached, SubscriberDetached]
+Announcement = SubscriberAttached | SubscriberDetached
 
 
 class SubscribersSnapshot(NamedTuple):
@@ -129,8 +129,8 @@ class SubscriberMoved(NamedTuple):
     to_router: RouterId
 
 
-Change = Union[RemoteSubscriberAdded, RemoteSubscriberRetained, RemoteSubscriberRemoved,
-               RemoteSubscriberLost, SubscriberMoved]
+Change = (RemoteSubscriberAdded | RemoteSubscriberRetained | RemoteSubscriberRemoved | RemoteSubscriberLost
+          | SubscriberMoved)
 
 
 class RemoteSubscriber(NamedTuple):

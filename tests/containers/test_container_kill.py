@@ -29,10 +29,11 @@ import pytest
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk's image comes from a registry
 
+from test_kill import TRIANGLE, Scenario  # noqa: E402
+
 from router.client import ResumablePublisher, ResumableSubscriber  # noqa: E402
 from router.launcher import DEFAULT_CONFIG, READY_RE, merge_config, parse_listeners, read_event_log, to_toml  # noqa: E402
 from router.topology import RouterNetwork, parse_topology  # noqa: E402
-from test_kill import TRIANGLE, Scenario  # noqa: E402
 
 IMAGE = os.environ.get("EOROUTER_IMAGE", "eorouter-local:test")
 CONFIG_IN_CONTAINER = "/etc/eorouter/router.toml"
@@ -89,7 +90,7 @@ class ContainerRouter:
         self.host = self.port = self.epoch = None
         self.listeners: list[tuple[str, str, int]] = []
 
-    def start(self, timeout: float = 60.0) -> "ContainerRouter":
+    def start(self, timeout: float = 60.0) -> ContainerRouter:
         from testcontainers.core.container import DockerContainer
         self.config_path.write_text(to_toml(self.config))
         container = (DockerContainer(IMAGE)
@@ -165,7 +166,7 @@ class ContainerNetwork(RouterNetwork):
     """RouterNetwork's wiring (listeners on 127.0.0.1, port 0; the later router of a link
     dials the earlier), every router in a container on the host's network."""
 
-    def start(self, timeout: float = 60.0) -> "ContainerNetwork":
+    def start(self, timeout: float = 60.0) -> ContainerNetwork:
         for router_id in self.topology.routers:
             router = ContainerRouter(self.workdir, router_id, self._config_for(router_id))
             self.routers[router_id] = router

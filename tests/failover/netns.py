@@ -128,7 +128,7 @@ class NetnsLab:
             raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()}")
         return done
 
-    def setup(self) -> "NetnsLab":
+    def setup(self) -> NetnsLab:
         remove_stale_namespaces()
         atexit.register(self.teardown)  # the fixture's finalizer is the normal path
         for member in ["sw", *self.members, CLIENTS]:

@@ -20,12 +20,12 @@ import time
 from collections import defaultdict
 
 import pytest
-
 from netns import CLIENTS, NetnsLab, nft_missing_reason, unusable_reason
+from test_kill import MESSAGES, TRIANGLE, Scenario
+
 from router.client import ResumablePublisher, ResumableSubscriber
 from router.launcher import RouterProcess
 from router.topology import RouterNetwork, parse_topology
-from test_kill import MESSAGES, TRIANGLE, Scenario
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,7 +65,7 @@ class NetnsRouterNetwork(RouterNetwork):
             config["connector"] = dials
         return config
 
-    def start(self, timeout: float = 30.0) -> "NetnsRouterNetwork":
+    def start(self, timeout: float = 30.0) -> NetnsRouterNetwork:
         for router_id in self.topology.routers:
             router = RouterProcess(self.workdir, router_id, self._config_for(router_id),
                                    prelude=self.lab.prelude(router_id))

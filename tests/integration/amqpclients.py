@@ -26,8 +26,8 @@ import socket
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from cproton import ffi, lib
 from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus
@@ -66,7 +66,7 @@ def _dkey(dlv: Delivery) -> int:
     return int(ffi.cast("uintptr_t", dlv._impl))
 
 
-def _condition(cond) -> "Cond | None":
+def _condition(cond) -> Cond | None:
     if cond is None or cond.name is None:
         return None
     return Cond(str(cond.name), cond.description)
@@ -108,7 +108,7 @@ class Sent:
 class _LinkEnd(Handler):
     """Shared state for one link: attach/detach as the router answered it."""
 
-    def __init__(self, conn: "Conn", link: Link):
+    def __init__(self, conn: Conn, link: Link):
         super().__init__()
         self.conn = conn
         self.harness = conn.harness
@@ -174,7 +174,7 @@ class Publisher(_LinkEnd):
     """A sender link to a topic. ``auto_settle`` settles each delivery as soon as its
     outcome arrives (what ordinary clients do); turn it off to settle by hand."""
 
-    def __init__(self, conn: "Conn", link: Link, auto_settle: bool = True):
+    def __init__(self, conn: Conn, link: Link, auto_settle: bool = True):
         super().__init__(conn, link)
         self.auto_settle = auto_settle
         self.sent: list[Sent] = []
@@ -297,7 +297,7 @@ class Subscriber(_LinkEnd):
     ``rcv_second``: rcv-settle-mode=second; outcomes are then sent unsettled and the
     subscriber settles only after the router settled (as AMQP asks)."""
 
-    def __init__(self, conn: "Conn", link: Link, auto_accept: bool = False):
+    def __init__(self, conn: Conn, link: Link, auto_accept: bool = False):
         super().__init__(conn, link)
         self.auto_accept = auto_accept
         self.received: list[Received] = []
@@ -405,7 +405,7 @@ class Subscriber(_LinkEnd):
 
 
 class _ConnHandler(Handler):
-    def __init__(self, conn: "Conn"):
+    def __init__(self, conn: Conn):
         super().__init__()
         self.conn = conn
 
@@ -428,7 +428,7 @@ class _ConnHandler(Handler):
 class Conn:
     """One AMQP connection (one session) to a router."""
 
-    def __init__(self, harness: "Harness", url: str, container_id: str, heartbeat: float | None,
+    def __init__(self, harness: Harness, url: str, container_id: str, heartbeat: float | None,
                  sasl: bool = True):
         self.harness = harness
         self.url = url

@@ -19,8 +19,8 @@ On a failing test, the stderr of every router the test used is attached to the r
 from __future__ import annotations
 
 import pytest
-
 from amqpclients import Harness
+
 from router.launcher import RouterProcess, RouterSet, live_routers
 
 

@@ -104,7 +104,7 @@ class StubServer:
         self._container.container_id = "stub"
         self._thread = threading.Thread(target=self._container.run, daemon=True, name="stub-server")
 
-    def start(self) -> "StubServer":
+    def start(self) -> StubServer:
         self._container.selectable(self._injector)
         self._acceptor = self._container.listen(f"127.0.0.1:{self.port}")
         self._thread.start()

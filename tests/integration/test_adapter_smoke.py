@@ -20,7 +20,6 @@ import socket
 import time
 
 import pytest
-
 from amqpclients import assert_round_trip, unique
 
 pytestmark = pytest.mark.timeout(90)

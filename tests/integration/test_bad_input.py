@@ -8,11 +8,10 @@ This module's router has a small max message size (8 KiB) so oversized messages 
 from __future__ import annotations
 
 import pytest
+from amqpclients import TERMINAL, assert_round_trip, unique
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from proton import Message
-
-from amqpclients import TERMINAL, assert_round_trip, unique
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,11 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
+from amqpclients import unique
 
 from router.launcher import read_event_log
 from router.topology import load_topology
-
-from amqpclients import unique
 
 pytestmark = pytest.mark.timeout(180)
 

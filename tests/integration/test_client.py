@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 from proton import Message, Terminus, symbol
+from stubrouter import StubServer
 
 from router.client import ResumablePublisher, ResumableSubscriber, read_ledger
 from router.client.protocol import INCARNATION, INCOMPLETE, RESUME, UNSETTLED
 from router.core.tags import outgoing_tag, stream_id
 from router.launcher import PACKAGE_PARENT, read_event_log
 from router.topology import RouterNetwork, parse_topology
-from stubrouter import StubServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from amqpclients import assert_round_trip, unique
 from proton import Link, Message
 
-from amqpclients import TERMINAL, assert_round_trip, unique
 from router.eventlog import read_events
 
 pytestmark = pytest.mark.timeout(90)

@@ -14,7 +14,6 @@ milliseconds, so ``HOLD`` seconds of silence means it is waiting, not slow.
 from __future__ import annotations
 
 import pytest
-
 from amqpclients import TERMINAL, assert_round_trip, unique
 
 pytestmark = pytest.mark.timeout(90)
@@ -222,7 +221,7 @@ def test_router_survives_durable_churn(router, amqp):
     for i in range(5):
         sub = durable_subscriber(amqp, router, topic, cid, name, auto_accept=True)
         sent.append(pub.send(f"c{i}"))
-        amqp.wait(lambda: len(sub.received) >= 1, what=f"round {i}: delivery")
+        amqp.wait(lambda sub=sub: len(sub.received) >= 1, what=f"round {i}: delivery")
         sub.conn.abort()
     last = durable_subscriber(amqp, router, topic, cid, name, auto_accept=True)
     amqp.wait(lambda: all(s.outcome for s in sent), what="all outcomes")

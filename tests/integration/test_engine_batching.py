@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import pytest
 from cproton_ffi import ffi, lib
+from enginekit import Subscriber, serve
+from test_interrouter_flow import FakeLog, _conn
 
 from router.adapter import fastpath
 from router.adapter.engine import Engine
 from router.core.commands import Forward, Log, OpenLink
 from router.core.events import CreditChanged, LinkAttached, LinkDetached
-
-from enginekit import Subscriber, serve
-from test_interrouter_flow import FakeLog, _conn
 
 pytestmark = pytest.mark.timeout(60)
 

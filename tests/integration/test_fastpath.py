@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import pytest
 from cproton_ffi import lib
+from enginekit import Subscriber, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_interrouter_flow import FakeLog, _conn
 
 from router.adapter import fastpath
 from router.adapter.engine import Engine
 from router.core.commands import Forward, OpenLink, SettleOutgoing
 from router.core.events import LinkAttached, OutcomeReceived
-
-from enginekit import Subscriber, serve
-from test_interrouter_flow import FakeLog, _conn
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,10 +26,9 @@ import struct
 import time
 
 import pytest
+from amqpclients import Cond, _condition, unique
 from proton import Endpoint, Handler, Link, symbol
 from proton._data import int32
-
-from amqpclients import Cond, _condition, unique
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -174,7 +173,7 @@ def test_client_cannot_attach_to_reserved_addresses(router_factory, amqp):
     pub = conn.publisher("_eorouter/control", name="sneaky-pub", wait=False)
     sub = conn.subscriber("_eorouter/data", name="sneaky-sub", wait=False)
     for link in (pub, sub):
-        amqp.wait(lambda: link.gone, what=f"refusal of {link.name}")
+        amqp.wait(lambda link=link: link.gone, what=f"refusal of {link.name}")
         assert link.remote_condition is not None and link.remote_condition.name == "amqp:unauthorized-access", \
             link.remote_condition
     assert not conn.gone, "only the links are refused"

@@ -10,10 +10,9 @@ Topologies (one network per module-scoped fixture, shared by its tests):
 from __future__ import annotations
 
 import pytest
+from amqpclients import unique
 
 from router.topology import RouterNetwork, parse_topology
-
-from amqpclients import unique
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -142,7 +141,7 @@ def test_a_subscriber_is_known_network_wide_once_its_attach_completes(triangle, 
         pub = amqp.connect(triangle.routers["A"].url).publisher(topic)
         sub.wait_attached()
         sent = pub.send("first")
-        amqp.wait(lambda: sent.outcome, what="publisher outcome")
+        amqp.wait(lambda sent=sent: sent.outcome, what="publisher outcome")
         assert sent.outcome == "accepted", f"attempt {attempt}: A did not know the subscriber at C yet"
         assert sub.bodies() == ["first"]
 

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from amqpclients import unique
 
 from router.topology import RouterNetwork, parse_topology
-
-from amqpclients import unique
 
 pytestmark = pytest.mark.timeout(240)
 

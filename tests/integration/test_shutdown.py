@@ -11,8 +11,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-
 from amqpclients import unique
+
 from router.launcher import RouterProcess
 
 pytestmark = pytest.mark.timeout(90)

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from amqpclients import unique
+
 from router.eventlog import unfold
 
 LINGER = 1.0
@@ -81,7 +81,7 @@ class LogSummary:
         self.presettled_forwards = 0
         self.durable_answered_before_detach: set[str] = set()
 
-    def poll(self) -> "LogSummary":
+    def poll(self) -> LogSummary:
         for path in sorted(self.events_dir.glob("events-*.jsonl")):  # one epoch: name order
             offset = self.offsets.get(path, 0)
             with open(path, "rb") as f:

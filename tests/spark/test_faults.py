@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from faults import FAULTS, Logs
+
 from spark.cli import reconcile_main
 
 NAMES = sorted(FAULTS)

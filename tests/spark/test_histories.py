@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 
+from faults import BATCH_FAULTS, Logs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from faults import BATCH_FAULTS, Logs
 from spark.cli import run_reconcile
 from spark.generate import FAULTS, LEDGER_FAULTS, CannotInject, Spec, generate
 

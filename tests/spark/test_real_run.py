@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+
 import pytest
 
 from router.cli import main as eorouter

@@ -59,7 +59,8 @@ def _needed(spark, data_dir: str):
 
 
 def test_spark_unfolds_as_the_writer_does(spark, tmp_path):
-    from spark.reconcile import FIRST, unfold as spark_unfold
+    from spark.reconcile import FIRST
+    from spark.reconcile import unfold as spark_unfold
 
     lines = _lines()
     ev = _needed(spark, _write(tmp_path, lines))
@@ -76,7 +77,8 @@ def test_logs_from_before_folding_are_read_as_they_are(spark, tmp_path):
     """A Parquet dataset compacted from older logs lacks the folded kinds' columns:
     without "deliveries" a "completed" line still unfolds; without both, every row is
     one event of one line."""
-    from spark.reconcile import FIRST, unfold as spark_unfold
+    from spark.reconcile import FIRST
+    from spark.reconcile import unfold as spark_unfold
 
     lines = [line for line in _lines() if line["event"] != "sub-outcomes"]
     ev = _needed(spark, _write(tmp_path, lines))
@@ -91,7 +93,8 @@ def test_logs_from_before_folding_are_read_as_they_are(spark, tmp_path):
 def test_a_run_without_deliveries_stays_one_line(spark, tmp_path):
     """The router never writes an empty run; if one is read, it names no delivery but
     still counts as a line (the input check must not see a gap in seq)."""
-    from spark.reconcile import FIRST, unfold as spark_unfold
+    from spark.reconcile import FIRST
+    from spark.reconcile import unfold as spark_unfold
 
     lines = [{"seq": 1, **COMMON, "event": "router-started"},
              {"seq": 2, **COMMON, "event": "sub-outcomes", "deliveries": [], "subscriber": "s/a",

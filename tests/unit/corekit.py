@@ -9,14 +9,26 @@ from proton import Message
 from router.core import outcomes
 from router.core.commands import Log, SubOutcome, SubOutcomes
 from router.core.events import (
-    DURABLE_NONE, PUBLISHER, RCV_FIRST, RCV_SECOND, SND_MIXED, SND_SETTLED, SUBSCRIBER, ConnectionLost,
-    CreditChanged, LinkAttached, LinkDetached, MessageReceived, OutcomeReceived, PublisherSettled,
-    ShutdownRequested, TimerFired,
+    DURABLE_NONE,
+    PUBLISHER,
+    RCV_FIRST,
+    RCV_SECOND,
+    SND_MIXED,
+    SND_SETTLED,
+    SUBSCRIBER,
+    ConnectionLost,
+    CreditChanged,
+    LinkAttached,
+    LinkDetached,
+    MessageReceived,
+    OutcomeReceived,
+    PublisherSettled,
+    ShutdownRequested,
+    TimerFired,
 )
 from router.core.records import SubscriberState
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
-
 
 LOG_KINDS = (Log, SubOutcome, SubOutcomes)  # what the adapter writes to the event log
 

@@ -14,17 +14,28 @@ import itertools
 from collections import deque
 
 import orjson
+from corekit import encode, record_states
 
 from router.core import outcomes
 from router.core.commands import Forward, Log, SendControl, SendData, SendOutcome, SubOutcome
 from router.core.events import (
-    PUBLISHER, SND_MIXED, SUBSCRIBER, ControlReceived, CreditChanged, DataReceived, LinkAttached,
-    LinkDetached, MessageReceived, OutcomeReceived, PeerConnected, PeerLost, PublisherSettled, TimerFired,
+    PUBLISHER,
+    SND_MIXED,
+    SUBSCRIBER,
+    ControlReceived,
+    CreditChanged,
+    DataReceived,
+    LinkAttached,
+    LinkDetached,
+    MessageReceived,
+    OutcomeReceived,
+    PeerConnected,
+    PeerLost,
+    PublisherSettled,
+    TimerFired,
 )
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
-
-from corekit import encode, record_states
 
 
 class Mesh:

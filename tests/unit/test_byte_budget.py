@@ -4,12 +4,11 @@ it comes back as deliveries finish; small messages are not throttled by it."""
 
 from __future__ import annotations
 
+from corekit import Harness, encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.core.commands import Forward, GrantCredit
-
-from corekit import Harness, encode
 
 KB = 1024
 BIG = encode("x" * (100 * KB))  # one AMQP message of about 100 KB

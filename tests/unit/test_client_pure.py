@@ -13,10 +13,24 @@ from hypothesis import strategies as st
 from proton import Data, symbol
 
 from router.client.ledger import FIELDS, Ledger, read_ledger
-from router.client.protocol import (INCARNATION, INCOMPLETE, RESUME, UNSETTLED, Backoff, ResumeError,
-                                    cut_unsettled, entry_size, failover_urls, list_size, merge_urls,
-                                    normalise_url, publisher_tag_of, read_answer, resume_properties,
-                                    unsettled_budget)
+from router.client.protocol import (
+    INCARNATION,
+    INCOMPLETE,
+    RESUME,
+    UNSETTLED,
+    Backoff,
+    ResumeError,
+    cut_unsettled,
+    entry_size,
+    failover_urls,
+    list_size,
+    merge_urls,
+    normalise_url,
+    publisher_tag_of,
+    read_answer,
+    resume_properties,
+    unsettled_budget,
+)
 from router.client.state import PublisherState, StateError, SubscriberState
 from router.core.tags import outgoing_tag, stream_id
 

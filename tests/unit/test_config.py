@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 
 from router import eventlog
-from router.config import (ConfigError, Connector, EventLogSettings, Listener, NetworkSettings, RouterConfig,
-                           load_config, parse_config)
+from router.config import (
+    ConfigError,
+    Connector,
+    EventLogSettings,
+    Listener,
+    NetworkSettings,
+    RouterConfig,
+    load_config,
+    parse_config,
+)
 from router.core import outcomes
 from router.core.settings import CoreSettings
 

@@ -6,21 +6,30 @@ import subprocess
 import sys
 
 import pytest
-
-from router.core import outcomes, tags
+from corekit import Harness, decode, encode, one_by_one
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.core import outcomes, tags
 from router.core.commands import (
-    DetachLink, Drained, Forward, GrantCredit, OpenLink, SendOutcome, SettleOutgoing, ShutdownComplete, SubOutcomes,
+    DetachLink,
+    Drained,
+    Forward,
+    GrantCredit,
+    OpenLink,
+    SendOutcome,
+    SettleOutgoing,
+    ShutdownComplete,
+    SubOutcomes,
 )
 from router.core.events import (
-    DURABLE_CONFIGURATION, DURABLE_UNSETTLED_STATE, MessageTooLarge, OutcomeReceived,
+    DURABLE_CONFIGURATION,
+    DURABLE_UNSETTLED_STATE,
+    MessageTooLarge,
+    OutcomeReceived,
 )
 from router.core.message import read_origin
 from router.core.router import INCARNATION_PROPERTY
-
-from corekit import Harness, decode, encode, one_by_one
 
 INCARNATION_1 = "b00t.1.1000"  # boot id, counter, mint time (the harness starts at now=1000)
 

@@ -11,6 +11,7 @@ one.
 
 from __future__ import annotations
 
+from corekit import TwinHarness, encode
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -18,8 +19,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from router.core import outcomes
 from router.core.commands import Forward, SendOutcome, SettleOutgoing
 from router.core.events import DURABLE_UNSETTLED_STATE, MessageReceived
-
-from corekit import TwinHarness, encode
 
 PUBLISHERS = (1, 2)
 PLAIN, DURABLE, SECOND = "plain", "durable", "second"

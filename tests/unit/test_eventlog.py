@@ -21,8 +21,8 @@ from router.eventlog import (
     EventLog,
     EventLogError,
     read_events,
-    unfold,
     spark_schema_fields,
+    unfold,
     validate_event,
 )
 

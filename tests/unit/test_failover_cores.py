@@ -9,13 +9,12 @@ subscribers resume elsewhere, nothing is lost and nothing is delivered twice.
 from __future__ import annotations
 
 import pytest
+from corekit import decode, encode
+from meshkit import Mesh
 
 from router.core import outcomes
 from router.core.commands import OpenLink, SendOutcome
 from router.core.router import INCARNATION_PROPERTY
-
-from corekit import decode, encode
-from meshkit import Mesh
 
 TRIANGLE = ("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
 
@@ -98,7 +97,7 @@ def test_placeholder_holds_the_stream_until_the_delivery_arrives():
     mesh.kill("C")
     mesh.inflight.clear()
     resumed_link = 999
-    from router.core.events import LinkAttached, SUBSCRIBER, CreditChanged
+    from router.core.events import SUBSCRIBER, CreditChanged, LinkAttached
     mesh.feed("B", LinkAttached(resumed_link, resumed_link, "S-k", "k", SUBSCRIBER, "t", durable=2, timeout=60,
                                 rcv_settle_mode=1, properties={"eorouter:resume": True,
                                                                "eorouter:unsettled": [[first.tag, "none"]]}))
@@ -489,7 +488,7 @@ def test_a_stream_resumed_at_a_router_that_never_saw_it_continues_its_numbering(
     numbered after #3 wherever a subscriber is, at either end: B asks every router
     how far it saw the stream numbered before it gives the link credit."""
     from router.core.commands import GrantCredit
-    from router.core.events import LinkAttached, PUBLISHER
+    from router.core.events import PUBLISHER, LinkAttached
     mesh = Mesh(*TRIANGLE, record_linger=0.5)
     subs = {r: mesh.subscriber(r, f"k{r}", durable=2, timeout=60) for r in subscribers}
     pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
@@ -520,7 +519,7 @@ def test_a_resumed_publisher_waits_for_its_numbering_no_longer_than_the_timeout(
     """A router that never answers (it went quiet, not yet noticed as gone) delays
     the resumed link's credit only by ``stream_seq_timeout``."""
     from router.core.commands import GrantCredit
-    from router.core.events import LinkAttached, PUBLISHER
+    from router.core.events import PUBLISHER, LinkAttached
     mesh = Mesh(*TRIANGLE, stream_seq_timeout=2.0)
     pub = mesh.publisher("A", name="p", container="P")
     incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]

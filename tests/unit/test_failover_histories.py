@@ -18,16 +18,15 @@ and every record ends.
 
 from __future__ import annotations
 
+from corekit import decode, encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from meshkit import Mesh
 
 from router.core import outcomes
 from router.core.commands import OpenLink, SendOutcome
 from router.core.events import ConnectionLost, MessageReceived, OutcomeReceived, PublisherSettled
 from router.core.router import INCARNATION_PROPERTY
-
-from corekit import decode, encode
-from meshkit import Mesh
 
 TRIANGLE = ("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
 

@@ -8,9 +8,21 @@ from hypothesis import strategies as st
 
 from router.core.errors import ProtocolError
 from router.core.membership import (
-    REASON_CLOSED, REASON_DETACHED, REASON_EXPIRED, REASON_RESTARTED, REASON_SUPERSEDED, LocalAnnouncer,
-    MembershipTable, RemoteSubscriberAdded, RemoteSubscriberLost, RemoteSubscriberRemoved,
-    RemoteSubscriberRetained, SubscriberAttached, SubscriberDetached, SubscriberKey, SubscriberMoved,
+    REASON_CLOSED,
+    REASON_DETACHED,
+    REASON_EXPIRED,
+    REASON_RESTARTED,
+    REASON_SUPERSEDED,
+    LocalAnnouncer,
+    MembershipTable,
+    RemoteSubscriberAdded,
+    RemoteSubscriberLost,
+    RemoteSubscriberRemoved,
+    RemoteSubscriberRetained,
+    SubscriberAttached,
+    SubscriberDetached,
+    SubscriberKey,
+    SubscriberMoved,
     SubscribersSnapshot,
 )
 from router.core.routing import Incarnation

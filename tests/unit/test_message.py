@@ -19,11 +19,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, event, example, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, event, example, given, settings
+from hypothesis import strategies as st
 from proton import Data, Described, Message, symbol, timestamp, ulong
 
 from router.core.message import (
-    ORIGIN_KEY, MessageError, Origin, Prepared, prepare, read_origin,
+    ORIGIN_KEY,
+    MessageError,
+    Origin,
+    Prepared,
+    prepare,
+    read_origin,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

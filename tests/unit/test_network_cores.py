@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from corekit import encode
+from meshkit import Mesh
 
 from router.core import outcomes
 from router.core.commands import SendOutcome, SettleOutgoing
 from router.core.events import ConnectionLost, MessageReceived, OutcomeReceived
-
-from corekit import encode
-from meshkit import Mesh
 
 
 def test_line_routes_converge():
@@ -108,8 +106,9 @@ def test_cut_link_resends_on_the_new_path_and_nothing_is_delivered_twice():
     mesh = Mesh("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
     sc = mesh.subscriber("C", "sc")
     pub = mesh.publisher("A")
-    from router.core.events import MessageReceived
     from corekit import encode
+
+    from router.core.events import MessageReceived
     mesh.feed("A", MessageReceived(pub, 1, b"1", encode("x"), False))
     mesh.cut("A", "C")  # the copy on A-C is lost
     mesh.settle()
@@ -123,7 +122,7 @@ def test_a_duplicate_copy_is_not_delivered_twice_and_the_answer_is_repeated():
     mesh = Mesh("AB", [("A", "B")])
     sb = mesh.subscriber("B", "sb")
     pub = mesh.publisher("A")
-    delivery = mesh.publish("A", pub, b"1")
+    mesh.publish("A", pub, b"1")
     tag = mesh.forwarded("B", sb)[0].tag
     mesh.answer("B", sb, tag)
     # Force a resend as after a topology change.
@@ -142,7 +141,7 @@ def test_a_duplicate_copy_is_not_delivered_twice_and_the_answer_is_repeated():
 
 def test_subscriber_attach_waits_for_the_network_to_know():
     mesh = Mesh("AB", [("A", "B")])
-    from router.core.events import LinkAttached, SUBSCRIBER
+    from router.core.events import SUBSCRIBER, LinkAttached
     mesh.feed("B", LinkAttached(77, 77, "S", "s", SUBSCRIBER, "t"))
     assert not mesh.opened("B", 77), "answered before A confirmed"
     mesh.settle()
@@ -151,7 +150,7 @@ def test_subscriber_attach_waits_for_the_network_to_know():
 
 def test_attach_is_answered_after_a_timeout_if_confirmation_never_comes():
     mesh = Mesh("AB", [("A", "B")])
-    from router.core.events import LinkAttached, SUBSCRIBER
+    from router.core.events import SUBSCRIBER, LinkAttached
     mesh.feed("B", LinkAttached(77, 77, "S", "s", SUBSCRIBER, "t"))
     mesh.inflight.clear()  # the announcement is lost
     mesh.advance(2.5)
@@ -171,8 +170,9 @@ def test_a_subscriber_that_moved_keeps_its_router_interested():
 def test_a_copy_on_a_newer_path_does_not_overtake_an_earlier_one():
     """A - B - C and A - C. #1 goes A-C directly and is held up on that link; the
     route changes; #2 arrives at C first via B. C must deliver #1 before #2."""
-    from router.core.events import MessageReceived
     from corekit import encode
+
+    from router.core.events import MessageReceived
     mesh = Mesh("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
     sc = mesh.subscriber("C", "sc")
     pub = mesh.publisher("A")
@@ -191,8 +191,9 @@ def test_a_copy_on_a_newer_path_does_not_overtake_an_earlier_one():
 
 
 def test_a_lost_predecessor_does_not_block_for_ever():
+    from corekit import decode, encode
+
     from router.core.events import MessageReceived
-    from corekit import encode, decode
     mesh = Mesh("AB", [("A", "B")])
     sb = mesh.subscriber("B", "sb")
     pub = mesh.publisher("A")

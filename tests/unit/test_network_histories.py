@@ -8,19 +8,21 @@ Per link, messages stay in order (a connection is TCP); across links anything go
 
 from __future__ import annotations
 
-from collections import defaultdict
-
+from corekit import decode, encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from meshkit import Mesh
 
 from router.core import outcomes
-from router.core.commands import Forward, SendOutcome
 from router.core.events import (
-    SUBSCRIBER, ConnectionLost, CreditChanged, LinkAttached, LinkDetached, MessageReceived, OutcomeReceived,
+    SUBSCRIBER,
+    ConnectionLost,
+    CreditChanged,
+    LinkAttached,
+    LinkDetached,
+    MessageReceived,
+    OutcomeReceived,
 )
-
-from corekit import decode, encode
-from meshkit import Mesh
 
 TOPOLOGIES = {
     "line": ("ABC", [("A", "B"), ("B", "C")]),

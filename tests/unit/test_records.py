@@ -6,8 +6,16 @@ from router.core import records
 from router.core.links import Subscription
 from router.core.outcomes import OUTCOME_ACCEPTED
 from router.core.records import (
-    ANSWER_ACCEPTED, ANSWER_DONE, ANSWER_UNSENT, EMPTY_MAP, EMPTY_SET, DeliveryRecord, MovedState, Roster,
-    RouterState, SubscriberState,
+    ANSWER_ACCEPTED,
+    ANSWER_DONE,
+    ANSWER_UNSENT,
+    EMPTY_MAP,
+    EMPTY_SET,
+    DeliveryRecord,
+    MovedState,
+    Roster,
+    RouterState,
+    SubscriberState,
 )
 
 

@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from router.core.errors import ProtocolError
 from router.core.routing import (
-    LinkState, LinkStateDatabase, Routes, Stamp, compute_routes, split_by_next_hop,
+    LinkState,
+    LinkStateDatabase,
+    Routes,
+    Stamp,
+    compute_routes,
+    split_by_next_hop,
 )
 
 INF = float("inf")
