@@ -98,10 +98,29 @@ class Publisher(MessagingHandler):
         self.outcomes["released"] = self.outcomes.get("released", 0) + 1
 
 
+RUNNING: list[tuple[Container, threading.Thread]] = []
+
+
 def run(handler) -> Container:
     container = Container(handler)
-    threading.Thread(target=container.run, daemon=True).start()
+    thread = threading.Thread(target=container.run, daemon=True)
+    thread.start()
+    RUNNING.append((container, thread))
     return container
+
+
+@pytest.fixture(autouse=True)
+def stop_clients():
+    """Every client's container stops and its thread ends before the test does: a
+    proton reactor left running in a daemon thread crashes the interpreter at exit."""
+    yield
+    for container, _ in RUNNING:
+        container.stop()
+    for _, thread in RUNNING:
+        thread.join(10)
+    alive = sum(thread.is_alive() for _, thread in RUNNING)
+    RUNNING.clear()
+    assert not alive, f"{alive} client container(s) still running 10 s after stop()"
 
 
 def wait(condition, what, timeout=60.0):
@@ -126,7 +145,8 @@ def test_stuck_topics_of_large_messages_stay_inside_the_budget_and_the_rest_flow
     time.sleep(1.0)  # attached before anything is published
     pubs = {topic: Publisher(url, topic, LARGE, count) for topic, count in large.items()}
     pubs["live"] = Publisher(url, "live", "small-", 3000)
-    containers = [run(pub) for pub in pubs.values()]
+    for pub in pubs.values():
+        run(pub)
     # The stuck topics fill up to their budgets (and the router's), then wait.
     wait(lambda: sum(len(subs[t].bodies) for t in large if t.startswith("stuck")) >= 100,
          "the stuck topics filled up")
@@ -157,5 +177,3 @@ def test_stuck_topics_of_large_messages_stay_inside_the_budget_and_the_rest_flow
     after = rss(router.proc.pid)
     assert after < base + 60 * MIB, \
         f"RSS {after / MIB:.0f} MiB once everything finished (started at {base / MIB:.0f} MiB): not given back"
-    for container in containers:
-        container.stop()
