@@ -21,6 +21,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY router ./router
 COPY spark ./spark
+COPY eorouter_tools ./eorouter_tools
 # The check runs from / so that it imports the installed package, not /src/router: the build fails here
 # when the fast path did not compile.
 RUN python3 -m venv /opt/eorouter \

@@ -1,1 +1,1 @@
-"""eorouter benchmark: `scripts/bench` (python -m bench.run), C clients built by bench.build."""
+"""eorouter benchmark: `scripts/bench` (python -m bench.run), C clients built by eorouter_tools.build."""

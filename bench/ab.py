@@ -22,9 +22,9 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
-from bench.build import BuildError, build_c_clients
 from bench.run import ROOT, run_one
 from bench.run import parse_args as bench_args
+from eorouter_tools.build import BuildError, build_c_clients
 
 
 def snapshot_at(rev: str | None, into: Path) -> Path:

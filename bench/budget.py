@@ -22,7 +22,7 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from router.launcher import RouterProcess
+from eorouter_tools.launcher import RouterProcess
 
 MIB = 1024 * 1024
 

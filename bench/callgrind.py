@@ -39,8 +39,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.build import BuildError, build_c_clients
 from bench.run import router_config, wait_all
+from eorouter_tools.build import BuildError, build_c_clients
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_RE = re.compile(r"eorouter: router (\S+) ready on (\S+) epoch (\d+)")

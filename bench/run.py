@@ -11,7 +11,7 @@ example broker adapted to fan-out, bench/cclients/broker.c), it measures:
   - the server's RSS (VmRSS) before and after.
 Runs are interleaved (every cell once, then again for --repeat) and medians are reported.
 
-Network paths (`--hops`, default 0,1,2): a line of hops+1 routers started with router.topology's
+Network paths (`--hops`, default 0,1,2): a line of hops+1 routers started with eorouter_tools.topology's
 RouterNetwork (one router for 0 hops), the publisher on the first router, one subscriber (K=1) on the
 last, exactly-once, C clients: msgs/s, p50/p99 latency and each router's CPU per message, run in the
 same interleaved repeats as the matrix.
@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.build import BuildError, build_c_clients
+from eorouter_tools.build import BuildError, build_c_clients
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench-out"
@@ -588,24 +588,24 @@ def memory_run(n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
 # ---------------------------------------------------------------------------------------------- network paths
 
 def line_topology(routers: int) -> str:
-    """A line of ``routers`` routers, A - B - C ..., as a router.topology file."""
+    """A line of ``routers`` routers, A - B - C ..., as a eorouter_tools.topology file."""
     ids = [chr(ord("A") + i) for i in range(routers)]
     text = "".join(f'[[router]]\nid = "{r}"\n' for r in ids)
     return text + "".join(f'[[link]]\nbetween = ["{a}", "{b}"]\n' for a, b in zip(ids, ids[1:]))
 
 
 def topology_module(args: argparse.Namespace):
-    """router.topology from the code under test (the snapshot): its RouterNetwork starts the routers
+    """eorouter_tools.topology from the code under test (the snapshot): its RouterNetwork starts the routers
     with that copy of the package on their PYTHONPATH."""
     root = str(args.router_root)
     if root not in sys.path:
         sys.path.insert(0, root)
-    from router import topology
+    from eorouter_tools import topology
     return topology
 
 
 def network_overrides(args: argparse.Namespace) -> dict:
-    """The matrix's router settings, over router.launcher's defaults (RouterNetwork's configs)."""
+    """The matrix's router settings, over eorouter_tools.launcher's defaults (RouterNetwork's configs)."""
     return {"limits": {"max_in_flight_per_topic": args.max_in_flight, "publisher_credit_window": args.credit_window},
             "eventlog": {"fsync": args.fsync}}
 
@@ -984,7 +984,7 @@ def network_settings_text(st: dict) -> str:
     return (f"Settings: {st.get('messages_network', st['messages_c']):,} messages per run, body {st['size']} bytes, "
             f"client window {st['window']}, exactly-once, K=1, C clients; every router: "
             f"publisher_credit_window {st['credit_window']}, max_in_flight_per_topic {st['max_in_flight']}, "
-            f"event log fsync {'on' if st['fsync'] else 'off'}, otherwise router.launcher's defaults; medians of "
+            f"event log fsync {'on' if st['fsync'] else 'off'}, otherwise eorouter_tools.launcher's defaults; medians of "
             f"{st['repeat']} run(s) per path (interleaved with the matrix's runs when both ran).\n")
 
 

@@ -10,7 +10,7 @@ Setup is idempotent and fast when nothing changed:
   into the running interpreter's environment;
 - ``rhea``: ``npm ci`` in interop/rhea (from the committed lockfile) when node_modules is missing or
   older than package-lock.json; needs ``node`` and ``npm`` on PATH;
-- ``protonc``: interop/protonc/*.c built into build/interop-protonc with bench/build.py's compiler logic
+- ``protonc``: interop/protonc/*.c built into build/interop-protonc with eorouter_tools/build.py's compiler logic
   (gcc, pkg-config, libqpid-proton11-dev); when those are missing and we are root, runs
   ``scripts/setup-root`` (apt-get) once and retries.
 
@@ -32,7 +32,7 @@ INTEROP = Path(__file__).resolve().parent
 ROOT = INTEROP.parent
 STACKS = ("python", "rhea", "protonc", "azure")
 PROTONC_BUILD = ROOT / "build" / "interop-protonc"
-# name -> (main source, #included sources, extra link flags): bench.build.build_c_programs' format
+# name -> (main source, #included sources, extra link flags): eorouter_tools.build.build_c_programs' format
 PROTONC_PROGRAMS = {
     "publisher": ("publisher.c", ("ledger.h", "blake2b.h"), ()),
     "subscriber": ("subscriber.c", ("ledger.h", "blake2b.h"), ()),
@@ -100,15 +100,15 @@ def _setup_rhea() -> None:
 
 
 def build_protonc(force: bool = False, verbose: bool = False) -> dict[str, Path]:
-    """Build the Proton C peers (bench/build.py's compiler logic and staleness stamps)."""
+    """Build the Proton C peers (eorouter_tools/build.py's compiler logic and staleness stamps)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from bench.build import build_c_programs
+    from eorouter_tools.build import build_c_programs
     return build_c_programs(PROTONC_PROGRAMS, INTEROP / "protonc", PROTONC_BUILD, force=force, verbose=verbose)
 
 
 def _setup_protonc() -> None:
-    from bench.build import BuildError
+    from eorouter_tools.build import BuildError
     try:
         build_protonc()
         return

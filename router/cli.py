@@ -36,62 +36,24 @@ def _build_parser() -> argparse.ArgumentParser:
                      choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                      help="operational log level on stderr, in any case (default: INFO)")
     run.set_defaults(func=cmd_run)
-    network = commands.add_parser("network", help="launch a network of routers on loopback",
-                                  description="Start the routers of a topology file on loopback, wait until "
-                                              "their routes converge, and stop them all on Ctrl-C.")
-    network.add_argument("--topology", "-t", metavar="PATH",
-                         help="topology TOML file (default: the embedded 3-router triangle)")
-    network.add_argument("--workdir", "-w", metavar="DIR", help="where configs and data go (default: ./network)")
-    network.set_defaults(func=cmd_network)
-    demo = commands.add_parser("demo", help="the main job: kill a router mid-stream, prove nothing was lost "
-                                            "(--rule: the delivery rule without a failure)",
-                               add_help=False)
-    demo.set_defaults(func=cmd_demo)
-    # The Spark side (spark/, docs/reconcile.md): imported only when used.
-    reconcile = commands.add_parser("reconcile", help="prove exactly-once from the routers' event logs (Spark)",
-                                    description="Replay every router's event log with Spark and prove no loss, "
-                                                "no duplicates, publisher order, nothing invented and a clean end. "
-                                                "Exit 0 only when proven clean.")
-    _spark_arguments(reconcile, "add_reconcile_arguments")
-    reconcile.set_defaults(func=cmd_reconcile)
-    logs = commands.add_parser("logs", help="event log tools").add_subparsers(dest="logs_command",
-                                                                               metavar="LOGS_COMMAND")
-    logs.required = True
-    compact = logs.add_parser("compact", help="turn event logs into Parquet (Spark)",
-                              description="Rewrite JSON-lines event logs as one Parquet dataset with the same "
-                                          "schema; eorouter reconcile reads either.")
-    _spark_arguments(compact, "add_compact_arguments")
-    compact.set_defaults(func=cmd_logs_compact)
+    for register in _plugged_commands():
+        register(commands)
     return parser
 
 
-def _spark_arguments(parser: argparse.ArgumentParser, adder: str) -> None:
-    from spark import cli as spark_cli  # argparse only: pyspark is imported when a command runs
-    getattr(spark_cli, adder)(parser)
+# Commands other packages add (the tools, the Spark proof), found through the
+# ``eorouter.commands`` entry points of the installed distribution: the router
+# itself imports neither (docs/architecture.md, the import contracts).
+COMMANDS_GROUP = "eorouter.commands"
 
 
-def cmd_reconcile(args: argparse.Namespace) -> int:
-    from spark.cli import reconcile_main
-    return reconcile_main(args=args)
-
-
-def cmd_logs_compact(args: argparse.Namespace) -> int:
-    from spark.cli import compact_main
-    return compact_main(args=args)
-
-
-def cmd_network(args: argparse.Namespace) -> int:
-    from router import topology
-    return topology.main(args)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    # Client applications: they import proton's Container (and Spark), unlike the router.
-    if "--rule" in args.rest:
-        from router import demo  # the delivery rule across the network, no failure
-        return demo.main([a for a in args.rest if a != "--rule"])
-    from router import failover_demo  # the main job: a router dies, Spark proves nothing was lost
-    return failover_demo.main(args.rest)
+def _plugged_commands():
+    from importlib.metadata import entry_points
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            yield entry.load()
+        except ImportError as exc:  # a package left out of this install: its command is not offered
+            log.debug("command %s unavailable: %s", entry.name, exc)
 
 
 def _fail(message: str, code: int) -> int:

@@ -162,15 +162,19 @@ class AdmissionMixin:
         self._delete(existing, "tag-reused", out)
         return existing.reuse + 1
 
-    def _prepare_payload(self, pub, ev: MessageReceived, now: float, out: list):
-        """(the message with the origin annotation spliced in, when it expires) or
-        None: refused (malformed, forged annotation, expired)."""
+    def _origin_template(self, pub) -> OriginTemplate:
+        """The origin annotation of the publisher's messages, encoded once per link."""
         template = pub.origin
         if template is None:
             template = pub.origin = OriginTemplate(pub.container_id, pub.name, pub.incarnation,
                                                    self.settings.router_id)
+        return template
+
+    def _prepare_payload(self, pub, ev: MessageReceived, now: float, out: list):
+        """(the message with the origin annotation spliced in, when it expires) or
+        None: refused (malformed, forged annotation, expired)."""
         try:
-            prepared = splice_origin(ev.payload, template, ev.tag)
+            prepared = splice_origin(ev.payload, self._origin_template(pub), ev.tag)
         except MessageError as err:
             self._refuse(ev.delivery, err.condition, str(err), out)
             return None
@@ -317,12 +321,8 @@ class AdmissionMixin:
     def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
                            out: list) -> None:
         """Pre-settled: forward to whoever has credit now; never wait, never owe."""
-        template = pub.origin
-        if template is None:
-            template = pub.origin = OriginTemplate(pub.container_id, pub.name, pub.incarnation,
-                                                   self.settings.router_id)
         try:
-            prepared = splice_origin(ev.payload, template, ev.tag)
+            prepared = splice_origin(ev.payload, self._origin_template(pub), ev.tag)
         except MessageError:
             out.append(Log("dropped", {"delivery": None, "reason": "malformed pre-settled message"}))
             self._refill_credit(topic, out)

@@ -204,43 +204,34 @@ class SettlementMixin:
                 if states:
                     self._answer_publisher(record, OUTCOME_ACCEPTED, now, out)
                     return
-        all_accepted = True
-        answered = 0
-        for key, state in states.items():
-            if targeted and key in targeted:
-                continue
-            outcome = state.outcome
+        answers = []
+        for outcome in self._owed_answers(record):
             if outcome is None:
-                return
-            answered += 1
-            if outcome is not OUTCOME_ACCEPTED:
-                all_accepted = False
-        for state in record.remote_routers.values():
-            outcome = state.outcome
-            if outcome is None:
-                return
-            if outcome is OUTCOME_NOT_OWED:
-                continue
-            answered += 1
-            if outcome is not OUTCOME_ACCEPTED:
-                all_accepted = False
-        for state in record.moved.values():
-            outcome = state.outcome
-            if outcome is None:
-                return
-            answered += 1
-            if outcome is not OUTCOME_ACCEPTED:
-                all_accepted = False
-        if not answered:
+                return  # someone has yet to answer
+            answers.append(outcome)
+        if not answers:
             outcome = Outcome(self.settings.no_subscribers, description="no subscribers left")
-        elif all_accepted:
+        elif all(a is OUTCOME_ACCEPTED for a in answers):
             outcome = OUTCOME_ACCEPTED
         else:
-            outcome = outcomes.aggregate(
-                [s.outcome for k, s in record.subscribers.items() if k not in targeted]
-                + [s.outcome for s in record.remote_routers.values() if s.outcome is not OUTCOME_NOT_OWED]
-                + [s.outcome for s in record.moved.values()])
+            outcome = outcomes.aggregate(answers)
         self._answer_publisher(record, outcome, now, out)
+
+    @staticmethod
+    def _owed_answers(record: DeliveryRecord):
+        """The answer (None: not yet) of every party the delivery is owed to: its
+        subscribers here (but those another router addressed a copy to: they answer
+        that router individually), the interested routers (but those owed nothing),
+        and subscribers that moved away from a dead router."""
+        targeted = record.targeted
+        for key, state in record.subscribers.items():
+            if not (targeted and key in targeted):
+                yield state.outcome
+        for state in record.remote_routers.values():
+            if state.outcome is not OUTCOME_NOT_OWED:
+                yield state.outcome
+        for state in record.moved.values():
+            yield state.outcome
 
     def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
         record.outcome = outcome

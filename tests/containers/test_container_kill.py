@@ -31,9 +31,9 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk's image co
 
 from test_kill import TRIANGLE, Scenario  # noqa: E402
 
+from eorouter_tools.launcher import DEFAULT_CONFIG, READY_RE, merge_config, parse_listeners, read_event_log, to_toml  # noqa: E402
+from eorouter_tools.topology import RouterNetwork, parse_topology  # noqa: E402
 from router.client import ResumablePublisher, ResumableSubscriber  # noqa: E402
-from router.launcher import DEFAULT_CONFIG, READY_RE, merge_config, parse_listeners, read_event_log, to_toml  # noqa: E402
-from router.topology import RouterNetwork, parse_topology  # noqa: E402
 
 IMAGE = os.environ.get("EOROUTER_IMAGE", "eorouter-local:test")
 CONFIG_IN_CONTAINER = "/etc/eorouter/router.toml"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from router.launcher import DEFAULT_CONFIG, READY_RE, merge_config, parse_listeners, to_toml
+from eorouter_tools.launcher import DEFAULT_CONFIG, READY_RE, merge_config, parse_listeners, to_toml
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "eorouter-dockerfile:test"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from eorouter_tools.topology import RouterNetwork, parse_topology
 from router.client import ResumablePublisher, ResumableSubscriber
-from router.topology import RouterNetwork, parse_topology
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -23,9 +23,9 @@ import pytest
 from netns import CLIENTS, NetnsLab, nft_missing_reason, unusable_reason
 from test_kill import MESSAGES, TRIANGLE, Scenario
 
+from eorouter_tools.launcher import RouterProcess
+from eorouter_tools.topology import RouterNetwork, parse_topology
 from router.client import ResumablePublisher, ResumableSubscriber
-from router.launcher import RouterProcess
-from router.topology import RouterNetwork, parse_topology
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from eorouter_tools.topology import RouterNetwork, parse_topology
 from router.client import ResumablePublisher, ResumableSubscriber
-from router.topology import RouterNetwork, parse_topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -117,7 +117,7 @@ class LoadClients:
     each router, until stopped."""
 
     def __init__(self, routers: dict, seconds: float):
-        from bench.build import build_c_clients
+        from eorouter_tools.build import build_c_clients
         binaries = build_c_clients()
         self.procs = []
         for rid, router in routers.items():

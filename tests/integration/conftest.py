@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 from amqpclients import Harness
 
-from router.launcher import RouterProcess, RouterSet, live_routers
+from eorouter_tools.launcher import RouterProcess, RouterSet, live_routers
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from amqpclients import unique
 
-from router.launcher import read_event_log
-from router.topology import load_topology
+from eorouter_tools.launcher import read_event_log
+from eorouter_tools.topology import load_topology
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -23,11 +23,11 @@ import pytest
 from proton import Message, Terminus, symbol
 from stubrouter import StubServer
 
+from eorouter_tools.launcher import PACKAGE_PARENT, read_event_log
+from eorouter_tools.topology import RouterNetwork, parse_topology
 from router.client import ResumablePublisher, ResumableSubscriber, read_ledger
 from router.client.protocol import INCARNATION, INCOMPLETE, RESUME, UNSETTLED
 from router.core.tags import outgoing_tag, stream_id
-from router.launcher import PACKAGE_PARENT, read_event_log
-from router.topology import RouterNetwork, parse_topology
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -53,9 +53,9 @@ def test_the_failover_demo_says_it_restarted_the_router_it_killed(tmp_path, caps
     """The demo's traffic part (no Spark; the whole demo: tests/spark/test_failover_demo.py,
     slow). With a stream shorter than the pause before the restart, the restart used to
     happen after the stream, silently."""
-    from router import failover_demo
-    from router.launcher import read_event_log
-    from router.topology import load_topology
+    from eorouter_tools import failover_demo
+    from eorouter_tools.launcher import read_event_log
+    from eorouter_tools.topology import load_topology
 
     outcomes = failover_demo.stream(load_topology(None), "A", tmp_path, messages=10, rate=50, restart_after=1.0)
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from amqpclients import unique
 
-from router.topology import RouterNetwork, parse_topology
+from eorouter_tools.topology import RouterNetwork, parse_topology
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from amqpclients import unique
 
-from router.topology import RouterNetwork, parse_topology
+from eorouter_tools.topology import RouterNetwork, parse_topology
 
 pytestmark = pytest.mark.timeout(240)
 

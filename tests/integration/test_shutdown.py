@@ -13,7 +13,7 @@ import signal
 import pytest
 from amqpclients import unique
 
-from router.launcher import RouterProcess
+from eorouter_tools.launcher import RouterProcess
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -139,7 +139,7 @@ BAD_CONFIGS = {
 
 
 def _bad_text(router: RouterProcess, which: str) -> str:
-    from router.launcher import merge_config, to_toml
+    from eorouter_tools.launcher import merge_config, to_toml
 
     config = router.config
     if which == "router.id":

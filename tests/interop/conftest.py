@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from eorouter_tools.launcher import RouterSet  # noqa: E402
+from eorouter_tools.topology import RouterNetwork, parse_topology  # noqa: E402
 from interop import matrix, peers  # noqa: E402
-from router.launcher import RouterSet  # noqa: E402
-from router.topology import RouterNetwork, parse_topology  # noqa: E402
 
 RESULTS: list[matrix.Result] = []
 

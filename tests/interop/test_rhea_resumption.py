@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from eorouter_tools.launcher import read_event_log
+from eorouter_tools.topology import RouterNetwork, parse_topology
 from interop import matrix, peers
-from router.launcher import read_event_log
-from router.topology import RouterNetwork, parse_topology
 
 pytestmark = pytest.mark.timeout(150)
 

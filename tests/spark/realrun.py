@@ -15,9 +15,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from eorouter_tools.topology import RouterNetwork, Topology, load_topology
 from router.client import ResumablePublisher, ResumableSubscriber
 from router.eventlog import read_events
-from router.topology import RouterNetwork, Topology, load_topology
 
 TOPIC = "spark/orders"
 POISON = "poison"

@@ -1,4 +1,4 @@
-"""``eorouter demo`` (router/failover_demo.py) end to end, small: three real routers, the
+"""``eorouter demo`` (eorouter_tools/failover_demo.py) end to end, small: three real routers, the
 kill, the restart, and Spark's verdict in this test run's shared session (issue 14:
 the output showed the kill but never the restart, and the report's path twice)."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from router import failover_demo
+from eorouter_tools import failover_demo
 
 # Spark alone takes minutes on a busy 2-core machine; the fast suite runs the traffic part
 # (tests/integration/test_cli.py).

@@ -120,6 +120,22 @@ class Mesh:
         """The messages in flight from ``source`` to ``target``, oldest first."""
         return [event for _, _, to, event in self.inflight if to == target and event.router_id == source]
 
+    def deliver_one_queue_head(self, pick):
+        """Deliver the head of one queue (per link, direction and kind: control and data
+        are separate AMQP links on one connection, and the adapter sends data as credit
+        allows and control at the end of a loop iteration, so either may go first):
+        the ``pick``-th of the queues with something in flight."""
+        if not self.inflight:
+            return
+        heads = {}
+        for index, item in enumerate(self.inflight):
+            heads.setdefault((item[0], item[2], type(item[3])), index)
+        index = sorted(heads.values())[pick % len(heads)]
+        pair, conn, target, event = self.inflight[index]
+        del self.inflight[index]
+        if self.links.get(pair) == conn:
+            self.feed(target, event)
+
     def connect(self, a, b):
         conn = next(self._conn)
         self.links[frozenset((a, b))] = conn

@@ -41,20 +41,6 @@ steps = st.lists(st.one_of(
 ), min_size=5, max_size=60)
 
 
-def deliver_one(mesh, pick):
-    """Deliver the head of one queue (per link, direction and kind), a random one."""
-    if not mesh.inflight:
-        return
-    heads = {}
-    for index, item in enumerate(mesh.inflight):
-        heads.setdefault((item[0], item[2], type(item[3])), index)
-    index = sorted(heads.values())[pick % len(heads)]
-    pair, conn, target, event = mesh.inflight[index]
-    del mesh.inflight[index]
-    if mesh.links.get(pair) == conn:
-        mesh.feed(target, event)
-
-
 @settings(max_examples=100, deadline=None)
 @given(st.data(), steps)
 def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, plan):
@@ -111,7 +97,7 @@ def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, 
             sent.append(n)
             publish(n)
         elif action == "deliver":
-            deliver_one(mesh, arg)
+            mesh.deliver_one_queue_head(arg)
         elif action == "answer":
             for r, sub in sorted(subs.items()):
                 for fwd in mesh.forwarded(r, sub):

@@ -149,23 +149,6 @@ leaving_steps = st.lists(st.one_of(
 ), min_size=5, max_size=80)
 
 
-def deliver_one_kind(mesh, pick):
-    """Deliver the head of one queue: per link, direction and kind (control or data,
-    which are separate AMQP links on one connection: the adapter sends data as
-    credit allows and control at the end of a loop iteration, so either may go
-    first), a random one."""
-    if not mesh.inflight:
-        return
-    heads = {}
-    for index, item in enumerate(mesh.inflight):
-        heads.setdefault((item[0], item[2], type(item[3])), index)
-    index = sorted(heads.values())[pick % len(heads)]
-    pair, conn, target, event = mesh.inflight[index]
-    del mesh.inflight[index]
-    if mesh.links.get(pair) == conn:
-        mesh.feed(target, event)
-
-
 @settings(max_examples=80, deadline=None)
 @given(st.sampled_from(["line", "triangle"]), st.data(), leaving_steps)
 def test_answers_given_before_a_subscriber_left_always_count(topology, data, plan):
@@ -208,7 +191,7 @@ def test_answers_given_before_a_subscriber_left_always_count(topology, data, pla
             mesh.feed(router, MessageReceived(link, delivery, str(sent[arg]).encode(),
                                               encode(f"{arg}:{sent[arg]}"), False))
         elif action == "deliver":
-            deliver_one_kind(mesh, arg)
+            mesh.deliver_one_queue_head(arg)
         elif action == "accept":
             live = [s for s in subs if s[2]]
             if live:

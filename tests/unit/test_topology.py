@@ -1,4 +1,4 @@
-"""router.topology: the topology file format of docs/configuration.md ("Topology files"),
+"""eorouter_tools.topology: the topology file format of docs/configuration.md ("Topology files"),
 checked as strictly as a router's config (issue 14: unknown keys were reported without
 a suggestion, a disconnected topology waited forever, a bad router id failed only once
 that router was started)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router.topology import Topology, TopologyError, load_topology, parse_topology
+from eorouter_tools.topology import Topology, TopologyError, load_topology, parse_topology
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -28,8 +28,8 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, DurableSubscription
 
+from eorouter_tools.topology import LAUNCH_ERRORS, RouterNetwork, TopologyError, launch_failure, load_topology
 from router.eventlog import read_events
-from router.topology import LAUNCH_ERRORS, RouterNetwork, TopologyError, launch_failure, load_topology
 
 TOPIC = "demo/news"
 POISON = "poison"

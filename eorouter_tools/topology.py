@@ -30,8 +30,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eorouter_tools.launcher import RouterError, RouterProcess, read_event_log
 from router.config import ROUTER_ID_RE, _describe, _syntax_error
-from router.launcher import RouterError, RouterProcess, read_event_log
 
 DEFAULT_TOPOLOGY = """\
 # The embedded default: three routers, each linked to the other two.

@@ -1,6 +1,6 @@
 """Build the benchmark's C clients (adapted Qpid Proton C examples) into the repo's ignored build/ dir.
 
-    from bench.build import build_c_clients
+    from eorouter_tools.build import build_c_clients
     paths = build_c_clients()          # {"send": Path, "receive": Path, "broker": Path}
 
 A binary is rebuilt when it is missing or stale: the stamp next to it records a hash of its source
@@ -8,7 +8,7 @@ files and the compiler command, so an edited source, header or flag triggers a r
 to a temporary name and rename, so concurrent callers never see a half-written binary.
 Needs gcc, pkg-config and libqpid-proton11-dev (`sudo scripts/setup-root` installs them).
 
-`python -m bench.build` builds and prints the paths.
+`python -m eorouter_tools.build` builds and prints the paths.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC_DIR = Path(__file__).resolve().parent / "cclients"
+SRC_DIR = ROOT / "bench" / "cclients"  # the benchmark's C clients
 BUILD_DIR = ROOT / "build" / "cclients"
 
 # name -> (main source, extra sources hashed because they are #included, extra link flags)
@@ -113,14 +113,14 @@ def build_c_programs(programs: dict[str, tuple[str, tuple[str, ...], tuple[str, 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m bench.build", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eorouter_tools.build", description=__doc__.split("\n\n")[0])
     p.add_argument("--force", action="store_true", help="rebuild even when up to date")
     p.add_argument("--build-dir", type=Path, default=None)
     a = p.parse_args(argv)
     try:
         paths = build_c_clients(a.build_dir, force=a.force, verbose=True)
     except BuildError as e:
-        print(f"bench.build: {e}", file=sys.stderr)
+        print(f"eorouter_tools.build: {e}", file=sys.stderr)
         return 1
     for name, path in paths.items():
         print(f"{name}\t{path}")

@@ -20,8 +20,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from eorouter_tools.topology import LAUNCH_ERRORS, RouterNetwork, TopologyError, launch_failure, load_topology
 from router.client import ResumablePublisher, ResumableSubscriber
-from router.topology import LAUNCH_ERRORS, RouterNetwork, TopologyError, launch_failure, load_topology
 
 TOPIC = "demo/orders"
 
@@ -134,7 +134,7 @@ def stream(layout, victim: str, base: Path, messages: int, rate: float, restart_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eorouter demo", description=__doc__.splitlines()[0])
-    # router/cli.py hands `--rule` to router/demo.py before this parser runs: listed for --help.
+    # router/cli.py hands `--rule` to eorouter_tools/demo.py before this parser runs: listed for --help.
     parser.add_argument("--rule", action="store_true",
                         help="instead: the delivery rule at work across the network, without a failure "
                              "(its options: eorouter demo --rule --help)")
