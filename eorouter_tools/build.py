@@ -24,6 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SRC_DIR = ROOT / "bench" / "cclients"  # the benchmark's C clients
 BUILD_DIR = ROOT / "build" / "cclients"
+# Headers every program may include (the shared proton event loop, proton_loop.h):
+# on the include path, and hashed into every program's fingerprint.
+C_INCLUDE = Path(__file__).resolve().parent / "c"
 
 # name -> (main source, extra sources hashed because they are #included, extra link flags)
 CLIENTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -57,7 +60,7 @@ def _pkg_config() -> tuple[list[str], list[str]]:
 def _command(name: str, out: Path, cflags: list[str], libs: list[str], programs=CLIENTS,
              src_dir: Path = SRC_DIR) -> list[str]:
     main, _extra, ldflags = programs[name]
-    return ["gcc", *CFLAGS, "-o", str(out), str(src_dir / main), *cflags, *libs, *ldflags]
+    return ["gcc", *CFLAGS, "-I", str(C_INCLUDE), "-o", str(out), str(src_dir / main), *cflags, *libs, *ldflags]
 
 
 def _fingerprint(name: str, cmd: list[str], programs=CLIENTS, src_dir: Path = SRC_DIR) -> str:
@@ -65,6 +68,8 @@ def _fingerprint(name: str, cmd: list[str], programs=CLIENTS, src_dir: Path = SR
     h = hashlib.sha256()
     for src in (main, *extra):
         h.update(src.encode() + b"\0" + (src_dir / src).read_bytes() + b"\0")
+    for header in sorted(C_INCLUDE.glob("*.h")):
+        h.update(header.name.encode() + b"\0" + header.read_bytes() + b"\0")
     h.update(" ".join(cmd).encode())
     return h.hexdigest()
 

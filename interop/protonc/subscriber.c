@@ -46,6 +46,8 @@
 #include <proton/session.h>
 #include <proton/transport.h>
 
+#include "proton_loop.h"
+
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -310,18 +312,7 @@ static bool handle(app_data_t *app, pn_event_t *event) {
 }
 
 void run(app_data_t *app) {
-  /* Loop and handle events */
-  do {
-    pn_event_batch_t *events = pn_proactor_wait(app->proactor);
-    pn_event_t *e;
-    for (e = pn_event_batch_next(events); e; e = pn_event_batch_next(events)) {
-      if (!handle(app, e)) {
-        pn_proactor_done(app->proactor, events);
-        return;
-      }
-    }
-    pn_proactor_done(app->proactor, events);
-  } while(true);
+  EOR_RUN_PROACTOR(app->proactor, handle, app); /* eorouter_tools/c/proton_loop.h */
 }
 
 static void usage(const char *prog) {
