@@ -149,6 +149,9 @@ class Engine:
                                  boot=eventlog.boot_id, secret=secret,
                                  max_message_size=max_message_size,
                                  handshake_timeout=handshake_timeout)
+        self._command_handlers = self._command_table()
+        self._event_handlers = self._event_table()
+        self._small = None
 
     # ------------------------------------------------------------------ stats / tests
     def counts(self) -> dict:
@@ -165,6 +168,7 @@ class Engine:
             return
         collector = conn.collector
         amqp_delivery = self.AMQP_delivery
+        handlers = self._event_handlers
         links_by_ptr = self._links_by_ptr
         seen = self._seen
         # Subscribers' accepted dispositions, gathered here and given to the core
@@ -230,40 +234,10 @@ class Engine:
                         self.AMQP_disposition(d, link, *copy)
                     else:
                         amqp_delivery(d, conn, link)
-                elif etype == PN_LINK_FLOW:
-                    self.AMQP_link_flow(_event_link(event))
-                elif etype == PN_LINK_REMOTE_OPEN:
-                    self.AMQP_link_attach(_event_link(event), conn)
-                elif etype == PN_LINK_REMOTE_DETACH:
-                    self.AMQP_link_detach(_event_link(event), False)
-                elif etype == PN_LINK_REMOTE_CLOSE:
-                    self.AMQP_link_detach(_event_link(event), True)
-                elif etype == PN_SESSION_REMOTE_OPEN:
-                    session = lib.pn_event_session(event)
-                    if lib.pn_session_state(session) & endpoints.LOCAL_UNINIT:
-                        lib.pn_session_open(session)
-                elif etype == PN_SESSION_REMOTE_CLOSE:
-                    self.AMQP_session_end(lib.pn_event_session(event), conn)
-                elif etype == PN_CONNECTION_REMOTE_OPEN:
-                    self.opened.append(conn)
-                    if self.peers.refuse_router_open(conn):
-                        pass  # it claimed to be a router: closed with unauthorized-access
-                    elif lib.pn_connection_state(conn.connection) & endpoints.LOCAL_UNINIT:
-                        endpoints.set_failover_list(conn.connection, self.core.failover_list())
-                        lib.pn_connection_open(conn.connection)
-                elif etype == PN_CONNECTION_REMOTE_CLOSE:
-                    self.AMQP_connection_close(conn)
-                elif etype == PN_TRANSPORT_ERROR:
-                    name, desc = condition_of(lib.pn_transport_condition(conn.transport))
-                    log.info("connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer,
-                             name, printable(desc))  # a bounded, escaped prefix of what a non-AMQP peer sent
-                    if desc and "idle-timeout" in desc:
-                        # The peer is silent: the close frame proton queued may never
-                        # leave (on a cut link the socket's send buffer is full), and
-                        # waiting for it would delay failover by TCP's retry time.
-                        self.silent.append(conn)
-                elif etype == PN_TRANSPORT_CLOSED:
-                    self.AMQP_connection_lost(conn)
+                else:
+                    handler = handlers.get(etype)
+                    if handler is not None:
+                        handler(event, conn)
             except Exception as exc:  # a bad peer (or a bug) ends this connection, not the router
                 log.exception("connection %d (%s): error handling engine event %s", conn.conn_id,
                               conn.peer, cstr(lib.pn_event_type_name(etype)))
@@ -271,6 +245,45 @@ class Engine:
             _collector_pop(collector)
         if accepted:
             self._accepted_batch(accepted, conn)
+
+    def _event_table(self) -> dict:
+        """The engine events other than a delivery's, each to its ``AMQP_*`` method
+        (called with the event and its connection); events not listed are ignored."""
+        return {
+            PN_LINK_FLOW: lambda event, conn: self.AMQP_link_flow(_event_link(event)),
+            PN_LINK_REMOTE_OPEN: lambda event, conn: self.AMQP_link_attach(_event_link(event), conn),
+            PN_LINK_REMOTE_DETACH: lambda event, conn: self.AMQP_link_detach(_event_link(event), False),
+            PN_LINK_REMOTE_CLOSE: lambda event, conn: self.AMQP_link_detach(_event_link(event), True),
+            PN_SESSION_REMOTE_OPEN: self.AMQP_session_begin,
+            PN_SESSION_REMOTE_CLOSE: lambda event, conn: self.AMQP_session_end(lib.pn_event_session(event), conn),
+            PN_CONNECTION_REMOTE_OPEN: self.AMQP_connection_open,
+            PN_CONNECTION_REMOTE_CLOSE: lambda event, conn: self.AMQP_connection_close(conn),
+            PN_TRANSPORT_ERROR: self.AMQP_transport_error,
+            PN_TRANSPORT_CLOSED: lambda event, conn: self.AMQP_connection_lost(conn),
+        }
+
+    def AMQP_session_begin(self, event, conn: Conn) -> None:
+        session = lib.pn_event_session(event)
+        if lib.pn_session_state(session) & endpoints.LOCAL_UNINIT:
+            lib.pn_session_open(session)
+
+    def AMQP_connection_open(self, event, conn: Conn) -> None:
+        self.opened.append(conn)
+        if self.peers.refuse_router_open(conn):
+            return  # it claimed to be a router: closed with unauthorized-access
+        if lib.pn_connection_state(conn.connection) & endpoints.LOCAL_UNINIT:
+            endpoints.set_failover_list(conn.connection, self.core.failover_list())
+            lib.pn_connection_open(conn.connection)
+
+    def AMQP_transport_error(self, event, conn: Conn) -> None:
+        name, desc = condition_of(lib.pn_transport_condition(conn.transport))
+        log.info("connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer,
+                 name, printable(desc))  # a bounded, escaped prefix of what a non-AMQP peer sent
+        if desc and "idle-timeout" in desc:
+            # The peer is silent: the close frame proton queued may never
+            # leave (on a cut link the socket's send buffer is full), and
+            # waiting for it would delay failover by TCP's retry time.
+            self.silent.append(conn)
 
     def _accepted_batch(self, items: list, conn: Conn) -> None:
         """The core's part of accepted dispositions the adapter has already recorded:
@@ -647,114 +660,117 @@ class Engine:
 
     # ================================================================== outbound: CORE_*
     def execute(self, commands) -> None:
-        """Execute the core's commands in order. Forward, SendOutcome and
-        SettleOutgoing (a few per message) are executed inline here; the CORE_*
-        methods of the same names run them through this loop."""
-        touched = self.touched
-        small = None  # the last payload known to be small: a message's copies share it
+        """Execute the core's commands in order, each by its ``CORE_*`` method (the
+        table ``_command_handlers``, built once)."""
+        handlers = self._command_handlers
+        self._small = None  # the last payload known to be small: a message's copies share it
         for cmd in commands:
-            cls = cmd.__class__
-            if cls is Log:
-                self.eventlog.append(cmd.kind, self.now, cmd.fields)
-            elif cls is SubOutcomes:  # "sub-outcome" lines, written as one run
-                self.eventlog.append_sub_outcomes(self.now, cmd.deliveries, cmd.subscriber, cmd.outcome,
-                                                  cmd.settled)
-            elif cls is SubOutcome:  # a "sub-outcome" line, built without a dict
-                self.eventlog.append_sub_outcome(self.now, cmd.delivery, cmd.subscriber, cmd.outcome, cmd.settled)
-            elif cls is Forward:  # CORE_forward
-                link = self._links.get(cmd.link_id)
-                if link is None:
-                    continue  # the link went away in this batch; the core hears of it next
-                payload = cmd.payload
-                if link.streams or (payload is not small and len(payload) >= STREAM_MIN):
-                    # Large: fed to proton piece by piece (streaming.py); or queued
-                    # behind one that is.
-                    streaming.send(link, cmd.tag, payload, cmd.settled)
-                    touched.add(link.conn)
-                    continue
-                small = payload
-                lp = link.ptr
-                tag = cmd.tag
-                d = _delivery_new(lp, (len(tag), _from_buffer(tag)))
-                _link_send(lp, payload, len(payload))
-                _link_advance(lp)
-                if cmd.settled:
-                    _delivery_settle(d)
-                else:
-                    link.out[tag] = d
-                touched.add(link.conn)
-            elif cls is SendOutcome:  # CORE_send_outcome
-                entry = self._handles.get(cmd.delivery)
-                if entry is None:
-                    continue  # the publisher's link is gone, or it was pre-settled
-                d, link = entry
-                code = cmd.outcome
-                if code:
-                    if code == REJECTED:
-                        if cmd.condition:
-                            cond = lib.pn_disposition_condition(lib.pn_delivery_local(d))
-                            set_condition(cond, cmd.condition, cmd.description)
-                            # An empty info map rather than none: some clients (Azure's
-                            # pyamqp) index the error's third field unconditionally.
-                            lib.pn_data_put_map(lib.pn_condition_info(cond))
-                    elif code == MODIFIED:
-                        local = lib.pn_delivery_local(d)
-                        lib.pn_disposition_set_failed(local, cmd.delivery_failed)
-                        lib.pn_disposition_set_undeliverable(local, cmd.undeliverable_here)
-                    _delivery_update(d, code)
-                if cmd.settle:
-                    self._forget_incoming(cmd.delivery)
-                    if link.rx_d is not None and d == link.rx_d:
-                        link.rx_d = None  # still arriving: proton drops the rest once we settle
-                        link.rx_buf = None
-                    _delivery_settle(d)
-                touched.add(link.conn)
-            elif cls is SettleOutgoing:  # CORE_settle_outgoing
-                link = self._links.get(cmd.link_id)
-                if link is None:
-                    continue
-                d = link.out.pop(cmd.tag, None) if not link.streams else streaming.settle(link, cmd.tag)
-                if d is None:
-                    continue
-                last = self._seen.pop(d, None) if self._seen else None
-                if last is not None and last[0] in _TERMINAL:
-                    # A rcv-settle-mode=second subscriber waits for our settlement:
-                    # it carries the outcome it gave, as the final state (a peer such
-                    # as Azure's client reads the state from this disposition).
-                    _delivery_update(d, last[0])
-                _delivery_settle(d)
-                touched.add(link.conn)
-            elif cls is SendData:
-                self.peers.CORE_send_data(cmd)
-            elif cls is SendControl:
-                self.peers.CORE_send_control(cmd)
-            elif cls is GrantCredit:
-                link = self._links.get(cmd.link_id)
-                if link is not None:
-                    _link_flow(link.ptr, cmd.credit)
-                    self.touched.add(link.conn)
-            elif cls is OpenLink:
-                self.CORE_open_link(cmd)
-            elif cls is DetachLink:
-                self.CORE_detach_link(cmd)
-            elif cls is Drained:
-                link = self._links.get(cmd.link_id)
-                if link is not None:
-                    lib.pn_link_drained(link.ptr)
-                    self.touched.add(link.conn)
-            elif cls is ShutdownComplete:
-                self.shutdown_complete = True
-            else:
-                raise TypeError(f"unknown core command {cmd!r}")
+            try:
+                handler = handlers[cmd.__class__]
+            except KeyError:
+                raise TypeError(f"unknown core command {cmd!r}") from None
+            handler(cmd)
+
+    def _command_table(self) -> dict:
+        return {
+            Log: self.CORE_log, SubOutcomes: self.CORE_sub_outcomes, SubOutcome: self.CORE_sub_outcome,
+            Forward: self.CORE_forward, SendOutcome: self.CORE_send_outcome,
+            SettleOutgoing: self.CORE_settle_outgoing, SendData: self.peers.CORE_send_data,
+            SendControl: self.peers.CORE_send_control, GrantCredit: self.CORE_grant_credit,
+            OpenLink: self.CORE_open_link, DetachLink: self.CORE_detach_link, Drained: self.CORE_drained,
+            ShutdownComplete: self.CORE_shutdown_complete,
+        }
+
+    def CORE_log(self, cmd: Log) -> None:
+        self.eventlog.append(cmd.kind, self.now, cmd.fields)
+
+    def CORE_sub_outcomes(self, cmd: SubOutcomes) -> None:
+        """"sub-outcome" lines, written as one run."""
+        self.eventlog.append_sub_outcomes(self.now, cmd.deliveries, cmd.subscriber, cmd.outcome, cmd.settled)
+
+    def CORE_sub_outcome(self, cmd: SubOutcome) -> None:
+        """A "sub-outcome" line, built without a dict."""
+        self.eventlog.append_sub_outcome(self.now, cmd.delivery, cmd.subscriber, cmd.outcome, cmd.settled)
 
     def CORE_forward(self, cmd: Forward) -> None:
-        self.execute((cmd,))
+        link = self._links.get(cmd.link_id)
+        if link is None:
+            return  # the link went away in this batch; the core hears of it next
+        payload = cmd.payload
+        if link.streams or (payload is not self._small and len(payload) >= STREAM_MIN):
+            # Large: fed to proton piece by piece (streaming.py); or queued behind one that is.
+            streaming.send(link, cmd.tag, payload, cmd.settled)
+            self.touched.add(link.conn)
+            return
+        self._small = payload
+        lp = link.ptr
+        tag = cmd.tag
+        d = _delivery_new(lp, (len(tag), _from_buffer(tag)))
+        _link_send(lp, payload, len(payload))
+        _link_advance(lp)
+        if cmd.settled:
+            _delivery_settle(d)
+        else:
+            link.out[tag] = d
+        self.touched.add(link.conn)
 
     def CORE_send_outcome(self, cmd: SendOutcome) -> None:
-        self.execute((cmd,))
+        entry = self._handles.get(cmd.delivery)
+        if entry is None:
+            return  # the publisher's link is gone, or it was pre-settled
+        d, link = entry
+        code = cmd.outcome
+        if code:
+            if code == REJECTED:
+                if cmd.condition:
+                    cond = lib.pn_disposition_condition(lib.pn_delivery_local(d))
+                    set_condition(cond, cmd.condition, cmd.description)
+                    # An empty info map rather than none: some clients (Azure's pyamqp)
+                    # index the error's third field unconditionally.
+                    lib.pn_data_put_map(lib.pn_condition_info(cond))
+            elif code == MODIFIED:
+                local = lib.pn_delivery_local(d)
+                lib.pn_disposition_set_failed(local, cmd.delivery_failed)
+                lib.pn_disposition_set_undeliverable(local, cmd.undeliverable_here)
+            _delivery_update(d, code)
+        if cmd.settle:
+            self._forget_incoming(cmd.delivery)
+            if link.rx_d is not None and d == link.rx_d:
+                link.rx_d = None  # still arriving: proton drops the rest once we settle
+                link.rx_buf = None
+            _delivery_settle(d)
+        self.touched.add(link.conn)
 
     def CORE_settle_outgoing(self, cmd: SettleOutgoing) -> None:
-        self.execute((cmd,))
+        link = self._links.get(cmd.link_id)
+        if link is None:
+            return
+        d = link.out.pop(cmd.tag, None) if not link.streams else streaming.settle(link, cmd.tag)
+        if d is None:
+            return
+        last = self._seen.pop(d, None) if self._seen else None
+        if last is not None and last[0] in _TERMINAL:
+            # A rcv-settle-mode=second subscriber waits for our settlement: it carries
+            # the outcome it gave, as the final state (a peer such as Azure's client
+            # reads the state from this disposition).
+            _delivery_update(d, last[0])
+        _delivery_settle(d)
+        self.touched.add(link.conn)
+
+    def CORE_grant_credit(self, cmd: GrantCredit) -> None:
+        link = self._links.get(cmd.link_id)
+        if link is not None:
+            _link_flow(link.ptr, cmd.credit)
+            self.touched.add(link.conn)
+
+    def CORE_drained(self, cmd: Drained) -> None:
+        link = self._links.get(cmd.link_id)
+        if link is not None:
+            lib.pn_link_drained(link.ptr)
+            self.touched.add(link.conn)
+
+    def CORE_shutdown_complete(self, cmd: ShutdownComplete) -> None:
+        self.shutdown_complete = True
 
     def CORE_open_link(self, cmd: OpenLink) -> None:
         link = self._links.get(cmd.link_id)
