@@ -50,11 +50,12 @@ def _conf(pairs: list[str]) -> dict[str, str]:
 
 
 def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: str | Path | None = None,
-                  fmt: str = "auto", first: int = 20, partitions: int | None = None, html: bool = True,
+                  fmt: str = "auto", first: int | None = 20, partitions: int | None = None, html: bool = True,
                   summary: bool = True) -> dict:
     """Run every proof; return the report (a dict, also written to ``out``).
     ``summary`` False skips the figures of the report (tests that only need the
-    verdict); ``first`` None keeps every violation."""
+    verdict); ``first`` None keeps every violation. Raises load.InputError when the
+    inputs hold no event at all."""
     from pyspark import StorageLevel
 
     from spark import load, reconcile, report
@@ -67,30 +68,48 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         phases[name] = round(now - since[0], 2)
         since[0] = now
 
-    loaded = load.load_events(spark, inputs, fmt)
-    estimate = estimate_events(spark, loaded.sources)
+    sources = load.resolve(inputs, fmt)
+    estimate = load.estimate_events(sources)
     if not partitions:
         default = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        partitions = max(default, -(-(estimate or 0) // EVENTS_PER_PARTITION))
-    # Large inputs are cached on local disk, not in the JVM heap: a 2 GiB local
+        partitions = max(2 if (estimate or 0) < load.SMALL_INPUT_EVENTS else default,
+                         -(-(estimate or 0) // EVENTS_PER_PARTITION))
+    # Large inputs are cached on local disk, not in the JVM heap: a small local
     # driver then holds any size (the OS page cache keeps the re-reads cheap).
-    storage = StorageLevel.DISK_ONLY if (estimate or 0) > MEMORY_CACHE_EVENTS else StorageLevel.MEMORY_AND_DISK
-    t = reconcile.prepare(loaded.events, partitions=partitions, storage=storage)
+    big = estimate is None or estimate > MEMORY_CACHE_EVENTS
+    storage = StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK
+    lines = load.load_lines(spark, sources)
+    # JSON is parsed once: its lines are cached (columnar) and read three times; a
+    # Parquet source is columnar already and is read again instead.
+    cache_lines = any(s.fmt == "json" for s in sources)
     ledgers = None
-    if clients:  # read by six checks: parsed once
-        ledgers = load.load_ledgers(spark, clients).persist(storage)
+    t = reconcile.prepare(lines, partitions=partitions, storage=storage, cache_lines=cache_lines)
     phases["partitions"] = partitions
-    phases["cache"] = "disk" if storage == StorageLevel.DISK_ONLY else "memory"
+    phases["cache"] = "disk" if big else "memory"
     try:
-        t.keyed.count()  # read the input once, partition it by delivery, cache
-        t.per_delivery.count()  # every delivery's life in one row, cached
-        lap("read, partition by delivery, cache")
-        violations = reconcile.all_violations(t, ledgers).persist(StorageLevel.MEMORY_AND_DISK)
+        if not t.epochs:
+            bad = t.input["bad_count"]
+            raise load.InputError(
+                f"no events in {', '.join(str(s) for s in sources)}: "
+                + (f"{bad:,} line(s), none of them an event (first: {_first_bad(t.input)})" if bad
+                   else "the log files are empty"))
+        lap("read, check lines and seq")
+        located = reconcile.locate_bad_lines(spark, t.lines, t.input["bad"]) if t.input["bad"] else []
+        input_v, torn = reconcile.input_violations(spark, t, located)
+        app = None
+        if clients:  # parsed once (only the fields the checks read), then read by the ledger checks
+            ledgers = load.load_ledgers(spark, clients).persist(storage)
+            app = reconcile.app_outcomes(t, ledgers).persist(StorageLevel.MEMORY_AND_DISK)
+        violations = input_v.unionByName(reconcile.all_violations(t, ledgers, app)) \
+            .persist(StorageLevel.MEMORY_AND_DISK)
         counts, firsts = report.collect_violations(violations, first)
         violations.unpersist()
+        if app is not None and firsts:
+            report.add_message_ids(firsts, app, ledgers)
+        for v in firsts:
+            v["detail"] = reconcile.describe(v)
         lap("proofs")
         summary = report.summarize(t) if summary else None
-        torn = loaded.corrupt.count() if loaded.corrupt is not None else 0
         lap("summary")
     finally:
         t.unpersist()
@@ -98,9 +117,10 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
             ledgers.unpersist()
     result = {
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "inputs": [str(s) for s in loaded.sources] + ([f"ledgers:{clients}"] if clients else []),
+        "inputs": [str(s) for s in sources] + ([f"ledgers:{clients}"] if clients else []),
         "first": first,
-        "torn_lines": torn,
+        "torn_lines": len(torn),
+        "torn": torn,
         "counts": counts,
         "verdict": report.verdict(counts, ledgers is not None),
         "violations": firsts,
@@ -121,31 +141,16 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
     return result
 
 
-#: About this many events per partition of delivery ids (each partition is cached
-#: as one block: small enough for a 2 GiB local driver, large enough to keep
-#: per-task overhead down).
-EVENTS_PER_PARTITION = 200_000
-JSON_BYTES_PER_EVENT = 250
-#: Above this many events the big cached tables go to local disk (DISK_ONLY).
+def _first_bad(facts: dict) -> str:
+    b = facts["bad"][0]
+    return f"{b['_file']}: {b['_problem']}"
+
+
+#: About this many events per partition of delivery ids (sorted in memory by one
+#: task; a 1200 MB local driver runs two such tasks at once).
+EVENTS_PER_PARTITION = 500_000
+#: Above this many events the cached tables go to local disk (DISK_ONLY).
 MEMORY_CACHE_EVENTS = 2_000_000
-
-
-def estimate_events(spark, sources) -> int | None:
-    """About how many events the inputs hold: from the size of local JSON logs, from
-    the row counts in Parquet footers (cheap); None for remote inputs. Folded lines
-    ("completed", "sub-outcomes") are counted as lines: an underestimate where the
-    routers folded much, which only sizes the partitions and the cache."""
-    import os
-
-    events = 0
-    for source in sources:
-        if source.remote:
-            return None
-        if source.fmt == "json":
-            events += sum(os.path.getsize(p) for p in source.paths) // JSON_BYTES_PER_EVENT
-        else:
-            events += spark.read.parquet(*source.paths).count()
-    return events
 
 
 def reconcile_main(argv: list[str] | None = None, default_master: str | None = "local[*]",
@@ -162,13 +167,13 @@ def reconcile_main(argv: list[str] | None = None, default_master: str | None = "
         return EXIT_USAGE
     from spark import load, report
     try:
-        load.resolve(args.logdirs, args.format)  # fail fast, before starting Spark
+        sources = load.resolve(args.logdirs, args.format)  # fail fast, before starting Spark
         if args.clients:
             load.resolve_ledgers(args.clients)
     except load.InputError as exc:
         print(f"eorouter reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    spark = load.get_session(args.master, conf=conf)
+    spark = load.get_session(args.master, conf=conf, events=load.estimate_events(sources))
     try:
         result = run_reconcile(spark, args.logdirs, clients=args.clients, out=args.out, fmt=args.format,
                                first=args.first, partitions=args.partitions, html=not args.no_html)
@@ -209,6 +214,8 @@ def compact_main(argv: list[str] | None = None, args: argparse.Namespace | None 
     print(f"eorouter logs compact: {info['lines']:,} lines from {info['inputs']} input(s) -> {args.out} "
           f"({info['files']} Parquet file(s), {info['bytes'] / 1e6:.1f} MB; JSON was {info['json_bytes'] / 1e6:.1f} "
           f"MB) in {info['seconds']:.1f} s")
-    if info["torn_lines"]:
-        print(f"  {info['torn_lines']} unparsable line(s) left out (torn writes)")
+    for torn in info["torn"]:
+        print(f"  torn last line {torn['file']}:{torn['line']} left out (a crash cut the router's last write)")
+    if info["malformed_lines"]:
+        print(f"  {info['malformed_lines']} malformed line(s) kept for the reconciliation to report")
     return 0
