@@ -74,47 +74,51 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         default = int(spark.conf.get("spark.sql.shuffle.partitions"))
         partitions = max(2 if (estimate or 0) < load.SMALL_INPUT_EVENTS else default,
                          -(-(estimate or 0) // EVENTS_PER_PARTITION))
-    # Large inputs are cached on local disk, not in the JVM heap: a small local
-    # driver then holds any size (the OS page cache keeps the re-reads cheap).
+    # The per-delivery facts (one row per delivery) are cached; on local disk for a
+    # large input, so that a small driver holds any size.
     big = estimate is None or estimate > MEMORY_CACHE_EVENTS
     storage = StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK
-    lines = load.load_lines(spark, sources)
-    # JSON is parsed once: its lines are cached (columnar) and read three times; a
-    # Parquet source is columnar already and is read again instead.
-    cache_lines = any(s.fmt == "json" for s in sources)
-    ledgers = None
-    t = reconcile.prepare(lines, partitions=partitions, storage=storage, cache_lines=cache_lines)
+    ledgers = app = None
+    if clients:  # read once (only the fields the checks read): by the per-delivery pass and the ledger checks
+        ledgers = load.load_ledgers(spark, clients).persist(storage)
+    t = reconcile.prepare(spark, sources, partitions=partitions, storage=storage, ledgers=ledgers)
     phases["partitions"] = partitions
-    phases["cache"] = "disk" if big else "memory"
     try:
         if not t.epochs:
             bad = t.input["bad_count"]
+            listed, _ = reconcile.find_bad_lines(spark, sources, first=1) if bad else ([], 0)
+            where = f"{listed[0]['file']}:{listed[0]['line']}: {listed[0]['problem']}" if listed else ""
             raise load.InputError(
                 f"no events in {', '.join(str(s) for s in sources)}: "
-                + (f"{bad:,} line(s), none of them an event (first: {_first_bad(t.input)})" if bad
+                + (f"{t.input['lines']:,} line(s), none of them an event (the first: {where})" if bad
                    else "the log files are empty"))
-        lap("read, check lines and seq")
-        located = reconcile.locate_bad_lines(spark, t.lines, t.input["bad"]) if t.input["bad"] else []
-        input_v, torn = reconcile.input_violations(spark, t, located)
-        app = None
-        if clients:  # parsed once (only the fields the checks read), then read by the ledger checks
-            ledgers = load.load_ledgers(spark, clients).persist(storage)
-            app = reconcile.app_outcomes(t, ledgers).persist(StorageLevel.MEMORY_AND_DISK)
-        violations = input_v.unionByName(reconcile.all_violations(t, ledgers, app)) \
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        counts, firsts = report.collect_violations(violations, first)
-        violations.unpersist()
+        lap("read the input, check lines and seq")
+        deliveries = t.facts.count()  # the per-delivery pass: read, shuffle by delivery, every invariant
+        lap("per delivery")
+        bad_total = max(t.input["bad_count"], t.bad_in_deliveries.get.get("bad") or 0)
+        located, bad_total = reconcile.find_bad_lines(spark, sources) if bad_total else ([], 0)
+        input_rows, torn = reconcile.input_violations(t, located, bad_total)
+        app = reconcile.app_outcomes(t, ledgers).persist(storage) if ledgers is not None else None
+        found = reconcile.all_violations(t, ledgers, app).persist(StorageLevel.MEMORY_AND_DISK)
+        counts, firsts = report.collect_violations(found, input_rows, first, t.names)
+        found.unpersist()
+        if firsts:
+            unknown = {v["subscriber"] for v in firsts if v.get("subscriber") is not None} - set(t.names.subscribers)
+            if unknown:  # a subscriber no router saw attach: read its name (cold path)
+                t.names.subscribers.update(reconcile.subscriber_names(spark, sources, unknown))
+            firsts = reconcile.decode_all(firsts, t.names)
         if app is not None and firsts:
             report.add_message_ids(firsts, app, ledgers)
         for v in firsts:
             v["detail"] = reconcile.describe(v)
         lap("proofs")
-        summary = report.summarize(t) if summary else None
+        summary = report.summarize(t, deliveries) if summary else None
         lap("summary")
     finally:
         t.unpersist()
-        if ledgers is not None:
-            ledgers.unpersist()
+        for frame in (ledgers, app):
+            if frame is not None:
+                frame.unpersist()
     result = {
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "inputs": [str(s) for s in sources] + ([f"ledgers:{clients}"] if clients else []),
@@ -141,11 +145,6 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
     return result
 
 
-def _first_bad(facts: dict) -> str:
-    b = facts["bad"][0]
-    return f"{b['_file']}: {b['_problem']}"
-
-
 #: About this many events per partition of delivery ids (sorted in memory by one
 #: task; a 1200 MB local driver runs two such tasks at once).
 EVENTS_PER_PARTITION = 500_000
@@ -165,7 +164,7 @@ def reconcile_main(argv: list[str] | None = None, default_master: str | None = "
     except ValueError as exc:
         print(f"eorouter reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from spark import load, report
+    from spark import load, reconcile, report
     try:
         sources = load.resolve(args.logdirs, args.format)  # fail fast, before starting Spark
         if args.clients:
@@ -179,6 +178,9 @@ def reconcile_main(argv: list[str] | None = None, default_master: str | None = "
                                first=args.first, partitions=args.partitions, html=not args.no_html)
     except load.InputError as exc:
         print(f"eorouter reconcile: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except reconcile.HashCollision as exc:
+        print(f"eorouter reconcile: cannot prove: these names have one 64-bit hash: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(report.render_terminal(result), flush=True)
     return EXIT_CLEAN if result["verdict"]["proven_clean"] else EXIT_VIOLATIONS

@@ -38,38 +38,29 @@ def _size(paths: list[str]) -> int:
 
 
 def compact(spark, inputs: list[str], out: str, files: int = 0) -> dict:
-    from pyspark import StorageLevel
-
     from spark import reconcile
 
     started = time.monotonic()
     sources = resolve(inputs, "json")
     json_bytes = sum(_size(s.paths) for s in sources if not s.remote)
-    lines = reconcile.validate(load_lines(spark, sources)).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        counts = lines.agg(F.count(F.lit(1)).alias("n"),
-                           F.sum(F.col(reconcile.PROBLEM).isNotNull().cast("long")).alias("bad")).collect()[0]
-        bad = [r.asDict() for r in lines.where(F.col(reconcile.PROBLEM).isNotNull()).select(
-            "router", "epoch", "seq", "event", "ts", FILE, reconcile.PROBLEM, CORRUPT).limit(1000).collect()] \
-            if counts["bad"] else []
-        torn = [b for b in reconcile.locate_bad_lines(spark, lines, bad) if b["torn"]] if bad else []
-        keep = lines
-        for b in torn:
-            keep = keep.where(~((F.col(FILE) == b[FILE]) & (F.col(CORRUPT) == b[CORRUPT])))
-        if files <= 0:
-            files = max(1, math.ceil(counts["n"] / LINES_PER_FILE))
-        keep.drop(reconcile.PROBLEM).repartitionByRange(files, "router", "epoch", "seq") \
-            .sortWithinPartitions("router", "epoch", "seq") \
-            .write.mode("overwrite").option("compression", "zstd").parquet(out)
-    finally:
-        lines.unpersist()
+    lines = load_lines(spark, sources, files=True)
+    counts = lines.agg(F.count(F.lit(1)).alias("n"), F.sum(reconcile.bad(lines).cast("long")).alias("bad")).collect()[0]
+    bad, total_bad = reconcile.find_bad_lines(spark, sources) if counts["bad"] else ([], 0)
+    torn = [b for b in bad if b["torn"]]
+    keep = lines
+    for b in torn:
+        keep = keep.where(~((F.col(FILE) == b["file"]) & (F.col(CORRUPT) == b["text"])))
+    if files <= 0:
+        files = max(1, math.ceil(counts["n"] / LINES_PER_FILE))
+    keep.repartitionByRange(files, "router", "epoch", "seq").sortWithinPartitions("router", "epoch", "seq") \
+        .write.mode("overwrite").option("compression", "zstd").parquet(out)
     written = spark.read.parquet(out).count()
     out_path = Path(out)
     parquet = sorted(out_path.rglob("*.parquet")) if out_path.exists() else []
     info = {"lines": written, "inputs": len(sources), "files": len(parquet),
             "bytes": sum(p.stat().st_size for p in parquet), "json_bytes": json_bytes,
-            "torn_lines": len(torn), "torn": [{"file": b[FILE], "line": b["line"]} for b in torn],
-            "malformed_lines": counts["bad"] - len(torn), "seconds": time.monotonic() - started,
+            "torn_lines": len(torn), "torn": [{"file": b["file"], "line": b["line"]} for b in torn],
+            "malformed_lines": total_bad - len(torn), "seconds": time.monotonic() - started,
             "sources": [str(s) for s in sources]}
     if out_path.exists():
         (out_path / "_eorouter_compact.json").write_text(json.dumps(info, indent=2) + "\n")

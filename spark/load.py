@@ -276,33 +276,38 @@ def _fields(schema) -> list[str]:
     return [name for name in LINE_FIELDS if name in schema.fieldNames()]
 
 
-def line_schema():
-    """The explicit schema a line is read with: ``LINE_FIELDS`` with the writer's
-    types (router.eventlog), and ``CORRUPT``."""
+def line_schema(fields=None):
+    """The explicit schema a line is read with: ``fields`` (default ``LINE_FIELDS``)
+    with the writer's types (router.eventlog), and ``CORRUPT``."""
     from pyspark.sql import types as T
     full = event_schema()
-    return T.StructType([full[name] for name in _fields(full)] + [T.StructField(CORRUPT, T.StringType(), True)])
+    wanted = [name for name in (fields or LINE_FIELDS) if name in full.fieldNames()]
+    return T.StructType([full[name] for name in wanted] + [T.StructField(CORRUPT, T.StringType(), True)])
 
 
-def load_lines(spark: SparkSession, sources: list[Source]) -> DataFrame:
-    """Every line of ``sources`` as one DataFrame: ``LINE_FIELDS`` with the writer's
-    types, ``FILE`` and ``CORRUPT``. Nothing is dropped here."""
+def load_lines(spark: SparkSession, sources: list[Source], fields=None, files: bool = False) -> DataFrame:
+    """Every line of ``sources`` as one DataFrame: ``fields`` (default ``LINE_FIELDS``)
+    with the writer's types, and ``CORRUPT``; with ``files``, also ``FILE`` (a string
+    per line: it costs as much as converting a few fields, so only the cold paths
+    ask for it). Nothing is dropped here. Only the fields asked for are converted."""
     full = event_schema()
-    wanted = _fields(full)
-    json_schema = line_schema()
+    schema = line_schema(fields)
+    wanted = [f.name for f in schema.fields if f.name != CORRUPT]
     frames: list[DataFrame] = []
     for source in sources:
         if source.fmt == "json":
-            raw = _json_reader(spark, source, json_schema).json(source.paths)
-            frames.append(raw.select(*wanted, F.col(CORRUPT), F.col("_metadata.file_path").alias(FILE)))
+            raw = _json_reader(spark, source, schema).json(source.paths)
+            cols = [*wanted, CORRUPT] + ([F.col("_metadata.file_path").alias(FILE)] if files else [])
+            frames.append(raw.select(*cols))
         else:
             data = spark.read.parquet(*source.paths)
             have = set(data.columns)
             cols = [F.col(n) if n in have else F.lit(None).cast(full[n].dataType).alias(n) for n in wanted]
-            # A dataset written by 'eorouter logs compact' keeps each line's source file
-            # and the text of lines that were not read whole; an older one has neither.
+            # A dataset written by 'eorouter logs compact' keeps the text of lines that
+            # were not read whole, and each line's source file; an older one has neither.
             cols.append(F.col(CORRUPT) if CORRUPT in have else F.lit(None).cast("string").alias(CORRUPT))
-            cols.append(F.col(FILE) if FILE in have else F.col("_metadata.file_path").alias(FILE))
+            if files:
+                cols.append(F.col(FILE) if FILE in have else F.col("_metadata.file_path").alias(FILE))
             frames.append(data.select(*cols))
     lines = frames[0]
     for frame in frames[1:]:
@@ -311,9 +316,9 @@ def load_lines(spark: SparkSession, sources: list[Source]) -> DataFrame:
 
 
 def load_events(spark: SparkSession, inputs: list[str], fmt: str = "auto") -> Loaded:
-    """``resolve`` then ``load_lines``."""
+    """``resolve`` then ``load_lines`` (every field the proof reads, and each line's file)."""
     sources = resolve(inputs, fmt)
-    return Loaded(load_lines(spark, sources), sources)
+    return Loaded(load_lines(spark, sources, files=True), sources)
 
 
 def resolve_ledgers(directory: str) -> list[str]:
@@ -351,7 +356,10 @@ def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
     # A large ledger is read in several splits, which Spark may schedule in any
     # order: a line's place is its split's offset in the file, then its position
     # in the split (monotonically_increasing_id grows along a partition's rows).
-    return frame.select(*LEDGER_READ, F.col("_metadata.file_path").alias("file"),
-                        F.struct(F.col("_metadata.file_block_start").alias("split"),
-                                 F.monotonically_increasing_id().alias("row")).alias("line")) \
+    # The file is told apart by its size and modification time (fixed-width: a
+    # path per line would cost as much as converting a few fields).
+    meta = F.col("_metadata")
+    return frame.select(*LEDGER_READ, F.xxhash64(meta["file_size"], meta["file_modification_time"]).alias("fid"),
+                        meta["file_block_start"].alias("split"),
+                        (F.monotonically_increasing_id() % F.lit(1 << 33)).alias("row")) \
         .where(F.col("event").isNotNull())

@@ -1,32 +1,31 @@
 """The reconciliation: every invariant of docs/reconcile.md, as DataFrame transformations.
 
-How it runs (docs/reconcile.md, "How it runs"):
+How it runs (docs/reconcile.md, "How it runs"): two reads of the input, each
+converting only the fields it needs (spark/load.py), no cached copy of the lines.
 
-1. **Lines.** Every line of every input, as read (spark/load.py: explicit schema, each
-   line's file, the text of a line Spark could not read whole), with what is wrong
-   with it, if anything (``validate``). A JSON input is parsed once and cached
-   (columnar); a Parquet input is read again instead.
-2. **Per router** (``input_facts``): one hash aggregation of ``(router, epoch, seq)``
+1. **Per router** (``input_facts``): one hash aggregation of ``(router, epoch, seq)``
    into 64-bit words of bits (``bit_or``): its partial step leaves one row per 64
    lines to shuffle, and it finds every missing and every repeated ``seq`` exactly.
-   The lines that name no delivery (links, routes, peers: few) are collected; the
-   small per-router tables the proofs need are made from them on the driver
-   (``small_tables``) and handed to the per-delivery pass as constants.
-3. **Per delivery** (``delivery_facts``): the events that name a delivery, one
-   shuffle by delivery id (its 64-bit hash), sorted, grouped into one row per
-   delivery (``ev``: its events on every router and epoch, in (router, epoch, seq)
-   order), and one projection with Spark's built-in higher-order functions (compiled
-   by Spark: no Python runs on a row) that decides every per-delivery invariant,
-   excuses included, and yields its violations (``v``: usually empty) and the few
-   facts the other checks and the summary read. Cached: one row per delivery.
-4. **Across deliveries**, from those facts: one publisher delivery under two ids,
+   The same read counts the malformed lines and collects, as side results of that
+   one job (``observe``), every router the events name and the few lines that name
+   no delivery (links, routes, peers). The small per-router tables the proofs need
+   are made from those on the driver (``small_tables``).
+2. **Per delivery** (``delivery_facts``): the events that name a delivery, routers
+   and subscribers as 64-bit hashes, one shuffle by delivery id (its hash), sorted,
+   grouped into one row per delivery (``ev``: its events on every router and epoch,
+   in (router, epoch, seq) order), and one projection written in Spark SQL with
+   built-in higher-order functions (compiled by Spark: no Python runs on a row)
+   that decides every per-delivery invariant, excuses included (the small tables
+   are constants of it), and yields its violations (``v``: usually empty) and the
+   few facts the other checks and the summary read. Cached: one row per delivery.
+3. **Across deliveries**, from those facts: one publisher delivery under two ids,
    publisher order per subscriber, the applications' ledgers.
+4. **On the driver**, for the violations the report lists only: names for the
+   hashes, the item each check counts, and a sentence (``describe``).
 
-A violation is a row of ``VIOLATION_COLUMNS``: where (delivery, router, epoch,
-seq, subscriber, publisher and tag, file and line) and ``info`` (JSON: the
-check's own facts). ``describe()`` writes its sentence, on the driver, only for
-the violations the report lists. Run it with ``eorouter reconcile LOGDIR...``
-or ``spark-submit spark/reconcile.py LOGDIR...``.
+Malformed lines are counted by both reads; only when there is one is the input
+read a third time, as text, to name each bad line's file and line (``find_bad_lines``).
+Run it with ``eorouter reconcile LOGDIR...`` or ``spark-submit spark/reconcile.py LOGDIR...``.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit spark/r
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -80,11 +79,24 @@ CHECKS = (
 )
 CHECK_NAMES = tuple(name for name, _, _ in CHECKS)
 
-#: Columns every check's output has. ``item`` is what the check counts (distinct);
-#: ``info`` is JSON with the check's own facts (describe() turns it into a sentence).
-VIOLATION_COLUMNS = ("check", "item", "delivery", "router", "epoch", "seq", "subscriber", "publisher", "pub_tag",
-                     "file", "line", "ts", "info")
-_VIOLATION_TYPES = {"epoch": "long", "seq": "long", "line": "long", "ts": "double"}
+#: A violation found in Spark (routers and subscribers as hashes: ``names`` decodes
+#: them). ``kind`` tells a check's variants apart; (kind, delivery, router, epoch,
+#: subscriber, other) is what the check counts (the fields it does not count are
+#: null); ``info`` is JSON with the check's own facts (describe() makes a sentence).
+VIOLATION_SCHEMA = T.StructType([
+    T.StructField("check", T.StringType()), T.StructField("kind", T.StringType()),
+    T.StructField("delivery", T.StringType()), T.StructField("router", T.LongType()),
+    T.StructField("epoch", T.LongType()), T.StructField("seq", T.LongType()),
+    T.StructField("subscriber", T.LongType()), T.StructField("other", T.LongType()),
+    T.StructField("publisher", T.StringType()), T.StructField("pub_tag", T.StringType()),
+    T.StructField("ts", T.DoubleType()), T.StructField("info", T.StringType())])
+#: What each check counts, of a violation's fields.
+ITEM = {"lost": ("delivery",), "invented": ("delivery",), "outcome-disagrees": ("delivery",),
+        "duplicated": ("kind", "subscriber", "delivery"), "out-of-order": ("router", "subscriber", "delivery"),
+        "record-missing": ("router", "epoch", "delivery"), "arrival-unforwarded": ("router", "delivery"),
+        "accept-unowed": ("subscriber", "delivery"), "accept-unsent": ("subscriber", "router", "delivery"),
+        "answer-missing": ("router", "other", "delivery"), "left-unsettled": ("router", "delivery"),
+        "ledger": ("kind", "subscriber", "delivery")}
 
 #: Kind codes: the per-delivery rows carry a small integer, not the kind's name.
 #: A kind the proof does not reason about (a kind added to router/eventlog.py
@@ -94,7 +106,10 @@ KIND = {"received": 1, "forwarded": 2, "sub-outcome": 3, "pub-outcome": 4, "sett
         "settlement-relayed": 11, "resend-matched": 12, "origin-taken-over": 13, "placeholder-created": 14,
         "placeholder-fulfilled": 15, "placeholder-expired": 16, "placeholder-settled": 17, "owed-moved": 18,
         "owed-state-discarded": 19, "tag-collision": 20, "dropped": 21, "order-gap": 22}
-KIND_NAME = {code: name for name, code in KIND.items()} | {0: "other"}
+#: The applications' ledgers' `delivered` lines travel with the routers' events
+#: (docs/ledger.md): a subscriber's application was handed the delivery.
+APP_DELIVERED = 30
+KIND_NAME = {code: name for name, code in KIND.items()} | {0: "other", APP_DELIVERED: "delivered (ledger)"}
 #: The kinds in the order a CASE expression tests them: the most frequent first.
 _FREQUENT = ("sub-outcome", "received", "pub-outcome", "settled", "record-deleted", "forwarded", "outcome-to-router",
              "outcome-from-router", "forwarded-to-router", "settlement-relayed", "expired")
@@ -133,6 +148,16 @@ LIFE_KINDS = ("router-started", "router-stopping", "link-attached", "link-detach
 _LIFE_COLUMNS = ("router", "epoch", "seq", "ts", "boot", "event", "link", "container", "name", "role", "address",
                  "durable", "closed", "reason", "reachable", "peer", "peer_epoch")
 
+#: The fields each read converts (spark/load.py LINE_FIELDS has them all).
+COMMON = tuple(EVENT_SCHEMA)
+ROUTER_READ = COMMON + ("delivery", "deliveries", "by", "origin_router", "to_router", "from_router", "routers", "dests",
+                        "link", "container", "name", "role", "address", "durable", "closed", "reason", "reachable",
+                        "peer", "peer_epoch")
+DELIVERY_READ = COMMON + ("delivery", "deliveries", "subscriber", "outcome", "pub_outcome", "condition", "reason",
+                          "settled", "by", "deleted", "owed", "forwarded", "routers", "origin_router", "to_router",
+                          "from_router", "dests", "subscribers", "topic", "publisher", "link_name", "pub_tag",
+                          "incarnation", "stream_seq")
+
 #: Wall-clock tolerance (seconds) when a cross-router fact can only be placed in
 #: time by ts (routers' events are ordered by (epoch, seq) only within a router).
 CLOCK_SLACK = 5.0
@@ -143,10 +168,6 @@ COMPLETED, SUB_OUTCOMES = "completed", "sub-outcomes"
 FIRST = "_first_of_line"
 #: Column added by validate(): what is wrong with a line (null: nothing).
 PROBLEM = "_problem"
-
-
-def _empty() -> Column:
-    return F.array().cast("array<string>")
 
 
 # ---------------------------------------------------------------------------
@@ -167,35 +188,27 @@ def _key(container: Column, name: Column) -> Column:
     return F.concat_ws("/", container, name)
 
 
-def violation(check: str, item: Column, *, r=None, e=None, q=None, t=None, s=None, info: dict | None = None) -> Column:
-    """One violation as a struct, inside the per-delivery projection."""
-    def col(value, type_):
-        return F.lit(None).cast(type_) if value is None else value.cast(type_)
-    return F.struct(F.lit(check).alias("check"), item.cast("string").alias("item"), col(r, "string").alias("router"),
-                    col(e, "long").alias("epoch"), col(q, "long").alias("seq"), col(t, "double").alias("ts"),
-                    col(s, "string").alias("subscriber"),
-                    (F.to_json(F.struct(*[v.alias(k) for k, v in info.items()])) if info else
-                     F.lit(None).cast("string")).alias("info"))
+def _hash(column: Column) -> Column:
+    """A name (router, subscriber key) as the 64-bit hash the per-delivery rows
+    carry; null stays null (xxhash64 of null is its seed)."""
+    return F.when(column.isNotNull(), F.xxhash64(column))
 
 
-def violations(df: DataFrame, check: str, item: Column, info: dict | None = None, **cols) -> DataFrame:
-    """``df`` as violations of ``check``: one row per row of ``df``."""
-    def col(name):
+def _hashes(column: Column) -> Column:
+    return F.transform(column, lambda x: _hash(x))
+
+
+def violations(df: DataFrame, check: str, info: dict | None = None, **cols) -> DataFrame:
+    """``df`` as violations of ``check`` (VIOLATION_SCHEMA): one row per row of ``df``."""
+    def col(name, type_):
         value = cols.get(name)
-        type_ = _VIOLATION_TYPES.get(name, "string")
         if value is None:
             return F.lit(None).cast(type_).alias(name)
         return (F.col(value) if isinstance(value, str) else value).cast(type_).alias(name)
     info_col = F.to_json(F.struct(*[(F.col(v) if isinstance(v, str) else v).alias(k) for k, v in info.items()])) \
         if info else F.lit(None).cast("string")
-    return df.select(F.lit(check).alias("check"), item.cast("string").alias("item"),
-                     *[col(n) for n in VIOLATION_COLUMNS[2:12]], info_col.alias("info"))
-
-
-def violation_schema() -> T.StructType:
-    return T.StructType([T.StructField(n, T.DoubleType() if n == "ts" else T.LongType()
-                                       if n in ("epoch", "seq", "line") else T.StringType())
-                         for n in VIOLATION_COLUMNS])
+    return df.select(F.lit(check).alias("check"),
+                     *[col(f.name, f.dataType) for f in VIOLATION_SCHEMA.fields[1:-1]], info_col.alias("info"))
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:
@@ -207,28 +220,33 @@ def union_all(frames: list[DataFrame]) -> DataFrame:
     return frames[0]
 
 
-def _json_literal(value, type_: str) -> Column:
-    """A constant of Spark type ``type_`` (folded by the optimizer: from_json of a
-    literal is computed once, when the query is planned)."""
-    return F.from_json(F.lit(json.dumps(value)), type_)
-
-
 # ---------------------------------------------------------------------------
-# 1. Lines: what is wrong with each
+# 1. Lines: which are malformed, and why
 # ---------------------------------------------------------------------------
 
 _KNOWN_KINDS = tuple(EVENTS)
 _TYPED = tuple((name, type_) for kind in EVENTS.values() for name, type_ in kind.items())
 
 
+def bad(lines: DataFrame) -> Column:
+    """True for a line that is not a well-formed event: Spark could not read it whole
+    (not JSON, not an object, a field of the wrong type), a common field is missing,
+    its kind is unknown, its seq or epoch is below 1, or a kind about one delivery
+    names none. (The cheap test of every line; ``validate`` says why, for the few.)"""
+    missing = F.lit(False)
+    for name in COMMON:
+        missing = missing | F.col(name).isNull()
+    return (F.col(CORRUPT).isNotNull() | missing | ~F.col("event").isin(*_KNOWN_KINDS)
+            | (F.col("seq") < 1) | (F.col("epoch") < 1)
+            | (F.col("event").isin(*NAMES_DELIVERY) & F.col("delivery").isNull()
+               & ~((F.col("event") == SUB_OUTCOMES) & F.col("deliveries").isNotNull()))
+            | ((F.col("event") == SUB_OUTCOMES) & (F.coalesce(F.size("deliveries"), F.lit(0)) < 1)))
+
+
 def validate(lines: DataFrame) -> DataFrame:
-    """Adds ``PROBLEM``: why a line is not a well-formed event, or null. A line is
-    malformed when Spark could not read it whole (not JSON, not an object, or a
-    field of the wrong type: Spark then keeps the other fields and the text),
-    when a common field is missing, when its kind is unknown, when its seq or epoch
-    is below 1, or when a kind about one delivery names none."""
+    """Adds ``PROBLEM``: why a line is not a well-formed event (``bad``), or null."""
     raw = F.col(CORRUPT)
-    common = [name for name in EVENT_SCHEMA if name in lines.columns]
+    common = [name for name in COMMON if name in lines.columns]
     any_missing = F.lit(False)
     for name in common:
         any_missing = any_missing | F.col(name).isNull()
@@ -312,17 +330,37 @@ def unfold(lines: DataFrame) -> DataFrame:
 # The tables the proofs share
 # ---------------------------------------------------------------------------
 
+class HashCollision(Exception):
+    """Two router or subscriber names have one 64-bit hash (never seen; about one
+    chance in 10^12 for a million names): the per-delivery rows could not tell them
+    apart, so the proof refuses to run rather than mix them up."""
+
+
+@dataclass
+class Names:
+    """Routers and subscribers by the hash the per-delivery rows carry."""
+    routers: dict = field(default_factory=dict)  # hash -> name
+    subscribers: dict = field(default_factory=dict)
+
+    def router(self, h) -> str | None:
+        return None if h is None else self.routers.get(h, f"<router {h}>")
+
+    def subscriber(self, h) -> str | None:
+        return None if h is None else self.subscribers.get(h, f"<subscriber {h}>")
+
+
 @dataclass
 class Tables:
-    """What the proofs read. ``lines``: every line, validated. ``facts``: one row per
-    delivery (cached). ``input``: what input_facts() collected. ``small``: the small
-    per-router tables (Python values, made on the driver from the few lines that
-    name no delivery)."""
-    lines: DataFrame
+    """What the proofs read: ``facts``, one row per delivery (cached); ``input``, what
+    input_facts() found; ``small``, the per-router tables (made on the driver);
+    ``names`` for the hashes; the reads' ``sources``."""
     facts: DataFrame
     input: dict
     small: dict
+    names: Names
+    sources: list
     partitions: int = 0
+    bad_in_deliveries: Observation | None = None
     persisted: list = field(default_factory=list)
 
     def unpersist(self) -> None:
@@ -342,44 +380,69 @@ class Tables:
 _WORD = 64  # the sequence check packs 64 seq numbers into one long
 
 
-def input_facts(lines: DataFrame, first_bad: int = 1000) -> dict:
-    """Everything about the input itself, in three small jobs over ``lines``:
-
-    - per (router, epoch): its extent (first/last ts, lines), whether it stopped in
-      order, and every missing or repeated ``seq``, exactly: each line sets one bit
-      of a 64-bit word (word ``(seq - 1) div 64``) with ``bit_or``, a hash
-      aggregation whose partial step leaves one row per 64 lines to shuffle; an epoch
-      whose words hold fewer bits than its highest seq has a gap, one with more
-      lines than bits repeats a seq. Only then (cold path) are the words read again
-      to name the missing numbers, and the lines to name the repeated ones;
-    - how many lines are malformed, and every router the events about deliveries
-      name (to find the routers whose log is missing);
-    - the lines that name no delivery (links, routes, peers: few), collected;
-    - the first ``first_bad`` malformed lines (cold path).
-    """
+def _words(lines: DataFrame) -> DataFrame:
+    """(router, epoch, w): the bits of the seq numbers w * 64 + 1 .. w * 64 + 64 that
+    have a line, how many lines, and the epoch's extent and orderly stop."""
     good = F.col("router").isNotNull() & F.col("epoch").isNotNull() & F.col("seq").isNotNull() & (F.col("seq") > 0)
     word = F.floor((F.col("seq") - 1) / _WORD).cast("long")
     bit = F.expr(f"shiftleft(1L, cast((seq - 1) % {_WORD} as int))")
-    per_word = lines.where(good).groupBy("router", "epoch", word.alias("w")).agg(
+    return lines.where(good).groupBy("router", "epoch", word.alias("w")).agg(
         F.bit_or(bit).alias("bits"), F.count(F.lit(1)).alias("lines"), F.max("seq").alias("hi"),
         F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"),
         F.min(F.when(F.col("event") == "router-stopping", F.col("seq"))).alias("stopping_seq"),
         F.min(F.when(F.col("event") == "router-stopping", F.col("ts"))).alias("stopping_ts"))
-    per_epoch = per_word.groupBy("router", "epoch").agg(
+
+
+def input_facts(spark, sources: list) -> dict:
+    """Everything about the input itself, from one read of it (the common fields,
+    the links', peers' and routes' fields, the routers events name):
+
+    - per (router, epoch): its extent (first/last ts, lines), whether it stopped in
+      order, and every missing or repeated ``seq``, exactly: each line sets one bit
+      of a 64-bit word (word ``(seq - 1) div 64``) with ``bit_or``, a hash
+      aggregation whose partial step leaves one row per 64 lines to shuffle; an
+      epoch whose words hold fewer bits than its highest seq has a gap, one with
+      more lines than bits repeats a seq. Only then (cold path) are the words read
+      again to name the missing numbers, and the lines to name the repeated ones;
+    - side results of the same job (``observe``): how many lines are malformed,
+      every router the events about deliveries name, and the lines that name no
+      delivery (links, routes, peers: few).
+    """
+    from spark.load import load_lines
+    lines = load_lines(spark, sources, ROUTER_READ)
+    obs = Observation("input")
+    named = F.array_compact(F.concat(F.array("origin_router", "to_router", "from_router"),
+                                     F.coalesce(F.col("routers"), F.array().cast("array<string>")),
+                                     F.coalesce(F.col("dests"), F.array().cast("array<string>"))))
+    is_bad = bad(lines)
+    # How many events of each kind the well-formed lines stand for (a folded line is
+    # the events it stands for), for the report: one small code per line, then sums.
+    kinds = tuple(EVENTS)
+    code = _code(F.col("event"), kinds, {k: i for i, k in enumerate(kinds)}, -1)
+    events = F.when(F.col("event") == SUB_OUTCOMES, F.coalesce(F.size("deliveries"), F.lit(0))) \
+        .when(F.col("event") == COMPLETED, F.when(F.col("by").isNotNull(), F.lit(3)).otherwise(F.lit(2))) \
+        .otherwise(F.lit(1))
+    good = lines.select("*", F.when(~is_bad, code).alias("_code"), is_bad.alias("_bad"), events.alias("_events"))
+    observed = good.observe(
+        obs, F.count(F.lit(1)).alias("lines"), F.sum(F.col("_bad").cast("long")).alias("bad"),
+        F.array_distinct(F.flatten(F.collect_set(named))).alias("named"),
+        F.collect_list(F.when(F.col("event").isin(*LIFE_KINDS) & ~F.col("_bad"), F.struct(*_LIFE_COLUMNS)))
+        .alias("life"),
+        F.sum(F.when((F.col("_code") == kinds.index("pub-outcome")) & F.col("delivery").isNull(), F.lit(1)))
+        .alias("refused"),
+        F.sum(F.when(F.col("_code") == kinds.index(COMPLETED), F.lit(1))).alias("completed"),
+        F.sum(F.when((F.col("_code") == kinds.index(COMPLETED)) & F.col("by").isNotNull(), F.lit(1)))
+        .alias("completed_settling"),
+        *[F.sum(F.when(F.col("_code") == i, F.col("_events"))).alias(f"k{i}") for i in range(len(kinds))])
+    per_epoch = _words(observed).groupBy("router", "epoch").agg(
         F.sum(F.bit_count("bits")).alias("distinct"), F.sum("lines").alias("lines"), F.max("hi").alias("last_seq"),
         F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"),
         F.min("stopping_seq").alias("stopping_seq"), F.min("stopping_ts").alias("stopping_ts"))
     epochs = {(r["router"], r["epoch"]): r.asDict() for r in per_epoch.collect()}
-    totals = lines.agg(
-        F.sum(F.col(PROBLEM).isNotNull().cast("long")).alias("bad"),
-        F.array_distinct(F.flatten(F.collect_set(F.array_compact(F.concat(
-            F.array("origin_router", "to_router", "from_router"), F.coalesce(F.col("routers"), _empty()),
-            F.coalesce(F.col("dests"), _empty())))))).alias("named")).collect()[0]
-    life = [r.asDict() for r in lines.where(F.col("event").isin(*LIFE_KINDS) & F.col(PROBLEM).isNull())
-            .select(*_LIFE_COLUMNS).collect()]
+    seen = obs.get
+    life = [r.asDict() for r in seen["life"]]
     gaps, repeats = [], []
     for key, e in epochs.items():
-        e["first_seq"] = 1 if e["distinct"] == e["last_seq"] else None
         if e["distinct"] != e["last_seq"]:
             gaps.append(key)
         if e["lines"] != e["distinct"]:
@@ -388,26 +451,20 @@ def input_facts(lines: DataFrame, first_bad: int = 1000) -> dict:
     if gaps:  # cold path: the words of the epochs with a gap name the missing numbers
         wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in gaps]
         words: dict = defaultdict(dict)
-        for h in per_word.where(F.struct("router", "epoch").isin(*wanted)).select("router", "epoch", "w", "bits") \
-                .collect():
+        for h in _words(load_lines(spark, sources, ROUTER_READ)).where(F.struct("router", "epoch").isin(*wanted)) \
+                .select("router", "epoch", "w", "bits").collect():
             words[(h["router"], h["epoch"])][h["w"]] = h["bits"]
         for key in gaps:
-            last = epochs[key]["last_seq"]
-            found = _missing(words[key], last)
-            runs += [(key[0], key[1], lo, hi) for lo, hi in found]
-            epochs[key]["first_seq"] = found[0][1] + 1 if found and found[0][0] == 1 else 1
+            runs += [(key[0], key[1], lo, hi) for lo, hi in _missing(words[key], epochs[key]["last_seq"])]
     repeated = []
     if repeats:  # cold path: which seq numbers, on which lines
         wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in repeats]
-        repeated = [r.asDict() for r in lines.where(good & F.struct("router", "epoch").isin(*wanted))
+        again = load_lines(spark, sources, ROUTER_READ, files=True)
+        repeated = [r.asDict() for r in again.where(F.struct("router", "epoch").isin(*wanted) & (F.col("seq") > 0))
                     .groupBy("router", "epoch", "seq").agg(
                         F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_set(FILE)).alias("files"),
                         F.array_sort(F.collect_set("event")).alias("kinds"), F.min("ts").alias("ts"))
                     .where(F.col("n") > 1).orderBy("router", "epoch", "seq").limit(10_000).collect()]
-    bad = []
-    if totals["bad"]:
-        bad = [r.asDict() for r in lines.where(F.col(PROBLEM).isNotNull()).select(
-            "router", "epoch", "seq", "event", "ts", FILE, PROBLEM, CORRUPT).limit(first_bad).collect()]
     for r in life:  # the boot of each epoch (from its router-started line)
         if r["event"] == "router-started" and (r["router"], r["epoch"]) in epochs:
             e = epochs[(r["router"], r["epoch"])]
@@ -418,8 +475,22 @@ def input_facts(lines: DataFrame, first_bad: int = 1000) -> dict:
         e.setdefault("boot", None)
         e["stopped"] = e["stopping_seq"] is not None
     ordered = sorted(epochs, key=lambda k: (str(k[0]), k[1]))
-    return {"epochs": [epochs[k] for k in ordered], "gaps": runs, "repeated": repeated, "bad": bad,
-            "bad_count": totals["bad"] or 0, "named_routers": sorted(totals["named"] or []), "life": life}
+    per_kind: dict[str, int] = {}
+    for i, kind in enumerate(kinds):  # a folded line's events under the kinds they are
+        n = seen[f"k{i}"] or 0
+        if kind == SUB_OUTCOMES:
+            per_kind["sub-outcome"] = per_kind.get("sub-outcome", 0) + n
+        elif kind == COMPLETED:
+            continue  # below: its sub-outcome, pub-outcome and settled
+        elif n:
+            per_kind[kind] = per_kind.get(kind, 0) + n
+    for kind, n in (("sub-outcome", seen["completed"]), ("pub-outcome", seen["completed"]),
+                    ("settled", seen["completed_settling"])):
+        if n:
+            per_kind[kind] = per_kind.get(kind, 0) + n
+    return {"epochs": [epochs[k] for k in ordered], "gaps": runs, "repeated": repeated, "lines": seen["lines"],
+            "bad_count": seen["bad"] or 0, "named_routers": sorted(seen["named"] or []), "life": life,
+            "kinds": dict(sorted(per_kind.items())), "refused": seen["refused"] or 0}
 
 
 def _missing(words: dict[int, int], last: int) -> list[tuple[int, int]]:
@@ -449,8 +520,9 @@ def _missing(words: dict[int, int], last: int) -> list[tuple[int, int]]:
 # The small per-router tables (on the driver, from the lines that name no delivery)
 # ---------------------------------------------------------------------------
 
-def small_tables(life: list[dict], epochs: list[dict]) -> dict:
-    """From the collected lines that name no delivery:
+def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
+    """From the collected lines that name no delivery, keyed by hashes (``h``: name
+    -> the hash the per-delivery rows carry):
 
     - ``ends``: (router, epoch, subscriber) -> the moments a subscription stopped
       being owed what it had not answered (docs/delivery-rule.md): a detach of a
@@ -467,8 +539,8 @@ def small_tables(life: list[dict], epochs: list[dict]) -> dict:
     - ``gone``: router -> (ts, topic) when it lost interest in a topic (a
       subscription ended there) or stopped or died (topic null);
     - ``died``: the (router, epoch) that ended without `router-stopping`;
-    - ``attached``: every subscriber key that attached anywhere;
-    - ``peers``: (peer, peer_epoch) -> the first (router, epoch, seq) that saw it.
+    - ``attached``: every subscriber that attached anywhere;
+    - ``peers``: (peer, peer_epoch) -> the first (router, epoch, seq) that saw it (names).
     """
     def key(*parts) -> str:
         return "|".join(str(p) for p in parts)
@@ -485,31 +557,33 @@ def small_tables(life: list[dict], epochs: list[dict]) -> dict:
     pending_attach: dict = {}  # (router, epoch, link) -> (seq, subscriber)
     for r in rows:
         router, epoch, seq, kind = r["router"], r["epoch"], r["seq"], r["event"]
+        rh = h(router)
         sub = f"{r['container']}/{r['name']}" if r.get("container") is not None else None
+        sh = h(sub) if sub is not None else None
         if kind == "link-attached" and r["role"] == "subscriber":
             attaches[(router, epoch, r["link"])].append((seq, r["durable"] or 0, r["address"]))
-            ends[key(router, epoch, sub)].append({"seq": seq, "kind": "re-attached", "topic": r["address"]})
-            durable[key(router, epoch, sub)].append({"from": seq, "durable": r["durable"] or 0})
-            pending_attach[(router, epoch, r["link"])] = (seq, sub)
-            attached.add(sub)
+            ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "re-attached", "topic": r["address"]})
+            durable[key(rh, epoch, sh)].append({"from": seq, "durable": r["durable"] or 0})
+            pending_attach[(router, epoch, r["link"])] = (seq, sh)
+            attached.add(sh)
         elif kind == "resume-requested" and r["role"] == "subscriber":
             found = pending_attach.pop((router, epoch, r["link"]), None)
             if found is not None and found[0] < seq:
-                windows[(router, epoch, found[1])].append([found[0], seq])
+                windows[(rh, epoch, found[1])].append([found[0], seq])
         elif kind == "link-detached" and r["role"] == "subscriber":
             before = [a for a in attaches.get((router, epoch, r["link"]), []) if a[0] < seq]
             link_durable, topic = (before[-1][1], before[-1][2]) if before else (None, None)
             reason = r.get("reason") or ""
             if reason != "stolen" and (r.get("closed") or (link_durable or 0) == 0 or reason == "moved"):
-                ends[key(router, epoch, sub)].append({"seq": seq, "kind": "closed" if r.get("closed") else "detached",
-                                                      "topic": topic})
-                gone[router].append({"ts": r["ts"], "topic": topic})
+                ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "closed" if r.get("closed") else "detached",
+                                                 "topic": topic})
+                gone[str(rh)].append({"ts": r["ts"], "topic": topic})
         elif kind == "subscription-expired":
-            ends[key(router, epoch, sub)].append({"seq": seq, "kind": "subscription-expired",
-                                                  "topic": r["address"]})
-            gone[router].append({"ts": r["ts"], "topic": r["address"]})
+            ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "subscription-expired", "topic": r["address"]})
+            gone[str(rh)].append({"ts": r["ts"], "topic": r["address"]})
         elif kind == "routes":
-            routes[key(router, epoch)].append({"seq": seq, "ts": r["ts"], "reachable": r["reachable"] or []})
+            routes[key(rh, epoch)].append({"seq": seq, "ts": r["ts"],
+                                           "reachable": [h(x) for x in (r["reachable"] or [])]})
         elif kind in ("peer-connected", "peer-restarted") and r.get("peer") is not None \
                 and r.get("peer_epoch") is not None:
             peers.setdefault((r["peer"], r["peer_epoch"]), (router, epoch, seq))
@@ -526,16 +600,26 @@ def small_tables(life: list[dict], epochs: list[dict]) -> dict:
             else:
                 out.append([a, b])
         merged[k] = out
-    died = [key(e["router"], e["epoch"]) for e in epochs if not e["stopped"]]
+    died = [key(h(e["router"]), e["epoch"]) for e in epochs if not e["stopped"]]
     for e in epochs:
         end = e["stopping_ts"] if e["stopping_ts"] is not None else e["last_ts"]
-        gone[e["router"]].append({"ts": end, "topic": None})
+        gone[str(h(e["router"]))].append({"ts": end, "topic": None})
     return {"ends": dict(ends), "durable": dict(durable), "windows": merged, "routes": dict(routes),
             "gone": dict(gone), "died": died, "attached": sorted(attached), "peers": peers}
 
 
+def hashes_of(spark, names: list[str]) -> dict:
+    """name -> Spark's xxhash64 of it (one small job: the driver computes no hash
+    of its own, so both sides agree by construction)."""
+    names = sorted({n for n in names if n is not None})
+    if not names:
+        return {}
+    rows = spark.createDataFrame([(n,) for n in names], "n string").select("n", F.xxhash64("n").alias("h")).collect()
+    return {r["n"]: r["h"] for r in rows}
+
+
 # ---------------------------------------------------------------------------
-# Bad lines: where, and torn or not
+# Bad lines: where, and torn or not (cold path)
 # ---------------------------------------------------------------------------
 
 def last_files(files: list[str]) -> set:
@@ -554,47 +638,56 @@ def last_files(files: list[str]) -> set:
     return out | {path for _, path in last.values()}
 
 
-def locate_bad_lines(spark, lines: DataFrame, bad: list[dict]) -> list[dict]:
-    """Line numbers for the malformed lines ``bad`` of ``lines`` (cold path: only the
-    files that hold one are read again, as text, numbered in file order and judged
-    again with the same rules), and which of them is a torn write: an unparsable
-    last line of the last file of its epoch, cut by a crash (a note, not a
-    violation; docs/event-log.md, "Torn lines"). A line whose file cannot be read
-    again (a Parquet dataset whose JSON is gone) is listed as it was read."""
-    from spark.load import line_schema
-    finals = last_files([r[0] for r in lines.select(FILE).distinct().collect()])
-    files = sorted({b[FILE] for b in bad})
-    out = []
-    for path in files:
-        if not path or not path.endswith(".jsonl") or not _readable(spark, path):
-            out += [{**b, "line": None, "torn": False} for b in bad if b[FILE] == path]
-            continue
-        text = spark.read.text(path).select(
-            "value", F.struct(F.col("_metadata.file_block_start"), F.monotonically_increasing_id()).alias("at"))
-        numbered = text.withColumn("line", F.row_number().over(Window.orderBy("at")))
-        total = numbered.count()
-        parsed = numbered.where(F.trim("value") != "").select(
-            "line", F.col("value").alias("raw_line"),
-            F.from_json("value", line_schema(), {"mode": "PERMISSIVE",
-                                                 "columnNameOfCorruptRecord": CORRUPT}).alias("j"))
-        judged = validate(parsed.select("line", "raw_line", "j.*"))
-        for r in judged.where(F.col(PROBLEM).isNotNull()).select(
-                "line", "raw_line", "router", "epoch", "seq", "event", "ts", PROBLEM, CORRUPT).orderBy("line") \
-                .limit(1000).collect():
-            torn = (r["line"] == total and path in finals and r[PROBLEM].startswith("unparsable"))
-            out.append({"router": r["router"], "epoch": r["epoch"], "seq": r["seq"], "event": r["event"],
-                        "ts": r["ts"], FILE: path, PROBLEM: r[PROBLEM], CORRUPT: r["raw_line"], "line": r["line"],
-                        "torn": torn})
-    return out
-
-
-def _readable(spark, path: str) -> bool:
-    try:
-        jvm = spark.sparkContext._jvm
-        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-        return hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path)
-    except Exception:  # noqa: BLE001 (any file system's refusal means: cannot read it again)
-        return False
+def find_bad_lines(spark, sources: list, first: int = 1000) -> tuple[list[dict], int]:
+    """The malformed lines, with their file and line number, and which of them is a
+    torn write: an unparsable last line of the last file of its epoch, cut by a
+    crash (a note, not a violation; docs/event-log.md, "Torn lines"). Cold path,
+    only when a read counted a malformed line: the JSON logs are read again as
+    text, numbered in file order and judged with the same rules; a Parquet dataset
+    from 'eorouter logs compact' kept its malformed lines with their file and line.
+    Returns (the first ``first`` of them, how many)."""
+    from spark.load import LINE_FIELDS, line_schema, load_lines
+    out: list[dict] = []
+    total = 0
+    for source in sources:
+        if source.fmt == "json":
+            reader = spark.read
+            if source.remote:
+                reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl")
+            text = reader.text(source.paths).select(
+                "value", F.col("_metadata.file_path").alias(FILE),
+                F.struct(F.col("_metadata.file_block_start"), F.monotonically_increasing_id()).alias("at"))
+            w = Window.partitionBy(FILE)
+            numbered = text.withColumn("line", F.row_number().over(w.orderBy("at"))) \
+                .withColumn("lines", F.count(F.lit(1)).over(w))
+            parsed = numbered.where(F.trim("value") != "").select(
+                FILE, "line", "lines", F.col("value").alias("raw_line"),
+                F.from_json("value", line_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+                .alias("j")).select(FILE, "line", "lines", "raw_line", "j.*")
+            judged = validate(parsed).where(F.col(PROBLEM).isNotNull()).persist()
+            try:
+                total += judged.count()
+                rows = judged.orderBy(FILE, "line").limit(first).collect()
+                finals = last_files([r[0] for r in text.select(FILE).distinct().collect()]) if rows else set()
+            finally:
+                judged.unpersist()
+            for r in rows:
+                out.append({"router": r["router"], "epoch": r["epoch"], "seq": r["seq"], "ts": r["ts"],
+                            "file": r[FILE], "line": r["line"], "problem": r[PROBLEM], "text": r["raw_line"],
+                            "torn": (r["line"] == r["lines"] and r[FILE] in finals
+                                     and r[PROBLEM].startswith("unparsable"))})
+        else:
+            data = validate(load_lines(spark, [source], LINE_FIELDS, files=True))
+            have = set(spark.read.parquet(*source.paths).columns)
+            line = F.col("_line") if "_line" in have else F.lit(None).cast("long")
+            judged = data.where(F.col(PROBLEM).isNotNull())
+            total += judged.count()
+            for r in judged.select("router", "epoch", "seq", "ts", FILE, line.alias("line"), PROBLEM, CORRUPT) \
+                    .limit(first).collect():
+                out.append({"router": r["router"], "epoch": r["epoch"], "seq": r["seq"], "ts": r["ts"],
+                            "file": r[FILE], "line": r["line"], "problem": r[PROBLEM], "text": r[CORRUPT],
+                            "torn": False})
+    return out[:first], total
 
 
 # ---------------------------------------------------------------------------
@@ -602,41 +695,40 @@ def _readable(spark, path: str) -> bool:
 # ---------------------------------------------------------------------------
 
 #: One event of a delivery, as the per-delivery row holds it (names kept short:
-#: there are ~14 of them per delivery, 10 million at scale).
+#: there are ~14 of them per delivery, 10 million at scale). Routers and
+#: subscribers are 64-bit hashes: no string is compared per event.
 #:   r router, e epoch, q seq, t ts, k kind code, s subscriber, o outcome code,
 #:   p the other router (origin_router, to_router or from_router), l a list (owed,
 #:   dests or subscribers), f forwarded, x routers, b settled (received, sub-outcome)
 #:   or deleted (settled), y settled's by code, or 1 for a remembered pub-outcome,
-#:   n a pub-outcome's reason, rep a sub-outcome a resuming subscriber reported.
-EVENT_FIELDS = ("r", "e", "q", "t", "k", "s", "o", "p", "l", "f", "x", "b", "y", "n", "rep")
+#:   rep a sub-outcome a resuming subscriber reported.
+EVENT_FIELDS = ("r", "e", "q", "t", "k", "s", "o", "p", "l", "f", "x", "b", "y", "rep")
 
 
 def narrow(events: DataFrame, windows: dict) -> DataFrame:
-    """The events that name a delivery, as (h, delivery, id, _pos, the EVENT_FIELDS).
-    ``windows``: small_tables()' resume windows (a broadcast join marks the reported
-    answers; none without a resumed subscriber)."""
+    """The well-formed events that name a delivery, as (h, delivery, id, _pos, the
+    EVENT_FIELDS). ``windows``: small_tables()' resume windows (a broadcast join
+    marks the reported answers; none without a resumed subscriber)."""
     kind = F.col("event")
-    out = events.where(F.col("delivery").isNotNull() & F.col(PROBLEM).isNull()).select(
-        F.xxhash64("delivery").alias("h"), "delivery", F.col("router").alias("r"), F.col("epoch").alias("e"),
+    out = events.where(F.col("delivery").isNotNull() & ~F.col("_bad")).select(
+        F.xxhash64("delivery").alias("h"), "delivery", _hash(F.col("router")).alias("r"), F.col("epoch").alias("e"),
         F.col("seq").alias("q"), F.col("ts").alias("t"), _code(kind, _BY_FREQUENCY, KIND, 0).alias("k"),
-        F.col("subscriber").alias("s"), _code(F.col("outcome"), tuple(OUTCOME), OUTCOME, 6).alias("o"),
-        F.coalesce(F.col("origin_router"), F.col("to_router"), F.col("from_router")).alias("p"),
-        F.when(kind == "received", F.col("owed")).when(kind == "forwarded-to-router", F.col("dests"))
-        .when(kind == "owed-moved", F.col("subscribers")).alias("l"),
-        F.when(kind == "received", F.col("forwarded")).alias("f"),
-        F.when(kind == "received", F.col("routers")).alias("x"),
+        _hash(F.col("subscriber")).alias("s"), _code(F.col("outcome"), tuple(OUTCOME), OUTCOME, 6).alias("o"),
+        _hash(F.coalesce(F.col("origin_router"), F.col("to_router"), F.col("from_router"))).alias("p"),
+        F.when(kind == "received", _hashes(F.col("owed"))).when(kind == "forwarded-to-router", _hashes(F.col("dests")))
+        .when(kind == "owed-moved", _hashes(F.col("subscribers"))).alias("l"),
+        F.when(kind == "received", _hashes(F.col("forwarded"))).alias("f"),
+        F.when(kind == "received", _hashes(F.col("routers"))).alias("x"),
         F.when(kind == "settled", F.col("deleted")).otherwise(F.col("settled")).alias("b"),
         F.when(kind == "settled", _code(F.col("by"), tuple(BY), BY, 7))
         .when((kind == "pub-outcome") & (F.col("reason") == REMEMBERED), F.lit(1)).alias("y"),
-        F.when(kind == "pub-outcome", F.coalesce(F.col("reason"), F.col("condition"))).alias("n"),
         F.when(kind == "received", F.struct("topic", "publisher", "link_name", "incarnation", "pub_tag",
                                             "stream_seq")).alias("id"),
         F.col("_pos"))
     if not windows:
         return out.withColumn("rep", F.lit(False))
     rows = [(k[0], k[1], k[2], a, b) for k, spans in windows.items() for a, b in spans]
-    schema = "wr string, we long, ws string, a_seq long, r_seq long"
-    w = F.broadcast(events.sparkSession.createDataFrame(rows, schema))
+    w = F.broadcast(events.sparkSession.createDataFrame(rows, "wr long, we long, ws long, a_seq long, r_seq long"))
     flagged = out.join(w, (out["r"] == w["wr"]) & (out["e"] == w["we"]) & (out["s"] == w["ws"])
                        & (out["k"] == KIND["sub-outcome"]) & (out["q"] > w["a_seq"]) & (out["q"] < w["r_seq"]),
                        "left")
@@ -670,22 +762,22 @@ def _kinds(*names: str) -> str:
     return f"= {codes[0]}" if len(codes) == 1 else f"IN ({', '.join(codes)})"
 
 
-_EMPTY = "cast(array() as array<string>)"
+_EMPTY = "cast(array() as array<bigint>)"
 
 
 class Constants:
     """The small tables (small_tables()) as SQL constants of the per-delivery projection."""
 
-    def __init__(self, small: dict, missing: set):
+    def __init__(self, small: dict, missing: list):
         self.ends = _sql_const(small["ends"], "map<string, array<struct<seq:bigint, kind:string, topic:string>>>")
         self.durable = _sql_const(small["durable"],
                                   "map<string, array<struct<from:bigint, to:bigint, durable:bigint>>>")
         self.routes = _sql_const(small["routes"],
-                                 "map<string, array<struct<seq:bigint, ts:double, reachable:array<string>>>>")
+                                 "map<string, array<struct<seq:bigint, ts:double, reachable:array<bigint>>>>")
         self.gone = _sql_const(small["gone"], "map<string, array<struct<ts:double, topic:string>>>")
         self.died = _sql_const(small["died"], "array<string>")
-        self.attached = _sql_const(small["attached"], "array<string>")
-        self.missing = _sql_const(sorted(missing), "array<string>")
+        self.attached = _sql_const(small["attached"], "array<bigint>")
+        self.missing = _sql_const(sorted(missing), "array<bigint>")
 
     @staticmethod
     def at(table: str, *parts: str) -> str:
@@ -694,14 +786,15 @@ class Constants:
         return f"coalesce(try_element_at({table}, {key}), array())"
 
 
-def _violation(check: str, item: str, *, r="NULL", e="NULL", q="NULL", t="NULL", s="NULL",
+def _violation(check: str, *, kind="NULL", r="NULL", e="NULL", q="NULL", t="NULL", s="NULL", other="NULL",
                info: dict | None = None) -> str:
-    """One violation as a SQL struct, inside the per-delivery projection."""
+    """One violation as a SQL struct, inside the per-delivery projection (the
+    delivery, publisher and tag are added from the row)."""
     fields = ", ".join(f"'{k}', {v}" for k, v in (info or {}).items())
     info_sql = f"to_json(named_struct({fields}))" if info else "cast(NULL as string)"
-    return (f"named_struct('check', '{check}', 'item', cast({item} as string), 'router', cast({r} as string), "
+    return (f"named_struct('check', '{check}', 'kind', cast({kind} as string), 'router', cast({r} as bigint), "
             f"'epoch', cast({e} as bigint), 'seq', cast({q} as bigint), 'ts', cast({t} as double), "
-            f"'subscriber', cast({s} as string), 'info', {info_sql})")
+            f"'subscriber', cast({s} as bigint), 'other', cast({other} as bigint), 'info', {info_sql})")
 
 
 def _first_per(arr: str, key: str, value: str, var: str = "z") -> str:
@@ -714,7 +807,7 @@ def _first_per(arr: str, key: str, value: str, var: str = "z") -> str:
             f"'first', array_min(transform(filter({arr}, {var}2 -> {k2} = kk), {var} -> {value}))))")
 
 
-def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
+def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> DataFrame:
     """One row per delivery: who published it, where it started and what the
     publisher was told, the sets the cross-delivery checks and the summary need,
     and ``v``: the violations of every per-delivery invariant (usually empty).
@@ -748,12 +841,11 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
         "AND e.e = rec.e), e -> named_struct('q', e.q, 'o', e.o))))) AS recs")
     step = step.selectExpr(
         "*", "try_element_at(filter(recs, x -> x.p IS NULL), 1) AS origin",
-        "array_min(transform(pubs, e -> named_struct('q', e.q, 't', e.t, 'o', e.o, 'r', e.r, 'e', e.e, 'n', e.n))) "
-        "AS pub",
+        "array_min(transform(pubs, e -> named_struct('q', e.q, 't', e.t, 'o', e.o, 'r', e.r, 'e', e.e))) AS pub",
         f"exists(pubs, e -> e.o = {ACC}) AS told_accepted", "array_union(acc_subs, discarded) AS done",
-        f"array_distinct(transform(recv_all, e -> e.r)) AS reached", "transform(moves, m -> m.p) AS moved_from",
-        f"try_element_at(filter(pubs, e -> e.r = try_element_at(filter(recs, x -> x.p IS NULL), 1).r "
-        f"AND e.e = try_element_at(filter(recs, x -> x.p IS NULL), 1).e), 1) AS origin_answer")
+        "array_distinct(transform(recv_all, e -> e.r)) AS reached", "transform(moves, m -> m.p) AS moved_from")
+    step = step.selectExpr("*", "try_element_at(filter(pubs, e -> e.r = origin.r AND e.e = origin.e), 1) "
+                                "AS origin_answer")
 
     def said(rec: str, s: str) -> str:
         return f"filter(ev, e -> e.k {K('sub-outcome', 'expired')} AND e.r = {rec}.r AND e.e = {rec}.e AND e.s = {s})"
@@ -768,12 +860,12 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
              f"OR x.seq < rec.ans.q) AND (x.kind != 're-attached' OR x.topic IS DISTINCT FROM {topic}))")
     durable = (f"coalesce(try_element_at(filter({c.at(c.durable, 'rec.r', 'rec.e', 's')}, x -> x.from < rec.q "
                f"AND rec.q < x.to), 1).durable, 1)")
-    died_nondurable = (f"(rec.ans IS NULL AND array_contains({c.died}, rec.r || '|' || cast(rec.e as string)) "
-                       f"AND {durable} = 0)")
+    died_nondurable = (f"(rec.ans IS NULL AND array_contains({c.died}, cast(rec.r as string) || '|' || "
+                       f"cast(rec.e as string)) AND {durable} = 0)")
     lost_subs = (
         "flatten(transform(recs, rec -> transform(filter(rec.owed, s -> NOT array_contains(done, s) "
         f"AND NOT array_contains(moved_subs, s) AND NOT {ended} AND NOT {died_nondurable}), s -> "
-        + _violation("lost", "delivery", r="rec.r", e="rec.e", q="rec.q", t="rec.t", s="s", info={
+        + _violation("lost", r="rec.r", e="rec.e", q="rec.q", t="rec.t", s="s", info={
             "said": f"array_distinct({said_codes('rec', 's')})",
             "sent": "array_min(transform(filter(sends, x -> x.r = rec.r AND x.e = rec.e AND x.s = s), x -> x.q))",
             "answer": "rec.ans.o", "answer_seq": "rec.ans.q"}) + ")))")
@@ -781,8 +873,7 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
         "transform(filter(array_distinct(moved_subs), s -> NOT array_contains(done, s)), s -> "
         "transform(array(try_element_at(filter(moves, m -> array_contains(coalesce(m.l, "
         f"{_EMPTY}), s)), 1)), m -> "
-        + _violation("lost", "delivery", r="m.r", e="m.e", q="m.q", t="m.t", s="s", info={"moved_from": "m.p"})
-        + ")[0])")
+        + _violation("lost", kind="'moved'", r="m.r", e="m.e", q="m.q", t="m.t", s="s", other="m.p") + ")[0])")
 
     def told_by(x: str) -> str:  # the outcomes the origin logged from router x
         return (f"array_distinct(transform(filter(ev, e -> e.k {K('outcome-from-router')} AND e.r = origin.r "
@@ -790,15 +881,15 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
 
     unreachable = (f"exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.ts >= origin.t AND (pub.q IS NULL "
                    "OR rt.seq < pub.q) AND NOT array_contains(rt.reachable, x))")
-    lost_interest = (f"exists(coalesce(try_element_at({c.gone}, x), array()), g -> (g.topic IS NULL OR "
-                     f"g.topic = {topic}) AND g.ts >= origin.t - {CLOCK_SLACK} AND g.ts <= pub.t + {CLOCK_SLACK})")
+    lost_interest = (f"exists(coalesce(try_element_at({c.gone}, cast(x as string)), array()), g -> (g.topic IS NULL "
+                     f"OR g.topic = {topic}) AND g.ts >= origin.t - {CLOCK_SLACK} AND g.ts <= pub.t + {CLOCK_SLACK})")
     lost_routers = (
         f"transform(filter(coalesce(origin.routers, {_EMPTY}), x -> NOT array_contains(reached, x) "
         f"AND NOT array_contains(moved_from, x) AND NOT array_contains({c.missing}, x) "
         f"AND (size({told_by('x')}) = 0 OR exists({told_by('x')}, y -> y != {OUTCOME['none']})) "
         f"AND NOT (size({told_by('x')}) = 0 AND ({unreachable} OR {lost_interest}))), x -> "
-        + _violation("lost", "delivery", r="x", e="origin.e", t="origin.t",
-                     info={"origin": "origin.r", "told": told_by("x")}) + ")")
+        + _violation("lost", kind="'router'", r="x", e="origin.e", t="origin.t", other="origin.r",
+                     info={"told": told_by("x")}) + ")")
     step = step.selectExpr("*", f"CASE WHEN told_accepted THEN concat({lost_subs}, {lost_moved}, "
                                 f"CASE WHEN origin IS NOT NULL THEN {lost_routers} ELSE array() END) END AS v_lost")
 
@@ -806,13 +897,12 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
     accepts = f"filter(answers, e -> e.o = {ACC})"
     v_dup = (f"transform(filter(transform(array_distinct(transform({accepts}, e -> e.s)), s -> named_struct("
              f"'s', s, 'a', filter({accepts}, e -> e.s = s))), x -> size(x.a) > 1), x -> "
-             + _violation("duplicated", "x.s || '|' || delivery", r="x.a[0].r", e="x.a[0].e", q="x.a[0].q",
-                          t="x.a[0].t", s="x.s", info={
-                              "where": "transform(x.a, e -> named_struct('r', e.r, 'e', e.e, 'q', e.q))"}) + ")")
+             + _violation("duplicated", kind="'id'", r="x.a[0].r", e="x.a[0].e", q="x.a[0].q", t="x.a[0].t", s="x.s",
+                          info={"where": "transform(x.a, e -> named_struct('r', e.r, 'e', e.e, 'q', e.q))"}) + ")")
     # --- invented: events about a delivery no router received
     referencing = ", ".join(str(KIND[n]) for n in REFERENCING)
     v_invented = (f"CASE WHEN size(recv_all) = 0 THEN transform(filter(ev, e -> e.k IN ({referencing})), e -> "
-                  + _violation("invented", "delivery", r="e.r", e="e.e", q="e.q", t="e.t", s="e.s",
+                  + _violation("invented", r="e.r", e="e.e", q="e.q", t="e.t", s="e.s",
                                info={"kind": "e.k", "outcome": "e.o"}) + ") END")
     # --- record-missing: an event that needs the router's record, before any
     # `received` of the delivery on that router in that epoch
@@ -826,35 +916,31 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
                            "named_struct('q', z.q, 'k', z.k, 'o', z.o, 's', z.s, 't', z.t)")
     v_record = (
         f"transform({by_router}, g -> "
-        + _violation("record-missing", "g.key.r || '|' || cast(g.key.e as string) || '|' || delivery", r="g.key.r",
-                     e="g.key.e", q="g.first.q", t="g.first.t", s="g.first.s", info={
-                         "kind": "g.first.k", "outcome": "g.first.o", "more": "g.n - 1",
-                         "received_in": "transform(filter(recv_all, x -> x.r = g.key.r), x -> x.e)"}) + ")")
+        + _violation("record-missing", r="g.key.r", e="g.key.e", q="g.first.q", t="g.first.t", s="g.first.s", info={
+            "kind": "g.first.k", "outcome": "g.first.o", "more": "g.n - 1",
+            "received_in": "transform(filter(recv_all, x -> x.r = g.key.r), x -> x.e)"}) + ")")
     # --- arrival-unforwarded: a copy from another router that no router logged forwarding
     v_arrival = (
         f"transform(filter(recv_all, x -> x.p IS NOT NULL AND NOT array_contains({c.missing}, x.p) AND NOT exists("
         f"ev, f -> f.k {K('forwarded-to-router')} AND (array_contains(coalesce(f.l, {_EMPTY}), x.r) OR f.p = x.r))), "
-        "x -> " + _violation("arrival-unforwarded", "x.r || '|' || delivery", r="x.r", e="x.e", q="x.q", t="x.t",
-                             info={"origin": "x.p"}) + ")")
+        "x -> " + _violation("arrival-unforwarded", r="x.r", e="x.e", q="x.q", t="x.t", other="x.p") + ")")
     ever_owed = (f"array_distinct(concat(owed_subs, transform(sends, x -> x.s), moved_subs, transform(filter(ev, "
                  f"e -> e.k {K('placeholder-fulfilled')}), e -> e.s)))")
     step = step.selectExpr("*", f"{v_record} AS v_record", f"{v_arrival} AS v_arrival", f"{ever_owed} AS ever_owed")
-    # --- accept-unowed / accept-unsent
+    # --- accept-unowed / accept-unsent (of a delivery some router received: the
+    # others are invented, and that is all they are)
     first_answer = "named_struct('q', z.q, 'r', z.r, 'e', z.e, 't', z.t, 'o', z.o)"
     step = step.selectExpr(
-        # (of a delivery some router received: the others are invented, and that is all they are)
         "*", f"filter(ev, e -> e.k {K('sub-outcome')} AND size(recv_all) > 0 AND NOT array_contains(ever_owed, e.s)) "
         "AS unowed",
         "filter(answers, e -> size(recv_all) > 0 AND array_contains(ever_owed, e.s) AND NOT exists(sends, x -> "
         "x.r = e.r AND x.e = e.e AND x.s = e.s AND x.q < e.q)) AS unsent")
     v_unowed = (f"transform({_first_per('unowed', 'z.s', first_answer)}, g -> "
-                + _violation("accept-unowed", "g.key || '|' || delivery", r="g.first.r", e="g.first.e",
-                             q="g.first.q", t="g.first.t", s="g.key",
+                + _violation("accept-unowed", r="g.first.r", e="g.first.e", q="g.first.q", t="g.first.t", s="g.key",
                              info={"outcome": "g.first.o", "attached": f"array_contains({c.attached}, g.key)"}) + ")")
     per_router = _first_per("unsent", "named_struct('s', z.s, 'r', z.r)", first_answer)
     v_unsent = (f"transform({per_router}, g -> "
-                + _violation("accept-unsent", "g.key.s || '|' || g.key.r || '|' || delivery", r="g.key.r",
-                             e="g.first.e", q="g.first.q", t="g.first.t", s="g.key.s",
+                + _violation("accept-unsent", r="g.key.r", e="g.first.e", q="g.first.q", t="g.first.t", s="g.key.s",
                              info={"outcome": "g.first.o"}) + ")")
 
     # --- answer-missing: the origin answered its publisher without logging the
@@ -869,16 +955,16 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
     heard = f"exists(ev, e -> e.k {K('outcome-from-router')} AND e.r = origin.r AND e.e = origin.e AND e.p = x)"
     excused = (f"(exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.seq < origin_answer.q AND NOT "
                f"array_contains(rt.reachable, x)) OR ({router_answer} IS NULL AND array_contains({c.died}, "
-               f"x || '|' || cast({its_record}.e as string))) OR coalesce({router_answer}.o = {OUTCOME['none']}, "
-               "false))")
+               f"cast(x as string) || '|' || cast({its_record}.e as string))) OR "
+               f"coalesce({router_answer}.o = {OUTCOME['none']}, false))")
     v_answer = (
         f"CASE WHEN origin IS NOT NULL AND origin_answer IS NOT NULL AND NOT array_contains({c.missing}, origin.r) "
         f"THEN transform(filter(coalesce(origin.routers, {_EMPTY}), x -> {its_record} IS NOT NULL AND NOT {heard} "
         f"AND NOT array_contains(moved_from, x) AND NOT array_contains({c.missing}, x) AND NOT {excused}), x -> "
-        + _violation("answer-missing", "origin.r || '|' || x || '|' || delivery", r="origin.r", e="origin.e",
-                     q="origin_answer.q", t="origin_answer.t", info={
-                         "router": "x", "outcome": "origin_answer.o",
-                         "received": f"named_struct('e', {its_record}.e, 'q', {its_record}.q)",
+        + _violation("answer-missing", r="origin.r", e="origin.e", q="origin_answer.q", t="origin_answer.t",
+                     other="x", info={
+                         "outcome": "origin_answer.o", "received": f"named_struct('e', {its_record}.e, 'q', "
+                                                                   f"{its_record}.q)",
                          "owed": f"{its_record}.owed", "answer": router_answer}) + ") ELSE array() END")
     # --- outcome-disagrees: the publisher's outcome against what its owed
     # subscribers did (docs/delivery-rule.md). Excused, for "every owed subscriber
@@ -895,30 +981,48 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
     refused = (f"filter(pairs, y -> y.first IS NOT NULL AND y.first.o IN ({bad_codes}) "
                "AND NOT array_contains(acc_subs, y.s))")
     unknowable = (f"exists(pairs, y -> y.r != p.r AND y.ans IS NULL AND (array_contains({c.died}, "
-                  f"y.r || '|' || cast(y.e as string)) OR exists({c.at(c.routes, 'p.r', 'p.e')}, rt -> rt.seq < p.q "
-                  "AND NOT array_contains(rt.reachable, y.r))))")
+                  f"cast(y.r as string) || '|' || cast(y.e as string)) OR exists({c.at(c.routes, 'p.r', 'p.e')}, "
+                  "rt -> rt.seq < p.q AND NOT array_contains(rt.reachable, y.r))))")
     v_disagree = (
         f"transform(filter(transform(pubs, p -> named_struct('p', p, 'kind', CASE WHEN p.o != {ACC} AND "
         f"{all_accepted} AND NOT {unknowable} THEN 'all-accepted' WHEN p.o = {ACC} AND size({refused}) > 0 "
         f"THEN 'refused' END)), w -> w.kind IS NOT NULL AND NOT exists(pairs, y -> array_contains({c.missing}, y.r))), "
-        "w -> " + _violation("outcome-disagrees", "delivery", r="w.p.r", e="w.p.e", q="w.p.q", t="w.p.t", info={
-            "kind": "w.kind", "outcome": "w.p.o", "reason": "w.p.n",
-            "pairs": f"transform(CASE WHEN w.kind = 'refused' THEN {refused} ELSE pairs END, y -> named_struct("
-                     "'s', y.s, 'r', y.r, 'first', y.first))"}) + ")")
+        "w -> " + _violation("outcome-disagrees", kind="w.kind", r="w.p.r", e="w.p.e", q="w.p.q", t="w.p.t", info={
+            "outcome": "w.p.o", "pairs": f"transform(CASE WHEN w.kind = 'refused' THEN {refused} ELSE pairs END, "
+                                         "y -> named_struct('s', y.s, 'r', y.r, 'first', y.first))"}) + ")")
     # --- left-unsettled: records never deleted in their epoch; on a router that
     # stopped in order a violation, on one that died a note (its records went with it)
     closed = (f"exists(ev, e -> e.r = rec.r AND e.e = rec.e AND ((e.k {K('settled')} AND coalesce(e.b, false)) "
               f"OR e.k {K('record-deleted')}))")
     left = (f"transform(filter(recs, rec -> NOT {closed}), rec -> named_struct('rec', rec, 'died', array_contains("
-            f"{c.died}, rec.r || '|' || cast(rec.e as string)), 'by', try_element_at(transform(filter(ev, e -> "
-            f"e.r = rec.r AND e.e = rec.e AND e.k {K('settled')}), e -> e.y), 1), 'waiting', array_except(rec.owed, "
-            f"transform(filter(ev, e -> e.r = rec.r AND e.e = rec.e AND e.k {K('sub-outcome', 'expired')}), "
-            "e -> e.s))))")
+            f"{c.died}, cast(rec.r as string) || '|' || cast(rec.e as string)), 'by', try_element_at(transform("
+            f"filter(ev, e -> e.r = rec.r AND e.e = rec.e AND e.k {K('settled')}), e -> e.y), 1), 'waiting', "
+            f"array_except(rec.owed, transform(filter(ev, e -> e.r = rec.r AND e.e = rec.e AND "
+            f"e.k {K('sub-outcome', 'expired')}), e -> e.s))))")
     step = step.selectExpr("*", f"{v_disagree} AS v_disagree", f"{left} AS left")
     v_left = ("transform(filter(left, x -> NOT x.died), x -> "
-              + _violation("left-unsettled", "x.rec.r || '|' || delivery", r="x.rec.r", e="x.rec.e", q="x.rec.q",
-                           t="x.rec.t", info={"by": "x.by", "answer": "x.rec.ans", "origin": "x.rec.p",
-                                              "waiting": "x.waiting"}) + ")")
+              + _violation("left-unsettled", r="x.rec.r", e="x.rec.e", q="x.rec.q", t="x.rec.t", other="x.rec.p",
+                           info={"by": "x.by", "answer": "x.rec.ans", "waiting": "x.waiting"}) + ")")
+    # --- the applications' view (with ledgers): each subscriber's application was
+    # handed the delivery once (twice is a duplicate at the application), nothing
+    # no router sent it, and whatever it accepted (router view): `app_missing` lists
+    # those the application never got (a violation for subscribers that keep a ledger)
+    if ledgers:
+        apps = f"filter(ev, e -> e.k = {APP_DELIVERED})"
+        app = (f"transform(array_distinct(transform({apps}, e -> e.s)), s -> named_struct('s', s, 'n', "
+               f"size(filter({apps}, e -> e.s = s)), 'first', array_min(transform(filter({apps}, e -> e.s = s), "
+               "e -> named_struct('fid', e.p, 'split', e.e, 'row', e.q, 't', e.t)))))")
+        step = step.selectExpr("*", f"{app} AS app")
+        v_app = (f"concat(transform(filter(app, a -> a.n > 1), a -> "
+                 + _violation("ledger", kind="'twice'", s="a.s", t="a.first.t", info={"n": "a.n"}) + "), "
+                 "transform(filter(app, a -> size(recv_all) > 0 AND NOT exists(sends, x -> x.s = a.s)), a -> "
+                 + _violation("ledger", kind="'unsent'", s="a.s", t="a.first.t") + "))")
+        app_missing = "filter(acc_subs, s -> size(recv_all) > 0 AND NOT exists(app, a -> a.s = s))"
+    else:
+        step = step.selectExpr("*", "cast(NULL as array<struct<s:bigint,n:int,first:struct<fid:bigint,"
+                                    "split:bigint,row:bigint,t:double>>>) AS app")
+        v_app = "array()"
+        app_missing = "cast(array() as array<bigint>)"
     # --- what the cross-delivery checks and the summary read
     first_sends = ("transform(array_distinct(transform(sends, x -> named_struct('r', x.r, 's', x.s))), rs -> "
                    "array_min(transform(filter(sends, x -> x.r = rs.r AND x.s = rs.s), x -> named_struct("
@@ -939,67 +1043,109 @@ def delivery_facts(grouped: DataFrame, c: Constants) -> DataFrame:
         "transform(recs, x -> named_struct('r', x.r, 'e', x.e, 't', x.t)) AS recvs",
         f"{statuses} AS subs", f"{first_sends} AS first_sends",
         "transform(filter(left, x -> x.died), x -> named_struct('r', x.rec.r, 'e', x.rec.e)) AS died_with",
+        "app", f"{app_missing} AS app_missing",
         f"concat(coalesce(v_lost, array()), v_dup, coalesce(v_invented, array()), v_record, v_arrival, v_unowed, "
-        f"v_unsent, v_answer, v_disagree, {v_left}) AS v")
+        f"v_unsent, v_answer, v_disagree, {v_left}, {v_app}) AS v")
 
 
 # ---------------------------------------------------------------------------
 # Preparing everything
 # ---------------------------------------------------------------------------
 
-def prepare(lines: DataFrame, partitions: int | None = None, storage: StorageLevel = StorageLevel.MEMORY_AND_DISK,
-            cache_lines: bool = True) -> Tables:
-    """Validate the lines, collect the input's facts, build the per-delivery facts.
-    ``lines``: what spark/load.py read. ``cache_lines``: keep the validated lines
-    cached while the tables are built (a JSON source: parsed once, read three
-    times; a Parquet source is cheap to read again instead)."""
-    spark = lines.sparkSession
+def prepare(spark, sources: list, partitions: int | None = None,
+            storage: StorageLevel = StorageLevel.MEMORY_AND_DISK, ledgers: DataFrame | None = None) -> Tables:
+    """Read the input twice: once for everything about the input itself
+    (input_facts), once for the per-delivery facts (cached, not yet computed),
+    with the applications' ``ledgers`` if given."""
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    persisted = []
-    lines = validate(lines)
-    if cache_lines:
-        lines = lines.persist(storage)
-        persisted.append(lines)
-    facts_in = input_facts(lines)
-    small = small_tables(facts_in["life"], facts_in["epochs"])
+    facts_in = input_facts(spark, sources)
     present = {e["router"] for e in facts_in["epochs"]}
     facts_in["missing_routers"] = sorted(set(facts_in["named_routers"]) - present)
-    facts = facts_frame(lines, small, set(facts_in["missing_routers"]), partitions).persist(storage)
-    persisted.append(facts)
-    return Tables(lines, facts, facts_in, small, partitions, persisted)
+    life = facts_in["life"]
+    subscribers = {f"{r['container']}/{r['name']}" for r in life if r.get("container") is not None}
+    known = hashes_of(spark, sorted(present | set(facts_in["named_routers"]) | subscribers
+                                    | {x for r in life for x in (r.get("reachable") or [])}))
+    if len(set(known.values())) != len(known):  # two names, one 64-bit hash: the proof could mix them up
+        by_hash: dict = defaultdict(list)
+        for name, value in known.items():
+            by_hash[value].append(name)
+        raise HashCollision(", ".join(" and ".join(n) for n in by_hash.values() if len(n) > 1))
+    names = Names({known[n]: n for n in present | set(facts_in["named_routers"]) if n in known},
+                  {known[n]: n for n in subscribers if n in known})
+    small = small_tables(life, facts_in["epochs"], lambda n: known.get(n) if n is not None else None)
+    missing = [known[n] for n in facts_in["missing_routers"]]
+    facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers)
+    facts = facts.persist(storage)
+    return Tables(facts, facts_in, small, names, sources, partitions, observation, [facts])
 
 
-def facts_frame(lines: DataFrame, small: dict, missing: set, partitions: int) -> DataFrame:
-    """The per-delivery facts from the validated lines (not cached): unfold, narrow,
-    one shuffle by delivery id, one row per delivery, every per-delivery invariant."""
-    events = unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull()))
-    grouped = group_deliveries(narrow(events, small["windows"]), partitions)
-    return delivery_facts(grouped, Constants(small, missing))
+def app_events(ledgers: DataFrame) -> DataFrame:
+    """The applications' `delivered` lines (docs/ledger.md) as events of their
+    delivery, in narrow()'s shape: s the subscriber (hashed), o what the
+    application answered, t when; p the ledger file, e and q its place in that file
+    (the split's offset, the row): the application's own order."""
+    delivered = ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered")
+                              & F.col("delivery").isNotNull())
+    none = F.lit(None)
+    return delivered.select(
+        F.xxhash64("delivery").alias("h"), "delivery", none.cast("long").alias("r"), F.col("split").alias("e"),
+        F.col("row").alias("q"), F.col("ts").alias("t"), F.lit(APP_DELIVERED).alias("k"),
+        _hash(_key(F.col("client"), F.col("link"))).alias("s"),
+        _code(F.col("outcome"), tuple(OUTCOME), OUTCOME, 6).alias("o"), F.col("fid").alias("p"),
+        none.cast("array<bigint>").alias("l"), none.cast("array<bigint>").alias("f"),
+        none.cast("array<bigint>").alias("x"), none.cast("boolean").alias("b"), none.cast("int").alias("y"),
+        none.cast("struct<topic:string,publisher:string,link_name:string,incarnation:string,pub_tag:string,"
+                  "stream_seq:bigint>").alias("id"),
+        F.lit(0).alias("_pos"), F.lit(False).alias("rep"))
+
+
+def facts_frame(spark, sources: list, small: dict, missing: list, partitions: int,
+                ledgers: DataFrame | None = None) -> tuple[DataFrame, Observation]:
+    """The per-delivery facts from a second read of the input (the fields of the
+    events about deliveries): unfold, narrow, one shuffle by delivery id, one row
+    per delivery, every per-delivery invariant. With ``ledgers``, the applications'
+    `delivered` lines join the same shuffle (app_events). Also counts (``observe``)
+    the malformed lines among those this read converts differently (a field of the
+    wrong type among its fields), and which subscribers keep a ledger."""
+    from spark.load import load_lines
+    lines = load_lines(spark, sources, DELIVERY_READ)
+    lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
+    lines = lines.withColumn("_bad", bad(lines))
+    observation = Observation("deliveries")
+    lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
+    events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())),
+                    small["windows"])
+    if ledgers is not None:
+        events = events.unionByName(app_events(ledgers))
+    grouped = group_deliveries(events, partitions)
+    return delivery_facts(grouped, Constants(small, missing), ledgers is not None), observation
 
 
 # ---------------------------------------------------------------------------
-# The input checks (from what input_facts collected)
+# The input checks (from what input_facts found: Python rows)
 # ---------------------------------------------------------------------------
 
-def input_violations(spark, t: Tables, located: list[dict]) -> tuple[DataFrame, list[dict]]:
+def input_violations(t: Tables, located: list[dict], bad_total: int) -> tuple[list[dict], list[dict]]:
     """Malformed lines, sequence gaps and repeats, and the routers and epochs whose
-    log is missing. Returns (violations, torn lines: notes)."""
+    log is missing, as violation dicts (with names). Returns (violations, torn
+    lines: notes)."""
     rows, torn = [], []
 
     def row(check, item, router=None, epoch=None, seq=None, file=None, line=None, ts=None, **info):
-        rows.append((check, item, None, router, epoch, seq, None, None, None, file, line, ts,
-                     json.dumps(info) if info else None))
+        rows.append({"check": check, "item": item, "delivery": None, "router": router, "epoch": epoch, "seq": seq,
+                     "subscriber": None, "publisher": None, "pub_tag": None, "file": file, "line": line, "ts": ts,
+                     "info": json.dumps(info) if info else None})
 
     for b in located:
         if b["torn"]:
-            torn.append({"file": b[FILE], "line": b["line"]})
+            torn.append({"file": b["file"], "line": b["line"]})
             continue
-        row("malformed-line", f"{b[FILE]}:{b['line']}", b["router"], b["epoch"], b["seq"], b[FILE], b["line"], b["ts"],
-            problem=b[PROBLEM], text=(b[CORRUPT] or "")[:80])
-    listed = sum(1 for b in located if not b["torn"])
-    if t.input["bad_count"] > listed + len(torn):
-        row("malformed-line", "(more)", more=t.input["bad_count"] - listed - len(torn))
+        row("malformed-line", f"{b['file']}:{b['line']}", b["router"], b["epoch"], b["seq"], b["file"], b["line"],
+            b["ts"], problem=b["problem"], text=(b["text"] or "")[:80])
+    listed = len(located)
+    if bad_total > listed:
+        row("malformed-line", "(more)", more=bad_total - listed)
     epochs = {(e["router"], e["epoch"]): e for e in t.epochs}
     for router, epoch, lo, hi in t.input["gaps"]:
         e = epochs[(router, epoch)]
@@ -1015,7 +1161,7 @@ def input_violations(spark, t: Tables, located: list[dict]) -> tuple[DataFrame, 
         if peer in present and (peer, peer_epoch) not in epochs:
             row("router-log-missing", f"{peer}|{peer_epoch}", peer, peer_epoch, by=by, by_epoch=by_epoch,
                 by_seq=by_seq)
-    return spark.createDataFrame(rows, violation_schema()), torn
+    return rows, torn
 
 
 # ---------------------------------------------------------------------------
@@ -1025,11 +1171,8 @@ def input_violations(spark, t: Tables, located: list[dict]) -> tuple[DataFrame, 
 def per_delivery(t: Tables) -> DataFrame:
     """The violations the per-delivery pass found, as rows."""
     return t.facts.where(F.size("v") > 0).select("delivery", "publisher", "pub_tag", F.explode("v").alias("x")) \
-        .select(F.col("x.check").alias("check"), F.col("x.item").alias("item"), "delivery",
-                F.col("x.router").alias("router"), F.col("x.epoch").alias("epoch"), F.col("x.seq").alias("seq"),
-                F.col("x.subscriber").alias("subscriber"), "publisher", "pub_tag",
-                F.lit(None).cast("string").alias("file"), F.lit(None).cast("long").alias("line"),
-                F.col("x.ts").alias("ts"), F.col("x.info").alias("info"))
+        .select("x.check", "x.kind", "delivery", "x.router", "x.epoch", "x.seq", "x.subscriber", "x.other",
+                "publisher", "pub_tag", "x.ts", "x.info")
 
 
 def duplicated_by_publisher(t: Tables) -> DataFrame:
@@ -1046,8 +1189,7 @@ def duplicated_by_publisher(t: Tables) -> DataFrame:
     by_pub = accepted.groupBy("subscriber", "pub_id").agg(
         F.count_distinct("delivery").alias("n"), F.array_sort(F.collect_set("delivery")).alias("ids"),
         F.first("publisher").alias("publisher"), F.first("pub_tag").alias("pub_tag")).where(F.col("n") > 1)
-    return violations(by_pub, "duplicated", F.concat_ws("|", "subscriber", "pub_id"), {"pub_id": "pub_id",
-                                                                                       "ids": "ids"},
+    return violations(by_pub, "duplicated", {"pub_id": "pub_id", "ids": "ids"}, kind=F.lit("pub_id"),
                       delivery=F.try_element_at("ids", F.lit(1)), subscriber="subscriber", publisher="publisher",
                       pub_tag="pub_tag")
 
@@ -1073,7 +1215,7 @@ def out_of_order(t: Tables) -> DataFrame:
         F.min(F.struct("epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag")).alias("m")) \
         .select("router", "subscriber", "stream", "m.*")
     bad = _order_violations(first, ["router", "subscriber", "stream"], ["epoch", "seq"])
-    return violations(bad, "out-of-order", F.concat_ws("|", "router", "subscriber", "delivery"), {
+    return violations(bad, "out-of-order", {
         "stream_seq": "stream_seq", "prev_seq": "prev.stream_seq", "prev": "prev.delivery", "stream": "stream"},
         delivery="delivery", router="router", subscriber="subscriber", epoch="epoch", seq="seq",
         publisher="publisher", pub_tag="pub_tag")
@@ -1083,127 +1225,116 @@ def out_of_order(t: Tables) -> DataFrame:
 # The applications' ledgers (--clients)
 # ---------------------------------------------------------------------------
 
-def ledger_checks(t: Tables, ledgers: DataFrame) -> DataFrame:
-    """Router view against application view (docs/ledger.md):
-    - each delivery a subscriber accepted (router view) was handed to that
-      application exactly once (``delivered`` lines), and the application was
-      handed nothing the router never sent it, nor one publisher delivery under
-      two delivery ids;
-    - each subscriber application saw each publisher stream in stream_seq order;
-    - a publisher's ledger says ``accepted`` (its last outcome line for the
-      delivery) exactly when a router's ``pub-outcome`` said accepted.
-    Only links that keep a ledger are judged."""
-    L = ledgers.withColumn("key", _key(F.col("client"), F.col("link")))
-    delivered = L.where((F.col("role") == "subscriber") & (F.col("event") == "delivered")) \
-        .select("key", "delivery", "ts", "line", "file", "message_id")
-    clients = delivered.select(F.col("key").alias("subscriber")).distinct()
-    got = delivered.groupBy(F.col("key").alias("subscriber"), "delivery").agg(
-        F.count(F.lit(1)).alias("n"), F.min("ts").alias("ts"), F.first("message_id", ignorenulls=True).alias("mid"))
-    router_acc = t.facts.select("delivery", "pub_tag", "publisher", F.explode("subs").alias("x")) \
-        .where(F.col("x.o") == ACC).select("delivery", "pub_tag", "publisher", F.col("x.s").alias("subscriber")) \
-        .join(F.broadcast(clients), "subscriber", "left_semi")
-    both = router_acc.join(got, ["delivery", "subscriber"], "full_outer")
-    rows = [
-        violations(both.where(F.col("publisher").isNotNull() & F.col("n").isNull()), "ledger",
-                   F.concat_ws("|", F.lit("missing"), "subscriber", "delivery"), {"kind": F.lit("missing")},
-                   delivery="delivery", subscriber="subscriber", publisher="publisher", pub_tag="pub_tag"),
-        violations(both.where(F.col("n") > 1), "ledger", F.concat_ws("|", F.lit("twice"), "subscriber", "delivery"),
-                   {"kind": F.lit("twice"), "n": "n", "message_id": "mid"},
-                   delivery="delivery", subscriber="subscriber", ts="ts", publisher="publisher", pub_tag="pub_tag"),
-    ]
-    sent = t.facts.select("delivery", F.explode("first_sends").alias("x")).select("delivery",
-                                                                                  F.col("x.s").alias("subscriber"))
-    unsent = got.join(sent, ["delivery", "subscriber"], "left_anti")
-    rows.append(violations(unsent, "ledger", F.concat_ws("|", F.lit("unsent"), "subscriber", "delivery"),
-                           {"kind": F.lit("unsent"), "message_id": "mid"},
-                           delivery="delivery", subscriber="subscriber", ts="ts"))
-    ident = t.facts.select("delivery", "pub_id", "stream", "stream_seq", "publisher", "pub_tag")
-    by_pub = got.join(ident, "delivery").groupBy("subscriber", "pub_id").agg(
+def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
+    """Router view against application view (docs/ledger.md), for the links that
+    keep a ledger. Decided in the per-delivery pass (the `delivered` lines travel
+    with the events, app_events()): an application handed a delivery twice, or one
+    no router sent it. Here: whatever a subscriber accepted (router view) its
+    application was handed (``app_missing`` of the subscribers that keep a ledger);
+    no application was handed one publisher delivery under two ids (the publisher
+    deliveries with more than one id, few); each application saw each publisher
+    stream in stream_seq order (one window, as for publisher order); and a
+    publisher's last outcome line says ``accepted`` exactly when a router's
+    ``pub-outcome`` did (``told``: app_outcomes())."""
+    keepers = ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered")) \
+        .select(_hash(_key(F.col("client"), F.col("link"))).alias("subscriber"), _key(F.col("client"), F.col("link"))
+                .alias("name")).distinct()
+    missing = t.facts.where(F.size("app_missing") > 0).select(
+        "delivery", "publisher", "pub_tag", F.explode("app_missing").alias("subscriber")) \
+        .join(F.broadcast(keepers), "subscriber", "left_semi")
+    rows = [violations(missing, "ledger", None, kind=F.lit("missing"), delivery="delivery", subscriber="subscriber",
+                       publisher="publisher", pub_tag="pub_tag")]
+    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")) \
+        .where(F.col("ids") > 1)
+    handed = t.facts.join(F.broadcast(multi), "pub_id", "left_semi").where(F.size("app") > 0).select(
+        "delivery", "pub_id", "publisher", "pub_tag", F.explode("app").alias("a"))
+    by_pub = handed.groupBy(F.col("a.s").alias("subscriber"), "pub_id").agg(
         F.count_distinct("delivery").alias("n"), F.array_sort(F.collect_set("delivery")).alias("ids"),
-        F.min("ts").alias("ts"), F.first("publisher").alias("publisher"), F.first("pub_tag").alias("pub_tag"),
-        F.first("mid", ignorenulls=True).alias("mid")).where(F.col("n") > 1)
-    rows.append(violations(by_pub, "ledger", F.concat_ws("|", F.lit("dup"), "subscriber", "pub_id"),
-                           {"kind": F.lit("dup"), "ids": "ids", "message_id": "mid"},
-                           delivery=F.try_element_at("ids", F.lit(1)), subscriber="subscriber", ts="ts",
+        F.min("a.first.t").alias("ts"), F.first("publisher").alias("publisher"), F.first("pub_tag").alias("pub_tag")) \
+        .where(F.col("n") > 1)
+    rows.append(violations(by_pub, "ledger", {"ids": "ids", "pub_id": "pub_id"},
+                           kind=F.concat(F.lit("dup|"), F.col("pub_id")), delivery=F.try_element_at("ids", F.lit(1)),
+                           subscriber="subscriber", ts="ts", publisher="publisher", pub_tag="pub_tag"))
+    # Application order, per subscriber link (its ledger file) and publisher stream,
+    # each publisher delivery at the first time it was handed over, in file order.
+    firsts = t.facts.where(F.col("received") & (F.size(F.coalesce("app", F.array())) > 0)).select(
+        "delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.explode("app").alias("a")) \
+        .select("delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag",
+                F.col("a.s").alias("subscriber"), F.col("a.first.fid").alias("fid"),
+                F.struct(F.col("a.first.split").alias("split"), F.col("a.first.row").alias("row")).alias("line"),
+                F.col("a.first.t").alias("ts"))
+    first = firsts.groupBy("subscriber", "fid", "stream", "pub_id").agg(
+        F.min(F.struct("line", "delivery", "stream_seq", "ts", "publisher", "pub_tag")).alias("m")) \
+        .select("subscriber", "fid", "stream", "m.*")
+    bad = _order_violations(first, ["subscriber", "fid", "stream"], ["line"])
+    rows.append(violations(bad, "ledger", {"stream_seq": "stream_seq", "prev_seq": "prev.stream_seq",
+                                           "stream": "stream"},
+                           kind=F.lit("order"), delivery="delivery", subscriber="subscriber", ts="ts",
                            publisher="publisher", pub_tag="pub_tag"))
-    # Application order, per subscriber link and publisher stream (the first time
-    # each publisher delivery was handed over), in the ledger's line order.
-    first = delivered.join(ident, "delivery").groupBy(F.col("key").alias("subscriber"), "file", "stream", "pub_id") \
-        .agg(F.min(F.struct("line", "delivery", "stream_seq", "ts", "publisher", "pub_tag", "message_id")).alias("m")) \
-        .select("subscriber", "file", "stream", "m.*")
-    bad = _order_violations(first, ["subscriber", "file", "stream"], ["line"])
-    rows.append(violations(bad, "ledger", F.concat_ws("|", F.lit("order"), "subscriber", "delivery"), {
-        "kind": F.lit("order"), "stream_seq": "stream_seq", "prev_seq": "prev.stream_seq", "stream": "stream",
-        "message_id": "message_id"},
-        delivery="delivery", subscriber="subscriber", ts="ts", publisher="publisher", pub_tag="pub_tag"))
-    rows.append(_publisher_ledger(t, L))
+    rows.append(_publisher_ledger(told))
     return union_all(rows)
 
 
 def publisher_outcomes(ledgers: DataFrame) -> DataFrame:
     """Each publisher delivery's last outcome line in its application's ledger:
     (publisher, link_name, l_inc, pub_tag, app_outcome, app_ts, message_id)."""
-    L = ledgers
-    mids = L.where((F.col("role") == "publisher") & (F.col("event") == "sent")) \
-        .groupBy("client", "link", "pub_tag").agg(F.first("message_id", ignorenulls=True).alias("message_id"))
-    told = L.where((F.col("role") == "publisher") & (F.col("event") == "outcome")) \
-        .groupBy("client", "link", "incarnation", "pub_tag").agg(
-            F.max_by("outcome", "line").alias("app_outcome"), F.max("ts").alias("app_ts"))
-    return told.join(mids, ["client", "link", "pub_tag"], "left").select(
+    L = ledgers.where(F.col("role") == "publisher")
+    rows = L.groupBy("client", "link", "incarnation", "pub_tag").agg(
+        F.max_by(F.when(F.col("event") == "outcome", F.col("outcome")),
+                 F.when(F.col("event") == "outcome", F.struct("split", "row"))).alias("app_outcome"),
+        F.max(F.when(F.col("event") == "outcome", F.col("ts"))).alias("app_ts"),
+        F.first("message_id", ignorenulls=True).alias("message_id"))
+    return rows.where(F.col("app_outcome").isNotNull()).select(
         F.col("client").alias("publisher"), F.col("link").alias("link_name"), F.col("incarnation").alias("l_inc"),
         "pub_tag", "app_outcome", "app_ts", "message_id")
 
 
 def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
-    """(delivery, app_outcome, app_ts, message_id) for publisher deliveries whose
-    application keeps a ledger: matched on (client, link, incarnation, pub_tag), or
-    (client, link, pub_tag) for a ledger without the incarnation."""
+    """The routers' publisher deliveries (their origin's pub-outcome) beside what each
+    application's ledger says it was told, matched on (client, link, incarnation,
+    pub_tag), or (client, link, pub_tag) for a ledger without the incarnation: one
+    full outer join, of the publishers that keep a ledger. Columns: delivery,
+    publisher, link_name, pub_tag, router (origin), o (routers' outcome), accepted,
+    ts, app_outcome, app_ts, message_id, and the facts ``subs`` and ``pub``."""
     told = publisher_outcomes(ledgers)
-    ids = t.facts.where(F.col("received")).select("delivery", "publisher", "link_name", "incarnation", "pub_tag")
-    cond = ((ids["publisher"] == told["publisher"]) & (ids["link_name"] == told["link_name"])
-            & (ids["pub_tag"] == told["pub_tag"]) & (told["l_inc"].isNull() | (told["l_inc"] == ids["incarnation"])))
-    return ids.join(told, cond).select(ids["delivery"], "app_outcome", "app_ts", "message_id")
-
-
-def app_outcome_disagrees(t: Tables, app: DataFrame) -> DataFrame:
-    """outcome-disagrees from the applications' side: a publisher whose ledger says
-    it was told released, rejected or modified although every subscriber owed the
-    delivery accepted it, where the routers' log has no such outcome for it (its
-    pub-outcome is missing, or says accepted)."""
-    told = app.where(F.col("app_outcome").isNotNull() & (F.col("app_outcome") != "accepted"))
-    owed = F.filter("subs", lambda x: x["owed"])
-    f = t.facts.join(told, "delivery").where(
-        (F.col("pub").isNull() | (F.col("pub.o") == ACC)) & (F.size(owed) > 0)
-        & F.forall(owed, lambda x: x["o"] == ACC))
-    return violations(f, "outcome-disagrees", F.col("delivery"), {
-        "kind": F.lit("ledger"), "app_outcome": "app_outcome", "pairs": F.transform(owed, lambda x: F.struct(
-            x["s"].alias("s")))}, delivery="delivery", router="origin", publisher="publisher", pub_tag="pub_tag",
-        ts="app_ts")
-
-
-def _publisher_ledger(t: Tables, L: DataFrame) -> DataFrame:
-    told = publisher_outcomes(L)
-    pubs = L.where(F.col("role") == "publisher").select(F.col("client").alias("publisher"),
-                                                      F.col("link").alias("link_name")).distinct()
+    pubs = ledgers.where(F.col("role") == "publisher").select(F.col("client").alias("publisher"),
+                                                              F.col("link").alias("link_name")).distinct()
     router = t.facts.where(F.col("pub").isNotNull() & F.col("origin").isNotNull()).select(
-        "delivery", "publisher", "link_name", "incarnation", "pub_tag", F.col("told_accepted").alias("accepted"),
-        F.col("pub.o").alias("o"), F.col("pub.t").alias("ts"), F.col("origin").alias("router")) \
+        "delivery", "publisher", "link_name", "incarnation", "pub_tag", "told_accepted", "pub", "subs", "origin") \
         .join(F.broadcast(pubs), ["publisher", "link_name"], "left_semi")
     cond = ((F.col("r.publisher") == F.col("l.publisher")) & (F.col("r.link_name") == F.col("l.link_name"))
             & (F.col("r.pub_tag") == F.col("l.pub_tag"))
             & (F.col("l.l_inc").isNull() | (F.col("l.l_inc") == F.col("r.incarnation"))))
-    matched = router.alias("r").join(told.alias("l"), cond, "full_outer").select(
+    return router.alias("r").join(told.alias("l"), cond, "full_outer").select(
         F.coalesce("r.publisher", "l.publisher").alias("publisher"),
         F.coalesce("r.link_name", "l.link_name").alias("link_name"),
-        F.coalesce("r.pub_tag", "l.pub_tag").alias("pub_tag"), "r.delivery", "r.router", "r.o",
-        "r.accepted", "r.ts", "l.app_outcome", "l.app_ts", "l.message_id")
+        F.coalesce("r.pub_tag", "l.pub_tag").alias("pub_tag"), "r.delivery", F.col("r.origin").alias("router"),
+        F.col("r.pub.o").alias("o"), F.col("r.told_accepted").alias("accepted"), F.col("r.pub.t").alias("ts"),
+        "r.pub", "r.subs", "l.app_outcome", "l.app_ts", "l.message_id")
+
+
+def app_outcome_disagrees(told: DataFrame) -> DataFrame:
+    """outcome-disagrees from the applications' side: a publisher whose ledger says
+    it was told released, rejected or modified although every subscriber owed the
+    delivery accepted it, where its origin router logged accepted."""
+    owed = F.filter("subs", lambda x: x["owed"])
+    f = told.where(F.col("delivery").isNotNull() & F.col("app_outcome").isNotNull()
+                   & (F.col("app_outcome") != "accepted") & (F.col("pub").isNull() | (F.col("o") == ACC))
+                   & (F.size(owed) > 0) & F.forall(owed, lambda x: x["o"] == ACC))
+    return violations(f, "outcome-disagrees", {
+        "app_outcome": "app_outcome", "pairs": F.transform(owed, lambda x: F.struct(x["s"].alias("s")))},
+        kind=F.lit("ledger"), delivery="delivery", router="router", publisher="publisher", pub_tag="pub_tag",
+        ts="app_ts")
+
+
+def _publisher_ledger(told: DataFrame) -> DataFrame:
     app_accepted = F.coalesce(F.col("app_outcome") == "accepted", F.lit(False))
     router_accepted = F.coalesce(F.col("accepted"), F.lit(False))
-    bad = matched.where(app_accepted != router_accepted)
-    return violations(bad, "ledger", F.concat_ws("|", F.lit("pub"), "publisher", "link_name", "pub_tag",
-                                                 F.coalesce("delivery", F.lit(""))),
-                      {"kind": F.lit("pub"), "link": "link_name", "outcome": "o", "app_outcome": "app_outcome",
-                       "message_id": "message_id"},
+    bad = told.where((F.col("delivery").isNotNull() | F.col("app_outcome").isNotNull())
+                     & (app_accepted != router_accepted))
+    return violations(bad, "ledger", {"link": "link_name", "outcome": "o", "app_outcome": "app_outcome",
+                                      "message_id": "message_id"},
+                      kind=F.concat_ws("|", F.lit("pub"), "publisher", "link_name", "pub_tag"),
                       delivery="delivery", router="router", ts=F.coalesce(F.col("ts"), F.col("app_ts")),
                       publisher="publisher", pub_tag="pub_tag")
 
@@ -1212,38 +1343,119 @@ def _publisher_ledger(t: Tables, L: DataFrame) -> DataFrame:
 # Everything
 # ---------------------------------------------------------------------------
 
-def all_violations(t: Tables, ledgers: DataFrame | None = None, app: DataFrame | None = None) -> DataFrame:
+def all_violations(t: Tables, ledgers: DataFrame | None = None, told: DataFrame | None = None) -> DataFrame:
     """Every per-delivery and cross-delivery check (the input checks come from
-    ``input_violations``)."""
+    ``input_violations``), as rows of VIOLATION_SCHEMA. ``told``: app_outcomes()."""
     frames = [per_delivery(t), duplicated_by_publisher(t), out_of_order(t)]
     if ledgers is not None:
-        frames.append(ledger_checks(t, ledgers))
-    if app is not None:
-        frames.append(app_outcome_disagrees(t, app))
+        frames += [ledger_checks(t, ledgers, told), app_outcome_disagrees(told)]
     return union_all(frames)
 
 
+def counted(violations_df: DataFrame) -> DataFrame:
+    """(check, rows, items) of Spark's violations: what each check counts (ITEM) is
+    the distinct values of its fields among the row's."""
+    fields = ("kind", "delivery", "router", "epoch", "subscriber", "other")
+    item = F.struct(*[F.when(F.col("check").isin(*[c for c, fs in ITEM.items() if f in fs]), F.col(f)).alias(f)
+                      for f in fields])
+    return violations_df.groupBy("check").agg(F.count(F.lit(1)).alias("rows"), F.count_distinct(item).alias("items"))
+
+
+def subscriber_names(spark, sources: list, hashes: set) -> dict:
+    """hash -> subscriber key, for subscribers no router saw attach (cold path:
+    one more read of the events' subscriber fields)."""
+    from spark.load import load_lines
+    lines = load_lines(spark, sources, ("subscriber", "owed", "forwarded", "subscribers"))
+    empty = F.array().cast("array<string>")
+    names = lines.select(F.explode(F.array_distinct(F.array_compact(F.concat(
+        F.array("subscriber"), F.coalesce("owed", empty), F.coalesce("forwarded", empty),
+        F.coalesce("subscribers", empty))))).alias("n")).distinct() \
+        .where(F.xxhash64("n").isin(*sorted(hashes)))
+    return {r["h"]: r["n"] for r in names.select("n", F.xxhash64("n").alias("h")).collect()}
+
+
+def decode_all(rows: list[dict], names: Names) -> list[dict]:
+    """The listed violations with names (Spark's rows; the input checks' rows have
+    them already)."""
+    spark_rows = [r for r in rows if r.get("_spark")]
+    decoded = iter(decode(spark_rows, names))
+    out = []
+    for r in rows:
+        if r.get("_spark"):
+            v = next(decoded)
+            v.pop("_spark", None)
+            out.append(v)
+        else:
+            out.append(r)
+    return out
+
+
 # ---------------------------------------------------------------------------
-# Sentences (on the driver, for the violations the report lists)
+# On the driver: names, items and sentences for the violations the report lists
 # ---------------------------------------------------------------------------
+
+def decode(rows: list[dict], names: Names) -> list[dict]:
+    """Spark's violation rows with names for the hashes, ``item`` (what the check
+    counts, as text) and ``detail`` (the sentence)."""
+    out = []
+    for row in rows:
+        v = dict(row)
+        info = json.loads(v["info"]) if v.get("info") else {}
+        v["router"] = names.router(v["router"])
+        v["other"] = names.router(v["other"])
+        if info.get("name"):  # a ledger's subscriber the routers never named
+            names.subscribers.setdefault(v["subscriber"], info["name"])
+        v["subscriber"] = names.subscriber(v["subscriber"])
+        for p in info.get("pairs") or []:
+            p["s"] = names.subscriber(p.get("s"))
+            p["r"] = names.router(p.get("r"))
+        for w in info.get("where") or []:
+            w["r"] = names.router(w.get("r"))
+        if "owed" in info:
+            info["owed"] = [names.subscriber(s) for s in info["owed"] or []]
+        if "waiting" in info:
+            info["waiting"] = [names.subscriber(s) for s in info["waiting"] or []]
+        v["info"] = json.dumps(info) if info else None
+        v["item"] = item_of(v)
+        v.setdefault("file", None)
+        v.setdefault("line", None)
+        out.append(v)
+    return out
+
+
+def item_of(v: dict) -> str:
+    """What a check counts, as text (the tests and the report name items so)."""
+    check, kind = v["check"], v.get("kind")
+    if check == "duplicated" and kind == "pub_id":
+        return f"{v['subscriber']}|{json.loads(v['info'])['pub_id']}"
+    if check == "ledger":
+        if kind.startswith("pub|"):
+            return f"{kind}|{v['delivery'] or ''}"
+        if kind.startswith("dup|"):
+            return f"dup|{v['subscriber']}|{kind[4:]}"
+        return f"{kind}|{v['subscriber']}|{v['delivery']}"
+    parts = {"delivery": v["delivery"], "router": v["router"], "epoch": v["epoch"], "subscriber": v["subscriber"],
+             "other": v["other"], "kind": kind}
+    return "|".join(str(parts[f]) for f in ITEM[check] if f != "kind")
+
 
 def _outcome(code) -> str:
     return OUTCOME_NAME.get(code, "?") if code is not None else "nothing"
 
 
 def describe(v: dict) -> str:
-    """The sentence for one violation (a row of VIOLATION_COLUMNS as a dict)."""
+    """The sentence for one violation (decoded: names, not hashes)."""
     info = json.loads(v["info"]) if v.get("info") else {}
     check = v["check"]
-    tag = (f"; publisher {v['publisher']} tag {v['pub_tag']}" if v.get("publisher") else "") + (
-        f" (message-id {v['message_id']})" if v.get("message_id") else "")
+    tag = (f"; publisher {v['publisher']} tag {v['pub_tag']}" if v.get("publisher") else "")
     where = f"router {v['router']} epoch {v['epoch']} seq {v['seq']}"
     sub = v.get("subscriber")
     if check == "malformed-line":
         if "more" in info:
             return f"and {info['more']:,} more malformed line(s) not listed"
         text = f": {info['text']!r}" if info.get("text") else ""
-        return f"{v['file']}:{v['line']}: {info['problem']}{text}"
+        place = f"{v['file']}:{v['line']}" if v.get("line") else f"{v['file']} (a line)"
+        return f"{place}: {info['problem']}{text}"
     if check == "seq-gap":
         lo, hi = info["lo"], info["hi"]
         what = f"seq {lo} is missing" if lo == hi else f"seq {lo}..{hi} are missing ({hi - lo + 1:,} lines)"
@@ -1260,15 +1472,15 @@ def describe(v: dict) -> str:
         return (f"no log of router {v['router']}, which the other routers' events about deliveries name: pass its "
                 f"data directory too (what it did cannot be proven, and is not reported delivery by delivery)")
     if check == "lost":
-        if "moved_from" in info:
-            return (f"publisher told accepted, but durable subscriber {sub} (moved from router "
-                    f"{info['moved_from']}, owed wherever it re-attached) never accepted it anywhere, and its "
-                    f"obligation was never discarded{tag}")
-        if "origin" in info:
+        if v.get("kind") == "moved":
+            return (f"publisher told accepted, but durable subscriber {sub} (moved from router {v['other']}, owed "
+                    f"wherever it re-attached) never accepted it anywhere, and its obligation was never "
+                    f"discarded{tag}")
+        if v.get("kind") == "router":
             told = ",".join(_outcome(o) for o in info.get("told") or [])
-            return (f"publisher told accepted by {info['origin']}, but router {v['router']} (owed it: in the "
-                    f"origin's routers) " + (f"answered {told} without logging its arrival" if told else
-                                             "never received it and never answered") + tag)
+            return (f"publisher told accepted by {v['other']}, but router {v['router']} (owed it: in the origin's "
+                    f"routers) " + (f"answered {told} without logging its arrival" if told else
+                                    "never received it and never answered") + tag)
         said = ",".join(_outcome(o) for o in info.get("said") or [])
         what = (f"answered {said}" if said else f"was sent it (seq {info['sent']}) and never answered"
                 if info.get("sent") is not None else "was owed it and never sent it")
@@ -1276,7 +1488,7 @@ def describe(v: dict) -> str:
                   f"the router answered {_outcome(info.get('answer'))} at seq {info['answer_seq']}")
         return f"publisher told accepted, but subscriber {sub} on router {v['router']} {what}; {answer}{tag}"
     if check == "duplicated":
-        if "ids" in info:
+        if v.get("kind") == "pub_id":
             return (f"subscriber {sub} accepted one publisher delivery ({info['pub_id']}) under {len(info['ids'])} "
                     f"delivery ids: {', '.join(info['ids'])}{tag}")
         places = "; ".join(f"router {w['r']} epoch {w['e']} seq {w['q']}" for w in info["where"])
@@ -1300,22 +1512,22 @@ def describe(v: dict) -> str:
         return (f"router {v['router']} epoch {v['epoch']} logged {kind}{outcome}" + (f" for {sub}" if sub else "")
                 + f" at seq {v['seq']}{more} without a record of it in that epoch: {why}{tag}")
     if check == "arrival-unforwarded":
-        return (f"router {v['router']} received it from origin {info['origin']} (epoch {v['epoch']} seq {v['seq']}), "
-                f"but no router logged forwarding it there{tag}")
+        return (f"router {v['router']} received it from origin {v['other']} (epoch {v['epoch']} seq {v['seq']}), but "
+                f"no router logged forwarding it there{tag}")
     if check == "accept-unowed":
         never = "" if info.get("attached") else ", and it never attached to any router"
         return (f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but was never owed this "
                 f"delivery: no router listed it as owed, sent it or moved an obligation to it{never}{tag}")
     if check == "accept-unsent":
-        return (f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but that router had not "
-                f"sent it this delivery before{tag}")
+        return (f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but that router had not sent "
+                f"it this delivery before{tag}")
     if check == "answer-missing":
         received = info.get("received") or {}
         answer = info.get("answer")
         then = (f"and answered {_outcome(answer['o'])} at seq {answer['q']}: the origin never logged that answer"
                 if answer else "and never logged an answer (nor did the origin log one)")
         return (f"origin {v['router']} told its publisher {_outcome(info.get('outcome'))} (seq {v['seq']}) without an "
-                f"answer from router {info['router']}, which received it (epoch {received.get('e')} seq "
+                f"answer from router {v['other']}, which received it (epoch {received.get('e')} seq "
                 f"{received.get('q')}) for {', '.join(info.get('owed') or [])} {then}{tag}")
     if check == "outcome-disagrees":
         pairs = info.get("pairs") or []
@@ -1325,12 +1537,11 @@ def describe(v: dict) -> str:
             did = f" {_outcome(first['o'])} at seq {first['q']}" if first else ""
             return f"{p['s']}@{p['r']}{did}" if p.get("r") else p["s"]
         people = ", ".join(sorted(who(p) for p in pairs))
-        if info.get("kind") == "ledger":
+        if v.get("kind") == "ledger":
             return (f"the publisher's ledger says it was told {info['app_outcome']}, but every subscriber owed it "
                     f"accepted it: {people}{tag}")
-        reason = f" ({info['reason']})" if info.get("reason") else ""
-        told = f"publisher told {_outcome(info.get('outcome'))}{reason} by router {v['router']} (seq {v['seq']})"
-        if info.get("kind") == "all-accepted":
+        told = f"publisher told {_outcome(info.get('outcome'))} by router {v['router']} (seq {v['seq']})"
+        if v.get("kind") == "all-accepted":
             routers = ", ".join(sorted({p["r"] for p in pairs}))
             return f"{told}, but every subscriber owed it accepted it: {people} (routers {routers}){tag}"
         return (f"{told}, but owed subscriber(s) answered otherwise before their router answered and never accepted "
@@ -1342,13 +1553,13 @@ def describe(v: dict) -> str:
                    f"known to have seen the settlement)")
         elif answer:
             why = f"answered {_outcome(answer['o'])}; " + (
-                "the publisher never settled it" if info.get("origin") is None else
-                f"origin router {info['origin']} never relayed a settlement")
+                "the publisher never settled it" if v.get("other") is None else
+                f"origin router {v['other']} never relayed a settlement")
         else:
             why = "never answered: waiting for " + (", ".join(info.get("waiting") or []) or "remote routers")
         return f"record left on router {v['router']}: {why}{tag}"
     if check == "ledger":
-        kind = info.get("kind")
+        kind = v.get("kind") or ""
         mid = f", message-id {info['message_id']}" if info.get("message_id") else ""
         if kind == "missing":
             return f"subscriber {sub} accepted it (router view), but its application's ledger never got it{tag}"
@@ -1356,7 +1567,7 @@ def describe(v: dict) -> str:
             return f"handed to the application of {sub} {info['n']} times{tag}{mid}"
         if kind == "unsent":
             return f"the application of {sub} was handed a delivery no router logged sending it{mid}"
-        if kind == "dup":
+        if kind.startswith("dup|"):
             return (f"the application of {sub} was handed one publisher delivery under {len(info['ids'])} ids: "
                     f"{', '.join(info['ids'])}{mid}")
         if kind == "order":

@@ -16,7 +16,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.reconcile import CHECKS, FIRST, OUTCOME, OUTCOME_NAME, PROBLEM, Tables
+from spark.reconcile import CHECKS, FIRST, ITEM, OUTCOME, OUTCOME_NAME, PROBLEM, Tables
 
 _NICE_BUCKETS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 #: check -> (title, what a count of it is called in the verdict line)
@@ -42,47 +42,50 @@ def _rows(df: DataFrame) -> list[dict]:
     return [row.asDict(recursive=True) for row in df.collect()]
 
 
-def summarize(t: Tables, max_rows: int = 200) -> dict:
-    """Everything the report shows besides the violations, as small Python values."""
+def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> dict:
+    """Everything the report shows besides the violations, as small Python values
+    (a few small jobs over the cached per-delivery facts)."""
     epochs = [{k: e[k] for k in ("router", "epoch", "boot", "first_ts", "last_ts", "started_ts", "stopping_ts",
                                  "lines", "stopped")} for e in t.epochs]
     routers = sorted({e["router"] for e in epochs})
-    # Events per kind as the proof reads them (a folded line is the events it stands for).
-    per_kind = _rows(t.lines.where(F.col(PROBLEM).isNull()).groupBy("event").agg(
-        F.count(F.lit(1)).alias("lines"), F.sum(F.size("deliveries")).alias("runs"),
-        F.sum(F.col("by").isNotNull().cast("long")).alias("settling"),
-        F.sum((F.col("delivery").isNull() & (F.col("event") == "pub-outcome")).cast("long")).alias("refused")))
-    kinds: dict[str, int] = {}
-    refused = 0
-    for r in per_kind:
-        if r["event"] == "sub-outcomes":
-            kinds["sub-outcome"] = kinds.get("sub-outcome", 0) + (r["runs"] or 0)
-        elif r["event"] == "completed":
-            for kind, n in (("sub-outcome", r["lines"]), ("pub-outcome", r["lines"]), ("settled", r["settling"] or 0)):
-                kinds[kind] = kinds.get(kind, 0) + n
-        else:
-            kinds[r["event"]] = kinds.get(r["event"], 0) + r["lines"]
-        refused += r["refused"] or 0
-
+    kinds = t.input["kinds"]
+    refused = t.input["refused"]
+    names = t.names
     f = t.facts
-    totals = _rows(f.agg(
-        F.sum((F.col("origin").isNotNull()).cast("long")).alias("deliveries"),
+    # One job: per topic and outcome, the deliveries and when they arrived.
+    per = _rows(f.groupBy("topic", F.col("pub.o").alias("o")).agg(
+        F.sum(F.col("origin").isNotNull().cast("long")).alias("deliveries"),
         F.sum(F.col("presettled").cast("long")).alias("presettled"),
-        F.min("recv_ts").alias("t0"), F.max("recv_ts").alias("t1")))[0]
-    outcomes = {OUTCOME_NAME.get(r["o"], "?"): r["n"] for r in _rows(
-        f.where(F.col("pub").isNotNull()).groupBy(F.col("pub.o").alias("o")).agg(F.count(F.lit(1)).alias("n")))}
-    per_topic = _rows(f.where(F.col("origin").isNotNull()).groupBy("topic").agg(
-        F.count(F.lit(1)).alias("deliveries"), F.sum(F.col("told_accepted").cast("long")).alias("accepted"))
-        .orderBy(F.desc("deliveries")).limit(max_rows))
+        F.sum(F.col("told_accepted").cast("long")).alias("accepted"),
+        F.count(F.when(F.col("pub").isNotNull(), F.lit(1))).alias("answered"),
+        F.min("recv_ts").alias("t0"), F.max("recv_ts").alias("t1")))
+    totals = {"deliveries": sum(r["deliveries"] for r in per), "presettled": sum(r["presettled"] for r in per),
+              "t0": min((r["t0"] for r in per if r["t0"] is not None), default=None),
+              "t1": max((r["t1"] for r in per if r["t1"] is not None), default=None)}
+    outcomes: dict[str, int] = {}
+    by_topic: dict = {}
+    for r in per:
+        if r["o"] is not None:
+            name = OUTCOME_NAME.get(r["o"], "?")
+            outcomes[name] = outcomes.get(name, 0) + r["answered"]
+        topic = by_topic.setdefault(r["topic"], {"topic": r["topic"], "deliveries": 0, "accepted": 0})
+        topic["deliveries"] += r["deliveries"]
+        topic["accepted"] += r["accepted"]
+    per_topic = sorted((x for x in by_topic.values() if x["deliveries"]), key=lambda x: -x["deliveries"])[:max_rows]
+    # Per subscriber, distinct deliveries: owed, and how it answered each.
     x = f.select(F.explode("subs").alias("x")).select("x.*")
     per_sub = _rows(x.groupBy(F.col("s").alias("subscriber")).agg(
         F.sum(F.col("owed").cast("long")).alias("owed"),
         *[F.sum((F.col("o") == code).cast("long")).alias(name) for name, code in OUTCOME.items()],
-        F.sum((F.col("owed") & (F.col("o") == 0)).cast("long")).alias("unanswered"))
-        .orderBy("subscriber").limit(max_rows))
+        F.sum((F.col("owed") & (F.col("o") == 0)).cast("long")).alias("unanswered")))
+    for row in per_sub:
+        row["subscriber"] = names.subscriber(row["subscriber"])
+    per_sub = sorted(per_sub, key=lambda r: r["subscriber"])[:max_rows]
     unfinished = _rows(f.where(F.size("died_with") > 0).select(F.explode("died_with").alias("x")).groupBy(
-        F.col("x.r").alias("router"), F.col("x.e").alias("epoch")).agg(F.count(F.lit(1)).alias("records"))
-        .orderBy("router", "epoch"))
+        F.col("x.r").alias("router"), F.col("x.e").alias("epoch")).agg(F.count(F.lit(1)).alias("records")))
+    for row in unfinished:
+        row["router"] = names.router(row["router"])
+    unfinished.sort(key=lambda r: (r["router"], r["epoch"]))
 
     series, latency, lat_overall, bucket = [], [], {}, None
     starts = [e["first_ts"] for e in epochs if e["first_ts"] is not None]
@@ -93,19 +96,24 @@ def summarize(t: Tables, max_rows: int = 200) -> dict:
         bucket = bucket_size(t1 - t0)
         b = F.floor((F.col("t") - F.lit(t0)) / F.lit(bucket)).cast("long")
         series = _rows(f.select(F.explode("recvs").alias("x")).select("x.*").groupBy(
-            F.col("r").alias("router"), b.alias("b")).agg(F.count(F.lit(1)).alias("n")).orderBy("router", "b"))
+            F.col("r").alias("router"), b.alias("b")).agg(F.count(F.lit(1)).alias("n")))
+        for row in series:
+            row["router"] = names.router(row["router"])
+        series.sort(key=lambda r: (r["router"], r["b"]))
         lat = f.where(F.col("origin").isNotNull() & F.col("pub").isNotNull() & (F.col("pub.r") == F.col("origin"))) \
             .select((F.col("pub.t") - F.col("recv_ts")).alias("lat"), F.col("recv_ts").alias("t"))
-        latency = _rows(lat.groupBy(b.alias("b")).agg(
-            F.percentile_approx("lat", [0.5, 0.9, 0.99], 1000).alias("p"), F.max("lat").alias("max"),
-            F.count(F.lit(1)).alias("n")).orderBy("b"))
-        overall = _rows(lat.agg(F.percentile_approx("lat", [0.5, 0.9, 0.99], 10000).alias("p"),
-                                F.max("lat").alias("max"), F.count(F.lit(1)).alias("n")))[0]
+        # One job: per bucket, and (the rollup's row without a bucket) over the whole run.
+        both = _rows(lat.withColumn("b", b).rollup("b").agg(
+            F.percentile_approx("lat", [0.5, 0.9, 0.99], 10000).alias("p"), F.max("lat").alias("max"),
+            F.count(F.lit(1)).alias("n"), F.grouping("b").alias("all")))
+        overall = next((r for r in both if r["all"]), {"n": 0})
+        latency = sorted(({k: v for k, v in r.items() if k != "all"} for r in both if not r["all"]),
+                         key=lambda r: r["b"])
         if overall["n"]:
             lat_overall = {"p50": overall["p"][0], "p90": overall["p"][1], "p99": overall["p"][2],
                            "max": overall["max"], "n": overall["n"]}
     return {
-        "routers": routers, "epochs": epochs, "events": sum(kinds.values()), "kinds": dict(sorted(kinds.items())),
+        "routers": routers, "epochs": epochs, "events": sum(kinds.values()), "kinds": kinds,
         "deliveries": totals["deliveries"] or 0, "presettled": totals["presettled"] or 0, "pub_outcomes": outcomes,
         "refused_before_record": refused, "per_topic": per_topic, "per_subscriber": per_sub,
         "records_lost_with_router": unfinished, "t0": t0, "bucket_s": bucket, "series": series,
@@ -113,21 +121,40 @@ def summarize(t: Tables, max_rows: int = 200) -> dict:
     }
 
 
-def collect_violations(violations: DataFrame, first: int | None = 20) -> tuple[dict, list[dict]]:
+def collect_violations(found: DataFrame, input_rows: list[dict], first: int | None = 20,
+                       names=None) -> tuple[dict, list[dict]]:
     """(counts per check: {"rows", "items"}, the first ``first`` violations of each check
-    by time). Two small jobs over the (persisted) violations."""
-    counts = {r["check"]: {"rows": r["rows"], "items": r["items"]} for r in _rows(
-        violations.groupBy("check").agg(F.count(F.lit(1)).alias("rows"),
-                                        F.count_distinct("item").alias("items")))}
-    if not counts:
-        return counts, []
+    by time) of Spark's violations ``found`` (two small jobs: counts, and the first of
+    each check) and of the input checks' ``input_rows``. Spark's rows come back with
+    hashes for names (``_spark``: reconcile.decode_all() names them)."""
+    from collections import defaultdict
+
+    from spark.reconcile import counted
+    counts = {r["check"]: {"rows": r["rows"], "items": r["items"]} for r in _rows(counted(found))}
+    items: dict = defaultdict(set)
+    for row in input_rows:
+        c = counts.setdefault(row["check"], {"rows": 0, "items": 0})
+        c["rows"] += 1
+        items[row["check"]].add(row["item"])
+    for check, seen in items.items():
+        counts[check]["items"] += len(seen)
+    order = [F.col("ts").asc_nulls_last(), "router", "epoch", "seq", "delivery", "subscriber", "kind"]
     if first is None:
-        return counts, _rows(violations.orderBy("check", F.col("ts").asc_nulls_last()))
-    w = Window.partitionBy("check").orderBy(F.col("ts").asc_nulls_last(), "router", "epoch", "seq", "delivery",
-                                            "subscriber", "item")
-    firsts = _rows(violations.withColumn("n", F.row_number().over(w)).where(F.col("n") <= first).drop("n")
-                   .orderBy("check", F.col("ts").asc_nulls_last()))
-    return counts, firsts
+        spark_rows = _rows(found.orderBy("check", *order)) if any(c in counts for c in ITEM) else []
+        chosen_input = input_rows
+    else:
+        w = Window.partitionBy("check").orderBy(*order)
+        spark_rows = _rows(found.withColumn("n", F.row_number().over(w)).where(F.col("n") <= first).drop("n")
+                           .orderBy("check", *order)) if any(c in counts for c in ITEM) else []
+        per: dict = defaultdict(int)
+        chosen_input = []
+        for row in input_rows:
+            if per[row["check"]] < first:
+                per[row["check"]] += 1
+                chosen_input.append(row)
+    for row in spark_rows:
+        row["_spark"] = True
+    return counts, chosen_input + spark_rows
 
 
 def add_message_ids(firsts: list[dict], app: DataFrame, ledgers: DataFrame) -> None:

@@ -40,19 +40,21 @@ def test_plan_is_one_shuffle_by_delivery_without_python(spark, history):
     spark.conf.set("spark.sql.adaptive.enabled", "false")
     spark.conf.set("spark.sql.execution.replaceHashWithSortAgg", "true")  # as load.get_session() sets it
     try:
-        lines = reconcile.validate(load.load_events(spark, [str(base / r) for r in info["routers"]]).lines)
-        facts_in = reconcile.input_facts(lines)
-        small = reconcile.small_tables(facts_in["life"], facts_in["epochs"])
-        facts = reconcile.facts_frame(lines, small, set(), partitions=3)
+        sources = load.resolve([str(base / r) for r in info["routers"]])
+        facts_in = reconcile.input_facts(spark, sources)
+        small = reconcile.small_tables(facts_in["life"], facts_in["epochs"], hash)
+        ledgers = load.load_ledgers(spark, str(base / "clients"))
+        facts, _ = reconcile.facts_frame(spark, sources, small, [], partitions=3, ledgers=ledgers)
         plan = facts._jdf.queryExecution().executedPlan().toString()
         assert plan.count("Exchange") == 1 and "Exchange hashpartitioning(h#" in plan and ", 3)" in plan, plan
         assert plan.count("Sort [h#") == 1 and "SortAggregate(key=[h#" in plan, plan
         assert "HashAggregate" not in plan and "ObjectHashAggregate" not in plan, plan
-        word = lines.where("seq > 0").groupBy("router", "epoch", (lines.seq / 64).cast("long")).agg({"seq": "max"})
-        assert "SortAggregate" not in word._jdf.queryExecution().executedPlan().toString()
-        t = reconcile.prepare(lines, partitions=3)
+        words = reconcile._words(load.load_lines(spark, sources, reconcile.ROUTER_READ))
+        assert "SortAggregate" not in words._jdf.queryExecution().executedPlan().toString()
+        t = reconcile.prepare(spark, sources, partitions=3, ledgers=ledgers)
         try:
-            violations = reconcile.all_violations(t, load.load_ledgers(spark, str(base / "clients")))
+            told = reconcile.app_outcomes(t, ledgers)
+            violations = reconcile.all_violations(t, ledgers, told)
             text = violations._jdf.queryExecution().executedPlan().toString() + plan
             for python in ("BatchEvalPython", "ArrowEvalPython", "PythonUDF", "MapInPandas", "FlatMapGroupsInPandas"):
                 assert python not in text
