@@ -61,14 +61,28 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def tree_rss(root: int) -> int:
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def tree_pids(root: int) -> list[int]:
     kids = _children()
-    total, stack = 0, [root]
+    out, stack = [], [root]
     while stack:
         pid = stack.pop()
-        total += _rss(pid)
+        out.append(pid)
         stack.extend(kids.get(pid, []))
-    return total
+    return out
+
+
+def tree_rss(root: int) -> int:
+    return sum(_rss(pid) for pid in tree_pids(root))
 
 
 @contextlib.contextmanager
@@ -91,23 +105,31 @@ def measure(cmd: list[str], log: Path, lock: str | None = None) -> dict:
 
 
 def _measure(cmd: list[str], log: Path) -> dict:
+    """Wall seconds, the peak resident memory of the process tree (sampled every
+    0.2 s), and its CPU seconds (each process's last sample: a process that ends
+    between two samples loses at most 0.2 s of its CPU time from the count)."""
     started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         peak = 0
+        cpu: dict[int, float] = {}
         done = threading.Event()
 
         def sample():
             nonlocal peak
             while not done.is_set():
-                peak = max(peak, tree_rss(proc.pid))
+                pids = tree_pids(proc.pid)
+                peak = max(peak, sum(_rss(pid) for pid in pids))
+                for pid in pids:
+                    cpu[pid] = max(cpu.get(pid, 0.0), _cpu(pid))
                 done.wait(0.2)
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         rc = proc.wait()
         done.set()
         sampler.join()
-    return {"cmd": cmd, "rc": rc, "seconds": time.monotonic() - started, "peak_rss": peak}
+    return {"cmd": cmd, "rc": rc, "seconds": time.monotonic() - started, "peak_rss": peak,
+            "cpu_seconds": round(sum(cpu.values()), 1), "load_before": os.getloadavg()[0]}
 
 
 def _size(path: Path, pattern: str) -> int:
@@ -276,7 +298,22 @@ def write_docs(text: str, path: Path = DOCS) -> None:
     path.write_text(doc)
 
 
+def measure_main(argv: list[str]) -> int:
+    """``python -m spark bench --measure -- CMD...``: run one command as the bench
+    measures it (wall seconds, peak memory and CPU seconds of its process tree)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".log", delete=False) as log:
+        result = _measure(argv, Path(log.name))
+    sys.stdout.write(Path(log.name).read_text(errors="replace"))
+    print(f"bench: {result['seconds']:.1f} s wall, {result['cpu_seconds']:.1f} CPU s, peak "
+          f"{_gb(result['peak_rss'])} (load average before: {result['load_before']:.1f})", file=sys.stderr)
+    return result["rc"]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--measure"]:
+        return measure_main(argv[2:] if argv[1:2] == ["--"] else argv[1:])
     parser = argparse.ArgumentParser(prog="python -m spark bench", description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=10_000_000)
     parser.add_argument("--workdir", help="default /tmp/eorouter-bench-<events>")
@@ -285,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock", metavar="FILE",
                         help="hold an exclusive flock on FILE around each measured step")
     parser.add_argument("--write-docs", action="store_true", help="replace the section in docs/benchmarks.md")
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
     results = run(args)

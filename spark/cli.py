@@ -50,11 +50,12 @@ def _conf(pairs: list[str]) -> dict[str, str]:
 
 
 def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: str | Path | None = None,
-                  fmt: str = "auto", first: int = 20, partitions: int | None = None, html: bool = True,
+                  fmt: str = "auto", first: int | None = 20, partitions: int | None = None, html: bool = True,
                   summary: bool = True) -> dict:
     """Run every proof; return the report (a dict, also written to ``out``).
     ``summary`` False skips the figures of the report (tests that only need the
-    verdict); ``first`` None keeps every violation."""
+    verdict); ``first`` None keeps every violation. Raises load.InputError when the
+    inputs hold no event at all."""
     from pyspark import StorageLevel
 
     from spark import load, reconcile, report
@@ -67,40 +68,63 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         phases[name] = round(now - since[0], 2)
         since[0] = now
 
-    loaded = load.load_events(spark, inputs, fmt)
-    estimate = estimate_events(spark, loaded.sources)
+    sources = load.resolve(inputs, fmt)
+    estimate = load.estimate_events(sources)
     if not partitions:
         default = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        partitions = max(default, -(-(estimate or 0) // EVENTS_PER_PARTITION))
-    # Large inputs are cached on local disk, not in the JVM heap: a 2 GiB local
-    # driver then holds any size (the OS page cache keeps the re-reads cheap).
-    storage = StorageLevel.DISK_ONLY if (estimate or 0) > MEMORY_CACHE_EVENTS else StorageLevel.MEMORY_AND_DISK
-    t = reconcile.prepare(loaded.events, partitions=partitions, storage=storage)
-    ledgers = None
-    if clients:  # read by six checks: parsed once
+        partitions = max(2 if (estimate or 0) < load.SMALL_INPUT_EVENTS else default,
+                         -(-(estimate or 0) // EVENTS_PER_PARTITION))
+    # The per-delivery facts (one row per delivery) are cached; on local disk for a
+    # large input, so that a small driver holds any size.
+    big = estimate is None or estimate > MEMORY_CACHE_EVENTS
+    storage = StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK
+    ledgers = app = None
+    if clients:  # read once (only the fields the checks read): by the per-delivery pass and the ledger checks
         ledgers = load.load_ledgers(spark, clients).persist(storage)
+    t = reconcile.prepare(spark, sources, partitions=partitions, storage=storage, ledgers=ledgers)
     phases["partitions"] = partitions
-    phases["cache"] = "disk" if storage == StorageLevel.DISK_ONLY else "memory"
     try:
-        t.keyed.count()  # read the input once, partition it by delivery, cache
-        t.per_delivery.count()  # every delivery's life in one row, cached
-        lap("read, partition by delivery, cache")
-        violations = reconcile.all_violations(t, ledgers).persist(StorageLevel.MEMORY_AND_DISK)
-        counts, firsts = report.collect_violations(violations, first)
-        violations.unpersist()
+        if not t.epochs:
+            bad = t.input["bad_count"]
+            listed, _ = reconcile.find_bad_lines(spark, sources, first=1) if bad else ([], 0)
+            where = f"{listed[0]['file']}:{listed[0]['line']}: {listed[0]['problem']}" if listed else ""
+            raise load.InputError(
+                f"no events in {', '.join(str(s) for s in sources)}: "
+                + (f"{t.input['lines']:,} line(s), none of them an event (the first: {where})" if bad
+                   else "the log files are empty"))
+        lap("read the input, check lines and seq")
+        deliveries = t.facts.count()  # the per-delivery pass: read, shuffle by delivery, every invariant
+        lap("per delivery")
+        bad_total = max(t.input["bad_count"], t.bad_in_deliveries.get.get("bad") or 0)
+        located, bad_total = reconcile.find_bad_lines(spark, sources) if bad_total else ([], 0)
+        input_rows, torn = reconcile.input_violations(t, located, bad_total)
+        app = reconcile.app_outcomes(t, ledgers).persist(storage) if ledgers is not None else None
+        found = reconcile.all_violations(t, ledgers, app).persist(StorageLevel.MEMORY_AND_DISK)
+        counts, firsts = report.collect_violations(found, input_rows, first, t.names)
+        found.unpersist()
+        if firsts:
+            unknown = {v["subscriber"] for v in firsts if v.get("subscriber") is not None} - set(t.names.subscribers)
+            if unknown:  # a subscriber no router saw attach: read its name (cold path)
+                t.names.subscribers.update(reconcile.subscriber_names(spark, sources, unknown))
+            firsts = reconcile.decode_all(firsts, t.names)
+        if app is not None and firsts:
+            report.add_message_ids(firsts, app, ledgers)
+        for v in firsts:
+            v["detail"] = reconcile.describe(v)
         lap("proofs")
-        summary = report.summarize(t) if summary else None
-        torn = loaded.corrupt.count() if loaded.corrupt is not None else 0
+        summary = report.summarize(t, deliveries) if summary else None
         lap("summary")
     finally:
         t.unpersist()
-        if ledgers is not None:
-            ledgers.unpersist()
+        for frame in (ledgers, app):
+            if frame is not None:
+                frame.unpersist()
     result = {
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "inputs": [str(s) for s in loaded.sources] + ([f"ledgers:{clients}"] if clients else []),
+        "inputs": [str(s) for s in sources] + ([f"ledgers:{clients}"] if clients else []),
         "first": first,
-        "torn_lines": torn,
+        "torn_lines": len(torn),
+        "torn": torn,
         "counts": counts,
         "verdict": report.verdict(counts, ledgers is not None),
         "violations": firsts,
@@ -121,31 +145,11 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
     return result
 
 
-#: About this many events per partition of delivery ids (each partition is cached
-#: as one block: small enough for a 2 GiB local driver, large enough to keep
-#: per-task overhead down).
-EVENTS_PER_PARTITION = 200_000
-JSON_BYTES_PER_EVENT = 250
-#: Above this many events the big cached tables go to local disk (DISK_ONLY).
+#: About this many events per partition of delivery ids (sorted in memory by one
+#: task; a 1200 MB local driver runs two such tasks at once).
+EVENTS_PER_PARTITION = 500_000
+#: Above this many events the cached tables go to local disk (DISK_ONLY).
 MEMORY_CACHE_EVENTS = 2_000_000
-
-
-def estimate_events(spark, sources) -> int | None:
-    """About how many events the inputs hold: from the size of local JSON logs, from
-    the row counts in Parquet footers (cheap); None for remote inputs. Folded lines
-    ("completed", "sub-outcomes") are counted as lines: an underestimate where the
-    routers folded much, which only sizes the partitions and the cache."""
-    import os
-
-    events = 0
-    for source in sources:
-        if source.remote:
-            return None
-        if source.fmt == "json":
-            events += sum(os.path.getsize(p) for p in source.paths) // JSON_BYTES_PER_EVENT
-        else:
-            events += spark.read.parquet(*source.paths).count()
-    return events
 
 
 def reconcile_main(argv: list[str] | None = None, default_master: str | None = "local[*]",
@@ -160,20 +164,23 @@ def reconcile_main(argv: list[str] | None = None, default_master: str | None = "
     except ValueError as exc:
         print(f"eorouter reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from spark import load, report
+    from spark import load, reconcile, report
     try:
-        load.resolve(args.logdirs, args.format)  # fail fast, before starting Spark
+        sources = load.resolve(args.logdirs, args.format)  # fail fast, before starting Spark
         if args.clients:
             load.resolve_ledgers(args.clients)
     except load.InputError as exc:
         print(f"eorouter reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    spark = load.get_session(args.master, conf=conf)
+    spark = load.get_session(args.master, conf=conf, events=load.estimate_events(sources))
     try:
         result = run_reconcile(spark, args.logdirs, clients=args.clients, out=args.out, fmt=args.format,
                                first=args.first, partitions=args.partitions, html=not args.no_html)
     except load.InputError as exc:
         print(f"eorouter reconcile: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except reconcile.HashCollision as exc:
+        print(f"eorouter reconcile: cannot prove: these names have one 64-bit hash: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(report.render_terminal(result), flush=True)
     return EXIT_CLEAN if result["verdict"]["proven_clean"] else EXIT_VIOLATIONS
@@ -210,6 +217,8 @@ def compact_main(argv: list[str] | None = None, args: argparse.Namespace | None 
     print(f"eorouter logs compact: {info['lines']:,} lines from {info['inputs']} input(s) -> {args.out} "
           f"({info['files']} Parquet file(s), {info['bytes'] / 1e6:.1f} MB; JSON was {info['json_bytes'] / 1e6:.1f} "
           f"MB) in {info['seconds']:.1f} s")
-    if info["torn_lines"]:
-        print(f"  {info['torn_lines']} unparsable line(s) left out (torn writes)")
+    for torn in info["torn"]:
+        print(f"  torn last line {torn['file']}:{torn['line']} left out (a crash cut the router's last write)")
+    if info["malformed_lines"]:
+        print(f"  {info['malformed_lines']} malformed line(s) kept for the reconciliation to report")
     return 0

@@ -42,8 +42,13 @@ import orjson
 #: docs/ledger.md: every line has every one of these, in this order.
 LEDGER_FIELDS = ("ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",
                  "incarnation", "digest", "message_id")
-FAULTS = ("drop-accept", "dup-tag", "reorder", "invented", "leftover")
+FAULTS = ("drop-accept", "dup-tag", "reorder", "invented", "leftover",
+          # the holes issue 15's audit found, and issue 14's race (docs/reconcile.md has the table)
+          "accept-unowed", "accept-unsent", "forward-dropped", "answer-dropped", "restart-answer",
+          "outcome-released", "outcome-refused", "seq-gap", "seq-repeated", "malformed", "garbage", "torn-tail")
 LEDGER_FAULTS = ("ledger-missing", "ledger-twice", "ledger-pub-outcome")
+#: Faults that need a network (a remote router) or peers to act on.
+NETWORK_FAULTS = ("forward-dropped", "answer-dropped", "restart-answer", "seq-gap", "seq-repeated", "malformed")
 
 _DUMPS = orjson.dumps
 _NL = orjson.OPT_APPEND_NEWLINE
@@ -119,6 +124,7 @@ class RouterLog:
     lines: int = 0
     pending: list = field(default_factory=list)  # heap of (t, order, kind, fields)
     links: int = 0
+    file_lines: int = 0  # lines written to the current file (the line number of a malformed line)
 
 
 class Generator:
@@ -149,6 +155,11 @@ class Generator:
         self.closers: list = []  # (router, epoch, delivery) with a closing event, for leftover
         self.fault_plan = list(spec.faults)
         self.used: set = set()  # deliveries a fault touched: faults never share one (their truths stay exact)
+        self.round: list = []  # this round's deliveries, as injection needs them (only with faults planned)
+        self._recv_here: dict = {}  # router -> deliveries it received (this delivery's, cleared after it)
+        self.fully_accepted: set = set()  # deliveries every owed subscriber accepted (only with faults planned)
+        self.torn_tail: str | None = None  # the router whose last write a crash cut (fault torn-tail)
+        self.last_remote: dict = {}  # router -> (delivery, origin, epoch) it last received as a remote router
         self.busy: dict = {}  # (router, subscriber) -> time of its last scheduled send
         self.hops: dict = {}  # (from, to) -> one-way delay (constant: copies keep publisher order)
 
@@ -174,6 +185,14 @@ class Generator:
             ev["seq"] = log.seq
             fields = ev["fields"]
             kind = ev["kind"]
+            if ev.get("garbage_before"):  # binary garbage in the middle of the file: a line of its own
+                buf += b"\x00\x01\xfe garbage \xff\x00\n"
+                log.file_lines += 1
+                self._expect("malformed-line", f"{self._uri(log)}:{log.file_lines}")
+            if ev.get("skip"):  # the line is lost: its seq is missing
+                self._expect("seq-gap", f"{log.rid}|{log.epoch}|{log.seq}")
+                i += 1
+                continue
             n = self._foldable(ready, i)
             if n:  # the router's "completed" line: this sub-outcome, the pub-outcome (and settled) after it
                 pub = ready[i + 1][1]
@@ -199,13 +218,28 @@ class Generator:
                               "settled": fields["settled"]}
                     kind = "sub-outcomes"
                     self.batched += 1
-            buf += _DUMPS({"seq": log.seq, "ts": round(t, 6), "router": log.rid, "epoch": log.epoch,
+            line = _DUMPS({"seq": log.seq, "ts": round(t, 6), "router": log.rid, "epoch": log.epoch,
                            "boot": log.boot, "event": kind, **fields}, option=_NL)
+            if ev.get("mistype"):  # valid JSON, its seq a string: unreadable, so that seq is missing too
+                line = line.replace(b'{"seq":%d,' % log.seq, b'{"seq":"%d",' % log.seq, 1)
+                self._expect("malformed-line", f"{self._uri(log)}:{log.file_lines + 1}")
+                self._expect("seq-gap", f"{log.rid}|{log.epoch}|{log.seq}")
+            buf += line
+            log.file_lines += 1
+            if ev.get("copied"):  # the same line twice: its seq is repeated
+                buf += line
+                log.file_lines += 1
+                self._expect("seq-repeated", f"{log.rid}|{log.epoch}|{log.seq}")
             log.lines += 1
             i += n or 1
         if buf:
             log.fh.write(buf)
         self.events += 0  # counted at emit time
+
+    @staticmethod
+    def _uri(log: RouterLog) -> str:
+        """The current file as Spark names it (the malformed-line violations' item)."""
+        return "file:" + str((log.directory / f"events-{log.epoch:06d}-000001.jsonl").resolve())
 
     def _foldable(self, ready: list, i: int) -> int:
         """How many events from ``ready[i]`` a router would write as one "completed" line
@@ -265,6 +299,7 @@ class Generator:
         log.boot = self.rng.randbytes(8).hex()
         log.seq = 0
         log.links = 0
+        log.file_lines = 0
         log.directory.mkdir(parents=True, exist_ok=True)
         log.fh = open(log.directory / f"events-{log.epoch:06d}-000001.jsonl", "wb")
         (log.directory.parent / "epoch").write_text(f"{log.epoch}\n")
@@ -347,6 +382,9 @@ class Generator:
         stream = hashlib.blake2b(f"{pub.container}|{pub.name}|{pub.incarnation}".encode(), digest_size=16).digest()
         return self.spec.prefix + (stream + bytes([len(tag)]) + tag).hex()
 
+    def _received_at(self, d: str, rid: str) -> bool:
+        return d in self._recv_here.get(rid, ())
+
     def _one_delivery(self, pub: Pub, t: float) -> float:
         """Generate every event of one publisher delivery arriving at ``t``; return
         the time of the publisher's outcome."""
@@ -382,6 +420,10 @@ class Generator:
         remote = [r for r in interested if r != origin.rid]
         answers: list[tuple[float, str]] = []
         recv_ev = None
+        # What fault injection needs to know of this delivery (kept only when faults are planned).
+        rec = {"d": d, "origin": origin.rid, "epoch": origin.epoch, "owed": set(), "accepted": set(), "remote": {},
+               "ftr": {}, "late": {}, "calm": set(), "rejected": [], "pub_ev": None, "pub_ledger": None,
+               "recv": {}} if self.fault_plan else None
         for rid in [origin.rid] + remote:
             log = self.routers[rid]
             arrive = t if rid == origin.rid else t + self._hop(origin.rid, rid)
@@ -413,11 +455,24 @@ class Generator:
             else:
                 fields["origin_router"] = origin.rid
             ev = self._count(self._emit(log, arrive, "received", fields))
+            self._recv_here.setdefault(rid, set()).add(d)
+            if rec is not None:
+                rec["owed"].update(fields["owed"])
+                rec["recv"][rid] = (log.epoch, arrive)
+                if not any(s.detach_at is not None for s in self.subs if s.router == rid):
+                    rec["calm"].add(rid)  # no subscriber of this router leaves this round
+                if rid != origin.rid:
+                    rec["remote"][rid] = {"epoch": log.epoch, "owed": fields["owed"], "otr": None, "ofr": None,
+                                          "answer": None}
+            if rid != origin.rid and subs:
+                self.last_remote[rid] = (d, origin.rid, log.epoch)
             if rid == origin.rid:
                 recv_ev = ev
                 for r in remote:
-                    self._count(self._emit(log, arrive, "forwarded-to-router",
-                                           {"delivery": d, "to_router": r, "dests": [r]}))
+                    ftr = self._count(self._emit(log, arrive, "forwarded-to-router",
+                                                 {"delivery": d, "to_router": r, "dests": [r]}))
+                    if rec is not None:
+                        rec["ftr"][r] = ftr
             outcomes, last = [], arrive
             for sub, sent_at in sends:
                 late = sub.key not in immediate
@@ -433,8 +488,10 @@ class Generator:
                 if late:
                     fwd = self._count(self._emit(log, sent_at, "forwarded", {
                         "delivery": d, "subscriber": sub.key, "link": sub.link, "settled": False}))
-                    self.late_sends.setdefault((rid, log.epoch, sub.key, pub.container), []).append(
-                        (sent_at, seq, fwd))
+                    late_send = {"t": sent_at, "seq": seq, "ev": fwd, "arrive": arrive, "answer": float("inf")}
+                    self.late_sends.setdefault((rid, log.epoch, sub.key, pub.container), []).append(late_send)
+                    if rec is not None:
+                        rec["late"][sub.key] = (rid, fwd)
                 handed = self._ledger(sub.container, {
                     "ts": sent_at + 0.0002, "client": sub.container, "link": sub.name, "role": "subscriber",
                     "event": "delivered", "topic": pub.topic, "delivery": d, "pub_tag": tag.hex(), "seq": seq + 1,
@@ -443,10 +500,14 @@ class Generator:
                 if sub.detach_at is not None and answer_at > sub.detach_at:
                     last = max(last, sub.detach_at + 1e-5)  # it left first: no longer owed
                     continue
+                if late:
+                    late_send["answer"] = answer_at
                 outcome = "rejected" if rng.random() < spec.p_reject else "accepted"
                 self._count(self._emit(log, answer_at, "sub-outcome", {
                     "delivery": d, "subscriber": sub.key, "outcome": outcome, "settled": True}))
                 handed["outcome"] = outcome
+                if rec is not None:
+                    (rec["accepted"].add(sub.key) if outcome == "accepted" else rec["rejected"].append(rid))
                 if outcome == "accepted":
                     self.accepted_sub.append((rid, log.epoch, d, sub.key, sub, pub, base, arrive, answer_at,
                                               sub.detach_at is not None))
@@ -456,33 +517,38 @@ class Generator:
             if rid == origin.rid:
                 answers.append((last, answer if outcomes else None))
             else:
-                self._count(self._emit(log, last + 1e-5, "outcome-to-router",
-                                       {"delivery": d, "to_router": origin.rid, "outcome": answer}))
+                otr = self._count(self._emit(log, last + 1e-5, "outcome-to-router",
+                                             {"delivery": d, "to_router": origin.rid, "outcome": answer}))
                 back = last + rng.uniform(0.0005, 0.002)
-                self._count(self._emit(origin, back, "outcome-from-router",
-                                       {"delivery": d, "from_router": rid, "outcome": answer}))
+                ofr = self._count(self._emit(origin, back, "outcome-from-router",
+                                             {"delivery": d, "from_router": rid, "outcome": answer}))
+                if rec is not None:
+                    rec["remote"][rid].update(otr=otr, ofr=ofr, answer=answer)
                 answers.append((back, None if answer == "none" else answer))
         done = max(a for a, _ in answers) + 1e-5
         said = [o for _, o in answers if o is not None]
         outcome = ("rejected" if "rejected" in said else "accepted") if said else "released"
-        self._count(self._emit(origin, done, "pub-outcome", {
+        pub_ev = self._count(self._emit(origin, done, "pub-outcome", {
             "delivery": d, "outcome": outcome,
             "condition": None if outcome == "accepted" else ("eorouter:ttl-expired" if outcome == "rejected"
                                                              else None),
             "reason": None if said else "no subscribers"}))
-        self._ledger(pub.container, {"ts": done + 0.0003, "client": pub.container, "link": pub.name,
+        told = self._ledger(pub.container, {"ts": done + 0.0003, "client": pub.container, "link": pub.name,
                                      "role": "publisher", "event": "outcome", "topic": pub.topic,
                                      "pub_tag": tag.hex(), "seq": seq + 1, "router": origin.rid,
                                      "incarnation": pub.incarnation, "outcome": outcome,
                                      "condition": None if outcome == "accepted" else "eorouter:ttl-expired"})
         settle = done + rng.uniform(0.0003, 0.003)
-        for r in remote:
+        # The origin relays the settlement to the routers it waited for: not to one that
+        # answered "none" (nobody there was owed it: it holds no record).
+        reached = [r for r in remote if self._received_at(d, r)]
+        for r in reached:
             self._count(self._emit(origin, settle, "settlement-relayed", {"delivery": d, "to_router": r}))
             remote_log = self.routers[r]
             closer = self._count(self._emit(remote_log, settle + rng.uniform(0.0005, 0.002), "settled",
                                             {"delivery": d, "by": "origin-router", "deleted": True}))
             self.closers.append((r, remote_log.epoch, d, [closer]))
-        if remote or rng.random() < 0.5:
+        if reached or rng.random() < 0.5:
             a = self._count(self._emit(origin, settle, "settled", {"delivery": d, "by": "publisher",
                                                                    "deleted": False}))
             b = self._count(self._emit(origin, settle + rng.uniform(0.001, 0.004), "record-deleted",
@@ -494,6 +560,12 @@ class Generator:
                                                                         "deleted": True}))
             self.closers.append((origin.rid, origin.epoch, d, [closer]))
         del recv_ev
+        self._recv_here.clear()
+        if rec is not None:
+            rec.update(outcome=outcome, pub_ev=pub_ev, pub_ledger=told)
+            self.round.append(rec)
+            if rec["owed"] and rec["owed"] == rec["accepted"]:
+                self.fully_accepted.add(d)
         return done
 
     # ------------------------------------------------------------ rounds
@@ -540,6 +612,7 @@ class Generator:
             self._flush_round()
             for rid in restart:
                 self._start(self.routers[rid], end + 0.5)
+                self._answer_after_restart(rid, end + 0.5)
             for sub in self.subs:
                 if not sub.attached and sub.router not in restart:
                     self._attach_sub(sub, end + 0.01)
@@ -550,6 +623,8 @@ class Generator:
             self._detach_all(t + 0.1, rid)
         self._flush_round(final=True)
         for log in self.routers.values():
+            if log.rid == self.torn_tail:
+                log.fh.write(b'{"seq":%d,"ts":17637' % (log.seq + 1))  # no newline: cut mid-write
             log.fh.close()
         self._write_ledgers()
         truth = {k: sorted(v) for k, v in self.truth.items()}
@@ -570,6 +645,7 @@ class Generator:
         self.accepted_sub.clear()
         self.late_sends.clear()
         self.closers.clear()
+        self.round.clear()
         if not self.fault_plan:  # nothing left to inject: ledgers go to disk round by round
             self._write_ledgers()
 
@@ -646,6 +722,8 @@ class Generator:
                                                  "message_id": f"{base['publisher']}:{base['stream_seq']}"})
                     pub_id = "|".join([base["publisher"], base["link_name"], base["incarnation"], base["pub_tag"], ""])
                     self._expect("duplicated", f"{key}|{pub_id}")
+                    if rid != pub.router:  # its origin forwarded it under its own id: nobody forwarded this one
+                        self._expect("arrival-unforwarded", f"{rid}|{d2}")
                     if self.spec.ledgers:
                         self._expect("ledger", f"dup|{key}|{pub_id}")
                     return True
@@ -677,8 +755,19 @@ class Generator:
                         e["outcome"] = "rejected"
                         e["_touched"] = True
                         self._expect("ledger", f"pub|{e['client']}|{e['link']}|{e['pub_tag']}|{d}")
+                        if d in self.fully_accepted:  # and its outcome contradicts what the subscribers did
+                            self._expect("outcome-disagrees", d)
                         return True
             return False
+        if fault in ("accept-unowed", "accept-unsent", "forward-dropped", "answer-dropped", "outcome-released",
+                     "outcome-refused"):
+            return self._inject_chain(fault, rng)
+        if fault in ("seq-gap", "seq-repeated", "malformed", "garbage"):
+            return self._inject_line(fault, rng)
+        if fault == "torn-tail":
+            return self.torn_tail is None and self._plan_torn_tail(rng)
+        if fault == "restart-answer":
+            return False  # injected at a restart (_answer_after_restart), if this history has one
         if fault == "reorder":
             # Two consecutive late sends of one stream to one subscriber: swap their
             # places in the log (the later one overtakes the earlier one).
@@ -686,10 +775,15 @@ class Generator:
                 log = self.routers[rid]
                 if log.epoch != epoch or len(sends) < 2:
                     continue
-                sends = sorted(sends, key=lambda s: s[0])
-                for (t1, s1, e1), (t2, s2, e2) in zip(sends, sends[1:]):
-                    if s2 != s1 + 1 or e1.get("drop") or e2.get("drop") \
+                sends = sorted(sends, key=lambda s: s["t"])
+                for a, b in zip(sends, sends[1:]):
+                    e1, e2 = a["ev"], b["ev"]
+                    if b["seq"] != a["seq"] + 1 or e1.get("drop") or e2.get("drop") \
                             or e1["fields"]["delivery"] in self.used or e2["fields"]["delivery"] in self.used:
+                        continue
+                    # Only the order of the two sends changes: the second delivery had arrived
+                    # before the first send, and the subscriber answered the first after the second.
+                    if not (b["arrive"] < a["t"] and a["answer"] > b["t"]):
                         continue
                     self.used.update((e1["fields"]["delivery"], e2["fields"]["delivery"]))
                     # Swap the two events' positions in the heap by swapping their contents.
@@ -724,6 +818,118 @@ class Generator:
                 return True
             return False
         return False
+
+    def _inject_chain(self, fault: str, rng: random.Random) -> bool:
+        """The breaks of a delivery's causal chain the audit found (issue 15) and the
+        outcome that contradicts what the subscribers did (issue 14): each on one
+        delivery of this round, with the exact violations it must cause."""
+        p = self.spec.prefix
+        deliveries = [r for r in self.round if r["d"] not in self.used]
+        rng.shuffle(deliveries)
+        for rec in deliveries:
+            d, origin = rec["d"], rec["origin"]
+            if fault == "accept-unowed":
+                # A subscriber that never attached anywhere accepts it (on the origin router).
+                log = self.routers[origin]
+                if log.epoch != rec["epoch"]:
+                    continue
+                stranger = f"{p}stranger/never-attached"
+                self._count(self._emit(log, rec["recv"][origin][1] + 1e-6, "sub-outcome", {
+                    "delivery": d, "subscriber": stranger, "outcome": "accepted", "settled": True}))
+                self._expect("accept-unowed", f"{stranger}|{d}")
+            elif fault == "accept-unsent":
+                # The late send to a subscriber that then accepted it is not in the log.
+                sent = [(key, v) for key, v in rec["late"].items() if key in rec["accepted"]
+                        and not v[1].get("drop")]
+                if not sent:
+                    continue
+                key, (rid, fwd) = sent[0]
+                fwd["drop"] = True
+                self._expect("accept-unsent", f"{key}|{rid}|{d}")
+                if self.spec.ledgers:  # its application was handed it: no router logged sending it
+                    self._expect("ledger", f"unsent|{key}|{d}")
+            elif fault == "forward-dropped":
+                # The origin's forward to a router that logged the copy's arrival is gone.
+                targets = [r for r in rec["ftr"] if r in rec["recv"]]
+                if not targets:
+                    continue
+                rec["ftr"][targets[0]]["drop"] = True
+                self._expect("arrival-unforwarded", f"{targets[0]}|{d}")
+            elif fault == "answer-dropped":
+                # A router's answer is gone from both sides; the publisher was told accepted.
+                remote = [(r, v) for r, v in rec["remote"].items() if v["answer"] == "accepted" and v["owed"]
+                          and r in rec["calm"]]
+                if rec["outcome"] != "accepted" or not remote:
+                    continue
+                rid, v = remote[0]
+                v["otr"]["drop"] = v["ofr"]["drop"] = True
+                self._expect("answer-missing", f"{origin}|{rid}|{d}")
+            elif fault == "outcome-released":
+                # Issue 14's race: every owed subscriber accepted, the publisher was told released.
+                if rec["outcome"] != "accepted" or d not in self.fully_accepted:
+                    continue
+                rec["pub_ev"]["fields"].update(outcome="released", condition=None, reason="no subscribers left")
+                if rec["pub_ledger"] is not None:
+                    rec["pub_ledger"]["outcome"] = "released"
+                self._expect("outcome-disagrees", d)
+            elif fault == "outcome-refused":
+                # The publisher was told accepted though an owed subscriber rejected it (and
+                # nothing excused that subscriber): outcome-disagrees, and it is lost.
+                if rec["outcome"] != "rejected" or not rec["rejected"] or not set(rec["rejected"]) <= rec["calm"]:
+                    continue
+                rec["pub_ev"]["fields"].update(outcome="accepted", condition=None, reason=None)
+                if rec["pub_ledger"] is not None:
+                    rec["pub_ledger"]["outcome"] = "accepted"
+                    rec["pub_ledger"]["condition"] = None
+                self._expect("outcome-disagrees", d)
+                self._expect("lost", d)
+            else:
+                return False
+            self.used.add(d)
+            return True
+        return False
+
+    def _inject_line(self, fault: str, rng: random.Random) -> bool:
+        """Faults of the file itself, on `peer-connected` lines (which no delivery's
+        proof reads): a line lost (seq-gap), a line lost and another copied in its
+        place (seq-gap and seq-repeated), a line whose seq is a string (malformed,
+        and its seq missing), binary garbage between two lines (malformed)."""
+        for log in self.routers.values():
+            peers = [item[2] for item in self._find_pending(log, lambda ev: ev["kind"] == "peer-connected")
+                     if not any(item[2].get(k) for k in ("skip", "copied", "mistype", "garbage_before"))]
+            need = 2 if fault == "seq-repeated" else 1
+            if len(peers) < need:
+                continue
+            if fault == "seq-gap":
+                peers[0]["skip"] = True
+            elif fault == "seq-repeated":
+                peers[0]["skip"] = True
+                peers[1]["copied"] = True
+            elif fault == "malformed":
+                peers[0]["mistype"] = True
+            else:
+                peers[0]["garbage_before"] = True
+            return True
+        return False
+
+    def _plan_torn_tail(self, rng: random.Random) -> bool:
+        """A crash cut the last write of one router: a torn last line, a note only."""
+        self.torn_tail = rng.choice(self.router_ids)
+        return True
+
+    def _answer_after_restart(self, rid: str, t: float) -> None:
+        """A restarted router answers for a delivery only its previous life received."""
+        if "restart-answer" not in self.fault_plan or rid not in self.last_remote:
+            return
+        d, origin, epoch = self.last_remote[rid]
+        log = self.routers[rid]
+        if d in self.used or epoch == log.epoch:
+            return
+        self.used.add(d)
+        self._count(self._emit(log, t + 1e-4, "outcome-to-router", {"delivery": d, "to_router": origin,
+                                                                  "outcome": "accepted"}))
+        self._expect("record-missing", f"{rid}|{log.epoch}|{d}")
+        self.fault_plan.remove("restart-answer")
 
     def _delivery_id_of(self, entry: dict) -> str:
         for pub in self.pubs:

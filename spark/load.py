@@ -12,6 +12,10 @@ An input is one of:
   ``.parquet`` suffix) says which reader.
 Local directories are resolved to explicit file lists here (so a missing router
 shows up as "no input" rather than as an empty DataFrame).
+
+Every line read keeps the file it came from (``FILE``) and, when Spark could not
+read it whole (unparsable, or a field of the wrong type), its text (``CORRUPT``):
+the proof judges those lines (spark/reconcile.py, ``validate``), it never drops them.
 """
 
 from __future__ import annotations
@@ -24,48 +28,79 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark.schema import CORRUPT, event_schema, ledger_schema
+from spark.schema import CORRUPT, FILE, event_schema, ledger_schema
 
 _LOG_FILE = re.compile(r"^events-(\d{6,})-(\d{6,})\.jsonl$")
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
+#: The writer's fields the proof reads (router.eventlog's schema has a few more:
+#: pid, version, size, conn, ...). The JSON reader converts only these: a pruned
+#: schema is what makes parsing cheap, every field it converts costs.
+LINE_FIELDS = ("seq", "ts", "router", "epoch", "boot", "event",
+               # a delivery's events
+               "delivery", "deliveries", "subscriber", "outcome", "pub_outcome", "condition", "reason", "settled",
+               "by", "deleted", "owed", "forwarded", "routers", "origin_router", "to_router", "from_router",
+               "dests", "subscribers", "topic", "publisher", "link_name", "pub_tag", "incarnation", "stream_seq",
+               # links, peers and routes
+               "link", "container", "name", "role", "address", "durable", "closed", "resumed", "reachable", "peer",
+               "peer_epoch")
+
 
 class InputError(Exception):
-    """The inputs cannot be read (nothing there, mixed formats in one directory, ...)."""
+    """The inputs cannot be read (nothing there, mixed formats in one directory, no events, ...)."""
 
 
 # ---------------------------------------------------------------------------
 # The session
 # ---------------------------------------------------------------------------
 
+#: Below this many events (estimated) the session is set up for a small input:
+#: one core's worth of partitions and no code generation, which for a few
+#: thousand rows costs more (compiling each query) than it saves.
+SMALL_INPUT_EVENTS = 300_000
+
+
 def get_session(master: str | None = "local[*]", app_name: str = "eorouter-reconcile",
-                conf: dict[str, str] | None = None, quiet: bool = True) -> SparkSession:
+                conf: dict[str, str] | None = None, quiet: bool = True, events: int | None = None) -> SparkSession:
     """The active SparkSession, or a new one.
 
     ``master`` None leaves the master to whoever launched us (spark-submit).
     ``quiet`` keeps Spark's log at errors and hides the progress bars, so the
-    terminal shows the verdict."""
+    terminal shows the verdict. ``events``: about how many events the input holds
+    (None: unknown), to size the session (docs/reconcile.md, "Speed")."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
+    small = events is not None and events < SMALL_INPUT_EVENTS
     settings = {
         "spark.sql.session.timeZone": "UTC",
-        # On for the queries; spark/reconcile.py prepare() plans the cached,
-        # delivery-partitioned tables without it (it would forget their partitioning).
         "spark.sql.adaptive.enabled": "true",
-        "spark.sql.shuffle.partitions": "16",
+        "spark.sql.shuffle.partitions": "4" if small else "16",
+        # Sorted input aggregates without a hash table (spark/reconcile.py: the
+        # per-delivery grouping reads its exchange sorted by delivery).
+        "spark.sql.execution.replaceHashWithSortAgg": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
     }
-    if quiet:
-        settings["spark.ui.showConsoleProgress"] = "false"
-        if _LOG4J.exists():
-            settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_LOG4J}"
+    java = []
+    if quiet and _LOG4J.exists():
+        java.append(f"-Dlog4j2.configurationFile=file:{_LOG4J}")
+    if small:
+        # A short job: compiling with C1 only starts the JVM's code faster, and
+        # interpreted expressions beat compiling a query for a few thousand rows.
+        java.append("-XX:TieredStopAtLevel=1")
+        settings["spark.sql.codegen.wholeStage"] = "false"
+        settings["spark.sql.codegen.factoryMode"] = "NO_CODEGEN"
+    if java:
+        settings["spark.driver.extraJavaOptions"] = " ".join(java)
     if master and master.startswith("local"):
-        # In local mode the driver's JVM is the executor too: Spark's 1g default
-        # spills the cached, delivery-partitioned events to disk early.
-        settings["spark.driver.memory"] = "2g"
+        # In local mode the driver's JVM is the executor too. The proof caches
+        # little (docs/reconcile.md, "Memory"): 1200 MB of heap keep the whole
+        # process tree under 2 GiB at 10 million events.
+        settings["spark.driver.memory"] = "1200m" if not small else "768m"
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -178,56 +213,112 @@ def _merge(sources: list[Source]) -> list[Source]:
     return list(merged.values())
 
 
+#: Average bytes of one JSON line as the routers write them (folded lines are
+#: counted as lines here: an underestimate of events where routers fold much).
+JSON_BYTES_PER_EVENT = 250
+
+
+def estimate_events(sources: list[Source]) -> int | None:
+    """About how many events the inputs hold: from the size of local JSON logs and
+    the row counts of Parquet datasets (their compaction note, else their bytes);
+    None for remote inputs."""
+    events = 0
+    for source in sources:
+        if source.remote:
+            return None
+        if source.fmt == "json":
+            events += sum(os.path.getsize(p) for p in source.paths) // JSON_BYTES_PER_EVENT
+        else:
+            for path in source.paths:
+                note = Path(path) / "_eorouter_compact.json"
+                if note.exists():
+                    import json
+                    events += int(json.loads(note.read_text()).get("lines", 0))
+                else:
+                    events += sum(p.stat().st_size for p in _parquet_files(Path(path))) // 12
+    return events
+
+
 # ---------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------
 
 @dataclass
 class Loaded:
-    events: DataFrame
+    """Every line of every input, as read: the fields the proof reads, ``FILE`` and
+    ``CORRUPT`` (the text of a line Spark could not read whole, else null)."""
+    lines: DataFrame
     sources: list[Source]
-    corrupt: DataFrame | None = None  # the lines Spark could not parse (JSON only)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def events(self) -> DataFrame:
+        """The lines read whole, with the writer's field names only."""
+        return self.lines.where(F.col(CORRUPT).isNull()).drop(CORRUPT, FILE)
 
-def _read_json(spark: SparkSession, source: Source, schema) -> DataFrame:
-    reader = spark.read.schema(schema).option("mode", "PERMISSIVE") \
-        .option("columnNameOfCorruptRecord", CORRUPT)
+    @property
+    def corrupt(self) -> DataFrame:
+        """The lines Spark could not read whole: ``line``, their text (and ``seq``, as
+        far as it was read: Spark refuses a query of a raw JSON scan that reads
+        nothing but the corrupt-record column)."""
+        return self.lines.where(F.col(CORRUPT).isNotNull()).select(F.col(CORRUPT).alias("line"), "seq")
+
+
+def _json_reader(spark: SparkSession, source: Source, schema):
+    reader = spark.read.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
     if source.remote:
         # Only the routers' log files (not ledgers or anything else under the path).
         reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl")
-    return reader.json(source.paths)
+    return reader
+
+
+def _fields(schema) -> list[str]:
+    return [name for name in LINE_FIELDS if name in schema.fieldNames()]
+
+
+def line_schema(fields=None):
+    """The explicit schema a line is read with: ``fields`` (default ``LINE_FIELDS``)
+    with the writer's types (router.eventlog), and ``CORRUPT``."""
+    from pyspark.sql import types as T
+    full = event_schema()
+    wanted = [name for name in (fields or LINE_FIELDS) if name in full.fieldNames()]
+    return T.StructType([full[name] for name in wanted] + [T.StructField(CORRUPT, T.StringType(), True)])
+
+
+def load_lines(spark: SparkSession, sources: list[Source], fields=None, files: bool = False) -> DataFrame:
+    """Every line of ``sources`` as one DataFrame: ``fields`` (default ``LINE_FIELDS``)
+    with the writer's types, and ``CORRUPT``; with ``files``, also ``FILE`` (a string
+    per line: it costs as much as converting a few fields, so only the cold paths
+    ask for it). Nothing is dropped here. Only the fields asked for are converted."""
+    full = event_schema()
+    schema = line_schema(fields)
+    wanted = [f.name for f in schema.fields if f.name != CORRUPT]
+    frames: list[DataFrame] = []
+    for source in sources:
+        if source.fmt == "json":
+            raw = _json_reader(spark, source, schema).json(source.paths)
+            cols = [*wanted, CORRUPT] + ([F.col("_metadata.file_path").alias(FILE)] if files else [])
+            frames.append(raw.select(*cols))
+        else:
+            data = spark.read.parquet(*source.paths)
+            have = set(data.columns)
+            cols = [F.col(n) if n in have else F.lit(None).cast(full[n].dataType).alias(n) for n in wanted]
+            # A dataset written by 'eorouter logs compact' keeps the text of lines that
+            # were not read whole, and each line's source file; an older one has neither.
+            cols.append(F.col(CORRUPT) if CORRUPT in have else F.lit(None).cast("string").alias(CORRUPT))
+            if files:
+                cols.append(F.col(FILE) if FILE in have else F.col("_metadata.file_path").alias(FILE))
+            frames.append(data.select(*cols))
+    lines = frames[0]
+    for frame in frames[1:]:
+        lines = lines.unionByName(frame)
+    return lines
 
 
 def load_events(spark: SparkSession, inputs: list[str], fmt: str = "auto") -> Loaded:
-    """Every event of every input as one DataFrame with the writer's schema (plus
-    nothing). Unparsable lines (a torn last line after a crash) are left out and
-    returned separately in ``corrupt`` (one column, the raw line)."""
+    """``resolve`` then ``load_lines`` (every field the proof reads, and each line's file)."""
     sources = resolve(inputs, fmt)
-    schema = event_schema()
-    json_schema = event_schema(corrupt_column=True)
-    frames: list[DataFrame] = []
-    corrupt: list[DataFrame] = []
-    for source in sources:
-        if source.fmt == "json":
-            raw = _read_json(spark, source, json_schema)
-            # A torn line parses to nulls with the raw text in CORRUPT. Keep the
-            # filter on a real column too: Spark refuses queries that reference
-            # only the corrupt-record column of a raw JSON scan.
-            corrupt.append(raw.where(F.col(CORRUPT).isNotNull() | F.col("event").isNull())
-                           .select(F.coalesce(F.col(CORRUPT), F.lit("")).alias("line"),
-                                   F.col("event").alias("_event")).select("line"))
-            frames.append(raw.where(F.col(CORRUPT).isNull() & F.col("event").isNotNull())
-                          .select(*schema.fieldNames()))
-        else:
-            frames.append(spark.read.schema(schema).parquet(*source.paths).select(*schema.fieldNames()))
-    events = frames[0]
-    for frame in frames[1:]:
-        events = events.unionByName(frame)
-    bad = None
-    for frame in corrupt:
-        bad = frame if bad is None else bad.unionByName(frame)
-    return Loaded(events, sources, bad)
+    return Loaded(load_lines(spark, sources, files=True), sources)
 
 
 def resolve_ledgers(directory: str) -> list[str]:
@@ -244,21 +335,31 @@ def resolve_ledgers(directory: str) -> list[str]:
     return files
 
 
+#: The ledger fields the proof reads (spark/schema.py LEDGER_FIELDS has them all).
+LEDGER_READ = ("ts", "client", "link", "role", "event", "delivery", "pub_tag", "outcome", "incarnation",
+               "message_id")
+
+
 def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
     """The applications' ledgers (docs/ledger.md) with their explicit schema, plus
-    ``file`` (which ledger) and ``line`` (increasing with the position in the file:
-    the application's own order)."""
+    ``file`` (which ledger) and ``line``, which orders a file's lines as written:
+    (the start of the file split a line was read in, its place in that split).
+    Only the fields the proof reads are converted."""
     paths = resolve_ledgers(directory)
-    reader = spark.read.schema(ledger_schema()).option("mode", "PERMISSIVE")
+    from pyspark.sql import types as T
+    full = ledger_schema()
+    schema = T.StructType([full[name] for name in LEDGER_READ])
+    reader = spark.read.schema(schema).option("mode", "PERMISSIVE")
     if _spark_path(directory):
         reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl")
     frame = reader.json(paths)
-    # A ledger is one small file per client link, read as one split, in which
-    # monotonically_increasing_id() follows the line order.
-    return frame.withColumn("file", F.input_file_name()) \
-        .withColumn("line", F.monotonically_increasing_id()) \
+    # A large ledger is read in several splits, which Spark may schedule in any
+    # order: a line's place is its split's offset in the file, then its position
+    # in the split (monotonically_increasing_id grows along a partition's rows).
+    # The file is told apart by its size and modification time (fixed-width: a
+    # path per line would cost as much as converting a few fields).
+    meta = F.col("_metadata")
+    return frame.select(*LEDGER_READ, F.xxhash64(meta["file_size"], meta["file_modification_time"]).alias("fid"),
+                        meta["file_block_start"].alias("split"),
+                        (F.monotonically_increasing_id() % F.lit(1 << 33)).alias("row")) \
         .where(F.col("event").isNotNull())
-
-
-def env_cores() -> int:
-    return os.cpu_count() or 1

@@ -1,23 +1,39 @@
-"""The reconciliation: proofs over every router's event log, as DataFrame transformations.
+"""The reconciliation: every invariant of docs/reconcile.md, as DataFrame transformations.
 
-Every check is a function from DataFrames to a DataFrame of violations (schema
-``VIOLATION_COLUMNS``); nothing is collected to the driver but the final counts and
-the first violations. The events that name a delivery are hash-partitioned by
-``delivery`` once and cached, so the per-delivery joins and aggregations below run
-without another shuffle; the small per-router tables (epochs, subscription ends,
-routes) are broadcast.
+How it runs (docs/reconcile.md, "How it runs"): two reads of the input, each
+converting only the fields it needs (spark/load.py), no cached copy of the lines.
 
-What each proof means is in docs/reconcile.md. The event kinds each proof reads
-are named in the module-level tuples below: a new kind (failover, issue 4) that
-ends an obligation or references a delivery is added there.
+1. **Per router** (``input_facts``): one hash aggregation of ``(router, epoch, seq)``
+   into 64-bit words of bits (``bit_or``): its partial step leaves one row per 64
+   lines to shuffle, and it finds every missing and every repeated ``seq`` exactly.
+   The same read counts the malformed lines and collects, as side results of that
+   one job (``observe``), every router the events name and the few lines that name
+   no delivery (links, routes, peers). The small per-router tables the proofs need
+   are made from those on the driver (``small_tables``).
+2. **Per delivery** (``delivery_facts``): the events that name a delivery, routers
+   and subscribers as 64-bit hashes, one shuffle by delivery id (its hash), sorted,
+   grouped into one row per delivery (``ev``: its events on every router and epoch,
+   in (router, epoch, seq) order), and one projection written in Spark SQL with
+   built-in higher-order functions (compiled by Spark: no Python runs on a row)
+   that decides every per-delivery invariant, excuses included (the small tables
+   are constants of it), and yields its violations (``v``: usually empty) and the
+   few facts the other checks and the summary read. Cached: one row per delivery.
+3. **Across deliveries**, from those facts: one publisher delivery under two ids,
+   publisher order per subscriber, the applications' ledgers.
+4. **On the driver**, for the violations the report lists only: names for the
+   hashes, the item each check counts, and a sentence (``describe``).
 
-Run it with ``eorouter reconcile LOGDIR...`` or
-``spark-submit spark/reconcile.py LOGDIR... [--out DIR]``.
+Malformed lines are counted by both reads; only when there is one is the input
+read a third time, as text, to name each bad line's file and line (``find_bad_lines``).
+Run it with ``eorouter reconcile LOGDIR...`` or ``spark-submit spark/reconcile.py LOGDIR...``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,170 +45,322 @@ if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit spark/r
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from router.eventlog import EVENT_SCHEMA, EVENTS
+from spark.schema import CORRUPT, FILE
 
 # ---------------------------------------------------------------------------
 # Vocabulary
 # ---------------------------------------------------------------------------
 
-#: Events whose ``delivery`` must name a delivery some router received
-#: ("nothing invented"). Not tag-collision, dropped or order-gap: those name a
-#: tag the router refused, dropped or holds back.
-REFERENCING_KINDS = ("forwarded", "sub-outcome", "pub-outcome", "settled", "record-deleted", "expired",
-                     "outcome-to-router", "outcome-from-router", "settlement-relayed", "forwarded-to-router",
-                     # failover (docs/resumption.md): each names a record the logging router holds.
-                     # Not the placeholder-* kinds: they name a delivery the router has not seen yet.
-                     "resend-matched", "origin-taken-over", "owed-moved", "owed-state-discarded")
-
-#: Failover: a dead router's (or a moved subscriber's) durable subscribers stay owed
-#: a delivery wherever they re-attach (``owed-moved``, its ``subscribers``) until
-#: they accept it or their terminus timeout ends the obligation (``owed-state-discarded``).
-MOVED_KIND = "owed-moved"
-DISCARDED_KIND = "owed-state-discarded"
-
-#: How a router answers for a delivery: to its publisher (origin) or to the origin router.
-ANSWER_KINDS = ("pub-outcome", "outcome-to-router")
-
-#: Columns every check's output has. ``item`` is what the check counts (distinct).
-VIOLATION_COLUMNS = ("check", "item", "delivery", "router", "subscriber", "detail", "ts", "epoch", "seq")
-
-#: The checks, in the order the verdict lists them: (name, what a count means).
+#: Every check, in the order the verdict lists them: (name, title, what one item is).
+#: docs/reconcile.md has the table of what each needs and catches; the tests
+#: (tests/spark/test_spec.py) hold that table and this one to each other.
 CHECKS = (
-    ("lost", "deliveries"),
-    ("duplicated", "subscriber x publisher delivery"),
-    ("out-of-order", "subscriber x delivery"),
-    ("invented", "deliveries"),
-    ("left-unsettled", "router x delivery"),
-    ("incomplete-input", "problems"),
-    ("ledger", "mismatches"),
+    ("malformed-line", "every line well-formed", "lines"),
+    ("seq-gap", "no sequence gap", "runs of missing seq"),
+    ("seq-repeated", "no repeated seq", "repeated seq numbers"),
+    ("router-log-missing", "every router's log", "routers or epochs"),
+    ("lost", "no loss", "deliveries"),
+    ("duplicated", "no duplicates", "subscriber x publisher delivery"),
+    ("out-of-order", "publisher order", "subscriber x delivery"),
+    ("invented", "nothing invented", "deliveries"),
+    ("record-missing", "every event has its record", "router x epoch x delivery"),
+    ("arrival-unforwarded", "every arrival was forwarded", "router x delivery"),
+    ("accept-unowed", "every answer was owed", "subscriber x delivery"),
+    ("accept-unsent", "every answer was sent first", "subscriber x router x delivery"),
+    ("answer-missing", "every router's answer reached its origin", "origin x router x delivery"),
+    ("outcome-disagrees", "publisher outcome follows the subscribers'", "deliveries"),
+    ("left-unsettled", "clean end", "router x delivery"),
+    ("ledger", "router vs applications", "mismatches"),
 )
+CHECK_NAMES = tuple(name for name, _, _ in CHECKS)
+
+#: A violation found in Spark (routers and subscribers as hashes: ``names`` decodes
+#: them). ``kind`` tells a check's variants apart; (kind, delivery, router, epoch,
+#: subscriber, other) is what the check counts (the fields it does not count are
+#: null); ``info`` is JSON with the check's own facts (describe() makes a sentence).
+VIOLATION_SCHEMA = T.StructType([
+    T.StructField("check", T.StringType()), T.StructField("kind", T.StringType()),
+    T.StructField("delivery", T.StringType()), T.StructField("router", T.LongType()),
+    T.StructField("epoch", T.LongType()), T.StructField("seq", T.LongType()),
+    T.StructField("subscriber", T.LongType()), T.StructField("other", T.LongType()),
+    T.StructField("publisher", T.StringType()), T.StructField("pub_tag", T.StringType()),
+    T.StructField("ts", T.DoubleType()), T.StructField("info", T.StringType())])
+#: What each check counts, of a violation's fields.
+ITEM = {"lost": ("delivery",), "invented": ("delivery",), "outcome-disagrees": ("delivery",),
+        "duplicated": ("kind", "subscriber", "delivery"), "out-of-order": ("router", "subscriber", "delivery"),
+        "record-missing": ("router", "epoch", "delivery"), "arrival-unforwarded": ("router", "delivery"),
+        "accept-unowed": ("subscriber", "delivery"), "accept-unsent": ("subscriber", "router", "delivery"),
+        "answer-missing": ("router", "other", "delivery"), "left-unsettled": ("router", "delivery"),
+        "ledger": ("kind", "subscriber", "delivery")}
+
+#: Kind codes: the per-delivery rows carry a small integer, not the kind's name.
+#: A kind the proof does not reason about (a kind added to router/eventlog.py
+#: later, say) is 0: read, counted, never judged.
+KIND = {"received": 1, "forwarded": 2, "sub-outcome": 3, "pub-outcome": 4, "settled": 5, "record-deleted": 6,
+        "expired": 7, "forwarded-to-router": 8, "outcome-to-router": 9, "outcome-from-router": 10,
+        "settlement-relayed": 11, "resend-matched": 12, "origin-taken-over": 13, "placeholder-created": 14,
+        "placeholder-fulfilled": 15, "placeholder-expired": 16, "placeholder-settled": 17, "owed-moved": 18,
+        "owed-state-discarded": 19, "tag-collision": 20, "dropped": 21, "order-gap": 22}
+#: The applications' ledgers' `delivered` lines travel with the routers' events
+#: (docs/ledger.md): a subscriber's application was handed the delivery.
+APP_DELIVERED = 30
+KIND_NAME = {code: name for name, code in KIND.items()} | {0: "other", APP_DELIVERED: "delivered (ledger)"}
+#: The kinds in the order a CASE expression tests them: the most frequent first.
+_FREQUENT = ("sub-outcome", "received", "pub-outcome", "settled", "record-deleted", "forwarded", "outcome-to-router",
+             "outcome-from-router", "forwarded-to-router", "settlement-relayed", "expired")
+_BY_FREQUENCY = _FREQUENT + tuple(k for k in KIND if k not in _FREQUENT)
+OUTCOME = {"accepted": 1, "rejected": 2, "released": 3, "modified": 4, "none": 5}
+OUTCOME_NAME = {code: name for name, code in OUTCOME.items()} | {6: "other", 7: "expired"}
+ACC = OUTCOME["accepted"]
+EXPIRED = 7  # an `expired` event, where a subscriber's answer is reported
+TERMINAL_NOT_ACCEPTED = (2, 3, 4)
+BY = {"router": 1, "publisher": 2, "publisher-gone": 3, "origin-router": 4, "settled-elsewhere": 5,
+      "publisher-resumed": 6}
+BY_NAME = {code: name for name, code in BY.items()} | {7: "other"}
+#: A pub-outcome answered from the router's memory of a finished delivery
+#: (docs/resumption.md): no record needed, only some earlier event about it.
+REMEMBERED = "resent after it was finished and settled; outcome remembered"
+
+#: Events that name a delivery some router must have received ("nothing
+#: invented"). Not tag-collision, dropped, order-gap or placeholder-*: those name
+#: a tag the router refused, dropped, holds back or has not seen yet.
+REFERENCING = ("forwarded", "sub-outcome", "pub-outcome", "settled", "record-deleted", "expired",
+               "outcome-to-router", "outcome-from-router", "settlement-relayed", "forwarded-to-router",
+               "resend-matched", "origin-taken-over", "owed-moved", "owed-state-discarded")
+#: Events a router logs only about a record it holds in that epoch: each must
+#: follow a `received` of the delivery on the same router in the same epoch.
+#: Not forwarded-to-router (a relay forwards without a record) and not the
+#: kinds that name a delivery the router has not seen.
+NEEDS_RECORD = ("forwarded", "sub-outcome", "pub-outcome", "settled", "record-deleted", "expired",
+                "outcome-to-router", "outcome-from-router", "settlement-relayed", "resend-matched",
+                "origin-taken-over", "owed-moved", "owed-state-discarded", "placeholder-fulfilled")
+#: Kinds whose line must name a delivery.
+NAMES_DELIVERY = ("received", "forwarded", "sub-outcome", "expired", "outcome-to-router", "outcome-from-router",
+                  "forwarded-to-router", "settled", "record-deleted", "settlement-relayed", "completed")
+#: Kinds that name no delivery: links, routers, peers, routes (the per-router tables).
+LIFE_KINDS = ("router-started", "router-stopping", "link-attached", "link-detached", "subscription-expired",
+              "routes", "peer-connected", "peer-lost", "peer-restarted", "resume-requested")
+_LIFE_COLUMNS = ("router", "epoch", "seq", "ts", "boot", "event", "link", "container", "name", "role", "address",
+                 "durable", "closed", "reason", "reachable", "peer", "peer_epoch")
+
+#: The fields each read converts (spark/load.py LINE_FIELDS has them all).
+COMMON = tuple(EVENT_SCHEMA)
+ROUTER_READ = COMMON + ("delivery", "deliveries", "by", "origin_router", "to_router", "from_router", "routers", "dests",
+                        "link", "container", "name", "role", "address", "durable", "closed", "reason", "reachable",
+                        "peer", "peer_epoch")
+DELIVERY_READ = COMMON + ("delivery", "deliveries", "subscriber", "outcome", "pub_outcome", "condition", "reason",
+                          "settled", "by", "deleted", "owed", "forwarded", "routers", "origin_router", "to_router",
+                          "from_router", "dests", "subscribers", "topic", "publisher", "link_name", "pub_tag",
+                          "incarnation", "stream_seq")
 
 #: Wall-clock tolerance (seconds) when a cross-router fact can only be placed in
 #: time by ts (routers' events are ordered by (epoch, seq) only within a router).
 CLOCK_SLACK = 5.0
 
-_NEEDED = ("seq", "ts", "router", "epoch", "boot", "event", "delivery", "topic", "publisher", "link_name",
-           "pub_tag", "incarnation", "stream_seq", "settled", "owed", "forwarded", "routers", "origin_router",
-           "subscriber", "outcome", "by", "deleted", "to_router", "from_router", "link", "container", "name",
-           "role", "address", "durable", "closed", "reason", "reachable", "resumed", "dests", "subscribers",
-           "pub_outcome", "deliveries")
-
-#: Folded lines (router.eventlog.FOLDED) stand for several events at their seq:
-#: "completed" is a sub-outcome, a pub-outcome and, when ``by`` is set, a settled;
-#: "sub-outcomes" is one sub-outcome per delivery of its ``deliveries``.
-COMPLETED = "completed"
-SUB_OUTCOMES = "sub-outcomes"
-#: Column added by unfold(): true only on the first event of a line (so the input
-#: check counts lines, not events).
+#: Folded lines (router.eventlog.FOLDED) stand for several events at their seq.
+COMPLETED, SUB_OUTCOMES = "completed", "sub-outcomes"
+#: Column added by unfold(): true only on the first event of a line.
 FIRST = "_first_of_line"
+#: Column added by validate(): what is wrong with a line (null: nothing).
+PROBLEM = "_problem"
 
 
-def unfold(ev: DataFrame) -> DataFrame:
-    """Every folded line as the events it stands for (router.eventlog.unfold(), same
-    seq, in the same order), in one pass (an explode, no union: the input is read
-    once). Adds ``FIRST``.
+# ---------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------
 
-    Each line becomes an array of (kind, delivery) parts, exploded with their
-    position: a "completed" line its two or three parts, all of its delivery; a
-    "sub-outcomes" line one "sub-outcome" per element of ``deliveries``; any other
-    line itself. An input without the folded kinds' own columns (a log, or a Parquet
-    dataset, written before they existed) has none of those lines."""
-    folds_completed = "pub_outcome" in ev.columns
-    folds_runs = "deliveries" in ev.columns
-    if not (folds_completed or folds_runs):
-        return ev.withColumn(FIRST, F.lit(True))
-
-    def event_of_line(kind: Column, delivery: Column) -> Column:
-        return F.struct(kind.alias("kind"), delivery.cast("string").alias("delivery"))
-
-    def of_the_lines_delivery(*kinds: str) -> Column:
-        return F.array(*(event_of_line(F.lit(k), F.col("delivery")) for k in kinds))
-
-    completed = (F.col("event") == COMPLETED) if folds_completed else F.lit(False)
-    cases = []
-    if folds_completed:
-        cases += [(completed & F.col("by").isNotNull(),
-                   of_the_lines_delivery("sub-outcome", "pub-outcome", "settled")),
-                  (completed, of_the_lines_delivery("sub-outcome", "pub-outcome"))]
-    if folds_runs:
-        # A run without deliveries (the router never writes one) stays the line it
-        # is: it then names no delivery, and still counts as a line against seq.
-        cases.append(((F.col("event") == SUB_OUTCOMES) & (F.size("deliveries") > 0),
-                      F.transform("deliveries", lambda d: event_of_line(F.lit("sub-outcome"), d))))
-    parts = F.when(*cases[0])
-    for condition, value in cases[1:]:
-        parts = parts.when(condition, value)
-    parts = parts.otherwise(F.array(event_of_line(F.col("event"), F.col("delivery"))))
-    x = ev.select("*", F.posexplode(parts).alias("_pos", "_part"))
-    kind = F.col("_part.kind")
-
-    def only(part: str, name: str) -> Column:  # a "completed" line's field belongs to one of its events
-        return F.when(completed & (kind != part), F.lit(None)).otherwise(F.col(name))
-
-    # A "sub-outcomes" line's subscriber, outcome and settled are every one of its
-    # events' as they are: only its kind and delivery change.
-    columns = {"event": kind, "delivery": F.col("_part.delivery")}
-    if folds_completed:
-        columns.update({
-            "subscriber": only("sub-outcome", "subscriber"),
-            "settled": only("sub-outcome", "settled"),
-            "outcome": F.when(completed & (kind == "pub-outcome"), F.col("pub_outcome"))
-            .when(completed & (kind == "settled"), F.lit(None)).otherwise(F.col("outcome")),
-            "reason": only("pub-outcome", "reason"),
-            "by": only("settled", "by"),
-            "deleted": only("settled", "deleted"),
-        })
-    return x.select(*[columns[c].cast(ev.schema[c].dataType).alias(c) if c in columns else F.col(c)
-                      for c in ev.columns if c not in ("pub_outcome", "deliveries")],
-                    (F.col("_pos") == 0).alias(FIRST))
+def _code(column: Column, names: tuple, table: dict, other: int) -> Column:
+    """A CASE expression mapping ``names`` (tested in that order) to their codes in
+    ``table`` (unknown: ``other``; null: null)."""
+    expr = None
+    for name in names:
+        code = F.lit(table[name])
+        expr = F.when(column == name, code) if expr is None else expr.when(column == name, code)
+    return F.when(column.isNull(), F.lit(None)).otherwise(expr.otherwise(F.lit(other)))
 
 
 def _key(container: Column, name: Column) -> Column:
     return F.concat_ws("/", container, name)
 
 
-def _violations(df: DataFrame, check: str, item: Column, *, delivery=None, router=None, subscriber=None,
-                detail=None, ts=None, epoch=None, seq=None) -> DataFrame:
-    def col(value, type_):
+def _hash(column: Column) -> Column:
+    """A name (router, subscriber key) as the 64-bit hash the per-delivery rows
+    carry; null stays null (xxhash64 of null is its seed)."""
+    return F.when(column.isNotNull(), F.xxhash64(column))
+
+
+def _hashes(column: Column) -> Column:
+    return F.transform(column, lambda x: _hash(x))
+
+
+def violations(df: DataFrame, check: str, info: dict | None = None, **cols) -> DataFrame:
+    """``df`` as violations of ``check`` (VIOLATION_SCHEMA): one row per row of ``df``."""
+    def col(name, type_):
+        value = cols.get(name)
         if value is None:
-            return F.lit(None).cast(type_)
-        return (F.col(value) if isinstance(value, str) else value).cast(type_)
-    return df.select(
-        F.lit(check).alias("check"), item.cast("string").alias("item"),
-        col(delivery, "string").alias("delivery"), col(router, "string").alias("router"),
-        col(subscriber, "string").alias("subscriber"), col(detail, "string").alias("detail"),
-        col(ts, "double").alias("ts"), col(epoch, "long").alias("epoch"), col(seq, "long").alias("seq"))
+            return F.lit(None).cast(type_).alias(name)
+        return (F.col(value) if isinstance(value, str) else value).cast(type_).alias(name)
+    info_col = F.to_json(F.struct(*[(F.col(v) if isinstance(v, str) else v).alias(k) for k, v in info.items()])) \
+        if info else F.lit(None).cast("string")
+    return df.select(F.lit(check).alias("check"),
+                     *[col(f.name, f.dataType) for f in VIOLATION_SCHEMA.fields[1:-1]], info_col.alias("info"))
 
 
-def empty_violations(spark) -> DataFrame:
-    schema = T.StructType([T.StructField(n, T.DoubleType() if n == "ts" else
-                                         T.LongType() if n in ("epoch", "seq") else T.StringType())
-                           for n in VIOLATION_COLUMNS])
-    return spark.createDataFrame([], schema)
+def union_all(frames: list[DataFrame]) -> DataFrame:
+    """One union of many frames of one schema, built as a balanced tree (each step
+    of a chain would analyse the whole plan again)."""
+    while len(frames) > 1:
+        frames = [frames[i].unionByName(frames[i + 1]) if i + 1 < len(frames) else frames[i]
+                  for i in range(0, len(frames), 2)]
+    return frames[0]
 
 
 # ---------------------------------------------------------------------------
-# The tables every proof shares
+# 1. Lines: which are malformed, and why
 # ---------------------------------------------------------------------------
+
+_KNOWN_KINDS = tuple(EVENTS)
+_TYPED = tuple((name, type_) for kind in EVENTS.values() for name, type_ in kind.items())
+
+
+def bad(lines: DataFrame) -> Column:
+    """True for a line that is not a well-formed event: Spark could not read it whole
+    (not JSON, not an object, a field of the wrong type), a common field is missing,
+    its kind is unknown, its seq or epoch is below 1, or a kind about one delivery
+    names none. (The cheap test of every line; ``validate`` says why, for the few.)"""
+    missing = F.lit(False)
+    for name in COMMON:
+        missing = missing | F.col(name).isNull()
+    return (F.col(CORRUPT).isNotNull() | missing | ~F.col("event").isin(*_KNOWN_KINDS)
+            | (F.col("seq") < 1) | (F.col("epoch") < 1)
+            | (F.col("event").isin(*NAMES_DELIVERY) & F.col("delivery").isNull()
+               & ~((F.col("event") == SUB_OUTCOMES) & F.col("deliveries").isNotNull()))
+            | ((F.col("event") == SUB_OUTCOMES) & (F.coalesce(F.size("deliveries"), F.lit(0)) < 1)))
+
+
+def validate(lines: DataFrame) -> DataFrame:
+    """Adds ``PROBLEM``: why a line is not a well-formed event (``bad``), or null."""
+    raw = F.col(CORRUPT)
+    common = [name for name in COMMON if name in lines.columns]
+    any_missing = F.lit(False)
+    for name in common:
+        any_missing = any_missing | F.col(name).isNull()
+    missing = F.concat_ws(", ", *[F.when(F.col(name).isNull(), F.lit(name)) for name in common])
+    # Which field Spark could not convert: its value is null though the text has it.
+    typed = dict(list(EVENT_SCHEMA.items()) + list(_TYPED))
+    wrong = F.concat_ws(", ", *[
+        F.when(F.col(name).isNull() & raw.contains(f'"{name}":') & ~raw.contains(f'"{name}":null'),
+               F.lit(f"{name} is not {typed[name]}"))
+        for name in typed if name in lines.columns])
+    nothing_parsed = F.col("seq").isNull() & F.col("router").isNull() & F.col("event").isNull()
+    problem = (
+        F.when(raw.isNotNull() & nothing_parsed,
+               F.when(F.trim(raw).startswith("{"), F.lit("unparsable line (not valid JSON)"))
+               .otherwise(F.lit("unparsable line (not a JSON object)")))
+        .when(raw.isNotNull(), F.concat(F.lit("wrong type: "),
+                                        F.when(wrong != "", wrong).otherwise(F.lit("a field Spark could not read"))))
+        .when(any_missing, F.concat(F.lit("missing common field(s): "), missing))
+        .when(~F.col("event").isin(*_KNOWN_KINDS), F.concat(F.lit("unknown event kind "), F.col("event")))
+        .when((F.col("seq") < 1) | (F.col("epoch") < 1), F.lit("seq and epoch start at 1"))
+        .when(F.col("event").isin(*NAMES_DELIVERY) & F.col("delivery").isNull()
+              & ~((F.col("event") == SUB_OUTCOMES) & F.col("deliveries").isNotNull()),
+              F.concat(F.lit("a "), F.col("event"), F.lit(" event without its delivery")))
+        .when((F.col("event") == SUB_OUTCOMES) & (F.coalesce(F.size("deliveries"), F.lit(0)) < 1),
+              F.lit("a sub-outcomes line without deliveries")))
+    return lines.withColumn(PROBLEM, problem)
+
+
+# ---------------------------------------------------------------------------
+# 2. Unfolding: a folded line is the events it stands for (no higher-order function)
+# ---------------------------------------------------------------------------
+
+def unfold(lines: DataFrame) -> DataFrame:
+    """Every folded line as the events it stands for (router.eventlog.unfold(), same
+    seq, in the same order), with one ``posexplode`` of an array built without any
+    higher-order function. Adds ``FIRST`` (true on a line's first event) and ``_pos``
+    (the event's place in its line). A "completed" line is its sub-outcome, its
+    pub-outcome and, when ``by`` is set, its settled; a "sub-outcomes" line one
+    sub-outcome per element of ``deliveries``."""
+    has_completed = "pub_outcome" in lines.columns
+    has_runs = "deliveries" in lines.columns
+    if not (has_completed or has_runs):
+        return lines.withColumn(FIRST, F.lit(True)).withColumn("_pos", F.lit(0))
+    kind = F.col("event")
+    d = F.col("delivery")
+    parts = None
+    if has_runs:
+        parts = F.when((kind == SUB_OUTCOMES) & (F.size("deliveries") > 0), F.col("deliveries"))
+    if has_completed:
+        three = (kind == COMPLETED) & F.col("by").isNotNull()
+        parts = (parts.when(three, F.array(d, d, d)) if parts is not None else F.when(three, F.array(d, d, d)))
+        parts = parts.when(kind == COMPLETED, F.array(d, d))
+    parts = parts.otherwise(F.array(d))
+    x = lines.select("*", F.posexplode(parts).alias("_pos", "_d"))
+    pos = F.col("_pos")
+    completed = (kind == COMPLETED) if has_completed else F.lit(False)
+    new_kind = F.when(completed, F.element_at(F.array(F.lit("sub-outcome"), F.lit("pub-outcome"),
+                                                      F.lit("settled")), pos + 1))
+    if has_runs:
+        new_kind = new_kind.when((kind == SUB_OUTCOMES) & (F.size("deliveries") > 0), F.lit("sub-outcome"))
+    new_kind = new_kind.otherwise(kind)
+
+    def only(p: int, name: str) -> Column:  # a "completed" line's field belongs to one of its events
+        return F.when(completed & (pos != p), F.lit(None)).otherwise(F.col(name))
+
+    columns = {"event": new_kind, "delivery": F.col("_d")}
+    if has_completed:
+        columns.update({
+            "subscriber": only(0, "subscriber"), "settled": only(0, "settled"),
+            "outcome": F.when(completed & (pos == 1), F.col("pub_outcome"))
+            .when(completed & (pos == 2), F.lit(None)).otherwise(F.col("outcome")),
+            "condition": only(1, "condition"), "reason": only(1, "reason"),
+            "by": only(2, "by"), "deleted": only(2, "deleted"),
+        })
+    keep = [c for c in lines.columns if c not in ("pub_outcome", "deliveries")]
+    return x.select(*[columns[c].cast(lines.schema[c].dataType).alias(c) if c in columns else F.col(c)
+                      for c in keep], (pos == 0).alias(FIRST), pos.alias("_pos"))
+
+
+# ---------------------------------------------------------------------------
+# The tables the proofs share
+# ---------------------------------------------------------------------------
+
+class HashCollision(Exception):
+    """Two router or subscriber names have one 64-bit hash (never seen; about one
+    chance in 10^12 for a million names): the per-delivery rows could not tell them
+    apart, so the proof refuses to run rather than mix them up."""
+
+
+@dataclass
+class Names:
+    """Routers and subscribers by the hash the per-delivery rows carry."""
+    routers: dict = field(default_factory=dict)  # hash -> name
+    subscribers: dict = field(default_factory=dict)
+
+    def router(self, h) -> str | None:
+        return None if h is None else self.routers.get(h, f"<router {h}>")
+
+    def subscriber(self, h) -> str | None:
+        return None if h is None else self.subscribers.get(h, f"<subscriber {h}>")
+
 
 @dataclass
 class Tables:
-    """The event log cut into the tables the proofs join. ``keyed`` holds every
-    event naming a delivery, hash-partitioned by delivery; the rest are derived
-    from it (same partitioning) or are small per-router tables."""
-    keyed: DataFrame   # events with a delivery, partitioned by delivery
-    life: DataFrame    # events without one (links, routers, routes)
-    recv: DataFrame    # non-pre-settled `received`, one row per (router, epoch, delivery)
-    ident: DataFrame   # one row per received delivery: who published it, where in the stream
-    accepts: DataFrame  # sub-outcome accepted
-    sends: DataFrame   # a delivery sent to a subscriber (received.forwarded or forwarded)
-    epochs: DataFrame  # one row per (router, epoch): how it started and ended
-    sub_ends: DataFrame  # when a subscriber stopped being owed what it had not answered
-    routes: DataFrame  # `routes` events: which routers were reachable
-    durability: DataFrame  # every subscriber attach: (router, epoch, subscriber, attach_seq, durable)
-    per_delivery: DataFrame | None = None  # lives(): one row per delivery, every event about it (cached)
+    """What the proofs read: ``facts``, one row per delivery (cached); ``input``, what
+    input_facts() found; ``small``, the per-router tables (made on the driver);
+    ``names`` for the hashes; the reads' ``sources``."""
+    facts: DataFrame
+    input: dict
+    small: dict
+    names: Names
+    sources: list
+    partitions: int = 0
+    bad_in_deliveries: Observation | None = None
     persisted: list = field(default_factory=list)
 
     def unpersist(self) -> None:
@@ -200,389 +368,840 @@ class Tables:
             frame.unpersist()
         self.persisted.clear()
 
+    @property
+    def epochs(self) -> list[dict]:
+        return self.input["epochs"]
 
-def prepare(events: DataFrame, partitions: int | None = None, persist: bool = True,
-            storage: StorageLevel = StorageLevel.MEMORY_AND_DISK) -> Tables:
-    """Cut the events into ``Tables``. ``partitions``: how many hash partitions of
-    delivery ids (default: spark.sql.shuffle.partitions). ``storage``: how the two
-    big cached tables are kept (DISK_ONLY for large inputs on a small driver)."""
-    spark = events.sparkSession
-    # The plan this job wants: every per-delivery table below stays hash-partitioned
-    # by delivery, so joins on (delivery, router, ...) need no shuffle when Spark may
-    # use a partitioning on a subset of the join keys; small per-router tables are
-    # broadcast explicitly (F.broadcast), nothing else is.
-    spark.conf.set("spark.sql.requireAllClusterKeysForCoPartition", "false")
-    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+
+# ---------------------------------------------------------------------------
+# Per router: sequence numbers and epochs
+# ---------------------------------------------------------------------------
+
+_WORD = 64  # the sequence check packs 64 seq numbers into one long
+
+
+def _words(lines: DataFrame) -> DataFrame:
+    """(router, epoch, w): the bits of the seq numbers w * 64 + 1 .. w * 64 + 64 that
+    have a line, how many lines, and the epoch's extent and orderly stop."""
+    good = F.col("router").isNotNull() & F.col("epoch").isNotNull() & F.col("seq").isNotNull() & (F.col("seq") > 0)
+    word = F.floor((F.col("seq") - 1) / _WORD).cast("long")
+    bit = F.expr(f"shiftleft(1L, cast((seq - 1) % {_WORD} as int))")
+    return lines.where(good).groupBy("router", "epoch", word.alias("w")).agg(
+        F.bit_or(bit).alias("bits"), F.count(F.lit(1)).alias("lines"), F.max("seq").alias("hi"),
+        F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"),
+        F.min(F.when(F.col("event") == "router-stopping", F.col("seq"))).alias("stopping_seq"),
+        F.min(F.when(F.col("event") == "router-stopping", F.col("ts"))).alias("stopping_ts"))
+
+
+def input_facts(spark, sources: list) -> dict:
+    """Everything about the input itself, from one read of it (the common fields,
+    the links', peers' and routes' fields, the routers events name):
+
+    - per (router, epoch): its extent (first/last ts, lines), whether it stopped in
+      order, and every missing or repeated ``seq``, exactly: each line sets one bit
+      of a 64-bit word (word ``(seq - 1) div 64``) with ``bit_or``, a hash
+      aggregation whose partial step leaves one row per 64 lines to shuffle; an
+      epoch whose words hold fewer bits than its highest seq has a gap, one with
+      more lines than bits repeats a seq. Only then (cold path) are the words read
+      again to name the missing numbers, and the lines to name the repeated ones;
+    - side results of the same job (``observe``): how many lines are malformed,
+      every router the events about deliveries name, and the lines that name no
+      delivery (links, routes, peers: few).
+    """
+    from spark.load import load_lines
+    lines = load_lines(spark, sources, ROUTER_READ)
+    obs = Observation("input")
+    named = F.array_compact(F.concat(F.array("origin_router", "to_router", "from_router"),
+                                     F.coalesce(F.col("routers"), F.array().cast("array<string>")),
+                                     F.coalesce(F.col("dests"), F.array().cast("array<string>"))))
+    is_bad = bad(lines)
+    # How many events of each kind the well-formed lines stand for (a folded line is
+    # the events it stands for), for the report: one small code per line, then sums.
+    kinds = tuple(EVENTS)
+    code = _code(F.col("event"), kinds, {k: i for i, k in enumerate(kinds)}, -1)
+    events = F.when(F.col("event") == SUB_OUTCOMES, F.coalesce(F.size("deliveries"), F.lit(0))) \
+        .when(F.col("event") == COMPLETED, F.when(F.col("by").isNotNull(), F.lit(3)).otherwise(F.lit(2))) \
+        .otherwise(F.lit(1))
+    good = lines.select("*", F.when(~is_bad, code).alias("_code"), is_bad.alias("_bad"), events.alias("_events"))
+    observed = good.observe(
+        obs, F.count(F.lit(1)).alias("lines"), F.sum(F.col("_bad").cast("long")).alias("bad"),
+        F.array_distinct(F.flatten(F.collect_set(named))).alias("named"),
+        F.collect_list(F.when(F.col("event").isin(*LIFE_KINDS) & ~F.col("_bad"), F.struct(*_LIFE_COLUMNS)))
+        .alias("life"),
+        F.sum(F.when((F.col("_code") == kinds.index("pub-outcome")) & F.col("delivery").isNull(), F.lit(1)))
+        .alias("refused"),
+        F.sum(F.when(F.col("_code") == kinds.index(COMPLETED), F.lit(1))).alias("completed"),
+        F.sum(F.when((F.col("_code") == kinds.index(COMPLETED)) & F.col("by").isNotNull(), F.lit(1)))
+        .alias("completed_settling"),
+        *[F.sum(F.when(F.col("_code") == i, F.col("_events"))).alias(f"k{i}") for i in range(len(kinds))])
+    per_epoch = _words(observed).groupBy("router", "epoch").agg(
+        F.sum(F.bit_count("bits")).alias("distinct"), F.sum("lines").alias("lines"), F.max("hi").alias("last_seq"),
+        F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"),
+        F.min("stopping_seq").alias("stopping_seq"), F.min("stopping_ts").alias("stopping_ts"))
+    epochs = {(r["router"], r["epoch"]): r.asDict() for r in per_epoch.collect()}
+    seen = obs.get
+    life = [r.asDict() for r in seen["life"]]
+    gaps, repeats = [], []
+    for key, e in epochs.items():
+        if e["distinct"] != e["last_seq"]:
+            gaps.append(key)
+        if e["lines"] != e["distinct"]:
+            repeats.append(key)
+    runs = []
+    if gaps:  # cold path: the words of the epochs with a gap name the missing numbers
+        wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in gaps]
+        words: dict = defaultdict(dict)
+        for h in _words(load_lines(spark, sources, ROUTER_READ)).where(F.struct("router", "epoch").isin(*wanted)) \
+                .select("router", "epoch", "w", "bits").collect():
+            words[(h["router"], h["epoch"])][h["w"]] = h["bits"]
+        for key in gaps:
+            runs += [(key[0], key[1], lo, hi) for lo, hi in _missing(words[key], epochs[key]["last_seq"])]
+    repeated = []
+    if repeats:  # cold path: which seq numbers, on which lines
+        wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in repeats]
+        again = load_lines(spark, sources, ROUTER_READ, files=True)
+        repeated = [r.asDict() for r in again.where(F.struct("router", "epoch").isin(*wanted) & (F.col("seq") > 0))
+                    .groupBy("router", "epoch", "seq").agg(
+                        F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_set(FILE)).alias("files"),
+                        F.array_sort(F.collect_set("event")).alias("kinds"), F.min("ts").alias("ts"))
+                    .where(F.col("n") > 1).orderBy("router", "epoch", "seq").limit(10_000).collect()]
+    for r in life:  # the boot of each epoch (from its router-started line)
+        if r["event"] == "router-started" and (r["router"], r["epoch"]) in epochs:
+            e = epochs[(r["router"], r["epoch"])]
+            if e.get("started_seq") is None or r["seq"] < e["started_seq"]:
+                e.update(started_seq=r["seq"], started_ts=r["ts"], boot=r["boot"])
+    for e in epochs.values():
+        e.setdefault("started_ts", None)
+        e.setdefault("boot", None)
+        e["stopped"] = e["stopping_seq"] is not None
+    ordered = sorted(epochs, key=lambda k: (str(k[0]), k[1]))
+    per_kind: dict[str, int] = {}
+    for i, kind in enumerate(kinds):  # a folded line's events under the kinds they are
+        n = seen[f"k{i}"] or 0
+        if kind == SUB_OUTCOMES:
+            per_kind["sub-outcome"] = per_kind.get("sub-outcome", 0) + n
+        elif kind == COMPLETED:
+            continue  # below: its sub-outcome, pub-outcome and settled
+        elif n:
+            per_kind[kind] = per_kind.get(kind, 0) + n
+    for kind, n in (("sub-outcome", seen["completed"]), ("pub-outcome", seen["completed"]),
+                    ("settled", seen["completed_settling"])):
+        if n:
+            per_kind[kind] = per_kind.get(kind, 0) + n
+    return {"epochs": [epochs[k] for k in ordered], "gaps": runs, "repeated": repeated, "lines": seen["lines"],
+            "bad_count": seen["bad"] or 0, "named_routers": sorted(seen["named"] or []), "life": life,
+            "kinds": dict(sorted(per_kind.items())), "refused": seen["refused"] or 0}
+
+
+def _missing(words: dict[int, int], last: int) -> list[tuple[int, int]]:
+    """Runs (from, to) of seq numbers in 1..last whose bit is not set in ``words``
+    (word w, bit b stands for seq w * 64 + b + 1; ``bits`` is a signed long)."""
+    runs, start = [], None
+    for w in range((last - 1) // _WORD + 1):
+        bits = words.get(w, 0) & 0xFFFFFFFFFFFFFFFF
+        if bits == 0xFFFFFFFFFFFFFFFF and start is None:
+            continue
+        for b in range(_WORD):
+            seq = w * _WORD + b + 1
+            if seq > last:
+                break
+            present = bits >> b & 1
+            if not present and start is None:
+                start = seq
+            elif present and start is not None:
+                runs.append((start, seq - 1))
+                start = None
+    if start is not None:
+        runs.append((start, last))
+    return runs
+
+
+# ---------------------------------------------------------------------------
+# The small per-router tables (on the driver, from the lines that name no delivery)
+# ---------------------------------------------------------------------------
+
+def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
+    """From the collected lines that name no delivery, keyed by hashes (``h``: name
+    -> the hash the per-delivery rows carry):
+
+    - ``ends``: (router, epoch, subscriber) -> the moments a subscription stopped
+      being owed what it had not answered (docs/delivery-rule.md): a detach of a
+      non-durable link, a closing detach, a durable subscriber that moved away (not
+      a stolen link: the subscription carries on on the new one),
+      ``subscription-expired``, and the name attaching again (``re-attached``: counts
+      only for deliveries of another topic);
+    - ``durable``: (router, epoch, subscriber) -> each attach's durability, valid from
+      its seq to the next attach;
+    - ``windows``: (router, epoch, subscriber) -> (attach seq, resume-requested seq): a
+      sub-outcome logged between them is an answer a resuming subscriber *reported*
+      (docs/resumption.md), the same answer again, not a new one;
+    - ``routes``: (router, epoch) -> its `routes` events (seq, ts, reachable);
+    - ``gone``: router -> (ts, topic) when it lost interest in a topic (a
+      subscription ended there) or stopped or died (topic null);
+    - ``died``: the (router, epoch) that ended without `router-stopping`;
+    - ``attached``: every subscriber that attached anywhere;
+    - ``peers``: (peer, peer_epoch) -> the first (router, epoch, seq) that saw it (names).
+    """
+    def key(*parts) -> str:
+        return "|".join(str(p) for p in parts)
+
+    rows = sorted(life, key=lambda r: (str(r["router"]), r["epoch"], r["seq"]))
+    attaches: dict = defaultdict(list)  # (router, epoch, link) -> [(seq, durable, topic)]
+    ends: dict = defaultdict(list)
+    durable: dict = defaultdict(list)
+    windows: dict = defaultdict(list)
+    routes: dict = defaultdict(list)
+    gone: dict = defaultdict(list)
+    attached: set = set()
+    peers: dict = {}
+    pending_attach: dict = {}  # (router, epoch, link) -> (seq, subscriber)
+    for r in rows:
+        router, epoch, seq, kind = r["router"], r["epoch"], r["seq"], r["event"]
+        rh = h(router)
+        sub = f"{r['container']}/{r['name']}" if r.get("container") is not None else None
+        sh = h(sub) if sub is not None else None
+        if kind == "link-attached" and r["role"] == "subscriber":
+            attaches[(router, epoch, r["link"])].append((seq, r["durable"] or 0, r["address"]))
+            ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "re-attached", "topic": r["address"]})
+            durable[key(rh, epoch, sh)].append({"from": seq, "durable": r["durable"] or 0})
+            pending_attach[(router, epoch, r["link"])] = (seq, sh)
+            attached.add(sh)
+        elif kind == "resume-requested" and r["role"] == "subscriber":
+            found = pending_attach.pop((router, epoch, r["link"]), None)
+            if found is not None and found[0] < seq:
+                windows[(rh, epoch, found[1])].append([found[0], seq])
+        elif kind == "link-detached" and r["role"] == "subscriber":
+            before = [a for a in attaches.get((router, epoch, r["link"]), []) if a[0] < seq]
+            link_durable, topic = (before[-1][1], before[-1][2]) if before else (None, None)
+            reason = r.get("reason") or ""
+            if reason != "stolen" and (r.get("closed") or (link_durable or 0) == 0 or reason == "moved"):
+                ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "closed" if r.get("closed") else "detached",
+                                                 "topic": topic})
+                gone[str(rh)].append({"ts": r["ts"], "topic": topic})
+        elif kind == "subscription-expired":
+            ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "subscription-expired", "topic": r["address"]})
+            gone[str(rh)].append({"ts": r["ts"], "topic": r["address"]})
+        elif kind == "routes":
+            routes[key(rh, epoch)].append({"seq": seq, "ts": r["ts"],
+                                           "reachable": [h(x) for x in (r["reachable"] or [])]})
+        elif kind in ("peer-connected", "peer-restarted") and r.get("peer") is not None \
+                and r.get("peer_epoch") is not None:
+            peers.setdefault((r["peer"], r["peer_epoch"]), (router, epoch, seq))
+    for spans in durable.values():  # each attach's durability lasts until the next attach
+        for a, b in zip(spans, spans[1:]):
+            a["to"] = b["from"]
+        spans[-1]["to"] = 2**62
+    merged: dict = {}
+    for k, spans in windows.items():  # overlapping windows of one subscriber merged
+        out: list = []
+        for a, b in sorted(spans):
+            if out and a < out[-1][1]:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        merged[k] = out
+    died = [key(h(e["router"]), e["epoch"]) for e in epochs if not e["stopped"]]
+    for e in epochs:
+        end = e["stopping_ts"] if e["stopping_ts"] is not None else e["last_ts"]
+        gone[str(h(e["router"]))].append({"ts": end, "topic": None})
+    return {"ends": dict(ends), "durable": dict(durable), "windows": merged, "routes": dict(routes),
+            "gone": dict(gone), "died": died, "attached": sorted(attached), "peers": peers}
+
+
+def hashes_of(spark, names: list[str]) -> dict:
+    """name -> Spark's xxhash64 of it (one small job: the driver computes no hash
+    of its own, so both sides agree by construction)."""
+    names = sorted({n for n in names if n is not None})
+    if not names:
+        return {}
+    rows = spark.createDataFrame([(n,) for n in names], "n string").select("n", F.xxhash64("n").alias("h")).collect()
+    return {r["n"]: r["h"] for r in rows}
+
+
+# ---------------------------------------------------------------------------
+# Bad lines: where, and torn or not (cold path)
+# ---------------------------------------------------------------------------
+
+def last_files(files: list[str]) -> set:
+    """Of ``files``, those that are the last of their epoch in their directory (a
+    file not named events-<epoch>-<n>.jsonl counts as one: nothing says otherwise)."""
+    last: dict = {}
+    out = set()
+    for path in files:
+        m = re.search(r"events-(\d+)-(\d+)\.jsonl$", path)
+        if not m:
+            out.add(path)
+            continue
+        key = (path.rsplit("/", 1)[0], int(m.group(1)))
+        if key not in last or int(m.group(2)) > last[key][0]:
+            last[key] = (int(m.group(2)), path)
+    return out | {path for _, path in last.values()}
+
+
+def find_bad_lines(spark, sources: list, first: int = 1000) -> tuple[list[dict], int]:
+    """The malformed lines, with their file and line number, and which of them is a
+    torn write: an unparsable last line of the last file of its epoch, cut by a
+    crash (a note, not a violation; docs/event-log.md, "Torn lines"). Cold path,
+    only when a read counted a malformed line: the JSON logs are read again as
+    text, numbered in file order and judged with the same rules; a Parquet dataset
+    from 'eorouter logs compact' kept its malformed lines with their file and line.
+    Returns (the first ``first`` of them, how many)."""
+    from spark.load import LINE_FIELDS, line_schema, load_lines
+    out: list[dict] = []
+    total = 0
+    for source in sources:
+        if source.fmt == "json":
+            reader = spark.read
+            if source.remote:
+                reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl")
+            text = reader.text(source.paths).select(
+                "value", F.col("_metadata.file_path").alias(FILE),
+                F.struct(F.col("_metadata.file_block_start"), F.monotonically_increasing_id()).alias("at"))
+            w = Window.partitionBy(FILE)
+            numbered = text.withColumn("line", F.row_number().over(w.orderBy("at"))) \
+                .withColumn("lines", F.count(F.lit(1)).over(w))
+            parsed = numbered.where(F.trim("value") != "").select(
+                FILE, "line", "lines", F.col("value").alias("raw_line"),
+                F.from_json("value", line_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+                .alias("j")).select(FILE, "line", "lines", "raw_line", "j.*")
+            judged = validate(parsed).where(F.col(PROBLEM).isNotNull()).persist()
+            try:
+                total += judged.count()
+                rows = judged.orderBy(FILE, "line").limit(first).collect()
+                finals = last_files([r[0] for r in text.select(FILE).distinct().collect()]) if rows else set()
+            finally:
+                judged.unpersist()
+            for r in rows:
+                out.append({"router": r["router"], "epoch": r["epoch"], "seq": r["seq"], "ts": r["ts"],
+                            "file": r[FILE], "line": r["line"], "problem": r[PROBLEM], "text": r["raw_line"],
+                            "torn": (r["line"] == r["lines"] and r[FILE] in finals
+                                     and r[PROBLEM].startswith("unparsable"))})
+        else:
+            data = validate(load_lines(spark, [source], LINE_FIELDS, files=True))
+            have = set(spark.read.parquet(*source.paths).columns)
+            line = F.col("_line") if "_line" in have else F.lit(None).cast("long")
+            judged = data.where(F.col(PROBLEM).isNotNull())
+            total += judged.count()
+            for r in judged.select("router", "epoch", "seq", "ts", FILE, line.alias("line"), PROBLEM, CORRUPT) \
+                    .limit(first).collect():
+                out.append({"router": r["router"], "epoch": r["epoch"], "seq": r["seq"], "ts": r["ts"],
+                            "file": r[FILE], "line": r["line"], "problem": r[PROBLEM], "text": r[CORRUPT],
+                            "torn": False})
+    return out[:first], total
+
+
+# ---------------------------------------------------------------------------
+# 3. Per delivery: one row per delivery, every per-delivery invariant
+# ---------------------------------------------------------------------------
+
+#: One event of a delivery, as the per-delivery row holds it (names kept short:
+#: there are ~14 of them per delivery, 10 million at scale). Routers and
+#: subscribers are 64-bit hashes: no string is compared per event.
+#:   r router, e epoch, q seq, t ts, k kind code, s subscriber, o outcome code,
+#:   p the other router (origin_router, to_router or from_router), l a list (owed,
+#:   dests or subscribers), f forwarded, x routers, b settled (received, sub-outcome)
+#:   or deleted (settled), y settled's by code, or 1 for a remembered pub-outcome,
+#:   rep a sub-outcome a resuming subscriber reported.
+EVENT_FIELDS = ("r", "e", "q", "t", "k", "s", "o", "p", "l", "f", "x", "b", "y", "rep")
+
+
+def narrow(events: DataFrame, windows: dict) -> DataFrame:
+    """The well-formed events that name a delivery, as (h, delivery, id, _pos, the
+    EVENT_FIELDS). ``windows``: small_tables()' resume windows (a broadcast join
+    marks the reported answers; none without a resumed subscriber)."""
+    kind = F.col("event")
+    out = events.where(F.col("delivery").isNotNull() & ~F.col("_bad")).select(
+        F.xxhash64("delivery").alias("h"), "delivery", _hash(F.col("router")).alias("r"), F.col("epoch").alias("e"),
+        F.col("seq").alias("q"), F.col("ts").alias("t"), _code(kind, _BY_FREQUENCY, KIND, 0).alias("k"),
+        _hash(F.col("subscriber")).alias("s"), _code(F.col("outcome"), tuple(OUTCOME), OUTCOME, 6).alias("o"),
+        _hash(F.coalesce(F.col("origin_router"), F.col("to_router"), F.col("from_router"))).alias("p"),
+        F.when(kind == "received", _hashes(F.col("owed"))).when(kind == "forwarded-to-router", _hashes(F.col("dests")))
+        .when(kind == "owed-moved", _hashes(F.col("subscribers"))).alias("l"),
+        F.when(kind == "received", _hashes(F.col("forwarded"))).alias("f"),
+        F.when(kind == "received", _hashes(F.col("routers"))).alias("x"),
+        F.when(kind == "settled", F.col("deleted")).otherwise(F.col("settled")).alias("b"),
+        F.when(kind == "settled", _code(F.col("by"), tuple(BY), BY, 7))
+        .when((kind == "pub-outcome") & (F.col("reason") == REMEMBERED), F.lit(1)).alias("y"),
+        F.when(kind == "received", F.struct("topic", "publisher", "link_name", "incarnation", "pub_tag",
+                                            "stream_seq")).alias("id"),
+        F.col("_pos"))
+    if not windows:
+        return out.withColumn("rep", F.lit(False))
+    rows = [(k[0], k[1], k[2], a, b) for k, spans in windows.items() for a, b in spans]
+    w = F.broadcast(events.sparkSession.createDataFrame(rows, "wr long, we long, ws long, a_seq long, r_seq long"))
+    flagged = out.join(w, (out["r"] == w["wr"]) & (out["e"] == w["we"]) & (out["s"] == w["ws"])
+                       & (out["k"] == KIND["sub-outcome"]) & (out["q"] > w["a_seq"]) & (out["q"] < w["r_seq"]),
+                       "left")
+    return flagged.select(*[out[c] for c in out.columns], w["a_seq"].isNotNull().alias("rep"))
+
+
+def group_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
+    """One shuffle by delivery id (its 64-bit hash, also the sort's cheap prefix),
+    sorted, then one row per delivery: ``ev`` (its events in (router, epoch, seq)
+    order) and ``id`` (who published it, from its first `received`)."""
+    return narrowed.repartition(partitions, "h") \
+        .sortWithinPartitions("h", "delivery", "r", "e", "q", "_pos") \
+        .groupBy("h", "delivery").agg(
+            F.collect_list(F.struct(*EVENT_FIELDS)).alias("ev"),
+            F.first("id", ignorenulls=True).alias("id"))
+
+
+def _sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _sql_const(value, type_: str) -> str:
+    """A constant of Spark type ``type_`` in SQL text (from_json of a literal: the
+    optimizer folds it once, when the query is planned)."""
+    return f"from_json({_sql_string(json.dumps(value))}, {_sql_string(type_)})"
+
+
+def _kinds(*names: str) -> str:
+    codes = [str(KIND[n]) for n in names]
+    return f"= {codes[0]}" if len(codes) == 1 else f"IN ({', '.join(codes)})"
+
+
+_EMPTY = "cast(array() as array<bigint>)"
+
+
+class Constants:
+    """The small tables (small_tables()) as SQL constants of the per-delivery projection."""
+
+    def __init__(self, small: dict, missing: list):
+        self.ends = _sql_const(small["ends"], "map<string, array<struct<seq:bigint, kind:string, topic:string>>>")
+        self.durable = _sql_const(small["durable"],
+                                  "map<string, array<struct<from:bigint, to:bigint, durable:bigint>>>")
+        self.routes = _sql_const(small["routes"],
+                                 "map<string, array<struct<seq:bigint, ts:double, reachable:array<bigint>>>>")
+        self.gone = _sql_const(small["gone"], "map<string, array<struct<ts:double, topic:string>>>")
+        self.died = _sql_const(small["died"], "array<string>")
+        self.attached = _sql_const(small["attached"], "array<bigint>")
+        self.missing = _sql_const(sorted(missing), "array<bigint>")
+
+    @staticmethod
+    def at(table: str, *parts: str) -> str:
+        """The list ``table`` holds at the key made of ``parts`` (empty if none)."""
+        key = " || '|' || ".join(f"cast({p} as string)" for p in parts)
+        return f"coalesce(try_element_at({table}, {key}), array())"
+
+
+def _violation(check: str, *, kind="NULL", r="NULL", e="NULL", q="NULL", t="NULL", s="NULL", other="NULL",
+               info: dict | None = None) -> str:
+    """One violation as a SQL struct, inside the per-delivery projection (the
+    delivery, publisher and tag are added from the row)."""
+    fields = ", ".join(f"'{k}', {v}" for k, v in (info or {}).items())
+    info_sql = f"to_json(named_struct({fields}))" if info else "cast(NULL as string)"
+    return (f"named_struct('check', '{check}', 'kind', cast({kind} as string), 'router', cast({r} as bigint), "
+            f"'epoch', cast({e} as bigint), 'seq', cast({q} as bigint), 'ts', cast({t} as double), "
+            f"'subscriber', cast({s} as bigint), 'other', cast({other} as bigint), 'info', {info_sql})")
+
+
+def _first_per(arr: str, key: str, value: str, var: str = "z") -> str:
+    """SQL: the elements of array ``arr`` grouped by ``key`` (an expression of
+    ``var``): one ``named_struct(key, n, first)`` per key, ``first`` the smallest
+    ``value`` (a struct expression of ``var`` whose first field orders)."""
+    k2 = key.replace(f"{var}.", f"{var}2.")
+    return (f"transform(array_distinct(transform({arr}, {var} -> {key})), kk -> named_struct("
+            f"'key', kk, 'n', size(filter({arr}, {var}2 -> {k2} = kk)), "
+            f"'first', array_min(transform(filter({arr}, {var}2 -> {k2} = kk), {var} -> {value}))))")
+
+
+def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> DataFrame:
+    """One row per delivery: who published it, where it started and what the
+    publisher was told, the sets the cross-delivery checks and the summary need,
+    and ``v``: the violations of every per-delivery invariant (usually empty).
+    Written as Spark SQL (one call per column: building it is cheap)."""
+    K = _kinds
+    topic = "id.topic"
+    # --- the delivery's events by kind
+    step = grouped.selectExpr(
+        "delivery", "id", "ev",
+        f"filter(ev, e -> e.k {K('received')}) AS recv_all",
+        f"filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)) AS records",
+        f"filter(ev, e -> e.k {K('pub-outcome')}) AS pubs",
+        f"array_distinct(transform(filter(ev, e -> e.k {K('sub-outcome')} AND e.o = {ACC}), e -> e.s)) AS acc_subs",
+        f"transform(filter(ev, e -> e.k {K('owed-state-discarded')}), e -> e.s) AS discarded",
+        f"filter(ev, e -> e.k {K('owed-moved')}) AS moves",
+        f"flatten(transform(filter(ev, e -> e.k {K('owed-moved')}), e -> coalesce(e.l, {_EMPTY}))) AS moved_subs",
+        f"array_distinct(flatten(transform(filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)), "
+        f"e -> coalesce(e.l, {_EMPTY})))) AS owed_subs",
+        # every send to a subscriber: in `received.forwarded`, or a `forwarded`
+        f"concat(flatten(transform(filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)), "
+        f"e -> transform(coalesce(e.f, {_EMPTY}), s -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', s)))), "
+        f"transform(filter(ev, e -> e.k {K('forwarded')}), e -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', e.s))"
+        f") AS sends",
+        # a subscriber's answers that count as new ones (not reported on a resume)
+        f"filter(ev, e -> e.k {K('sub-outcome')} AND NOT coalesce(e.rep, false)) AS answers")
+    # each record with its router's first answer in that epoch (pub-outcome or outcome-to-router)
+    step = step.selectExpr(
+        "*", "transform(records, rec -> named_struct('r', rec.r, 'e', rec.e, 'q', rec.q, 't', rec.t, 'p', rec.p, "
+        f"'owed', coalesce(rec.l, {_EMPTY}), 'routers', coalesce(rec.x, {_EMPTY}), "
+        f"'ans', array_min(transform(filter(ev, e -> e.k {K('pub-outcome', 'outcome-to-router')} AND e.r = rec.r "
+        "AND e.e = rec.e), e -> named_struct('q', e.q, 'o', e.o))))) AS recs")
+    step = step.selectExpr(
+        "*", "try_element_at(filter(recs, x -> x.p IS NULL), 1) AS origin",
+        "array_min(transform(pubs, e -> named_struct('q', e.q, 't', e.t, 'o', e.o, 'r', e.r, 'e', e.e))) AS pub",
+        f"exists(pubs, e -> e.o = {ACC}) AS told_accepted", "array_union(acc_subs, discarded) AS done",
+        "array_distinct(transform(recv_all, e -> e.r)) AS reached", "transform(moves, m -> m.p) AS moved_from")
+    step = step.selectExpr("*", "try_element_at(filter(pubs, e -> e.r = origin.r AND e.e = origin.e), 1) "
+                                "AS origin_answer")
+
+    def said(rec: str, s: str) -> str:
+        return f"filter(ev, e -> e.k {K('sub-outcome', 'expired')} AND e.r = {rec}.r AND e.e = {rec}.e AND e.s = {s})"
+
+    def said_codes(rec: str, s: str) -> str:
+        return f"transform({said(rec, s)}, e -> CASE WHEN e.k {K('expired')} THEN {EXPIRED} ELSE e.o END)"
+
+    # --- lost: an owed subscriber never accepted it, on any router. Excused: its
+    # subscription ended after the delivery arrived and before its router answered;
+    # it was not durable and its router died before answering; its obligation moved.
+    ended = (f"exists({c.at(c.ends, 'rec.r', 'rec.e', 's')}, x -> x.seq > rec.q AND (rec.ans IS NULL "
+             f"OR x.seq < rec.ans.q) AND (x.kind != 're-attached' OR x.topic IS DISTINCT FROM {topic}))")
+    durable = (f"coalesce(try_element_at(filter({c.at(c.durable, 'rec.r', 'rec.e', 's')}, x -> x.from < rec.q "
+               f"AND rec.q < x.to), 1).durable, 1)")
+    died_nondurable = (f"(rec.ans IS NULL AND array_contains({c.died}, cast(rec.r as string) || '|' || "
+                       f"cast(rec.e as string)) AND {durable} = 0)")
+    lost_subs = (
+        "flatten(transform(recs, rec -> transform(filter(rec.owed, s -> NOT array_contains(done, s) "
+        f"AND NOT array_contains(moved_subs, s) AND NOT {ended} AND NOT {died_nondurable}), s -> "
+        + _violation("lost", r="rec.r", e="rec.e", q="rec.q", t="rec.t", s="s", info={
+            "said": f"array_distinct({said_codes('rec', 's')})",
+            "sent": "array_min(transform(filter(sends, x -> x.r = rec.r AND x.e = rec.e AND x.s = s), x -> x.q))",
+            "answer": "rec.ans.o", "answer_seq": "rec.ans.q"}) + ")))")
+    lost_moved = (
+        "transform(filter(array_distinct(moved_subs), s -> NOT array_contains(done, s)), s -> "
+        "transform(array(try_element_at(filter(moves, m -> array_contains(coalesce(m.l, "
+        f"{_EMPTY}), s)), 1)), m -> "
+        + _violation("lost", kind="'moved'", r="m.r", e="m.e", q="m.q", t="m.t", s="s", other="m.p") + ")[0])")
+
+    def told_by(x: str) -> str:  # the outcomes the origin logged from router x
+        return (f"array_distinct(transform(filter(ev, e -> e.k {K('outcome-from-router')} AND e.r = origin.r "
+                f"AND e.e = origin.e AND e.p = {x}), e -> e.o))")
+
+    unreachable = (f"exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.ts >= origin.t AND (pub.q IS NULL "
+                   "OR rt.seq < pub.q) AND NOT array_contains(rt.reachable, x))")
+    lost_interest = (f"exists(coalesce(try_element_at({c.gone}, cast(x as string)), array()), g -> (g.topic IS NULL "
+                     f"OR g.topic = {topic}) AND g.ts >= origin.t - {CLOCK_SLACK} AND g.ts <= pub.t + {CLOCK_SLACK})")
+    lost_routers = (
+        f"transform(filter(coalesce(origin.routers, {_EMPTY}), x -> NOT array_contains(reached, x) "
+        f"AND NOT array_contains(moved_from, x) AND NOT array_contains({c.missing}, x) "
+        f"AND (size({told_by('x')}) = 0 OR exists({told_by('x')}, y -> y != {OUTCOME['none']})) "
+        f"AND NOT (size({told_by('x')}) = 0 AND ({unreachable} OR {lost_interest}))), x -> "
+        + _violation("lost", kind="'router'", r="x", e="origin.e", t="origin.t", other="origin.r",
+                     info={"told": told_by("x")}) + ")")
+    step = step.selectExpr("*", f"CASE WHEN told_accepted THEN concat({lost_subs}, {lost_moved}, "
+                                f"CASE WHEN origin IS NOT NULL THEN {lost_routers} ELSE array() END) END AS v_lost")
+
+    # --- duplicated: one subscriber accepted this delivery id twice (reports aside)
+    accepts = f"filter(answers, e -> e.o = {ACC})"
+    v_dup = (f"transform(filter(transform(array_distinct(transform({accepts}, e -> e.s)), s -> named_struct("
+             f"'s', s, 'a', filter({accepts}, e -> e.s = s))), x -> size(x.a) > 1), x -> "
+             + _violation("duplicated", kind="'id'", r="x.a[0].r", e="x.a[0].e", q="x.a[0].q", t="x.a[0].t", s="x.s",
+                          info={"where": "transform(x.a, e -> named_struct('r', e.r, 'e', e.e, 'q', e.q))"}) + ")")
+    # --- invented: events about a delivery no router received
+    referencing = ", ".join(str(KIND[n]) for n in REFERENCING)
+    v_invented = (f"CASE WHEN size(recv_all) = 0 THEN transform(filter(ev, e -> e.k IN ({referencing})), e -> "
+                  + _violation("invented", r="e.r", e="e.e", q="e.q", t="e.t", s="e.s",
+                               info={"kind": "e.k", "outcome": "e.o"}) + ") END")
+    # --- record-missing: an event that needs the router's record, before any
+    # `received` of the delivery on that router in that epoch
+    needs = ", ".join(str(KIND[n]) for n in NEEDS_RECORD)
+    orphans = (f"CASE WHEN size(recv_all) > 0 THEN filter(ev, e -> e.k IN ({needs}) AND CASE "
+               f"WHEN e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 1 "
+               "THEN NOT exists(ev, x -> x.r = e.r AND x.e = e.e AND x.q < e.q) "
+               "ELSE NOT exists(recv_all, x -> x.r = e.r AND x.e = e.e AND x.q <= e.q) END) ELSE array() END")
+    step = step.selectExpr("*", f"{v_dup} AS v_dup", f"{v_invented} AS v_invented", f"{orphans} AS orphans")
+    by_router = _first_per("orphans", "named_struct('r', z.r, 'e', z.e)",
+                           "named_struct('q', z.q, 'k', z.k, 'o', z.o, 's', z.s, 't', z.t)")
+    v_record = (
+        f"transform({by_router}, g -> "
+        + _violation("record-missing", r="g.key.r", e="g.key.e", q="g.first.q", t="g.first.t", s="g.first.s", info={
+            "kind": "g.first.k", "outcome": "g.first.o", "more": "g.n - 1",
+            "received_in": "transform(filter(recv_all, x -> x.r = g.key.r), x -> x.e)"}) + ")")
+    # --- arrival-unforwarded: a copy from another router that no router logged forwarding
+    v_arrival = (
+        f"transform(filter(recv_all, x -> x.p IS NOT NULL AND NOT array_contains({c.missing}, x.p) AND NOT exists("
+        f"ev, f -> f.k {K('forwarded-to-router')} AND (array_contains(coalesce(f.l, {_EMPTY}), x.r) OR f.p = x.r))), "
+        "x -> " + _violation("arrival-unforwarded", r="x.r", e="x.e", q="x.q", t="x.t", other="x.p") + ")")
+    ever_owed = (f"array_distinct(concat(owed_subs, transform(sends, x -> x.s), moved_subs, transform(filter(ev, "
+                 f"e -> e.k {K('placeholder-fulfilled')}), e -> e.s)))")
+    step = step.selectExpr("*", f"{v_record} AS v_record", f"{v_arrival} AS v_arrival", f"{ever_owed} AS ever_owed")
+    # --- accept-unowed / accept-unsent (of a delivery some router received: the
+    # others are invented, and that is all they are)
+    first_answer = "named_struct('q', z.q, 'r', z.r, 'e', z.e, 't', z.t, 'o', z.o)"
+    step = step.selectExpr(
+        "*", f"filter(ev, e -> e.k {K('sub-outcome')} AND size(recv_all) > 0 AND NOT array_contains(ever_owed, e.s)) "
+        "AS unowed",
+        "filter(answers, e -> size(recv_all) > 0 AND array_contains(ever_owed, e.s) AND NOT exists(sends, x -> "
+        "x.r = e.r AND x.e = e.e AND x.s = e.s AND x.q < e.q)) AS unsent")
+    v_unowed = (f"transform({_first_per('unowed', 'z.s', first_answer)}, g -> "
+                + _violation("accept-unowed", r="g.first.r", e="g.first.e", q="g.first.q", t="g.first.t", s="g.key",
+                             info={"outcome": "g.first.o", "attached": f"array_contains({c.attached}, g.key)"}) + ")")
+    per_router = _first_per("unsent", "named_struct('s', z.s, 'r', z.r)", first_answer)
+    v_unsent = (f"transform({per_router}, g -> "
+                + _violation("accept-unsent", r="g.key.r", e="g.first.e", q="g.first.q", t="g.first.t", s="g.key.s",
+                             info={"outcome": "g.first.o"}) + ")")
+
+    # --- answer-missing: the origin answered its publisher without logging the
+    # answer of a router it owed the delivery to, which received it and owed it to
+    # a subscriber there. Excused: the origin logged that router unreachable before
+    # answering; that router died before it answered; or it answered `none` (its
+    # subscribers left: the origin may stop waiting for a router that lost interest
+    # before that answer reaches it, and then does not log it).
+    its_record = "try_element_at(filter(recs, y -> y.r = x AND size(y.owed) > 0), 1)"
+    router_answer = (f"array_min(transform(filter(ev, e -> e.k {K('outcome-to-router')} AND e.r = x), "
+                     "e -> named_struct('q', e.q, 'o', e.o, 'e', e.e)))")
+    heard = f"exists(ev, e -> e.k {K('outcome-from-router')} AND e.r = origin.r AND e.e = origin.e AND e.p = x)"
+    excused = (f"(exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.seq < origin_answer.q AND NOT "
+               f"array_contains(rt.reachable, x)) OR ({router_answer} IS NULL AND array_contains({c.died}, "
+               f"cast(x as string) || '|' || cast({its_record}.e as string))) OR "
+               f"coalesce({router_answer}.o = {OUTCOME['none']}, false))")
+    v_answer = (
+        f"CASE WHEN origin IS NOT NULL AND origin_answer IS NOT NULL AND NOT array_contains({c.missing}, origin.r) "
+        f"THEN transform(filter(coalesce(origin.routers, {_EMPTY}), x -> {its_record} IS NOT NULL AND NOT {heard} "
+        f"AND NOT array_contains(moved_from, x) AND NOT array_contains({c.missing}, x) AND NOT {excused}), x -> "
+        + _violation("answer-missing", r="origin.r", e="origin.e", q="origin_answer.q", t="origin_answer.t",
+                     other="x", info={
+                         "outcome": "origin_answer.o", "received": f"named_struct('e', {its_record}.e, 'q', "
+                                                                   f"{its_record}.q)",
+                         "owed": f"{its_record}.owed", "answer": router_answer}) + ") ELSE array() END")
+    # --- outcome-disagrees: the publisher's outcome against what its owed
+    # subscribers did (docs/delivery-rule.md). Excused, for "every owed subscriber
+    # accepted": a router that received it never logged its answer and died, or
+    # the origin had it unreachable when it answered: the origin could not know.
+    pairs = ("flatten(transform(recs, rec -> transform(rec.owed, s -> named_struct('r', rec.r, 'e', rec.e, 's', s, "
+             f"'ans', rec.ans, 'first', array_min(transform(filter({said('rec', 's')}, e -> rec.ans IS NULL OR "
+             f"e.q < rec.ans.q), e -> named_struct('q', e.q, 'o', CASE WHEN e.k {K('expired')} THEN {EXPIRED} "
+             "ELSE e.o END)))))))")
+    # A delivery a router whose log is missing took part in (it received it, or sent
+    # it on): what that router's subscribers did is not in the input, the missing
+    # log is reported once, as router-log-missing
+    partial = (f"coalesce(exists(coalesce(origin.routers, {_EMPTY}), x -> array_contains({c.missing}, x)) OR "
+               f"exists(recv_all, x -> (x.p IS NOT NULL AND array_contains({c.missing}, x.p)) OR "
+               f"exists(coalesce(x.x, {_EMPTY}), m -> array_contains({c.missing}, m))), false)")
+    step = step.selectExpr("*", f"{v_unowed} AS v_unowed", f"{v_unsent} AS v_unsent", f"{v_answer} AS v_answer",
+                           f"{pairs} AS pairs", f"{partial} AS partial")
+    all_accepted = "(size(pairs) > 0 AND forall(pairs, y -> array_contains(acc_subs, y.s)))"
+    bad_codes = ", ".join(str(x) for x in (*TERMINAL_NOT_ACCEPTED, EXPIRED))
+    refused = (f"filter(pairs, y -> y.first IS NOT NULL AND y.first.o IN ({bad_codes}) "
+               "AND NOT array_contains(acc_subs, y.s))")
+    unknowable = (f"exists(pairs, y -> y.r != p.r AND y.ans IS NULL AND (array_contains({c.died}, "
+                  f"cast(y.r as string) || '|' || cast(y.e as string)) OR exists({c.at(c.routes, 'p.r', 'p.e')}, "
+                  "rt -> rt.seq < p.q AND NOT array_contains(rt.reachable, y.r))))")
+    v_disagree = (
+        f"transform(filter(transform(pubs, p -> named_struct('p', p, 'kind', CASE WHEN p.o != {ACC} AND "
+        f"{all_accepted} AND NOT {unknowable} THEN 'all-accepted' WHEN p.o = {ACC} AND size({refused}) > 0 "
+        f"THEN 'refused' END)), w -> w.kind IS NOT NULL AND NOT partial), "
+        "w -> " + _violation("outcome-disagrees", kind="w.kind", r="w.p.r", e="w.p.e", q="w.p.q", t="w.p.t", info={
+            "outcome": "w.p.o", "pairs": f"transform(CASE WHEN w.kind = 'refused' THEN {refused} ELSE pairs END, "
+                                         "y -> named_struct('s', y.s, 'r', y.r, 'first', y.first))"}) + ")")
+    # --- left-unsettled: records never deleted in their epoch; on a router that
+    # stopped in order a violation, on one that died a note (its records went with it)
+    closed = (f"exists(ev, e -> e.r = rec.r AND e.e = rec.e AND ((e.k {K('settled')} AND coalesce(e.b, false)) "
+              f"OR e.k {K('record-deleted')}))")
+    left = (f"transform(filter(recs, rec -> NOT {closed}), rec -> named_struct('rec', rec, 'died', array_contains("
+            f"{c.died}, cast(rec.r as string) || '|' || cast(rec.e as string)), 'by', try_element_at(transform("
+            f"filter(ev, e -> e.r = rec.r AND e.e = rec.e AND e.k {K('settled')}), e -> e.y), 1), 'waiting', "
+            f"array_except(rec.owed, transform(filter(ev, e -> e.r = rec.r AND e.e = rec.e AND "
+            f"e.k {K('sub-outcome', 'expired')}), e -> e.s))))")
+    step = step.selectExpr("*", f"{v_disagree} AS v_disagree", f"{left} AS left")
+    v_left = ("transform(filter(left, x -> NOT x.died), x -> "
+              + _violation("left-unsettled", r="x.rec.r", e="x.rec.e", q="x.rec.q", t="x.rec.t", other="x.rec.p",
+                           info={"by": "x.by", "answer": "x.rec.ans", "waiting": "x.waiting"}) + ")")
+    # --- the applications' view (with ledgers): each subscriber's application was
+    # handed the delivery once (twice is a duplicate at the application), nothing
+    # no router sent it, and whatever it accepted (router view): `app_missing` lists
+    # those the application never got (a violation for subscribers that keep a ledger)
+    if ledgers:
+        apps = f"filter(ev, e -> e.k = {APP_DELIVERED})"
+        app = (f"transform(array_distinct(transform({apps}, e -> e.s)), s -> named_struct('s', s, 'n', "
+               f"size(filter({apps}, e -> e.s = s)), 'first', array_min(transform(filter({apps}, e -> e.s = s), "
+               "e -> named_struct('fid', e.p, 'split', e.e, 'row', e.q, 't', e.t)))))")
+        step = step.selectExpr("*", f"{app} AS app")
+        v_app = (f"concat(transform(filter(app, a -> a.n > 1), a -> "
+                 + _violation("ledger", kind="'twice'", s="a.s", t="a.first.t", info={"n": "a.n"}) + "), "
+                 # (not for a delivery a router whose log is missing took part in: what it sent, it
+                 # logged there; the missing log is reported once, as router-log-missing)
+                 "transform(filter(app, a -> size(recv_all) > 0 AND NOT exists(sends, x -> x.s = a.s) AND NOT "
+                 "partial), a -> "
+                 + _violation("ledger", kind="'unsent'", s="a.s", t="a.first.t") + "))")
+        app_missing = "filter(acc_subs, s -> size(recv_all) > 0 AND NOT exists(app, a -> a.s = s))"
+    else:
+        step = step.selectExpr("*", "cast(NULL as array<struct<s:bigint,n:int,first:struct<fid:bigint,"
+                                    "split:bigint,row:bigint,t:double>>>) AS app")
+        v_app = "array()"
+        app_missing = "cast(array() as array<bigint>)"
+    # --- what the cross-delivery checks and the summary read
+    first_sends = ("transform(array_distinct(transform(sends, x -> named_struct('r', x.r, 's', x.s))), rs -> "
+                   "array_min(transform(filter(sends, x -> x.r = rs.r AND x.s = rs.s), x -> named_struct("
+                   "'e', x.e, 'q', x.q, 'r', x.r, 's', x.s))))")
+    # Each subscriber owed it or answering it: accepted if it ever accepted, else its
+    # first answer, else 0 (never answered).
+    statuses = ("transform(array_distinct(concat(owed_subs, transform(answers, e -> e.s))), s -> named_struct("
+                f"'s', s, 'owed', array_contains(owed_subs, s), 'o', CASE WHEN array_contains(acc_subs, s) THEN {ACC} "
+                "ELSE coalesce(try_element_at(transform(filter(answers, e -> e.s = s), e -> e.o), 1), 0) END))")
+    return step.selectExpr(
+        "delivery", f"{topic} AS topic", "id.publisher AS publisher", "id.link_name AS link_name",
+        "id.incarnation AS incarnation", "id.pub_tag AS pub_tag", "id.stream_seq AS stream_seq",
+        "concat_ws('|', id.publisher, id.link_name, id.incarnation, id.pub_tag, "
+        "regexp_extract(delivery, '\\\\.(\\\\d+)$', 1)) AS pub_id",
+        "concat_ws('|', id.publisher, id.link_name, id.incarnation) AS stream",
+        "size(recv_all) > 0 AS received", "size(recv_all) > 0 AND size(records) = 0 AS presettled",
+        "origin.r AS origin", "origin.e AS origin_epoch", "origin.t AS recv_ts", "pub", "told_accepted",
+        "transform(recs, x -> named_struct('r', x.r, 'e', x.e, 't', x.t)) AS recvs",
+        f"{statuses} AS subs", f"{first_sends} AS first_sends",
+        "transform(filter(left, x -> x.died), x -> named_struct('r', x.rec.r, 'e', x.rec.e)) AS died_with",
+        "app", f"{app_missing} AS app_missing", "partial",
+        f"concat(coalesce(v_lost, array()), v_dup, coalesce(v_invented, array()), v_record, v_arrival, v_unowed, "
+        f"v_unsent, v_answer, v_disagree, {v_left}, {v_app}) AS v")
+
+
+# ---------------------------------------------------------------------------
+# Preparing everything
+# ---------------------------------------------------------------------------
+
+def prepare(spark, sources: list, partitions: int | None = None,
+            storage: StorageLevel = StorageLevel.MEMORY_AND_DISK, ledgers: DataFrame | None = None) -> Tables:
+    """Read the input twice: once for everything about the input itself
+    (input_facts), once for the per-delivery facts (cached, not yet computed),
+    with the applications' ``ledgers`` if given."""
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    # A table cached under adaptive execution forgets its partitioning (its plan is
-    # adaptive, its output partitioning unknown): every aggregation and join by
-    # delivery over it would shuffle it again. So the cached tables are planned
-    # without it; the queries over them may still use it (coalescing the small
-    # per-subscriber shuffles). tests/spark/test_job.py checks the plan.
-    adaptive = spark.conf.get("spark.sql.adaptive.enabled", "false")
-    spark.conf.set("spark.sql.adaptive.enabled", "false")
-    try:
-        return _prepare(events, partitions, persist, storage)
-    finally:
-        spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+    facts_in = input_facts(spark, sources)
+    present = {e["router"] for e in facts_in["epochs"]}
+    facts_in["missing_routers"] = sorted(set(facts_in["named_routers"]) - present)
+    life = facts_in["life"]
+    subscribers = {f"{r['container']}/{r['name']}" for r in life if r.get("container") is not None}
+    known = hashes_of(spark, sorted(present | set(facts_in["named_routers"]) | subscribers
+                                    | {x for r in life for x in (r.get("reachable") or [])}))
+    if len(set(known.values())) != len(known):  # two names, one 64-bit hash: the proof could mix them up
+        by_hash: dict = defaultdict(list)
+        for name, value in known.items():
+            by_hash[value].append(name)
+        raise HashCollision(", ".join(" and ".join(n) for n in by_hash.values() if len(n) > 1))
+    names = Names({known[n]: n for n in present | set(facts_in["named_routers"]) if n in known},
+                  {known[n]: n for n in subscribers if n in known})
+    small = small_tables(life, facts_in["epochs"], lambda n: known.get(n) if n is not None else None)
+    missing = [known[n] for n in facts_in["missing_routers"]]
+    facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers)
+    facts = facts.persist(storage)
+    return Tables(facts, facts_in, small, names, sources, partitions, observation, [facts])
 
 
-def _prepare(events: DataFrame, partitions: int, persist: bool, storage: StorageLevel) -> Tables:
-    ev = unfold(events.select(*[c for c in _NEEDED if c in events.columns]))
-    keyed = ev.where(F.col("delivery").isNotNull()).repartition(partitions, "delivery")
-    life = ev.where(F.col("delivery").isNull())
-    persisted = []
-    if persist:
-        keyed = keyed.persist(storage)
-        life = life.persist(StorageLevel.MEMORY_AND_DISK)
-        persisted = [keyed, life]
-
-    received_all = keyed.where(F.col("event") == "received")
-    recv = received_all.where(~F.coalesce(F.col("settled"), F.lit(False))).select(
-        "delivery", "router", "epoch", "boot", "seq", "ts", "topic", "publisher", "link_name", "incarnation",
-        "pub_tag", "stream_seq", F.coalesce(F.col("owed"), F.array().cast("array<string>")).alias("owed"),
-        F.coalesce(F.col("forwarded"), F.array().cast("array<string>")).alias("forwarded"),
-        "routers", "origin_router")
-    # A publisher delivery's identity: (publisher, link, incarnation, its own tag) and
-    # the ".N" suffix the router adds when a settled tag is reused (docs/tags.md).
-    ident = received_all.groupBy("delivery").agg(
-        F.first("publisher", ignorenulls=True).alias("publisher"),
-        F.first("link_name", ignorenulls=True).alias("link_name"),
-        F.first("incarnation", ignorenulls=True).alias("incarnation"),
-        F.first("pub_tag", ignorenulls=True).alias("pub_tag"),
-        F.first("stream_seq", ignorenulls=True).alias("stream_seq"),
-        F.first("topic", ignorenulls=True).alias("topic"),
-        F.max(F.coalesce(F.col("settled"), F.lit(False))).alias("presettled"),
-        F.max(F.col("origin_router").isNull()).alias("from_publisher"),
-    ).withColumn("reuse", F.regexp_extract("delivery", r"\.(\d+)$", 1)) \
-        .withColumn("pub_id", F.concat_ws("|", "publisher", "link_name", "incarnation", "pub_tag", "reuse")) \
-        .withColumn("stream", F.concat_ws("|", "publisher", "link_name", "incarnation"))
-
-    accepts = keyed.where((F.col("event") == "sub-outcome") & (F.col("outcome") == "accepted")) \
-        .select("delivery", "router", "epoch", "seq", "ts", "subscriber")
-    sends = recv.select("delivery", "router", "epoch", "seq", "ts", F.explode("forwarded").alias("subscriber")) \
-        .unionByName(keyed.where(F.col("event") == "forwarded")
-                     .select("delivery", "router", "epoch", "seq", "ts", "subscriber"))
-
-    epochs = life.where(F.col("event").isin("router-started", "router-stopping")).groupBy("router", "epoch") \
-        .agg(F.first("boot", ignorenulls=True).alias("boot"),
-             F.min(F.when(F.col("event") == "router-started", F.col("ts"))).alias("started_ts"),
-             F.min(F.when(F.col("event") == "router-stopping", F.col("ts"))).alias("stopping_ts"),
-             F.min(F.when(F.col("event") == "router-stopping", F.col("seq"))).alias("stopping_seq"))
-    # The extent of each epoch comes from every event (a died router's last words
-    # may be about deliveries): a small aggregate over both tables.
-    lines = keyed.select("router", "epoch", "seq", "ts", FIRST) \
-        .unionByName(life.select("router", "epoch", "seq", "ts", FIRST))
-    extent = lines.groupBy("router", "epoch").agg(
-        F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"), F.min("seq").alias("first_seq"),
-        F.max("seq").alias("last_seq"), F.sum(F.col(FIRST).cast("long")).alias("lines"))
-    epochs = extent.join(epochs, ["router", "epoch"], "left") \
-        .withColumn("stopped", F.col("stopping_seq").isNotNull())
-
-    sub_ends = _subscription_ends(life)
-    routes = life.where(F.col("event") == "routes").select("router", "epoch", "seq", "ts", "reachable")
-    durability = _durability(life)
-    if persist:  # small per-router tables, used by several proofs
-        epochs, sub_ends, routes, durability = (f.persist(StorageLevel.MEMORY_AND_DISK)
-                                                for f in (epochs, sub_ends, routes, durability))
-        persisted += [epochs, sub_ends, routes, durability]
-    tables = Tables(keyed, life, recv, ident, accepts, sends, epochs, sub_ends, routes, durability,
-                    persisted=persisted)
-    tables.per_delivery = lives(tables)
-    if persist:  # read by three proofs and the summary: built once
-        tables.per_delivery = tables.per_delivery.persist(storage)
-        persisted.append(tables.per_delivery)
-    return tables
+def app_events(ledgers: DataFrame) -> DataFrame:
+    """The applications' `delivered` lines (docs/ledger.md) as events of their
+    delivery, in narrow()'s shape: s the subscriber (hashed), o what the
+    application answered, t when; p the ledger file, e and q its place in that file
+    (the split's offset, the row): the application's own order."""
+    delivered = ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered")
+                              & F.col("delivery").isNotNull())
+    none = F.lit(None)
+    return delivered.select(
+        F.xxhash64("delivery").alias("h"), "delivery", none.cast("long").alias("r"), F.col("split").alias("e"),
+        F.col("row").alias("q"), F.col("ts").alias("t"), F.lit(APP_DELIVERED).alias("k"),
+        _hash(_key(F.col("client"), F.col("link"))).alias("s"),
+        _code(F.col("outcome"), tuple(OUTCOME), OUTCOME, 6).alias("o"), F.col("fid").alias("p"),
+        none.cast("array<bigint>").alias("l"), none.cast("array<bigint>").alias("f"),
+        none.cast("array<bigint>").alias("x"), none.cast("boolean").alias("b"), none.cast("int").alias("y"),
+        none.cast("struct<topic:string,publisher:string,link_name:string,incarnation:string,pub_tag:string,"
+                  "stream_seq:bigint>").alias("id"),
+        F.lit(0).alias("_pos"), F.lit(False).alias("rep"))
 
 
-def _subscription_ends(life: DataFrame) -> DataFrame:
-    """(router, epoch, seq, ts, subscriber, kind, topic): the moments a subscription
-    stopped being owed what it had not answered (docs/delivery-rule.md):
-    - a detach of a non-durable link, or a closing detach (not a stolen link: the
-      subscription carries on on the new one);
-    - ``subscription-expired`` (a durable subscription's terminus timeout ran out);
-    - the same name attaching to another topic (``kind`` = "re-attached": counts only
-      for deliveries of another topic).
-    Failover (issue 4) adds its own kinds here."""
-    attached = life.where((F.col("event") == "link-attached") & (F.col("role") == "subscriber")).select(
-        "router", "epoch", "link", F.col("seq").alias("attach_seq"), F.col("durable").alias("link_durable"),
-        F.col("address").alias("link_topic"))
-    detached = life.where((F.col("event") == "link-detached") & (F.col("role") == "subscriber"))
-    # The attach a detach belongs to: the latest attach of that link id before it.
-    joined = detached.join(attached, ["router", "epoch", "link"], "left") \
-        .where(F.col("attach_seq").isNull() | (F.col("attach_seq") < F.col("seq")))
-    latest = joined.groupBy("router", "epoch", "seq").agg(
-        F.first("ts").alias("ts"), F.first("container").alias("container"), F.first("name").alias("name"),
-        F.first("closed").alias("closed"), F.first("reason").alias("reason"),
-        F.max_by("link_durable", "attach_seq").alias("durable"), F.max_by("link_topic", "attach_seq").alias("topic"))
-    ends_by_detach = latest.where(
-        (F.coalesce(F.col("reason"), F.lit("")) != "stolen")
-        & (F.coalesce(F.col("closed"), F.lit(False)) | (F.coalesce(F.col("durable"), F.lit(0)) == 0))
-    ).select("router", "epoch", "seq", "ts", _key(F.col("container"), F.col("name")).alias("subscriber"),
-             F.when(F.col("closed"), F.lit("closed")).otherwise(F.lit("detached")).alias("kind"), "topic")
-    expired = life.where(F.col("event") == "subscription-expired").select(
-        "router", "epoch", "seq", "ts", _key(F.col("container"), F.col("name")).alias("subscriber"),
-        F.lit("subscription-expired").alias("kind"), F.col("address").alias("topic"))
-    reattached = life.where((F.col("event") == "link-attached") & (F.col("role") == "subscriber")).select(
-        "router", "epoch", "seq", "ts", _key(F.col("container"), F.col("name")).alias("subscriber"),
-        F.lit("re-attached").alias("kind"), F.col("address").alias("topic"))
-    return ends_by_detach.unionByName(expired).unionByName(reattached)
-
-
-def _durability(life: DataFrame) -> DataFrame:
-    """(router, epoch, subscriber, attach_seq, durable): every subscriber attach."""
-    return life.where((F.col("event") == "link-attached") & (F.col("role") == "subscriber")).select(
-        "router", "epoch", _key(F.col("container"), F.col("name")).alias("subscriber"),
-        F.col("seq").alias("attach_seq"), F.coalesce(F.col("durable"), F.lit(0)).alias("durable"))
+def facts_frame(spark, sources: list, small: dict, missing: list, partitions: int,
+                ledgers: DataFrame | None = None) -> tuple[DataFrame, Observation]:
+    """The per-delivery facts from a second read of the input (the fields of the
+    events about deliveries): unfold, narrow, one shuffle by delivery id, one row
+    per delivery, every per-delivery invariant. With ``ledgers``, the applications'
+    `delivered` lines join the same shuffle (app_events). Also counts (``observe``)
+    the malformed lines among those this read converts differently (a field of the
+    wrong type among its fields), and which subscribers keep a ledger."""
+    from spark.load import load_lines
+    lines = load_lines(spark, sources, DELIVERY_READ)
+    lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
+    lines = lines.withColumn("_bad", bad(lines))
+    observation = Observation("deliveries")
+    lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
+    events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())),
+                    small["windows"])
+    if ledgers is not None:
+        events = events.unionByName(app_events(ledgers))
+    grouped = group_deliveries(events, partitions)
+    return delivery_facts(grouped, Constants(small, missing), ledgers is not None), observation
 
 
 # ---------------------------------------------------------------------------
-# A delivery's life: every event about it, on every router, in one row
+# The input checks (from what input_facts found: Python rows)
 # ---------------------------------------------------------------------------
 
-_LIFE_FIELDS = ("event", "router", "epoch", "seq", "ts", "subscriber", "outcome", "owed", "forwarded", "routers",
-                "origin_router", "from_router", "deleted", "by", "settled", "topic", "subscribers")
+def input_violations(t: Tables, located: list[dict], bad_total: int) -> tuple[list[dict], list[dict]]:
+    """Malformed lines, sequence gaps and repeats, and the routers and epochs whose
+    log is missing, as violation dicts (with names). Returns (violations, torn
+    lines: notes)."""
+    rows, torn = [], []
 
+    def row(check, item, router=None, epoch=None, seq=None, file=None, line=None, ts=None, **info):
+        rows.append({"check": check, "item": item, "delivery": None, "router": router, "epoch": epoch, "seq": seq,
+                     "subscriber": None, "publisher": None, "pub_tag": None, "file": file, "line": line, "ts": ts,
+                     "info": json.dumps(info) if info else None})
 
-def lives(t: Tables) -> DataFrame:
-    """One row per delivery id: ``ev``, the array of every event about it (on every
-    router, every epoch). ``keyed`` is partitioned by delivery, so this needs no
-    shuffle; the proofs below read a delivery's story with higher-order functions
-    on ``ev`` instead of joining a dozen tables."""
-    if t.per_delivery is not None:
-        return t.per_delivery
-    return t.keyed.groupBy("delivery").agg(F.collect_list(F.struct(*_LIFE_FIELDS)).alias("ev"))
-
-
-def _kind(e: Column, *kinds: str) -> Column:
-    return e["event"].isin(*kinds)
-
-
-def _here(e: Column, router: Column, epoch: Column) -> Column:
-    return (e["router"] == router) & (e["epoch"] == epoch)
-
-
-def _recv_rows(ev: Column) -> Column:
-    return F.filter(ev, lambda e: _kind(e, "received") & ~F.coalesce(e["settled"], F.lit(False)))
-
-
-def _answer_of(ev: Column, router: Column, epoch: Column) -> Column:
-    """The first answer (pub-outcome / outcome-to-router) on ``router``'s ``epoch``:
-    a struct (seq, outcome), or null."""
-    answers = F.filter(ev, lambda e: _kind(e, *ANSWER_KINDS) & _here(e, router, epoch))
-    return F.array_min(F.transform(answers, lambda e: F.struct(e["seq"].alias("seq"),
-                                                               e["outcome"].alias("outcome"))))
-
-
-# ---------------------------------------------------------------------------
-# No loss
-# ---------------------------------------------------------------------------
-
-def _accepted(life: DataFrame) -> DataFrame:
-    """Deliveries whose publisher was told accepted, with when (first time)."""
-    told = lambda e: _kind(e, "pub-outcome") & (e["outcome"] == "accepted")  # noqa: E731
-    return life.where(F.exists("ev", told)).withColumn(
-        "accepted_ts", F.array_min(F.transform(F.filter("ev", told), lambda e: e["ts"])))
-
-
-def no_loss(t: Tables, life: DataFrame | None = None) -> DataFrame:
-    """Every delivery whose publisher was told accepted was accepted by every
-    subscriber owed it, on every router it reached, and reached every router it was
-    owed to (following ``routers`` from the origin and ``owed`` on each router)."""
-    accepted = _accepted(life if life is not None else lives(t))
-    return _lost_at_subscribers(t, accepted).unionByName(_lost_at_routers(t, accepted))
-
-
-def _lost_at_subscribers(t: Tables, accepted: DataFrame) -> DataFrame:
-    # Accepted anywhere counts: a subscriber that failed over answers on another router.
-    # An owed-state-discarded ends an obligation that moved (failover).
-    acc_subs = F.transform(F.filter("ev", lambda e: _kind(e, "sub-outcome") & (e["outcome"] == "accepted")),
-                           lambda e: e["subscriber"])
-    discarded = F.transform(F.filter("ev", lambda e: _kind(e, DISCARDED_KIND)), lambda e: e["subscriber"])
-    moved = F.flatten(F.transform(F.filter("ev", lambda e: _kind(e, MOVED_KIND)),
-                                  lambda e: F.coalesce(e["subscribers"], F.array().cast("array<string>"))))
-    accepted = accepted.select("delivery", "ev", F.array_union(acc_subs, discarded).alias("done"),
-                               moved.alias("moved"))
-    owed = accepted.select("delivery", "ev", "done", "moved", F.explode(_recv_rows(F.col("ev"))).alias("r"))
-    pending = owed.select("delivery", "ev", "done", "moved", F.col("r.router").alias("router"),
-                          F.col("r.epoch").alias("epoch"), F.col("r.seq").alias("recv_seq"),
-                          F.col("r.ts").alias("recv_ts"), F.col("r.topic").alias("topic"),
-                          F.explode("r.owed").alias("subscriber")) \
-        .where(~F.array_contains("done", F.col("subscriber")))
-    router, epoch, sub = F.col("router"), F.col("epoch"), F.col("subscriber")
-    said = F.filter("ev", lambda e: _kind(e, "sub-outcome", "expired") & _here(e, router, epoch)
-                    & (e["subscriber"] == sub))
-    sends = F.filter("ev", lambda e: _here(e, router, epoch) & (
-        (_kind(e, "received") & F.array_contains(F.coalesce(e["forwarded"], F.array().cast("array<string>")), sub))
-        | (_kind(e, "forwarded") & (e["subscriber"] == sub))))
-    answer = _answer_of(F.col("ev"), router, epoch)
-    pending = pending.select(
-        "delivery", "router", "epoch", "recv_seq", "recv_ts", "topic", "subscriber",
-        F.array_contains("moved", F.col("subscriber")).alias("obligation_moved"),
-        answer["seq"].alias("answer_seq"), answer["outcome"].alias("answer"),
-        F.array_join(F.array_distinct(F.transform(said, lambda e: F.when(_kind(e, "expired"), F.lit("expired"))
-                                                  .otherwise(e["outcome"]))), ",").alias("said"),
-        F.array_min(F.transform(sends, lambda e: e["seq"])).alias("sent_seq"))
-    # Excused: the subscription ended after the delivery arrived and before this
-    # router answered for it (a subscriber that leaves after the answer was counted
-    # in it; one that left before its arrival was not owed it).
-    ends = F.broadcast(t.sub_ends.select("router", "epoch", "subscriber", F.col("seq").alias("end_seq"),
-                                         F.col("kind").alias("end_kind"), F.col("topic").alias("end_topic")))
-    ended = pending.join(ends, ["router", "epoch", "subscriber"]) \
-        .where((F.col("end_seq") > F.col("recv_seq"))
-               & (F.col("answer_seq").isNull() | (F.col("end_seq") < F.col("answer_seq")))
-               & ((F.col("end_kind") != "re-attached") | (F.col("end_topic") != F.col("topic")))) \
-        .select("delivery", "router", "epoch", "subscriber").distinct()
-    pending = pending.join(ended, ["delivery", "router", "epoch", "subscriber"], "left_anti")
-    # Excused: a non-durable subscriber of a router that died before answering (its
-    # link died with the process; nobody could be told anything).
-    dur = F.broadcast(t.durability)
-    with_dur = pending.select("delivery", "router", "epoch", "subscriber", "recv_seq") \
-        .join(dur, ["router", "epoch", "subscriber"]) \
-        .where(F.col("attach_seq") < F.col("recv_seq")) \
-        .groupBy("delivery", "router", "epoch", "subscriber").agg(F.max_by("durable", "attach_seq").alias("durable"))
-    died = F.broadcast(t.epochs.where(~F.col("stopped")).select("router", "epoch", F.lit(True).alias("died")))
-    # A durable one's obligation survives only if it moved (owed-moved): it is then
-    # judged below as a moved obligation.
-    rows = pending.join(with_dur, ["delivery", "router", "epoch", "subscriber"], "left") \
-        .join(died, ["router", "epoch"], "left") \
-        .where(~(F.col("answer_seq").isNull() & F.coalesce(F.col("died"), F.lit(False))
-                 & (F.coalesce(F.col("durable"), F.lit(1)) == 0))) \
-        .where(~F.col("obligation_moved"))
-    detail = F.concat(
-        F.lit("publisher told accepted, but subscriber "), F.col("subscriber"), F.lit(" on router "),
-        F.col("router"), F.lit(" "),
-        F.when(F.col("said") != "", F.concat(F.lit("answered "), F.col("said")))
-        .when(F.col("sent_seq").isNotNull(),
-              F.concat(F.lit("was sent it (seq "), F.col("sent_seq").cast("string"), F.lit(") and never answered")))
-        .otherwise(F.lit("was owed it and never sent it")),
-        F.when(F.col("answer_seq").isNull(), F.lit("; the router never answered for it"))
-        .otherwise(F.concat(F.lit("; the router answered "), F.coalesce(F.col("answer"), F.lit("?")),
-                            F.lit(" at seq "), F.col("answer_seq").cast("string"))))
-    local = _violations(rows, "lost", F.col("delivery"), delivery="delivery", router="router",
-                        subscriber="subscriber", detail=detail, ts="recv_ts", epoch="epoch", seq="recv_seq")
-    # Moved obligations: accepted anywhere, or discarded, or lost.
-    moves = accepted.select("delivery", "done", F.explode(F.filter("ev", lambda e: _kind(e, MOVED_KIND))).alias("m"))
-    moves = moves.select("delivery", "done", F.col("m.router").alias("router"), F.col("m.epoch").alias("epoch"),
-                         F.col("m.seq").alias("seq"), F.col("m.ts").alias("ts"),
-                         F.col("m.from_router").alias("from_router"),
-                         F.explode(F.coalesce(F.col("m.subscribers"), F.array().cast("array<string>")))
-                         .alias("subscriber")) \
-        .where(~F.array_contains("done", F.col("subscriber"))) \
-        .dropDuplicates(["delivery", "subscriber"])
-    moved_rows = _violations(
-        moves, "lost", F.col("delivery"), delivery="delivery", router="router", subscriber="subscriber",
-        ts="ts", epoch="epoch", seq="seq",
-        detail=F.concat(F.lit("publisher told accepted, but durable subscriber "), F.col("subscriber"),
-                        F.lit(" (moved from router "), F.coalesce(F.col("from_router"), F.lit("?")),
-                        F.lit(", owed wherever it re-attached) never accepted it anywhere, and its obligation "
-                              "was never discarded")))
-    return local.unionByName(moved_rows)
-
-
-def _lost_at_routers(t: Tables, accepted: DataFrame) -> DataFrame:
-    origins = F.filter(_recv_rows(F.col("ev")), lambda e: e["origin_router"].isNull())
-    rows = accepted.select("delivery", "ev", "accepted_ts", F.explode(origins).alias("o"))
-    rows = rows.select("delivery", "ev", "accepted_ts", F.col("o.router").alias("origin"),
-                       F.col("o.epoch").alias("epoch"), F.col("o.seq").alias("recv_seq"),
-                       F.col("o.ts").alias("recv_ts"), F.col("o.topic").alias("topic"),
-                       F.explode(F.coalesce(F.col("o.routers"), F.array().cast("array<string>"))).alias("router"))
-    router, origin = F.col("router"), F.col("origin")
-    reached = F.exists("ev", lambda e: _kind(e, "received") & (e["router"] == router))
-    told = F.array_distinct(F.transform(
-        F.filter("ev", lambda e: _kind(e, "outcome-from-router") & (e["router"] == origin)
-                 & (e["from_router"] == router)), lambda e: e["outcome"]))
-    answer = _answer_of(F.col("ev"), origin, F.col("epoch"))
-    # A router that died took the obligation with it only as far as its durable
-    # subscribers' obligations moved (owed-moved from_router = it): judged above.
-    moved_from = F.exists("ev", lambda e: _kind(e, MOVED_KIND) & (e["from_router"] == router))
-    pending = rows.where(~reached & ~moved_from).select(
-        "delivery", "origin", "epoch", "recv_seq", "recv_ts", "accepted_ts", "topic", "router",
-        F.when(F.size(told) > 0, F.array_join(F.array_sort(told), ",")).alias("told"),
-        answer["seq"].alias("answer_seq")) \
-        .where(F.col("told").isNull() | (F.col("told") != "none"))  # "none": nobody there was owed it
-    # Excused: the origin logged that router unreachable between receiving the
-    # delivery and answering its publisher (it stopped waiting for it).
-    routes = F.broadcast(t.routes.select(F.col("router").alias("origin"), "epoch", F.col("seq").alias("r_seq"),
-                                         "reachable"))
-    unreachable = pending.where(F.col("told").isNull()).join(routes, ["origin", "epoch"]) \
-        .where((F.col("r_seq") > F.col("recv_seq"))
-               & (F.col("answer_seq").isNull() | (F.col("r_seq") < F.col("answer_seq")))
-               & ~F.array_contains(F.coalesce(F.col("reachable"), F.array().cast("array<string>")),
-                                   F.col("router"))) \
-        .select("delivery", "router").distinct()
-    pending = pending.join(unreachable, ["delivery", "router"], "left_anti")
-    # Excused: that router lost interest in the topic while the delivery was on its
-    # way (a subscription of the topic ended there, or the router stopped or died):
-    # the origin learns that from membership announcements, which it does not log.
-    # Placed in time by ts, within CLOCK_SLACK.
-    ends = t.sub_ends.where(F.col("kind") != "re-attached").select("router", "ts", "topic")
-    stops = t.epochs.select("router", F.coalesce(F.col("stopping_ts"), F.col("last_ts")).alias("ts"),
-                            F.lit(None).cast("string").alias("topic"))
-    lost_interest = F.broadcast(ends.unionByName(stops).withColumnRenamed("ts", "end_ts")
-                                .withColumnRenamed("topic", "end_topic"))
-    excused = pending.where(F.col("told").isNull()).join(lost_interest, "router") \
-        .where((F.col("end_topic").isNull() | (F.col("end_topic") == F.col("topic")))
-               & (F.col("end_ts") >= F.col("recv_ts") - CLOCK_SLACK)
-               & (F.col("end_ts") <= F.col("accepted_ts") + CLOCK_SLACK)) \
-        .select("delivery", "router").distinct()
-    pending = pending.join(excused, ["delivery", "router"], "left_anti")
-    detail = F.concat(F.lit("publisher told accepted by "), F.col("origin"), F.lit(", but router "),
-                      F.col("router"), F.lit(" (owed it: in routers) "),
-                      F.when(F.col("told").isNotNull(),
-                             F.concat(F.lit("answered "), F.col("told"), F.lit(" without logging its arrival")))
-                      .otherwise(F.lit("never received it and never answered")))
-    return _violations(pending, "lost", F.col("delivery"), delivery="delivery", router="router",
-                       detail=detail, ts="recv_ts", epoch="epoch", seq="recv_seq")
+    for b in located:
+        if b["torn"]:
+            torn.append({"file": b["file"], "line": b["line"]})
+            continue
+        row("malformed-line", f"{b['file']}:{b['line']}", b["router"], b["epoch"], b["seq"], b["file"], b["line"],
+            b["ts"], problem=b["problem"], text=(b["text"] or "")[:80])
+    listed = len(located)
+    if bad_total > listed:
+        row("malformed-line", "(more)", more=bad_total - listed)
+    epochs = {(e["router"], e["epoch"]): e for e in t.epochs}
+    for router, epoch, lo, hi in t.input["gaps"]:
+        e = epochs[(router, epoch)]
+        row("seq-gap", f"{router}|{epoch}|{lo}", router, epoch, lo, ts=e["first_ts"], lo=lo, hi=hi,
+            last=e["last_seq"])
+    for r in t.input["repeated"]:
+        row("seq-repeated", f"{r['router']}|{r['epoch']}|{r['seq']}", r["router"], r["epoch"], r["seq"],
+            ", ".join(r["files"]), ts=r["ts"], n=r["n"], kinds=r["kinds"])
+    for router in t.input["missing_routers"]:
+        row("router-log-missing", router, router)
+    present = {e["router"] for e in t.epochs}
+    for (peer, peer_epoch), (by, by_epoch, by_seq) in sorted(t.small["peers"].items(), key=lambda kv: str(kv[0])):
+        if peer in present and (peer, peer_epoch) not in epochs:
+            row("router-log-missing", f"{peer}|{peer_epoch}", peer, peer_epoch, by=by, by_epoch=by_epoch,
+                by_seq=by_seq)
+    return rows, torn
 
 
 # ---------------------------------------------------------------------------
-# No duplicates
+# 4. Across deliveries
 # ---------------------------------------------------------------------------
 
-def no_duplicates(t: Tables) -> DataFrame:
-    """No subscriber accepted one publisher delivery twice: neither the same
-    delivery id twice (on one router or two), nor two delivery ids that are one
-    publisher delivery (same publisher, link, incarnation, tag and reuse suffix)."""
-    # A resuming subscriber reports what it had accepted (docs/resumption.md): the
-    # router logs that as a sub-outcome between the link's attach and its
-    # resume-requested. It is the same acceptance again, not a second hand-over.
-    attach = t.life.where((F.col("event") == "link-attached") & (F.col("role") == "subscriber")).select(
-        "router", "epoch", "link", F.col("seq").alias("a_seq"), _key(F.col("container"), F.col("name"))
-        .alias("subscriber"))
-    resumed = t.life.where((F.col("event") == "resume-requested") & (F.col("role") == "subscriber")).select(
-        "router", "epoch", "link", F.col("seq").alias("r_seq"))
-    windows = F.broadcast(attach.join(resumed, ["router", "epoch", "link"])
-                          .where(F.col("r_seq") > F.col("a_seq")).drop("link"))
-    reports = t.accepts.join(windows, ["router", "epoch", "subscriber"]) \
-        .where((F.col("seq") > F.col("a_seq")) & (F.col("seq") < F.col("r_seq"))) \
-        .select("delivery", "router", "epoch", "seq")
-    fresh = t.accepts.join(reports, ["delivery", "router", "epoch", "seq"], "left_anti")
-    same_id = fresh.groupBy("delivery", "subscriber").agg(
-        F.count(F.lit(1)).alias("n"), F.min("ts").alias("ts"), F.min("epoch").alias("epoch"),
-        F.min("seq").alias("seq"), F.array_join(F.array_sort(F.collect_list("router")), ",").alias("where"),
-        F.min("router").alias("router")).where(F.col("n") > 1)
-    rows1 = _violations(
-        same_id, "duplicated", F.concat_ws("|", "subscriber", "delivery"), delivery="delivery", router="router",
-        subscriber="subscriber", ts="ts", epoch="epoch", seq="seq",
-        detail=F.concat(F.lit("accepted "), F.col("n").cast("string"), F.lit(" times (routers "), F.col("where"),
-                        F.lit(")")))
-    by_pub = t.accepts.join(t.ident.select("delivery", "pub_id"), "delivery") \
-        .groupBy("subscriber", "pub_id").agg(
-            F.count_distinct("delivery").alias("n"), F.array_sort(F.collect_set("delivery")).alias("ids"),
-            F.min("ts").alias("ts"), F.min("router").alias("router")).where(F.col("n") > 1)
-    rows2 = _violations(
-        by_pub, "duplicated", F.concat_ws("|", "subscriber", "pub_id"), delivery=F.try_element_at("ids", F.lit(1)),
-        router="router", subscriber="subscriber", ts="ts",
-        detail=F.concat(F.lit("one publisher delivery ("), F.col("pub_id"), F.lit(") accepted under "),
-                        F.col("n").cast("string"), F.lit(" delivery ids: "), F.array_join("ids", ", ")))
-    return rows1.unionByName(rows2)
+def per_delivery(t: Tables) -> DataFrame:
+    """The violations the per-delivery pass found, as rows."""
+    return t.facts.where(F.size("v") > 0).select("delivery", "publisher", "pub_tag", F.explode("v").alias("x")) \
+        .select("x.check", "x.kind", "delivery", "x.router", "x.epoch", "x.seq", "x.subscriber", "x.other",
+                "publisher", "pub_tag", "x.ts", "x.info")
 
 
-# ---------------------------------------------------------------------------
-# Publisher order
-# ---------------------------------------------------------------------------
+def duplicated_by_publisher(t: Tables) -> DataFrame:
+    """No subscriber accepted one publisher delivery (same publisher, link,
+    incarnation, tag and reuse suffix) under two delivery ids: first the publisher
+    deliveries with more than one id (one small shuffle of one row per delivery),
+    then who accepted them."""
+    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")) \
+        .where(F.col("ids") > 1)
+    accepted = t.facts.join(F.broadcast(multi), "pub_id", "left_semi").select(
+        "delivery", "pub_id", "publisher", "pub_tag", F.explode("subs").alias("x")) \
+        .where(F.col("x.o") == ACC).select("delivery", "pub_id", "publisher", "pub_tag",
+                                           F.col("x.s").alias("subscriber"))
+    by_pub = accepted.groupBy("subscriber", "pub_id").agg(
+        F.count_distinct("delivery").alias("n"), F.array_sort(F.collect_set("delivery")).alias("ids"),
+        F.first("publisher").alias("publisher"), F.first("pub_tag").alias("pub_tag")).where(F.col("n") > 1)
+    return violations(by_pub, "duplicated", {"pub_id": "pub_id", "ids": "ids"}, kind=F.lit("pub_id"),
+                      delivery=F.try_element_at("ids", F.lit(1)), subscriber="subscriber", publisher="publisher",
+                      pub_tag="pub_tag")
+
 
 def _order_violations(first_seen: DataFrame, partition: list[str], order: list[str]) -> DataFrame:
     """``first_seen``: one row per (partition..., pub_id) with stream_seq and the
@@ -593,258 +1212,383 @@ def _order_violations(first_seen: DataFrame, partition: list[str], order: list[s
     return before.where(F.col("prev").isNotNull() & (F.col("stream_seq") < F.col("prev.stream_seq")))
 
 
-def publisher_order(t: Tables) -> DataFrame:
+def out_of_order(t: Tables) -> DataFrame:
     """Per router, subscriber and publisher stream, the deliveries were sent to the
-    subscriber in stream_seq order. A delivery counts at its first send (a resend
-    after a re-attach repeats an earlier one); one publisher delivery under two
-    ids counts once (that is a duplicate, reported as such)."""
-    first = t.sends.groupBy("router", "subscriber", "delivery").agg(
-        F.min(F.struct("epoch", "seq", "ts")).alias("at"))
-    first = first.join(t.ident.select("delivery", "stream", "pub_id", "stream_seq"), "delivery") \
-        .groupBy("router", "subscriber", "stream", "pub_id").agg(
-            F.min(F.struct("at", "delivery", "stream_seq")).alias("m")) \
-        .select("router", "subscriber", "stream", "m.delivery", "m.stream_seq",
-                F.col("m.at.epoch").alias("epoch"), F.col("m.at.seq").alias("seq"), F.col("m.at.ts").alias("ts"))
+    subscriber in stream_seq order (each at its first send; one publisher delivery
+    under two ids counts once: that is a duplicate)."""
+    sends = t.facts.where(F.col("received") & ~F.col("presettled")).select(
+        "delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.explode("first_sends").alias("x")) \
+        .select("delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.col("x.r").alias("router"),
+                F.col("x.s").alias("subscriber"), F.col("x.e").alias("epoch"), F.col("x.q").alias("seq"))
+    first = sends.groupBy("router", "subscriber", "stream", "pub_id").agg(
+        F.min(F.struct("epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag")).alias("m")) \
+        .select("router", "subscriber", "stream", "m.*")
     bad = _order_violations(first, ["router", "subscriber", "stream"], ["epoch", "seq"])
-    detail = F.concat(F.lit("sent to "), F.col("subscriber"), F.lit(" on router "), F.col("router"),
-                      F.lit(": stream_seq "), F.col("stream_seq").cast("string"), F.lit(" after stream_seq "),
-                      F.col("prev.stream_seq").cast("string"), F.lit(" ("), F.col("prev.delivery"),
-                      F.lit(") of stream "), F.col("stream"))
-    return _violations(bad, "out-of-order", F.concat_ws("|", "router", "subscriber", "delivery"),
-                       delivery="delivery", router="router", subscriber="subscriber", detail=detail, ts="ts",
-                       epoch="epoch", seq="seq")
-
-
-# ---------------------------------------------------------------------------
-# Nothing invented
-# ---------------------------------------------------------------------------
-
-def nothing_invented(t: Tables, life: DataFrame | None = None) -> DataFrame:
-    """Every event about a delivery names one that some router received."""
-    life = life if life is not None else lives(t)
-    refs = life.where(~F.exists("ev", lambda e: _kind(e, "received"))) \
-        .select("delivery", F.explode(F.filter("ev", lambda e: _kind(e, *REFERENCING_KINDS))).alias("e")) \
-        .select("delivery", "e.*")
-    detail = F.concat(F.col("event"), F.lit(" on router "), F.col("router"),
-                      F.when(F.col("subscriber").isNotNull(), F.concat(F.lit(" for "), F.col("subscriber")))
-                      .otherwise(F.lit("")),
-                      F.when(F.col("outcome").isNotNull(), F.concat(F.lit(" ("), F.col("outcome"), F.lit(")")))
-                      .otherwise(F.lit("")),
-                      F.lit(", but no router received this delivery"))
-    return _violations(refs, "invented", F.col("delivery"), delivery="delivery", router="router",
-                       subscriber="subscriber", detail=detail, ts="ts", epoch="epoch", seq="seq")
-
-
-# ---------------------------------------------------------------------------
-# Clean end
-# ---------------------------------------------------------------------------
-
-def unfinished_records(t: Tables, life: DataFrame | None = None) -> DataFrame:
-    """Every non-pre-settled ``received`` whose record was not deleted in the same
-    router epoch (``settled`` with deleted=true, or ``record-deleted``), with why
-    and whether the router's epoch ended in an orderly stop (``stopped``)."""
-    life = life if life is not None else lives(t)
-    rows = life.select("delivery", "ev", F.explode(_recv_rows(F.col("ev"))).alias("r")) \
-        .select("delivery", "ev", F.col("r.router").alias("router"), F.col("r.epoch").alias("epoch"),
-                F.col("r.seq").alias("seq"), F.col("r.ts").alias("ts"), F.col("r.owed").alias("owed"),
-                F.col("r.origin_router").alias("origin_router"))
-    router, epoch = F.col("router"), F.col("epoch")
-    closed = F.exists("ev", lambda e: _here(e, router, epoch) & (
-        (_kind(e, "settled") & F.coalesce(e["deleted"], F.lit(False))) | _kind(e, "record-deleted")))
-    settled_by = F.filter("ev", lambda e: _here(e, router, epoch) & _kind(e, "settled"))
-    answered = F.transform(F.filter("ev", lambda e: _here(e, router, epoch) & _kind(e, "sub-outcome", "expired")),
-                           lambda e: e["subscriber"])
-    answer = _answer_of(F.col("ev"), router, epoch)
-    left = rows.where(~closed).select(
-        "delivery", "router", "epoch", "seq", "ts", "origin_router",
-        F.try_element_at(F.transform(settled_by, lambda e: e["by"]), F.lit(1)).alias("settled_by"),
-        answer["seq"].alias("answer_seq"), answer["outcome"].alias("answer"),
-        F.array_except(F.coalesce(F.col("owed"), F.array().cast("array<string>")), answered).alias("waiting")) \
-        .dropDuplicates(["delivery", "router", "epoch"]) \
-        .join(F.broadcast(t.epochs.select("router", "epoch", "stopped")), ["router", "epoch"], "left")
-    why = F.when(F.col("settled_by").isNotNull(),
-                 F.concat(F.lit("settled by "), F.col("settled_by"),
-                          F.lit(", but the record was never deleted (receivers not known to have seen the "
-                                "settlement)"))) \
-        .when(F.col("answer_seq").isNotNull(),
-              F.concat(F.lit("answered "), F.coalesce(F.col("answer"), F.lit("?")),
-                       F.when(F.col("origin_router").isNull(), F.lit("; the publisher never settled it"))
-                       .otherwise(F.concat(F.lit("; origin router "), F.col("origin_router"),
-                                           F.lit(" never relayed a settlement"))))) \
-        .otherwise(F.concat(F.lit("never answered: waiting for "),
-                            F.when(F.size("waiting") > 0, F.array_join("waiting", ", "))
-                            .otherwise(F.lit("remote routers"))))
-    return left.withColumn("why", why).withColumn("stopped", F.coalesce(F.col("stopped"), F.lit(False)))
-
-
-def clean_end(t: Tables, life: DataFrame | None = None) -> DataFrame:
-    """Records left on routers that stopped in order (a router that died took its
-    records with it: those are counted in the summary, and what they owed is
-    judged by the loss proof)."""
-    left = unfinished_records(t, life).where(F.col("stopped"))
-    return _violations(left, "left-unsettled", F.concat_ws("|", "router", "delivery"), delivery="delivery",
-                       router="router", detail=F.concat(F.lit("record left on router "), F.col("router"),
-                                                        F.lit(": "), F.col("why")),
-                       ts="ts", epoch="epoch", seq="seq")
-
-
-# ---------------------------------------------------------------------------
-# The input itself
-# ---------------------------------------------------------------------------
-
-def input_complete(t: Tables) -> DataFrame:
-    """Every router the deliveries name has a log here, and every epoch's log is
-    whole: seq runs from 1 with no gap (a gap is a file lost to retention or
-    deleted; a torn tail after a crash is not a gap)."""
-    spark = t.keyed.sparkSession
-    present = t.epochs.select("router").distinct()
-    named = t.keyed.select(F.explode(F.array_compact(F.array(
-        "origin_router", "to_router", "from_router"))).alias("router")) \
-        .unionByName(t.keyed.where(F.col("event") == "received").select(F.explode("routers").alias("router"))) \
-        .distinct()
-    missing = named.join(present, "router", "left_anti")
-    rows1 = _violations(missing, "incomplete-input", F.concat(F.lit("missing|"), F.col("router")),
-                        router="router", detail=F.concat(F.lit("no log of router "), F.col("router"),
-                                                         F.lit(", which other routers name (pass its data "
-                                                               "directory too)")))
-    gaps = t.epochs.where((F.col("first_seq") != 1) | (F.col("lines") != F.col("last_seq")))
-    rows2 = _violations(
-        gaps, "incomplete-input", F.concat_ws("|", F.lit("gap"), "router", "epoch"), router="router",
-        epoch="epoch", seq="first_seq", ts="first_ts",
-        detail=F.concat(F.lit("router "), F.col("router"), F.lit(" epoch "), F.col("epoch").cast("string"),
-                        F.lit(": "), F.col("lines").cast("string"), F.lit(" lines for seq "),
-                        F.col("first_seq").cast("string"), F.lit(".."), F.col("last_seq").cast("string"),
-                        F.lit(" (a log file is missing, or lines are repeated)")))
-    del spark
-    return rows1.unionByName(rows2)
+    return violations(bad, "out-of-order", {
+        "stream_seq": "stream_seq", "prev_seq": "prev.stream_seq", "prev": "prev.delivery", "stream": "stream"},
+        delivery="delivery", router="router", subscriber="subscriber", epoch="epoch", seq="seq",
+        publisher="publisher", pub_tag="pub_tag")
 
 
 # ---------------------------------------------------------------------------
 # The applications' ledgers (--clients)
 # ---------------------------------------------------------------------------
 
-def ledger_checks(t: Tables, ledgers: DataFrame) -> DataFrame:
-    """Router view against application view (docs/ledger.md):
-    - each delivery a subscriber accepted (router view) was handed to that
-      application exactly once (``delivered`` lines), and the application was
-      handed nothing the router never sent it, nor one publisher delivery under
-      two delivery ids;
-    - each subscriber application saw each publisher stream in stream_seq order;
-    - a publisher's ledger says ``accepted`` (its last outcome line for the
-      delivery) exactly when a router's ``pub-outcome`` said accepted.
-    Only links that keep a ledger are judged."""
-    L = ledgers.withColumn("key", _key(F.col("client"), F.col("link")))
-    delivered = L.where((F.col("role") == "subscriber") & (F.col("event") == "delivered")) \
-        .select("key", "delivery", "ts", "line", "file")
-    clients = delivered.select(F.col("key").alias("subscriber")).distinct()
-    got = delivered.groupBy(F.col("key").alias("subscriber"), "delivery").agg(
-        F.count(F.lit(1)).alias("n"), F.min("ts").alias("ts"))
-    router_acc = t.accepts.groupBy("delivery", "subscriber").agg(F.min("router").alias("router"),
-                                                                 F.min("ts").alias("acc_ts"))
-    # Only subscribers that keep a ledger, and only deliveries some router received
-    # (an accept of an invented one is reported as invented).
-    router_acc = router_acc.join(F.broadcast(clients), "subscriber", "left_semi") \
-        .join(t.ident.select("delivery"), "delivery", "left_semi")
-    both = router_acc.join(got, ["delivery", "subscriber"], "full_outer")
-    never_got = both.where(F.col("acc_ts").isNotNull() & F.col("n").isNull())
-    twice = both.where(F.col("n") > 1)
-    rows = [
-        _violations(never_got, "ledger", F.concat_ws("|", F.lit("missing"), "subscriber", "delivery"),
-                    delivery="delivery", router="router", subscriber="subscriber", ts="acc_ts",
-                    detail=F.concat(F.col("subscriber"), F.lit(" accepted it on router "), F.col("router"),
-                                    F.lit(", but its application's ledger never got it"))),
-        _violations(twice, "ledger", F.concat_ws("|", F.lit("twice"), "subscriber", "delivery"),
-                    delivery="delivery", router="router", subscriber="subscriber", ts="ts",
-                    detail=F.concat(F.lit("handed to the application of "), F.col("subscriber"), F.lit(" "),
-                                    F.col("n").cast("string"), F.lit(" times"))),
-    ]
-    sent = t.sends.select("delivery", "subscriber").distinct()
-    unsent = got.join(sent, ["delivery", "subscriber"], "left_anti")
-    rows.append(_violations(unsent, "ledger", F.concat_ws("|", F.lit("unsent"), "subscriber", "delivery"),
-                            delivery="delivery", subscriber="subscriber", ts="ts",
-                            detail=F.concat(F.lit("the application of "), F.col("subscriber"),
-                                            F.lit(" was handed a delivery no router logged sending it"))))
-    by_pub = got.join(t.ident.select("delivery", "pub_id"), "delivery").groupBy("subscriber", "pub_id").agg(
+def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
+    """Router view against application view (docs/ledger.md), for the links that
+    keep a ledger. Decided in the per-delivery pass (the `delivered` lines travel
+    with the events, app_events()): an application handed a delivery twice, or one
+    no router sent it. Here: whatever a subscriber accepted (router view) its
+    application was handed (``app_missing`` of the subscribers that keep a ledger);
+    no application was handed one publisher delivery under two ids (the publisher
+    deliveries with more than one id, few); each application saw each publisher
+    stream in stream_seq order (one window, as for publisher order); and a
+    publisher's last outcome line says ``accepted`` exactly when a router's
+    ``pub-outcome`` did (``told``: app_outcomes())."""
+    keepers = ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered")) \
+        .select(_hash(_key(F.col("client"), F.col("link"))).alias("subscriber"), _key(F.col("client"), F.col("link"))
+                .alias("name")).distinct()
+    missing = t.facts.where(F.size("app_missing") > 0).select(
+        "delivery", "publisher", "pub_tag", F.explode("app_missing").alias("subscriber")) \
+        .join(F.broadcast(keepers), "subscriber", "left_semi")
+    rows = [violations(missing, "ledger", None, kind=F.lit("missing"), delivery="delivery", subscriber="subscriber",
+                       publisher="publisher", pub_tag="pub_tag")]
+    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")) \
+        .where(F.col("ids") > 1)
+    handed = t.facts.join(F.broadcast(multi), "pub_id", "left_semi").where(F.size("app") > 0).select(
+        "delivery", "pub_id", "publisher", "pub_tag", F.explode("app").alias("a"))
+    by_pub = handed.groupBy(F.col("a.s").alias("subscriber"), "pub_id").agg(
         F.count_distinct("delivery").alias("n"), F.array_sort(F.collect_set("delivery")).alias("ids"),
-        F.min("ts").alias("ts")).where(F.col("n") > 1)
-    rows.append(_violations(by_pub, "ledger", F.concat_ws("|", F.lit("dup"), "subscriber", "pub_id"),
-                            delivery=F.try_element_at("ids", F.lit(1)), subscriber="subscriber", ts="ts",
-                            detail=F.concat(F.lit("the application of "), F.col("subscriber"),
-                                            F.lit(" was handed one publisher delivery under "),
-                                            F.col("n").cast("string"), F.lit(" ids: "), F.array_join("ids", ", "))))
-    # Application order, per subscriber link and publisher stream (the first time
-    # each publisher delivery was handed over), in the ledger's line order.
-    first = delivered.join(t.ident.select("delivery", "stream", "pub_id", "stream_seq"), "delivery") \
-        .groupBy(F.col("key").alias("subscriber"), "file", "stream", "pub_id").agg(
-            F.min(F.struct("line", "delivery", "stream_seq", "ts")).alias("m")) \
-        .select("subscriber", "file", "stream", "m.line", "m.delivery", "m.stream_seq", "m.ts")
-    bad = _order_violations(first, ["subscriber", "file", "stream"], ["line"])
-    rows.append(_violations(bad, "ledger", F.concat_ws("|", F.lit("order"), "subscriber", "delivery"),
-                            delivery="delivery", subscriber="subscriber", ts="ts",
-                            detail=F.concat(F.lit("the application of "), F.col("subscriber"),
-                                            F.lit(" was handed stream_seq "), F.col("stream_seq").cast("string"),
-                                            F.lit(" after "), F.col("prev.stream_seq").cast("string"),
-                                            F.lit(" of stream "), F.col("stream"))))
-    rows.append(_publisher_ledger(t, L))
-    out = rows[0]
-    for frame in rows[1:]:
-        out = out.unionByName(frame)
-    return out
+        F.min("a.first.t").alias("ts"), F.first("publisher").alias("publisher"), F.first("pub_tag").alias("pub_tag")) \
+        .where(F.col("n") > 1)
+    rows.append(violations(by_pub, "ledger", {"ids": "ids", "pub_id": "pub_id"},
+                           kind=F.concat(F.lit("dup|"), F.col("pub_id")), delivery=F.try_element_at("ids", F.lit(1)),
+                           subscriber="subscriber", ts="ts", publisher="publisher", pub_tag="pub_tag"))
+    # Application order, per subscriber link (its ledger file) and publisher stream,
+    # each publisher delivery at the first time it was handed over, in file order.
+    firsts = t.facts.where(F.col("received") & (F.size(F.coalesce("app", F.array())) > 0)).select(
+        "delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.explode("app").alias("a")) \
+        .select("delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag",
+                F.col("a.s").alias("subscriber"), F.col("a.first.fid").alias("fid"),
+                F.struct(F.col("a.first.split").alias("split"), F.col("a.first.row").alias("row")).alias("line"),
+                F.col("a.first.t").alias("ts"))
+    first = firsts.groupBy("subscriber", "fid", "stream", "pub_id").agg(
+        F.min(F.struct("line", "delivery", "stream_seq", "ts", "publisher", "pub_tag")).alias("m")) \
+        .select("subscriber", "fid", "stream", "m.*")
+    bad = _order_violations(first, ["subscriber", "fid", "stream"], ["line"])
+    rows.append(violations(bad, "ledger", {"stream_seq": "stream_seq", "prev_seq": "prev.stream_seq",
+                                           "stream": "stream"},
+                           kind=F.lit("order"), delivery="delivery", subscriber="subscriber", ts="ts",
+                           publisher="publisher", pub_tag="pub_tag"))
+    rows.append(_publisher_ledger(told, bool(t.input["missing_routers"])))
+    return union_all(rows)
 
 
-def _publisher_ledger(t: Tables, L: DataFrame) -> DataFrame:
-    # The application's last outcome line per delivery (a resent copy's outcome may
-    # be logged again after a crash: the last one is what the application was given).
-    told = L.where((F.col("role") == "publisher") & (F.col("event") == "outcome")) \
-        .groupBy("client", "link", "incarnation", "pub_tag").agg(
-            F.max_by("outcome", "line").alias("app_outcome"), F.max("ts").alias("app_ts")) \
-        .select(F.col("client").alias("publisher"), F.col("link").alias("link_name"),
-                F.col("incarnation").alias("l_inc"), "pub_tag", "app_outcome", "app_ts")
-    pubs = L.where(F.col("role") == "publisher").select(F.col("client").alias("publisher"),
-                                                      F.col("link").alias("link_name")).distinct()
-    router = t.keyed.where(F.col("event") == "pub-outcome").groupBy("delivery").agg(
-        F.max(F.col("outcome") == "accepted").alias("accepted"),
-        F.array_join(F.array_sort(F.collect_set("outcome")), ",").alias("outcome"), F.min("ts").alias("ts"),
-        F.min("router").alias("router")) \
-        .join(t.ident.where(F.col("from_publisher")).select("delivery", "publisher", "link_name", "incarnation",
-                                                            "pub_tag"), "delivery") \
+def publisher_outcomes(ledgers: DataFrame) -> DataFrame:
+    """Each publisher delivery's last outcome line in its application's ledger:
+    (publisher, link_name, l_inc, pub_tag, app_outcome, app_ts, message_id)."""
+    L = ledgers.where(F.col("role") == "publisher")
+    rows = L.groupBy("client", "link", "incarnation", "pub_tag").agg(
+        F.max_by(F.when(F.col("event") == "outcome", F.col("outcome")),
+                 F.when(F.col("event") == "outcome", F.struct("split", "row"))).alias("app_outcome"),
+        F.max(F.when(F.col("event") == "outcome", F.col("ts"))).alias("app_ts"),
+        F.first("message_id", ignorenulls=True).alias("message_id"))
+    return rows.where(F.col("app_outcome").isNotNull()).select(
+        F.col("client").alias("publisher"), F.col("link").alias("link_name"), F.col("incarnation").alias("l_inc"),
+        "pub_tag", "app_outcome", "app_ts", "message_id")
+
+
+def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
+    """The routers' publisher deliveries (their origin's pub-outcome) beside what each
+    application's ledger says it was told, matched on (client, link, incarnation,
+    pub_tag), or (client, link, pub_tag) for a ledger without the incarnation: one
+    full outer join, of the publishers that keep a ledger. Columns: delivery,
+    publisher, link_name, pub_tag, router (origin), o (routers' outcome), accepted,
+    ts, app_outcome, app_ts, message_id, and the facts ``subs`` and ``pub``."""
+    told = publisher_outcomes(ledgers)
+    pubs = ledgers.where(F.col("role") == "publisher").select(F.col("client").alias("publisher"),
+                                                              F.col("link").alias("link_name")).distinct()
+    router = t.facts.where(F.col("pub").isNotNull() & F.col("origin").isNotNull()).select(
+        "delivery", "publisher", "link_name", "incarnation", "pub_tag", "told_accepted", "pub", "subs", "origin",
+        "partial") \
         .join(F.broadcast(pubs), ["publisher", "link_name"], "left_semi")
-    # Match on (client, link, incarnation, pub_tag); a ledger without the
-    # incarnation matches on (client, link, pub_tag).
     cond = ((F.col("r.publisher") == F.col("l.publisher")) & (F.col("r.link_name") == F.col("l.link_name"))
             & (F.col("r.pub_tag") == F.col("l.pub_tag"))
             & (F.col("l.l_inc").isNull() | (F.col("l.l_inc") == F.col("r.incarnation"))))
-    matched = router.alias("r").join(told.alias("l"), cond, "full_outer").select(
+    return router.alias("r").join(told.alias("l"), cond, "full_outer").select(
         F.coalesce("r.publisher", "l.publisher").alias("publisher"),
         F.coalesce("r.link_name", "l.link_name").alias("link_name"),
-        F.coalesce("r.pub_tag", "l.pub_tag").alias("pub_tag"), "r.delivery", "r.router", "r.outcome",
-        "r.accepted", "r.ts", "l.app_outcome", "l.app_ts")
+        F.coalesce("r.pub_tag", "l.pub_tag").alias("pub_tag"), "r.delivery", F.col("r.origin").alias("router"),
+        F.col("r.pub.o").alias("o"), F.col("r.told_accepted").alias("accepted"), F.col("r.pub.t").alias("ts"),
+        "r.pub", "r.subs", "r.partial", "l.app_outcome", "l.app_ts", "l.message_id")
+
+
+def app_outcome_disagrees(told: DataFrame) -> DataFrame:
+    """outcome-disagrees from the applications' side: a publisher whose ledger says
+    it was told released, rejected or modified although every subscriber owed the
+    delivery accepted it, where its origin router logged accepted."""
+    owed = F.filter("subs", lambda x: x["owed"])
+    f = told.where(F.col("delivery").isNotNull() & ~F.col("partial") & F.col("app_outcome").isNotNull()
+                   & (F.col("app_outcome") != "accepted") & (F.col("pub").isNull() | (F.col("o") == ACC))
+                   & (F.size(owed) > 0) & F.forall(owed, lambda x: x["o"] == ACC))
+    return violations(f, "outcome-disagrees", {
+        "app_outcome": "app_outcome", "pairs": F.transform(owed, lambda x: F.struct(x["s"].alias("s")))},
+        kind=F.lit("ledger"), delivery="delivery", router="router", publisher="publisher", pub_tag="pub_tag",
+        ts="app_ts")
+
+
+def _publisher_ledger(told: DataFrame, some_log_missing: bool = False) -> DataFrame:
     app_accepted = F.coalesce(F.col("app_outcome") == "accepted", F.lit(False))
     router_accepted = F.coalesce(F.col("accepted"), F.lit(False))
-    bad = matched.where(app_accepted != router_accepted)
-    detail = F.concat(F.lit("publisher "), F.col("publisher"), F.lit("/"), F.col("link_name"), F.lit(" tag "),
-                      F.col("pub_tag"), F.lit(": routers said "), F.coalesce(F.col("outcome"), F.lit("nothing")),
-                      F.lit(", the application's ledger says "), F.coalesce(F.col("app_outcome"), F.lit("nothing")))
-    return _violations(bad, "ledger", F.concat_ws("|", F.lit("pub"), "publisher", "link_name", "pub_tag",
-                                                  F.coalesce("delivery", F.lit(""))),
-                       delivery="delivery", router="router", detail=detail,
-                       ts=F.coalesce(F.col("ts"), F.col("app_ts")))
+    bad = told.where((F.col("delivery").isNotNull() | F.col("app_outcome").isNotNull())
+                     & (app_accepted != router_accepted))
+    if some_log_missing:  # an outcome no present log records may be in the missing one: reported once, as such
+        bad = bad.where(F.col("delivery").isNotNull())
+    return violations(bad, "ledger", {"link": "link_name", "outcome": "o", "app_outcome": "app_outcome",
+                                      "message_id": "message_id"},
+                      kind=F.concat_ws("|", F.lit("pub"), "publisher", "link_name", "pub_tag"),
+                      delivery="delivery", router="router", ts=F.coalesce(F.col("ts"), F.col("app_ts")),
+                      publisher="publisher", pub_tag="pub_tag")
 
 
 # ---------------------------------------------------------------------------
 # Everything
 # ---------------------------------------------------------------------------
 
-def all_violations(t: Tables, ledgers: DataFrame | None = None) -> DataFrame:
-    life = lives(t)
-    frames = [no_loss(t, life), no_duplicates(t), publisher_order(t), nothing_invented(t, life),
-              clean_end(t, life), input_complete(t)]
+def all_violations(t: Tables, ledgers: DataFrame | None = None, told: DataFrame | None = None) -> DataFrame:
+    """Every per-delivery and cross-delivery check (the input checks come from
+    ``input_violations``), as rows of VIOLATION_SCHEMA. ``told``: app_outcomes()."""
+    frames = [per_delivery(t), duplicated_by_publisher(t), out_of_order(t)]
     if ledgers is not None:
-        frames.append(ledger_checks(t, ledgers))
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame)
+        frames += [ledger_checks(t, ledgers, told), app_outcome_disagrees(told)]
+    return union_all(frames)
+
+
+def counted(violations_df: DataFrame) -> DataFrame:
+    """(check, rows, items) of Spark's violations: what each check counts (ITEM) is
+    the distinct values of its fields among the row's."""
+    fields = ("kind", "delivery", "router", "epoch", "subscriber", "other")
+    item = F.struct(*[F.when(F.col("check").isin(*[c for c, fs in ITEM.items() if f in fs]), F.col(f)).alias(f)
+                      for f in fields])
+    return violations_df.groupBy("check").agg(F.count(F.lit(1)).alias("rows"), F.count_distinct(item).alias("items"))
+
+
+def subscriber_names(spark, sources: list, hashes: set) -> dict:
+    """hash -> subscriber key, for subscribers no router saw attach (cold path:
+    one more read of the events' subscriber fields)."""
+    from spark.load import load_lines
+    lines = load_lines(spark, sources, ("subscriber", "owed", "forwarded", "subscribers"))
+    empty = F.array().cast("array<string>")
+    names = lines.select(F.explode(F.array_distinct(F.array_compact(F.concat(
+        F.array("subscriber"), F.coalesce("owed", empty), F.coalesce("forwarded", empty),
+        F.coalesce("subscribers", empty))))).alias("n")).distinct() \
+        .where(F.xxhash64("n").isin(*sorted(hashes)))
+    return {r["h"]: r["n"] for r in names.select("n", F.xxhash64("n").alias("h")).collect()}
+
+
+def decode_all(rows: list[dict], names: Names) -> list[dict]:
+    """The listed violations with names (Spark's rows; the input checks' rows have
+    them already)."""
+    spark_rows = [r for r in rows if r.get("_spark")]
+    decoded = iter(decode(spark_rows, names))
+    out = []
+    for r in rows:
+        if r.get("_spark"):
+            v = next(decoded)
+            v.pop("_spark", None)
+            out.append(v)
+        else:
+            out.append(r)
     return out
+
+
+# ---------------------------------------------------------------------------
+# On the driver: names, items and sentences for the violations the report lists
+# ---------------------------------------------------------------------------
+
+def decode(rows: list[dict], names: Names) -> list[dict]:
+    """Spark's violation rows with names for the hashes, ``item`` (what the check
+    counts, as text) and ``detail`` (the sentence)."""
+    out = []
+    for row in rows:
+        v = dict(row)
+        info = json.loads(v["info"]) if v.get("info") else {}
+        v["router"] = names.router(v["router"])
+        v["other"] = names.router(v["other"])
+        if info.get("name"):  # a ledger's subscriber the routers never named
+            names.subscribers.setdefault(v["subscriber"], info["name"])
+        v["subscriber"] = names.subscriber(v["subscriber"])
+        for p in info.get("pairs") or []:
+            p["s"] = names.subscriber(p.get("s"))
+            p["r"] = names.router(p.get("r"))
+        for w in info.get("where") or []:
+            w["r"] = names.router(w.get("r"))
+        if "owed" in info:
+            info["owed"] = [names.subscriber(s) for s in info["owed"] or []]
+        if "waiting" in info:
+            info["waiting"] = [names.subscriber(s) for s in info["waiting"] or []]
+        v["info"] = json.dumps(info) if info else None
+        v["item"] = item_of(v)
+        v.setdefault("file", None)
+        v.setdefault("line", None)
+        out.append(v)
+    return out
+
+
+def item_of(v: dict) -> str:
+    """What a check counts, as text (the tests and the report name items so)."""
+    check, kind = v["check"], v.get("kind")
+    if check == "duplicated" and kind == "pub_id":
+        return f"{v['subscriber']}|{json.loads(v['info'])['pub_id']}"
+    if check == "ledger":
+        if kind.startswith("pub|"):
+            return f"{kind}|{v['delivery'] or ''}"
+        if kind.startswith("dup|"):
+            return f"dup|{v['subscriber']}|{kind[4:]}"
+        return f"{kind}|{v['subscriber']}|{v['delivery']}"
+    parts = {"delivery": v["delivery"], "router": v["router"], "epoch": v["epoch"], "subscriber": v["subscriber"],
+             "other": v["other"], "kind": kind}
+    return "|".join(str(parts[f]) for f in ITEM[check] if f != "kind")
+
+
+def _outcome(code) -> str:
+    return OUTCOME_NAME.get(code, "?") if code is not None else "nothing"
+
+
+def describe(v: dict) -> str:
+    """The sentence for one violation (decoded: names, not hashes)."""
+    info = json.loads(v["info"]) if v.get("info") else {}
+    check = v["check"]
+    tag = (f"; publisher {v['publisher']} tag {v['pub_tag']}" if v.get("publisher") else "")
+    where = f"router {v['router']} epoch {v['epoch']} seq {v['seq']}"
+    sub = v.get("subscriber")
+    if check == "malformed-line":
+        if "more" in info:
+            return f"and {info['more']:,} more malformed line(s) not listed"
+        text = f": {info['text']!r}" if info.get("text") else ""
+        place = f"{v['file']}:{v['line']}" if v.get("line") else f"{v['file']} (a line)"
+        return f"{place}: {info['problem']}{text}"
+    if check == "seq-gap":
+        lo, hi = info["lo"], info["hi"]
+        what = f"seq {lo} is missing" if lo == hi else f"seq {lo}..{hi} are missing ({hi - lo + 1:,} lines)"
+        why = ("its first lines (its first log file is missing?)" if lo == 1 else
+               "a log file is missing, or lines were deleted")
+        return f"router {v['router']} epoch {v['epoch']}: {what}; its lines run to seq {info['last']:,}: {why}"
+    if check == "seq-repeated":
+        return (f"router {v['router']} epoch {v['epoch']}: seq {v['seq']} is on {info['n']} lines "
+                f"({', '.join(info['kinds'])}; in {v['file']}): a line copied, or a log file given twice")
+    if check == "router-log-missing":
+        if v.get("epoch") is not None:
+            return (f"no log of router {v['router']} epoch {v['epoch']}, though router {info['by']} connected to it "
+                    f"then (its epoch {info['by_epoch']} seq {info['by_seq']}): its files are missing (retention?)")
+        return (f"no log of router {v['router']}, which the other routers' events about deliveries name: pass its "
+                f"data directory too (what it did cannot be proven, and is not reported delivery by delivery)")
+    if check == "lost":
+        if v.get("kind") == "moved":
+            return (f"publisher told accepted, but durable subscriber {sub} (moved from router {v['other']}, owed "
+                    f"wherever it re-attached) never accepted it anywhere, and its obligation was never "
+                    f"discarded{tag}")
+        if v.get("kind") == "router":
+            told = ",".join(_outcome(o) for o in info.get("told") or [])
+            return (f"publisher told accepted by {v['other']}, but router {v['router']} (owed it: in the origin's "
+                    f"routers) " + (f"answered {told} without logging its arrival" if told else
+                                    "never received it and never answered") + tag)
+        said = ",".join(_outcome(o) for o in info.get("said") or [])
+        what = (f"answered {said}" if said else f"was sent it (seq {info['sent']}) and never answered"
+                if info.get("sent") is not None else "was owed it and never sent it")
+        answer = ("the router never answered for it" if info.get("answer_seq") is None else
+                  f"the router answered {_outcome(info.get('answer'))} at seq {info['answer_seq']}")
+        return f"publisher told accepted, but subscriber {sub} on router {v['router']} {what}; {answer}{tag}"
+    if check == "duplicated":
+        if v.get("kind") == "pub_id":
+            return (f"subscriber {sub} accepted one publisher delivery ({info['pub_id']}) under {len(info['ids'])} "
+                    f"delivery ids: {', '.join(info['ids'])}{tag}")
+        places = "; ".join(f"router {w['r']} epoch {w['e']} seq {w['q']}" for w in info["where"])
+        return f"subscriber {sub} accepted it {len(info['where'])} times ({places}){tag}"
+    if check == "out-of-order":
+        return (f"sent to {sub} on router {v['router']}: stream_seq {info['stream_seq']} after stream_seq "
+                f"{info['prev_seq']} ({info['prev']}) of stream {info['stream']}{tag}")
+    if check == "invented":
+        kind = KIND_NAME.get(info.get("kind"), "?")
+        outcome = f" ({_outcome(info.get('outcome'))})" if kind in ("sub-outcome", "pub-outcome") else ""
+        by = f" by subscriber {sub}" if sub else ""
+        return f"{kind} on {where}{by}{outcome}, but no router received this delivery"
+    if check == "record-missing":
+        kind = KIND_NAME.get(info.get("kind"), "?")
+        outcome = f" ({_outcome(info.get('outcome'))})" if kind in ("sub-outcome", "pub-outcome",
+                                                                    "outcome-to-router") else ""
+        more = f" (and {info['more']} more event(s))" if info.get("more") else ""
+        earlier = info.get("received_in") or []
+        why = (f"it received the delivery in epoch {', '.join(str(e) for e in earlier)} (a restarted router acting "
+               f"for its previous life)" if earlier else "it never received the delivery")
+        return (f"router {v['router']} epoch {v['epoch']} logged {kind}{outcome}" + (f" for {sub}" if sub else "")
+                + f" at seq {v['seq']}{more} without a record of it in that epoch: {why}{tag}")
+    if check == "arrival-unforwarded":
+        return (f"router {v['router']} received it from origin {v['other']} (epoch {v['epoch']} seq {v['seq']}), but "
+                f"no router logged forwarding it there{tag}")
+    if check == "accept-unowed":
+        never = "" if info.get("attached") else ", and it never attached to any router"
+        return (f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but was never owed this "
+                f"delivery: no router listed it as owed, sent it or moved an obligation to it{never}{tag}")
+    if check == "accept-unsent":
+        return (f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but that router had not sent "
+                f"it this delivery before{tag}")
+    if check == "answer-missing":
+        received = info.get("received") or {}
+        answer = info.get("answer")
+        then = (f"and answered {_outcome(answer['o'])} at seq {answer['q']}: the origin never logged that answer"
+                if answer else "and never logged an answer (nor did the origin log one)")
+        return (f"origin {v['router']} told its publisher {_outcome(info.get('outcome'))} (seq {v['seq']}) without an "
+                f"answer from router {v['other']}, which received it (epoch {received.get('e')} seq "
+                f"{received.get('q')}) for {', '.join(info.get('owed') or [])} {then}{tag}")
+    if check == "outcome-disagrees":
+        pairs = info.get("pairs") or []
+
+        def who(p):
+            first = p.get("first")
+            did = f" {_outcome(first['o'])} at seq {first['q']}" if first else ""
+            return f"{p['s']}@{p['r']}{did}" if p.get("r") else p["s"]
+        people = ", ".join(sorted(who(p) for p in pairs))
+        if v.get("kind") == "ledger":
+            return (f"the publisher's ledger says it was told {info['app_outcome']}, but every subscriber owed it "
+                    f"accepted it: {people}{tag}")
+        told = f"publisher told {_outcome(info.get('outcome'))} by router {v['router']} (seq {v['seq']})"
+        if v.get("kind") == "all-accepted":
+            routers = ", ".join(sorted({p["r"] for p in pairs}))
+            return f"{told}, but every subscriber owed it accepted it: {people} (routers {routers}){tag}"
+        return (f"{told}, but owed subscriber(s) answered otherwise before their router answered and never accepted "
+                f"it: {people}{tag}")
+    if check == "left-unsettled":
+        answer = info.get("answer")
+        if info.get("by") is not None:
+            why = (f"settled by {BY_NAME.get(info['by'], '?')}, but the record was never deleted (receivers not "
+                   f"known to have seen the settlement)")
+        elif answer:
+            why = f"answered {_outcome(answer['o'])}; " + (
+                "the publisher never settled it" if v.get("other") is None else
+                f"origin router {v['other']} never relayed a settlement")
+        else:
+            why = "never answered: waiting for " + (", ".join(info.get("waiting") or []) or "remote routers")
+        return f"record left on router {v['router']}: {why}{tag}"
+    if check == "ledger":
+        kind = v.get("kind") or ""
+        mid = f", message-id {info['message_id']}" if info.get("message_id") else ""
+        if kind == "missing":
+            return f"subscriber {sub} accepted it (router view), but its application's ledger never got it{tag}"
+        if kind == "twice":
+            return f"handed to the application of {sub} {info['n']} times{tag}{mid}"
+        if kind == "unsent":
+            return f"the application of {sub} was handed a delivery no router logged sending it{mid}"
+        if kind.startswith("dup|"):
+            return (f"the application of {sub} was handed one publisher delivery under {len(info['ids'])} ids: "
+                    f"{', '.join(info['ids'])}{mid}")
+        if kind == "order":
+            return (f"the application of {sub} was handed stream_seq {info['stream_seq']} after {info['prev_seq']} "
+                    f"of stream {info['stream']}{mid}")
+        routers = _outcome(info.get("outcome")) if info.get("outcome") is not None else "nothing"
+        return (f"publisher {v['publisher']}/{info.get('link')} tag {v['pub_tag']}{mid}: routers said {routers}, the "
+                f"application's ledger says {info.get('app_outcome') or 'nothing'}")
+    return json.dumps(info)
 
 
 def main(argv: list[str] | None = None) -> int:

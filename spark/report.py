@@ -13,21 +13,21 @@ import math
 import time
 from pathlib import Path
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.reconcile import CHECKS, Tables, unfinished_records
+from spark.reconcile import CHECKS, FIRST, ITEM, OUTCOME, OUTCOME_NAME, PROBLEM, Tables
 
 _NICE_BUCKETS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
-LABELS = {
-    "lost": ("no loss", "lost"),
-    "duplicated": ("no duplicates", "duplicated"),
-    "out-of-order": ("publisher order", "out of order"),
-    "invented": ("nothing invented", "invented"),
-    "left-unsettled": ("clean end", "left unsettled"),
-    "incomplete-input": ("input complete", "input problems"),
-    "ledger": ("router vs applications", "ledger mismatches"),
+#: check -> (title, what a count of it is called in the verdict line)
+LABELS = {name: (title, name.replace("-", " ")) for name, title, _ in CHECKS} | {
+    "lost": ("no loss", "lost"), "duplicated": ("no duplicates", "duplicated"),
+    "out-of-order": ("publisher order", "out of order"), "invented": ("nothing invented", "invented"),
+    "left-unsettled": ("clean end", "left unsettled"), "ledger": ("router vs applications", "ledger mismatches"),
+    "malformed-line": ("every line well-formed", "malformed lines"),
 }
+#: Checks named in the verdict line even when they found nothing (the others only when they did).
+HEADLINE = ("lost", "duplicated", "out-of-order", "invented", "left-unsettled", "ledger")
 
 
 def bucket_size(span: float, buckets: int = 150) -> float:
@@ -42,86 +42,139 @@ def _rows(df: DataFrame) -> list[dict]:
     return [row.asDict(recursive=True) for row in df.collect()]
 
 
-def summarize(t: Tables, max_rows: int = 200) -> dict:
-    """Everything the report shows besides the violations, as small Python values."""
-    kinds = {r["event"]: r["n"] for r in _rows(
-        t.keyed.groupBy("event").agg(F.count(F.lit(1)).alias("n"))
-        .unionByName(t.life.groupBy("event").agg(F.count(F.lit(1)).alias("n")))
-        .groupBy("event").agg(F.sum("n").alias("n")))}
-    epochs = _rows(t.epochs.orderBy("router", "epoch"))
+def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> dict:
+    """Everything the report shows besides the violations, as small Python values
+    (a few small jobs over the cached per-delivery facts)."""
+    epochs = [{k: e[k] for k in ("router", "epoch", "boot", "first_ts", "last_ts", "started_ts", "stopping_ts",
+                                 "lines", "stopped")} for e in t.epochs]
     routers = sorted({e["router"] for e in epochs})
-
-    origin = t.recv.where(F.col("origin_router").isNull())
-    pub = t.keyed.where(F.col("event") == "pub-outcome")
-    totals = _rows(origin.agg(F.count_distinct("delivery").alias("deliveries"),
-                              F.min("ts").alias("t0"), F.max("ts").alias("t1")))[0]
-    presettled = t.keyed.where((F.col("event") == "received") & F.col("settled")).count() \
-        if kinds.get("received") else 0
-    outcomes = {r["outcome"] or "none": r["n"] for r in _rows(
-        pub.where(F.col("delivery").isNotNull()).groupBy("outcome").agg(F.count(F.lit(1)).alias("n")))}
-    refused = pub.where(F.col("delivery").isNull()).count() if kinds.get("pub-outcome") else 0
-
-    per_topic = _rows(origin.groupBy("topic").agg(F.count_distinct("delivery").alias("deliveries"))
-                      .join(pub.where(F.col("outcome") == "accepted").select("delivery").distinct()
-                            .join(t.ident.select("delivery", "topic"), "delivery")
-                            .groupBy("topic").agg(F.count(F.lit(1)).alias("accepted")), "topic", "left")
-                      .orderBy(F.desc("deliveries")).limit(max_rows))
-    owed = t.recv.select("delivery", F.explode("owed").alias("subscriber")).distinct() \
-        .groupBy("subscriber").agg(F.count(F.lit(1)).alias("owed"))
-    answered = t.keyed.where(F.col("event") == "sub-outcome").groupBy("subscriber").pivot(
-        "outcome", ["accepted", "rejected", "released", "modified", "none"]).agg(F.count(F.lit(1)))
-    per_sub = _rows(owed.join(answered, "subscriber", "full_outer").orderBy("subscriber").limit(max_rows))
-
-    unfinished = _rows(unfinished_records(t).where(~F.col("stopped")).groupBy("router", "epoch")
-                       .agg(F.count(F.lit(1)).alias("records")).orderBy("router", "epoch"))
+    kinds = t.input["kinds"]
+    refused = t.input["refused"]
+    names = t.names
+    f = t.facts
+    # One job: per topic and outcome, the deliveries and when they arrived.
+    per = _rows(f.groupBy("topic", F.col("pub.o").alias("o")).agg(
+        F.sum(F.col("origin").isNotNull().cast("long")).alias("deliveries"),
+        F.sum(F.col("presettled").cast("long")).alias("presettled"),
+        F.sum(F.col("told_accepted").cast("long")).alias("accepted"),
+        F.count(F.when(F.col("pub").isNotNull(), F.lit(1))).alias("answered"),
+        F.min("recv_ts").alias("t0"), F.max("recv_ts").alias("t1")))
+    totals = {"deliveries": sum(r["deliveries"] for r in per), "presettled": sum(r["presettled"] for r in per),
+              "t0": min((r["t0"] for r in per if r["t0"] is not None), default=None),
+              "t1": max((r["t1"] for r in per if r["t1"] is not None), default=None)}
+    outcomes: dict[str, int] = {}
+    by_topic: dict = {}
+    for r in per:
+        if r["o"] is not None:
+            name = OUTCOME_NAME.get(r["o"], "?")
+            outcomes[name] = outcomes.get(name, 0) + r["answered"]
+        topic = by_topic.setdefault(r["topic"], {"topic": r["topic"], "deliveries": 0, "accepted": 0})
+        topic["deliveries"] += r["deliveries"]
+        topic["accepted"] += r["accepted"]
+    per_topic = sorted((x for x in by_topic.values() if x["deliveries"]), key=lambda x: -x["deliveries"])[:max_rows]
+    # Per subscriber, distinct deliveries: owed, and how it answered each.
+    x = f.select(F.explode("subs").alias("x")).select("x.*")
+    per_sub = _rows(x.groupBy(F.col("s").alias("subscriber")).agg(
+        F.sum(F.col("owed").cast("long")).alias("owed"),
+        *[F.sum((F.col("o") == code).cast("long")).alias(name) for name, code in OUTCOME.items()],
+        F.sum((F.col("owed") & (F.col("o") == 0)).cast("long")).alias("unanswered")))
+    for row in per_sub:
+        row["subscriber"] = names.subscriber(row["subscriber"])
+    per_sub = sorted(per_sub, key=lambda r: r["subscriber"])[:max_rows]
+    unfinished = _rows(f.where(F.size("died_with") > 0).select(F.explode("died_with").alias("x")).groupBy(
+        F.col("x.r").alias("router"), F.col("x.e").alias("epoch")).agg(F.count(F.lit(1)).alias("records")))
+    for row in unfinished:
+        row["router"] = names.router(row["router"])
+    unfinished.sort(key=lambda r: (r["router"], r["epoch"]))
 
     series, latency, lat_overall, bucket = [], [], {}, None
+    starts = [e["first_ts"] for e in epochs if e["first_ts"] is not None]
+    ends = [e["last_ts"] for e in epochs if e["last_ts"] is not None]
+    t0 = min(starts) if starts else (totals["t0"] or 0.0)
+    t1 = max(ends) if ends else (totals["t1"] or t0)
     if totals["t0"] is not None:
-        all_recv = t.recv.agg(F.min("ts").alias("a"), F.max("ts").alias("b")).collect()[0]
-        t0 = min(all_recv["a"], min((e["first_ts"] for e in epochs), default=all_recv["a"]))
-        t1 = max(all_recv["b"], max((e["last_ts"] for e in epochs), default=all_recv["b"]))
         bucket = bucket_size(t1 - t0)
-        b = F.floor((F.col("ts") - F.lit(t0)) / F.lit(bucket))
-        series = _rows(t.recv.groupBy("router", b.alias("b")).agg(F.count(F.lit(1)).alias("n"))
-                       .orderBy("router", "b"))
-        lat = origin.select("delivery", "router", "epoch", F.col("ts").alias("ts")) \
-            .join(pub.where(F.col("delivery").isNotNull()).select(
-                "delivery", "router", "epoch", F.col("ts").alias("pub_ts"), "outcome"),
-                ["delivery", "router", "epoch"]) \
-            .withColumn("lat", F.col("pub_ts") - F.col("ts"))
-        latency = _rows(lat.groupBy(b.alias("b")).agg(
-            F.percentile_approx("lat", [0.5, 0.9, 0.99], 1000).alias("p"), F.max("lat").alias("max"),
-            F.count(F.lit(1)).alias("n")).orderBy("b"))
-        overall = _rows(lat.agg(F.percentile_approx("lat", [0.5, 0.9, 0.99], 10000).alias("p"),
-                                F.max("lat").alias("max"), F.count(F.lit(1)).alias("n")))[0]
+        b = F.floor((F.col("t") - F.lit(t0)) / F.lit(bucket)).cast("long")
+        series = _rows(f.select(F.explode("recvs").alias("x")).select("x.*").groupBy(
+            F.col("r").alias("router"), b.alias("b")).agg(F.count(F.lit(1)).alias("n")))
+        for row in series:
+            row["router"] = names.router(row["router"])
+        series.sort(key=lambda r: (r["router"], r["b"]))
+        lat = f.where(F.col("origin").isNotNull() & F.col("pub").isNotNull() & (F.col("pub.r") == F.col("origin"))) \
+            .select((F.col("pub.t") - F.col("recv_ts")).alias("lat"), F.col("recv_ts").alias("t"))
+        # One job: per bucket, and (the rollup's row without a bucket) over the whole run.
+        both = _rows(lat.withColumn("b", b).rollup("b").agg(
+            F.percentile_approx("lat", [0.5, 0.9, 0.99], 10000).alias("p"), F.max("lat").alias("max"),
+            F.count(F.lit(1)).alias("n"), F.grouping("b").alias("all")))
+        overall = next((r for r in both if r["all"]), {"n": 0})
+        latency = sorted(({k: v for k, v in r.items() if k != "all"} for r in both if not r["all"]),
+                         key=lambda r: r["b"])
         if overall["n"]:
             lat_overall = {"p50": overall["p"][0], "p90": overall["p"][1], "p99": overall["p"][2],
                            "max": overall["max"], "n": overall["n"]}
-    else:
-        t0 = min((e["first_ts"] for e in epochs), default=0.0)
     return {
-        "routers": routers, "epochs": epochs, "events": sum(kinds.values()), "kinds": dict(sorted(kinds.items())),
-        "deliveries": totals["deliveries"], "presettled": presettled, "pub_outcomes": outcomes,
+        "routers": routers, "epochs": epochs, "events": sum(kinds.values()), "kinds": kinds,
+        "deliveries": totals["deliveries"] or 0, "presettled": totals["presettled"] or 0, "pub_outcomes": outcomes,
         "refused_before_record": refused, "per_topic": per_topic, "per_subscriber": per_sub,
         "records_lost_with_router": unfinished, "t0": t0, "bucket_s": bucket, "series": series,
         "latency_series": latency, "latency": lat_overall,
     }
 
 
-def collect_violations(violations: DataFrame, first: int | None = 20) -> tuple[dict, list[dict]]:
+def collect_violations(found: DataFrame, input_rows: list[dict], first: int | None = 20,
+                       names=None) -> tuple[dict, list[dict]]:
     """(counts per check: {"rows", "items"}, the first ``first`` violations of each check
-    by time). Two small jobs over the (persisted) violations."""
-    counts = {r["check"]: {"rows": r["rows"], "items": r["items"]} for r in _rows(
-        violations.groupBy("check").agg(F.count(F.lit(1)).alias("rows"),
-                                        F.count_distinct("item").alias("items")))}
-    from pyspark.sql import Window
+    by time) of Spark's violations ``found`` (two small jobs: counts, and the first of
+    each check) and of the input checks' ``input_rows``. Spark's rows come back with
+    hashes for names (``_spark``: reconcile.decode_all() names them)."""
+    from collections import defaultdict
+
+    from spark.reconcile import counted
+    counts = {r["check"]: {"rows": r["rows"], "items": r["items"]} for r in _rows(counted(found))}
+    items: dict = defaultdict(set)
+    for row in input_rows:
+        c = counts.setdefault(row["check"], {"rows": 0, "items": 0})
+        c["rows"] += 1
+        items[row["check"]].add(row["item"])
+    for check, seen in items.items():
+        counts[check]["items"] += len(seen)
+    order = [F.col("ts").asc_nulls_last(), "router", "epoch", "seq", "delivery", "subscriber", "kind"]
     if first is None:
-        return counts, _rows(violations.orderBy("check", F.col("ts").asc_nulls_last()))
-    w = Window.partitionBy("check").orderBy(F.col("ts").asc_nulls_last(), "router", "epoch", "seq", "delivery",
-                                            "subscriber", "detail")
-    firsts = _rows(violations.withColumn("n", F.row_number().over(w)).where(F.col("n") <= first).drop("n")
-                   .orderBy("check", F.col("ts").asc_nulls_last()))
-    return counts, firsts
+        spark_rows = _rows(found.orderBy("check", *order)) if any(c in counts for c in ITEM) else []
+        chosen_input = input_rows
+    else:
+        w = Window.partitionBy("check").orderBy(*order)
+        spark_rows = _rows(found.withColumn("n", F.row_number().over(w)).where(F.col("n") <= first).drop("n")
+                           .orderBy("check", *order)) if any(c in counts for c in ITEM) else []
+        per: dict = defaultdict(int)
+        chosen_input = []
+        for row in input_rows:
+            if per[row["check"]] < first:
+                per[row["check"]] += 1
+                chosen_input.append(row)
+    for row in spark_rows:
+        row["_spark"] = True
+    return counts, chosen_input + spark_rows
+
+
+def add_message_ids(firsts: list[dict], app: DataFrame, ledgers: DataFrame) -> None:
+    """Put the message-id (from the applications' ledgers: the publisher's `sent`,
+    else a subscriber's `delivered`) beside each listed violation's delivery."""
+    ids = sorted({v["delivery"] for v in firsts if v.get("delivery")})
+    if not ids:
+        return
+    found = {r["delivery"]: r["message_id"] for r in app.where(F.col("delivery").isin(*ids)
+                                                                & F.col("message_id").isNotNull())
+             .select("delivery", "message_id").collect()}
+    rest = [d for d in ids if d not in found]
+    if rest:
+        found.update({r["delivery"]: r["message_id"] for r in ledgers.where(
+            F.col("delivery").isin(*rest) & F.col("message_id").isNotNull()).groupBy("delivery").agg(
+            F.first("message_id").alias("message_id")).collect()})
+    for v in firsts:
+        mid = found.get(v.get("delivery"))
+        if mid is not None:
+            v["message_id"] = mid
 
 
 # ---------------------------------------------------------------------------
@@ -130,40 +183,46 @@ def collect_violations(violations: DataFrame, first: int | None = 20) -> tuple[d
 
 def verdict(counts: dict, ledgers: bool) -> dict:
     checks = []
-    for name, unit in CHECKS:
+    for name, title, unit in CHECKS:
         if name == "ledger" and not ledgers:
             continue
         c = counts.get(name, {"rows": 0, "items": 0})
-        checks.append({"check": name, "title": LABELS[name][0], "count": c["items"], "rows": c["rows"],
-                       "unit": unit, "ok": c["items"] == 0})
+        checks.append({"check": name, "title": title, "count": c["items"], "rows": c["rows"], "unit": unit,
+                       "ok": c["items"] == 0})
     clean = all(c["ok"] for c in checks)
     line = ", ".join(f"{c['count']} {LABELS[c['check']][1]}" for c in checks
-                     if c["check"] not in ("incomplete-input",) or c["count"])
+                     if c["check"] in HEADLINE or c["count"])
     return {"proven_clean": clean, "line": line, "checks": checks}
+
+
+def _violation_line(row: dict) -> str:
+    mid = f"  [message-id {row['message_id']}]" if row.get("message_id") else ""
+    return f"{row['delivery'] or '-'}  {row['detail']}{mid}"
 
 
 def render_terminal(report: dict, first: int = 5) -> str:
     s = report["summary"]
     v = report["verdict"]
     out = []
-    died = sum(r["records"] for r in s["records_lost_with_router"])
-    n_epochs = len(s["epochs"])
-    out.append(f"eorouter reconcile: {len(s['routers'])} router(s) ({', '.join(s['routers'])}), {n_epochs} "
-               f"epoch(s), {s['events']:,} events, {s['deliveries'] or 0:,} publisher deliveries "
-               f"({', '.join(f'{k} {n:,}' for k, n in sorted(s['pub_outcomes'].items())) or 'no outcomes'})"
-               f" in {report['elapsed_s']:.1f} s")
+    if s is not None:
+        n_epochs = len(s["epochs"])
+        out.append(f"eorouter reconcile: {len(s['routers'])} router(s) ({', '.join(s['routers'])}), {n_epochs} "
+                   f"epoch(s), {s['events']:,} events, {s['deliveries'] or 0:,} publisher deliveries "
+                   f"({', '.join(f'{k} {n:,}' for k, n in sorted(s['pub_outcomes'].items())) or 'no outcomes'})"
+                   f" in {report['elapsed_s']:.1f} s")
     width = max(len(c["title"]) for c in v["checks"])
+    died = sum(r["records"] for r in s["records_lost_with_router"]) if s else 0
     for c in v["checks"]:
         mark = "ok  " if c["ok"] else "FAIL"
         extra = ""
         if c["check"] == "left-unsettled" and died:
             extra = f"  ({died} record(s) went with a router that died: see the report)"
-        if c["check"] == "lost" and c["rows"] != c["count"]:
-            extra = f"  ({c['rows']} places)"
+        if c["rows"] != c["count"]:
+            extra += f"  ({c['rows']} rows)"
         out.append(f"  {mark} {c['title']:<{width}}  {c['count']:>8,} {LABELS[c['check']][1]}{extra}")
-    if report.get("torn_lines"):
-        out.append(f"  note: {report['torn_lines']} unparsable line(s) skipped (a torn last line after a crash "
-                   f"is expected; anything else is corruption)")
+    for torn in report.get("torn") or []:
+        out.append(f"  note: torn last line {torn['file']}:{torn['line']} skipped (a crash cut the router's last "
+                   f"write; docs/event-log.md, \"Torn lines\")")
     if v["proven_clean"]:
         out.append(f"VERDICT: proven clean: {v['line']}")
     else:
@@ -177,7 +236,7 @@ def render_terminal(report: dict, first: int = 5) -> str:
                 continue
             out.append(f"  first {min(first, len(rows))} of {c['rows']:,} {c['check']}:")
             for row in rows[:first]:
-                out.append(f"    {row['delivery'] or '-'}  {row['detail']}")
+                out.append(f"    {_violation_line(row)}")
     if report.get("out"):
         out.append(f"report: {report['out']}/report.html  (machine-readable: {report['out']}/report.json)")
     return "\n".join(out)
@@ -199,65 +258,103 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _figures(report: dict) -> dict[str, str]:
+def text_overlaps(fig) -> list[tuple[str, str]]:
+    """Pairs of visible texts of ``fig`` (labels, tick labels, titles, annotations)
+    whose drawn boxes overlap: the report's figures must have none (tests)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_window_extent"))
+             if t.get_visible() and t.get_text().strip()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    out = []
+    for i, (a, ba) in enumerate(boxes):
+        for b, bb in boxes[i + 1:]:
+            if ba.overlaps(bb) and ba.width > 0 and bb.width > 0:
+                out.append((a, b))
+    return out
+
+
+def figures(report: dict) -> dict:
+    """The report's matplotlib figures (not yet rendered): timeline, rate, latency, counts."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     s = report["summary"]
-    figs: dict[str, str] = {}
+    figs: dict = {}
     t0 = s["t0"] or 0.0
     bucket = s["bucket_s"]
-    colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(s["routers"])}
+    routers = s["routers"]
+    colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(routers)}
+    by_router: dict[str, list] = {}
+    for e in s["epochs"]:
+        by_router.setdefault(e["router"], []).append(e)
+
+    if s["epochs"]:
+        # Each router's lives as one lane: a bar per epoch, a start marker, and a
+        # square (stopped) or a cross (died) at its end. The epoch numbers are
+        # written only in bars wide enough to hold them, so nothing overlaps
+        # however many restarts there are.
+        lanes = max(1, len(routers))
+        fig, ax = plt.subplots(figsize=(10, 0.55 * lanes + 1.4))
+        span = max((e["last_ts"] or t0) for e in s["epochs"]) - t0 or 1.0
+        fig.canvas.draw()
+        width_px = ax.get_window_extent().width
+        for lane, router in enumerate(routers):
+            y = lanes - 1 - lane
+            for e in by_router.get(router, []):
+                start = (e["started_ts"] if e["started_ts"] is not None else e["first_ts"]) - t0
+                last = e["stopping_ts"] if e["stopped"] and e["stopping_ts"] is not None else e["last_ts"]
+                end = (last or start) - t0
+                ax.barh(y, max(end - start, span / 2000), left=start, height=0.55, color=colors[router], alpha=0.55,
+                        lw=0)
+                ax.plot([start], [y], marker="|", color="black", ms=14, mew=1.2)
+                ax.plot([end], [y], marker="s" if e["stopped"] else "X", color="black" if e["stopped"] else "#b00020",
+                        ms=5 if e["stopped"] else 8, ls="")
+                label = f"e{e['epoch']}"
+                if (end - start) / span * width_px > 9 * len(label) + 8:
+                    ax.text((start + end) / 2, y, label, ha="center", va="center", fontsize=7, color="black",
+                            clip_on=True)
+        ax.set_yticks(range(lanes))
+        ax.set_yticklabels([f"router {r}" for r in reversed(routers)], fontsize=8)
+        ax.set_ylim(-0.6, lanes - 0.4)
+        ax.set_xlim(0, span * 1.01)
+        ax.set_xlabel(f"seconds since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0))} UTC")
+        n_epochs = len(s["epochs"])
+        died = sum(1 for e in s["epochs"] if not e["stopped"])
+        ax.set_title(f"Router lives: {n_epochs} epoch(s), {died} ended without a stop (died, or still running)",
+                     fontsize=10)
+        ax.legend(handles=[Line2D([], [], marker="|", color="black", ls="", ms=10, label="start"),
+                           Line2D([], [], marker="s", color="black", ls="", ms=5, label="stopped"),
+                           Line2D([], [], marker="X", color="#b00020", ls="", ms=7, label="died")],
+                  loc="upper center", bbox_to_anchor=(0.5, -0.32 - 0.05 / lanes), ncol=3, fontsize=8, frameon=False)
+        ax.grid(axis="x", alpha=0.3)
+        figs["timeline"] = fig
 
     if bucket:
-        fig, ax = plt.subplots(figsize=(10, 4.2))
+        fig, ax = plt.subplots(figsize=(10, 3.8))
         last = max((p["b"] for p in s["series"]), default=0)
-        for router in s["routers"]:
+        for router in routers:
             counts = {p["b"]: p["n"] for p in s["series"] if p["router"] == router}
             if counts:  # every bucket, zeros included: a router that took nothing shows 0, not its last rate
                 xs = [b * bucket for b in range(0, last + 2)]
                 ys = [counts.get(b, 0) / bucket for b in range(0, last + 2)]
                 ax.plot(xs, ys, drawstyle="steps-post", color=colors[router], label=f"router {router}", lw=1.2)
-        ax.set_ylim(bottom=0)
-        top = ax.get_ylim()[1]
-        n_routers = max(1, len(s["routers"]))
-        for e in s["epochs"]:
-            c = colors[e["router"]]
-            level = top * (0.97 - 0.08 * (s["routers"].index(e["router"]) % n_routers))
-            start = (e["started_ts"] if e["started_ts"] is not None else e["first_ts"]) - t0
-            ax.axvline(start, color=c, lw=1, ls="-", alpha=0.5)
-            ax.plot([start], [level], marker="^", color=c, ms=7)
-            ax.annotate(f" {e['router']} up (e{e['epoch']})", (start, level), fontsize=7, color=c, va="center")
-            if e["stopped"]:
-                end = e["stopping_ts"] - t0
-                ax.axvline(end, color=c, lw=1, ls="--", alpha=0.5)
-                ax.plot([end], [level], marker="s", color=c, ms=6)
-                ax.annotate(f"{e['router']} stop ", (end, level), fontsize=7, color=c, va="center", ha="right")
-            else:
-                end = e["last_ts"] - t0
-                ax.axvline(end, color=c, lw=2, ls=":", alpha=0.9)
-                ax.plot([end], [level], marker="X", color="black", ms=9)
-                ax.annotate(f"{e['router']} DIED ", (end, level), fontsize=8, color=c, va="center", ha="right",
-                            fontweight="bold")
-        by_router: dict[str, list] = {}
-        for e in s["epochs"]:
-            by_router.setdefault(e["router"], []).append(e)
-        for router, eps in by_router.items():
+        for router, eps in by_router.items():  # down: between one epoch's last line and the next one's start
             for a, b in zip(eps, eps[1:]):
                 ax.axvspan(a["last_ts"] - t0, (b["started_ts"] or b["first_ts"]) - t0, color=colors[router],
-                           alpha=0.12, lw=0)
-        ax.set_xlabel(f"seconds since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0))} UTC "
-                      f"(buckets of {bucket:g} s)")
+                           alpha=0.15, lw=0)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(f"seconds (buckets of {bucket:g} s; shaded: a router down between two epochs)")
         ax.set_ylabel("deliveries received / s")
-        ax.set_title("Deliveries received per second, per router (\u25b2 start, \u25a0 stop, X died; "
-                     "shaded: down)")
+        ax.set_title("Deliveries received per second, per router", fontsize=10)
         ax.legend(loc="upper right", fontsize=8)
         ax.grid(alpha=0.3)
-        figs["rate"] = _png(fig)
+        figs["rate"] = fig
 
     if s["latency_series"]:
-        fig, ax = plt.subplots(figsize=(10, 3.6))
+        fig, ax = plt.subplots(figsize=(10, 3.4))
         xs = [p["b"] * bucket for p in s["latency_series"]]
         for i, (name, style) in enumerate((("p50", "-"), ("p90", "--"), ("p99", ":"))):
             ax.plot(xs, [p["p"][i] * 1000 for p in s["latency_series"]], ls=style, label=name,
@@ -267,40 +364,51 @@ def _figures(report: dict) -> dict[str, str]:
         values = [p["max"] for p in s["latency_series"] if p["max"]] or [1.0]
         lows = [p["p"][0] for p in s["latency_series"] if p["p"][0]] or [1.0]
         if max(values) / max(min(lows), 1e-6) > 50:  # wide range (a failover pause): log scale, plain labels
-            from matplotlib.ticker import FuncFormatter
+            from matplotlib.ticker import FuncFormatter, LogLocator
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, numticks=8))
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         else:
             ax.set_ylim(bottom=0)
         ax.set_xlabel("seconds since start (by arrival at the origin router)")
         ax.set_ylabel("ms")
-        ax.set_title("End-to-end latency: arrival at the origin router to the publisher's outcome")
+        ax.set_title("End-to-end latency: arrival at the origin router to the publisher's outcome", fontsize=10)
         ax.legend(fontsize=8)
-        ax.grid(alpha=0.3, which="both")
-        figs["latency"] = _png(fig)
+        ax.grid(alpha=0.3, which="major")
+        figs["latency"] = fig
 
     subs = s["per_subscriber"]
     topics = s["per_topic"]
     if subs or topics:
-        fig, axes = plt.subplots(1, 2, figsize=(11, max(2.5, 0.3 * max(len(subs), len(topics), 4) + 1)))
+        rows = max(len(subs), len(topics), 4)
+        fig, axes = plt.subplots(1, 2, figsize=(11, max(2.5, 0.28 * rows + 1.2)))
         if topics:
             names = [t["topic"] or "?" for t in topics][::-1]
             axes[0].barh(names, [t["deliveries"] for t in topics][::-1], color="tab:blue", label="published")
             axes[0].barh(names, [t["accepted"] or 0 for t in topics][::-1], color="tab:green", height=0.4,
-                         label="accepted")
-            axes[0].set_title("Deliveries per topic")
+                         label="accepted everywhere")
+            axes[0].set_title("Deliveries per topic", fontsize=10)
             axes[0].legend(fontsize=8)
+            axes[0].tick_params(axis="y", labelsize=7)
         if subs:
             names = [sub["subscriber"] for sub in subs][::-1]
             axes[1].barh(names, [sub["owed"] or 0 for sub in subs][::-1], color="tab:blue", label="owed")
             axes[1].barh(names, [sub["accepted"] or 0 for sub in subs][::-1], color="tab:green", height=0.4,
                          label="accepted")
-            axes[1].set_title("Deliveries per subscriber")
+            axes[1].set_title("Distinct deliveries per subscriber", fontsize=10)
             axes[1].legend(fontsize=8)
             axes[1].tick_params(axis="y", labelsize=7)
+        for ax in axes:
+            ax.xaxis.set_major_formatter(_thousands())
         fig.tight_layout()
-        figs["counts"] = _png(fig)
+        figs["counts"] = fig
     return figs
+
+
+def _thousands():
+    from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: F401
+    return FuncFormatter(lambda v, _: f"{v / 1e6:g} M" if v >= 1e6 else f"{v / 1e3:g} k" if v >= 1e4 else f"{v:g}")
 
 
 _CSS = """
@@ -329,10 +437,14 @@ def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()
     return "\n".join(out)
 
 
+_TITLES = {"timeline": "Router lives", "rate": "Deliveries per second per router",
+           "latency": "End-to-end latency", "counts": "Per topic and per subscriber"}
+
+
 def write_html(report: dict, path: Path) -> None:
     s = report["summary"]
     v = report["verdict"]
-    figs = _figures(report)
+    figs = {key: _png(fig) for key, fig in figures(report).items()}
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>eorouter reconciliation</title>"
              f"<style>{_CSS}</style></head><body>",
              "<h1>eorouter: reconciliation of the routers' event logs</h1>",
@@ -344,6 +456,9 @@ def write_html(report: dict, path: Path) -> None:
     parts.append(_table(["check", "result", "count", "counts"],
                         [[c["title"], "ok" if c["ok"] else "FAIL", c["count"], c["unit"]] for c in v["checks"]],
                         {2}))
+    for torn in report.get("torn") or []:
+        parts.append(f"<p><small>note: torn last line {html.escape(str(torn['file']))}:{torn['line']} skipped (a "
+                     f"crash cut the router's last write)</small></p>")
     lat = s["latency"]
     parts.append("<h2>The run</h2>")
     parts.append(_table(["", ""], [
@@ -355,6 +470,9 @@ def write_html(report: dict, path: Path) -> None:
         ["latency p50 / p90 / p99 / max", " / ".join(f"{lat[k] * 1000:.1f} ms" for k in ("p50", "p90", "p99", "max"))
          if lat else "-"],
     ], {1}))
+    if "timeline" in figs:
+        parts.append(f"<h2>{_TITLES['timeline']}</h2><img alt='{_TITLES['timeline']}' "
+                     f"src='data:image/png;base64,{figs['timeline']}'>")
     parts.append("<h3>Router epochs</h3>")
     parts.append(_table(["router", "epoch", "boot", "first line (UTC)", "last line (UTC)", "lines", "end"], [
         [e["router"], e["epoch"], e["boot"], _utc(e["first_ts"]), _utc(e["last_ts"]), e["lines"],
@@ -364,23 +482,24 @@ def write_html(report: dict, path: Path) -> None:
                      "proof):</p>")
         parts.append(_table(["router", "epoch", "records"], [[r["router"], r["epoch"], r["records"]]
                                                              for r in s["records_lost_with_router"]], {1, 2}))
-    for key, title in (("rate", "Deliveries per second per router"), ("latency", "End-to-end latency"),
-                       ("counts", "Per topic and per subscriber")):
+    for key in ("rate", "latency", "counts"):
         if key in figs:
-            parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{figs[key]}'>")
+            parts.append(f"<h2>{_TITLES[key]}</h2><img alt='{_TITLES[key]}' src='data:image/png;base64,{figs[key]}'>")
     parts.append("<h3>Topics</h3>")
-    parts.append(_table(["topic", "deliveries", "accepted"], [[t["topic"], t["deliveries"], t["accepted"] or 0]
-                                                              for t in s["per_topic"]], {1, 2}))
-    parts.append("<h3>Subscribers</h3>")
-    parts.append(_table(["subscriber", "owed", "accepted", "rejected", "released", "modified", "none"],
+    parts.append(_table(["topic", "deliveries", "accepted everywhere"],
+                        [[t["topic"], t["deliveries"], t["accepted"] or 0] for t in s["per_topic"]], {1, 2}))
+    parts.append("<h3>Subscribers (distinct deliveries)</h3>")
+    parts.append(_table(["subscriber", "owed", "accepted", "rejected", "released", "modified", "settled only",
+                         "never answered"],
                         [[x["subscriber"], x["owed"], x["accepted"], x["rejected"], x["released"], x["modified"],
-                          x["none"]] for x in s["per_subscriber"]], {1, 2, 3, 4, 5, 6}))
+                          x["none"], x["unanswered"]] for x in s["per_subscriber"]], {1, 2, 3, 4, 5, 6, 7}))
     parts.append("<h2>Violations</h2>")
     if report["violations"]:
         parts.append(f"<p>The first {report['first']} of each check (all counts are in the table above).</p>")
-        parts.append(_table(["check", "delivery", "router", "subscriber", "when (UTC)", "detail"], [
-            [r["check"], r["delivery"], r["router"], r["subscriber"], _utc(r["ts"]), r["detail"]]
-            for r in report["violations"]]))
+        parts.append(_table(["check", "delivery", "publisher tag", "message-id", "router", "subscriber", "when (UTC)",
+                             "detail"], [
+            [r["check"], r["delivery"], r.get("pub_tag"), r.get("message_id"), r["router"], r["subscriber"],
+             _utc(r["ts"]), r["detail"]] for r in report["violations"]]))
     else:
         parts.append("<p class='ok'>None.</p>")
     parts.append("<h2>Event kinds</h2>")
@@ -393,3 +512,7 @@ def _utc(ts) -> str:
     if ts is None:
         return ""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}"
+
+
+__all__ = ["FIRST", "add_message_ids", "collect_violations", "figures", "render_terminal", "summarize",
+           "text_overlaps", "verdict", "write_html", "write_json"]

@@ -13,9 +13,12 @@ from pyspark.sql import types as T
 
 from router.eventlog import spark_schema_fields
 
-#: Column that receives a line Spark could not parse (a torn last line after a
-#: crash). Not part of the writer's schema; the loader drops it after counting.
+#: Column that receives the text of a line Spark could not read whole (unparsable,
+#: or a field of the wrong type). Not part of the writer's schema: the proof judges
+#: those lines (spark/reconcile.py, ``validate``).
 CORRUPT = "_corrupt_record"
+#: Column that says which file a line came from.
+FILE = "_file"
 
 _TYPES = {
     "string": T.StringType(),

@@ -211,6 +211,10 @@ def reorder_pair(logs: Logs) -> dict:
                     continue
                 if ea["event"] == "received" and (ea.get("owed") != [sub] or eb.get("owed") != [sub]):
                     continue
+                # Only the two sends change places: nothing about either delivery lies
+                # between them (a send moved past its own answer would be another fault).
+                if any(e.get("delivery") in (ea["delivery"], eb["delivery"]) for e in events[a + 1:b]):
+                    continue
                 events[a], events[b] = eb, ea
                 logs.renumber()
                 return {"out-of-order": {f"{router}|{sub}|{ea['delivery']}"}}

@@ -38,11 +38,14 @@ def specs(draw):
 
 def violations_by_history(result: dict, prefixes) -> dict[str, dict]:
     """The job's violations of several histories reconciled together, per history
-    (its id prefix): check -> the items it found."""
+    (its id prefix): check -> the items it found. A line that could not be read
+    belongs to the history whose routers' directory (h<n>.<router>) holds its file."""
     found: dict[str, dict] = {prefix: {} for prefix in prefixes}
     for v in result["violations"]:
-        prefix = (v["delivery"] or v["router"] or v["subscriber"]).split(".")[0] + "."
-        found[prefix].setdefault(v["check"], set()).add(v["item"])
+        name = v["delivery"] or v["router"] or v["subscriber"]
+        if name is None:
+            name = v["file"].rsplit("/", 3)[-3]
+        found[name.split(".")[0] + "."].setdefault(v["check"], set()).add(v["item"])
     return found
 
 

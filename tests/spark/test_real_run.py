@@ -47,7 +47,7 @@ def test_real_run_is_proven_clean(json_report, real_run):
 def test_report_html_is_self_contained(json_report):
     _, _, out = json_report
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3
+    assert html.count("data:image/png;base64,") == 4
     assert "<script" not in html and "http://" not in html and "https://" not in html
     assert "Proven clean" in html
 

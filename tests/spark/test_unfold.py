@@ -50,12 +50,11 @@ def _lines() -> list[dict]:
 
 
 def _needed(spark, data_dir: str):
-    """The log as the job reads it (spark/reconcile.py _prepare(): its columns only)."""
-    from spark import reconcile
-    from spark.load import load_events
+    """The log as the job reads it (spark/load.py: the fields the proof reads)."""
+    from spark import load
 
-    events = load_events(spark, [data_dir]).events
-    return events.select(*[c for c in reconcile._NEEDED if c in events.columns])
+    events = load.load_events(spark, [data_dir]).events
+    return events.select(*[c for c in load.LINE_FIELDS if c in events.columns])
 
 
 def test_spark_unfolds_as_the_writer_does(spark, tmp_path):
@@ -64,7 +63,7 @@ def test_spark_unfolds_as_the_writer_does(spark, tmp_path):
 
     lines = _lines()
     ev = _needed(spark, _write(tmp_path, lines))
-    got = [row.asDict(recursive=True) for row in spark_unfold(ev).collect()]  # one file: its order
+    got = [row.asDict(recursive=True) for row in spark_unfold(ev).drop("_pos").collect()]  # one file: its order
     columns = [c for c in ev.columns if c not in ("pub_outcome", "deliveries")]
     expected = [{**{c: event.get(c) for c in columns}, FIRST: n == 0}
                 for line in lines for n, event in enumerate(unfold(line))]
@@ -82,11 +81,11 @@ def test_logs_from_before_folding_are_read_as_they_are(spark, tmp_path):
 
     lines = [line for line in _lines() if line["event"] != "sub-outcomes"]
     ev = _needed(spark, _write(tmp_path, lines))
-    without_runs = [row.asDict() for row in spark_unfold(ev.drop("deliveries")).collect()]
+    without_runs = [row.asDict() for row in spark_unfold(ev.drop("deliveries")).drop("_pos").collect()]
     assert [(r["seq"], r["event"]) for r in without_runs] == [
         (line["seq"], event["event"]) for line in lines for event in unfold(line)]
     plain = ev.where(~ev["event"].isin(*FOLDED)).drop("deliveries", "pub_outcome")
-    assert [row.asDict() for row in spark_unfold(plain).collect()] == \
+    assert [row.asDict() for row in spark_unfold(plain).drop("_pos").collect()] == \
         [{**row.asDict(), FIRST: True} for row in plain.collect()]
 
 
@@ -100,6 +99,6 @@ def test_a_run_without_deliveries_stays_one_line(spark, tmp_path):
              {"seq": 2, **COMMON, "event": "sub-outcomes", "deliveries": [], "subscriber": "s/a",
               "outcome": "accepted", "settled": True},
              {"seq": 3, **COMMON, "event": "sub-outcomes", "subscriber": "s/a", "outcome": "accepted"}]
-    rows = spark_unfold(_needed(spark, _write(tmp_path, lines))).collect()
+    rows = spark_unfold(_needed(spark, _write(tmp_path, lines))).drop("_pos").collect()
     assert [(r["seq"], r["event"], r["delivery"], r[FIRST]) for r in rows] == [
         (1, "router-started", None, True), (2, "sub-outcomes", None, True), (3, "sub-outcomes", None, True)]
