@@ -686,7 +686,7 @@ class Generator:
                     continue
                 self.used.add(d)
                 origin = self.routers[pub.router]
-                accepted = self._find_pending(origin, lambda ev: ev["kind"] == "pub-outcome"
+                accepted = self._find_pending(origin, lambda ev, d=d: ev["kind"] == "pub-outcome"
                                               and ev["fields"].get("delivery") == d
                                               and ev["fields"]["outcome"] == "accepted")
                 if not accepted:
@@ -694,7 +694,7 @@ class Generator:
                     continue
                 log = self.routers[rid]
                 if fault == "drop-accept":
-                    lines = self._find_pending(log, lambda ev: ev["kind"] == "sub-outcome"
+                    lines = self._find_pending(log, lambda ev, d=d, key=key: ev["kind"] == "sub-outcome"
                                                and ev["fields"]["delivery"] == d and ev["fields"]["subscriber"] == key)
                     lines[0][2]["drop"] = True
                     self._expect("lost", d)

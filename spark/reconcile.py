@@ -125,6 +125,11 @@ BY_NAME = {code: name for name, code in BY.items()} | {7: "other"}
 #: A pub-outcome answered from the router's memory of a finished delivery
 #: (docs/resumption.md): no record needed, only some earlier event about it.
 REMEMBERED = "resent after it was finished and settled; outcome remembered"
+#: A pub-outcome refusing a resend of a stream the router forgot (docs/resumption.md,
+#: the resume horizon): rejected with this condition, which tells the publisher it
+#: may have been delivered. It needs no record, and it is not the subscribers'
+#: outcome: the delivery's first life answered for them (router/core/constants.py).
+BEYOND_HORIZON = "eorouter:resend-beyond-horizon"
 
 #: Events that name a delivery some router must have received ("nothing
 #: invented"). Not tag-collision, dropped, order-gap or placeholder-*: those name
@@ -721,7 +726,8 @@ def narrow(events: DataFrame, windows: dict) -> DataFrame:
         F.when(kind == "received", _hashes(F.col("routers"))).alias("x"),
         F.when(kind == "settled", F.col("deleted")).otherwise(F.col("settled")).alias("b"),
         F.when(kind == "settled", _code(F.col("by"), tuple(BY), BY, 7))
-        .when((kind == "pub-outcome") & (F.col("reason") == REMEMBERED), F.lit(1)).alias("y"),
+        .when((kind == "pub-outcome") & (F.col("reason") == REMEMBERED), F.lit(1))
+        .when((kind == "pub-outcome") & (F.col("condition") == BEYOND_HORIZON), F.lit(2)).alias("y"),
         F.when(kind == "received", F.struct("topic", "publisher", "link_name", "incarnation", "pub_tag",
                                             "stream_seq")).alias("id"),
         F.col("_pos"))
@@ -819,7 +825,8 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         "delivery", "id", "ev",
         f"filter(ev, e -> e.k {K('received')}) AS recv_all",
         f"filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)) AS records",
-        f"filter(ev, e -> e.k {K('pub-outcome')}) AS pubs",
+        # (not a refusal beyond the resume horizon: that is not the subscribers' outcome)
+        f"filter(ev, e -> e.k {K('pub-outcome')} AND coalesce(e.y, 0) != 2) AS pubs",
         f"array_distinct(transform(filter(ev, e -> e.k {K('sub-outcome')} AND e.o = {ACC}), e -> e.s)) AS acc_subs",
         f"transform(filter(ev, e -> e.k {K('owed-state-discarded')}), e -> e.s) AS discarded",
         f"filter(ev, e -> e.k {K('owed-moved')}) AS moves",
@@ -901,7 +908,8 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
                           info={"where": "transform(x.a, e -> named_struct('r', e.r, 'e', e.e, 'q', e.q))"}) + ")")
     # --- invented: events about a delivery no router received
     referencing = ", ".join(str(KIND[n]) for n in REFERENCING)
-    v_invented = (f"CASE WHEN size(recv_all) = 0 THEN transform(filter(ev, e -> e.k IN ({referencing})), e -> "
+    v_invented = (f"CASE WHEN size(recv_all) = 0 THEN transform(filter(ev, e -> e.k IN ({referencing}) "
+                  "AND coalesce(e.y, 0) != 2), e -> "
                   + _violation("invented", r="e.r", e="e.e", q="e.q", t="e.t", s="e.s",
                                info={"kind": "e.k", "outcome": "e.o"}) + ") END")
     # --- record-missing: an event that needs the router's record, before any
@@ -910,6 +918,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     orphans = (f"CASE WHEN size(recv_all) > 0 THEN filter(ev, e -> e.k IN ({needs}) AND CASE "
                f"WHEN e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 1 "
                "THEN NOT exists(ev, x -> x.r = e.r AND x.e = e.e AND x.q < e.q) "
+               f"WHEN e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2 THEN false "
                "ELSE NOT exists(recv_all, x -> x.r = e.r AND x.e = e.e AND x.q <= e.q) END) ELSE array() END")
     step = step.selectExpr("*", f"{v_dup} AS v_dup", f"{v_invented} AS v_invented", f"{orphans} AS orphans")
     by_router = _first_per("orphans", "named_struct('r', z.r, 'e', z.e)",
@@ -1019,7 +1028,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
                f"size(filter({apps}, e -> e.s = s)), 'first', array_min(transform(filter({apps}, e -> e.s = s), "
                "e -> named_struct('fid', e.p, 'split', e.e, 'row', e.q, 't', e.t)))))")
         step = step.selectExpr("*", f"{app} AS app")
-        v_app = (f"concat(transform(filter(app, a -> a.n > 1), a -> "
+        v_app = ("concat(transform(filter(app, a -> a.n > 1), a -> "
                  + _violation("ledger", kind="'twice'", s="a.s", t="a.first.t", info={"n": "a.n"}) + "), "
                  # (not for a delivery a router whose log is missing took part in: what it sent, it
                  # logged there; the missing log is reported once, as router-log-missing)
@@ -1053,6 +1062,9 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"{statuses} AS subs", f"{first_sends} AS first_sends",
         "transform(filter(left, x -> x.died), x -> named_struct('r', x.rec.r, 'e', x.rec.e)) AS died_with",
         "app", f"{app_missing} AS app_missing", "partial",
+        # a resend of it was refused beyond the resume horizon: its publisher was told
+        # rejected ("may have been delivered") whatever its first life's outcome was
+        "exists(ev, e -> coalesce(e.y, 0) = 2) AS horizon",
         f"concat(coalesce(v_lost, array()), v_dup, coalesce(v_invented, array()), v_record, v_arrival, v_unowed, "
         f"v_unsent, v_answer, v_disagree, {v_left}, {v_app}) AS v")
 
@@ -1310,7 +1322,7 @@ def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
                                                               F.col("link").alias("link_name")).distinct()
     router = t.facts.where(F.col("pub").isNotNull() & F.col("origin").isNotNull()).select(
         "delivery", "publisher", "link_name", "incarnation", "pub_tag", "told_accepted", "pub", "subs", "origin",
-        "partial") \
+        "partial", "horizon") \
         .join(F.broadcast(pubs), ["publisher", "link_name"], "left_semi")
     cond = ((F.col("r.publisher") == F.col("l.publisher")) & (F.col("r.link_name") == F.col("l.link_name"))
             & (F.col("r.pub_tag") == F.col("l.pub_tag"))
@@ -1320,7 +1332,8 @@ def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
         F.coalesce("r.link_name", "l.link_name").alias("link_name"),
         F.coalesce("r.pub_tag", "l.pub_tag").alias("pub_tag"), "r.delivery", F.col("r.origin").alias("router"),
         F.col("r.pub.o").alias("o"), F.col("r.told_accepted").alias("accepted"), F.col("r.pub.t").alias("ts"),
-        "r.pub", "r.subs", "r.partial", "l.app_outcome", "l.app_ts", "l.message_id")
+        "r.pub", "r.subs", "r.partial", F.coalesce("r.horizon", F.lit(False)).alias("horizon"), "l.app_outcome",
+        "l.app_ts", "l.message_id")
 
 
 def app_outcome_disagrees(told: DataFrame) -> DataFrame:
@@ -1328,7 +1341,8 @@ def app_outcome_disagrees(told: DataFrame) -> DataFrame:
     it was told released, rejected or modified although every subscriber owed the
     delivery accepted it, where its origin router logged accepted."""
     owed = F.filter("subs", lambda x: x["owed"])
-    f = told.where(F.col("delivery").isNotNull() & ~F.col("partial") & F.col("app_outcome").isNotNull()
+    f = told.where(F.col("delivery").isNotNull() & ~F.col("partial") & ~F.col("horizon")
+                   & F.col("app_outcome").isNotNull()
                    & (F.col("app_outcome") != "accepted") & (F.col("pub").isNull() | (F.col("o") == ACC))
                    & (F.size(owed) > 0) & F.forall(owed, lambda x: x["o"] == ACC))
     return violations(f, "outcome-disagrees", {
@@ -1340,8 +1354,11 @@ def app_outcome_disagrees(told: DataFrame) -> DataFrame:
 def _publisher_ledger(told: DataFrame, some_log_missing: bool = False) -> DataFrame:
     app_accepted = F.coalesce(F.col("app_outcome") == "accepted", F.lit(False))
     router_accepted = F.coalesce(F.col("accepted"), F.lit(False))
+    # (a publisher told rejected beyond the resume horizon was told the truth: "it
+    # may have been delivered")
+    beyond = F.col("horizon") & (F.col("app_outcome") == "rejected")
     bad = told.where((F.col("delivery").isNotNull() | F.col("app_outcome").isNotNull())
-                     & (app_accepted != router_accepted))
+                     & (app_accepted != router_accepted) & ~F.coalesce(beyond, F.lit(False)))
     if some_log_missing:  # an outcome no present log records may be in the missing one: reported once, as such
         bad = bad.where(F.col("delivery").isNotNull())
     return violations(bad, "ledger", {"link": "link_name", "outcome": "o", "app_outcome": "app_outcome",

@@ -16,7 +16,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.reconcile import CHECKS, FIRST, ITEM, OUTCOME, OUTCOME_NAME, PROBLEM, Tables
+from spark.reconcile import CHECKS, FIRST, ITEM, OUTCOME, OUTCOME_NAME, Tables
 
 _NICE_BUCKETS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 #: check -> (title, what a count of it is called in the verdict line)

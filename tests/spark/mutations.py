@@ -36,7 +36,7 @@ class Copy:
     note: list[tuple[str, str, int]] = field(default_factory=list)  # torn lines: (router, file, line)
 
     @classmethod
-    def of(cls, run: dict, base: Path) -> "Copy":
+    def of(cls, run: dict, base: Path) -> Copy:
         files: dict = {}
         for data_dir in run["routers"]:
             router = Path(data_dir).name
@@ -246,6 +246,30 @@ def publisher_told_accepted_though_one_rejected(copy: Copy) -> dict:
     return {"outcome-disagrees": {d}, "lost": {d}}
 
 
+def resend_refused_beyond_the_horizon(copy: Copy) -> dict:
+    """Not a fault: the publisher missed the outcome of a delivery the network
+    finished, resumed after router A forgot its stream, resent it and was refused
+    (rejected, eorouter:resend-beyond-horizon, "it may have been delivered already";
+    docs/resumption.md). The delivery was delivered once; its publisher was told the
+    truth: proven clean."""
+    d = _delivery_from(copy, "A", "B")
+    file = sorted(copy.files["A"])[-1]
+    events = copy.events("A", file)
+    index, last = events[-2][1], events[-2][2]  # before router-stopping
+    assert events[-1][2]["event"] == "router-stopping", events[-1][2]
+    common = {"ts": last["ts"], "router": "A", "epoch": last["epoch"], "boot": last["boot"]}
+    condition = "eorouter:resend-beyond-horizon"
+    reason = "resent after the router forgot its stream (resume horizon or memory limit): it may have been delivered already"
+    _insert_after(copy, "A", file, index, {"seq": last["seq"], **common, "event": "resend-beyond-horizon",
+                                           "delivery": d, "stream": d[:32]})
+    _insert_after(copy, "A", file, index + 1, {"seq": last["seq"] + 1, **common, "event": "pub-outcome",
+                                               "delivery": d, "outcome": "rejected", "condition": condition,
+                                               "reason": reason})
+    _ledger_outcome(copy, "p1", copy.find("A", lambda e: e["event"] == "received" and e["delivery"] == d)[2],
+                    "rejected")
+    return {}
+
+
 def _ledger_outcome(copy: Copy, client: str, received: dict, outcome: str) -> None:
     """Rewrite the outcome a publisher's ledger holds for the delivery ``received`` names."""
     ledger = copy.ledgers / f"{client}.jsonl"
@@ -297,9 +321,11 @@ MUTATIONS = {
     "a restarted router answering for its previous life": restarted_router_answers_for_its_previous_life,
     "publisher told released though every subscriber accepted": publisher_told_released_though_all_accepted,
     "publisher told accepted though a subscriber rejected": publisher_told_accepted_though_one_rejected,
+    "a resend refused beyond the resume horizon (clean)": resend_refused_beyond_the_horizon,
 }
 
 #: The mutations also reconciled without the applications' ledgers: the routers'
 #: logs alone must give the same violations, less the ledger's own.
 WITHOUT_LEDGERS = ("an accept with no preceding send", "publisher told released though every subscriber accepted",
-                   "publisher told accepted though a subscriber rejected", "a router's log missing")
+                   "publisher told accepted though a subscriber rejected", "a router's log missing",
+                   "a resend refused beyond the resume horizon (clean)")

@@ -12,8 +12,8 @@ import io
 import json
 
 import pytest
-
 from mutations import MUTATIONS, WITHOUT_LEDGERS, Copy, Exit2
+
 from spark.cli import EXIT_CLEAN, EXIT_USAGE, EXIT_VIOLATIONS, reconcile_main
 
 NAMES = sorted(MUTATIONS)
@@ -79,4 +79,13 @@ def test_without_ledgers_the_logs_alone_give_them(spark, run, tmp_path, name):
     expected = {check: items for check, items in MUTATIONS[name](copy).items() if check != "ledger"}
     rc, printed, _, report = reconcile(copy, tmp_path / "report", ledgers=False)
     assert found(report) == expected, printed
-    assert rc == EXIT_VIOLATIONS
+    assert rc == (EXIT_VIOLATIONS if expected else EXIT_CLEAN)
+
+
+def test_the_proof_knows_the_routers_refusal_beyond_the_horizon():
+    """The job names the core's condition in its own words (spark reads no router
+    runtime module): the two must stay the same string."""
+    from router.core.constants import BEYOND_HORIZON_CONDITION
+    from spark.reconcile import BEYOND_HORIZON
+
+    assert BEYOND_HORIZON == BEYOND_HORIZON_CONDITION
