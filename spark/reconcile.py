@@ -705,7 +705,7 @@ def find_bad_lines(spark, sources: list, first: int = 1000) -> tuple[list[dict],
 #:   r router, e epoch, q seq, t ts, k kind code, s subscriber, o outcome code,
 #:   p the other router (origin_router, to_router or from_router), l a list (owed,
 #:   dests or subscribers), f forwarded, x routers, b settled (received, sub-outcome)
-#:   or deleted (settled), y settled's by code, or 1 for a remembered pub-outcome,
+#:   or deleted (settled), y settled's by code, or for a pub-outcome 1 remembered, 2 refused beyond the horizon,
 #:   rep a sub-outcome a resuming subscriber reported.
 EVENT_FIELDS = ("r", "e", "q", "t", "k", "s", "o", "p", "l", "f", "x", "b", "y", "rep")
 
@@ -909,7 +909,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     # --- invented: events about a delivery no router received
     referencing = ", ".join(str(KIND[n]) for n in REFERENCING)
     v_invented = (f"CASE WHEN size(recv_all) = 0 THEN transform(filter(ev, e -> e.k IN ({referencing}) "
-                  "AND coalesce(e.y, 0) != 2), e -> "
+                  f"AND NOT (e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2)), e -> "
                   + _violation("invented", r="e.r", e="e.e", q="e.q", t="e.t", s="e.s",
                                info={"kind": "e.k", "outcome": "e.o"}) + ") END")
     # --- record-missing: an event that needs the router's record, before any
@@ -1064,7 +1064,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         "app", f"{app_missing} AS app_missing", "partial",
         # a resend of it was refused beyond the resume horizon: its publisher was told
         # rejected ("may have been delivered") whatever its first life's outcome was
-        "exists(ev, e -> coalesce(e.y, 0) = 2) AS horizon",
+        f"exists(ev, e -> e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2) AS horizon",
         f"concat(coalesce(v_lost, array()), v_dup, coalesce(v_invented, array()), v_record, v_arrival, v_unowed, "
         f"v_unsent, v_answer, v_disagree, {v_left}, {v_app}) AS v")
 

@@ -263,8 +263,10 @@ def text_overlaps(fig) -> list[tuple[str, str]]:
     whose drawn boxes overlap: the report's figures must have none (tests)."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    texts = [t for t in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_window_extent"))
-             if t.get_visible() and t.get_text().strip()]
+    from matplotlib.text import Text
+
+    # (Text only: a legend's TextArea holds a Text and has the same box)
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
     out = []
     for i, (a, ba) in enumerate(boxes):
