@@ -954,7 +954,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
 
     # --- answer-missing: the origin answered its publisher without logging the
     # answer of a router it owed the delivery to, which received it and owed it to
-    # a subscriber there. Excused: the origin logged that router unreachable before
+    # a subscriber there. Excused: the origin logged that router unreachable (after the delivery arrived) before
     # answering; that router died before it answered; or it answered `none` (its
     # subscribers left: the origin may stop waiting for a router that lost interest
     # before that answer reaches it, and then does not log it).
@@ -962,7 +962,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     router_answer = (f"array_min(transform(filter(ev, e -> e.k {K('outcome-to-router')} AND e.r = x), "
                      "e -> named_struct('q', e.q, 'o', e.o, 'e', e.e)))")
     heard = f"exists(ev, e -> e.k {K('outcome-from-router')} AND e.r = origin.r AND e.e = origin.e AND e.p = x)"
-    excused = (f"(exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.seq < origin_answer.q AND NOT "
+    excused = (f"(exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.seq > origin.q AND rt.seq < origin_answer.q AND NOT "
                f"array_contains(rt.reachable, x)) OR ({router_answer} IS NULL AND array_contains({c.died}, "
                f"cast(x as string) || '|' || cast({its_record}.e as string))) OR "
                f"coalesce({router_answer}.o = {OUTCOME['none']}, false))")
@@ -997,7 +997,9 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
                "AND NOT array_contains(acc_subs, y.s))")
     unknowable = (f"exists(pairs, y -> y.r != p.r AND y.ans IS NULL AND (array_contains({c.died}, "
                   f"cast(y.r as string) || '|' || cast(y.e as string)) OR exists({c.at(c.routes, 'p.r', 'p.e')}, "
-                  "rt -> rt.seq < p.q AND NOT array_contains(rt.reachable, y.r))))")
+                  # (unreachable after the delivery arrived there: a router the origin sent it to was reachable then)
+                  "rt -> rt.seq < p.q AND (origin IS NULL OR origin.r != p.r OR origin.e != p.e OR rt.seq > origin.q) "
+                  "AND NOT array_contains(rt.reachable, y.r))))")
     v_disagree = (
         f"transform(filter(transform(pubs, p -> named_struct('p', p, 'kind', CASE WHEN p.o != {ACC} AND "
         f"{all_accepted} AND NOT {unknowable} THEN 'all-accepted' WHEN p.o = {ACC} AND size({refused}) > 0 "
@@ -1032,8 +1034,9 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
                  + _violation("ledger", kind="'twice'", s="a.s", t="a.first.t", info={"n": "a.n"}) + "), "
                  # (not for a delivery a router whose log is missing took part in: what it sent, it
                  # logged there; the missing log is reported once, as router-log-missing)
-                 "transform(filter(app, a -> size(recv_all) > 0 AND NOT exists(sends, x -> x.s = a.s) AND NOT "
-                 "partial), a -> "
+                 # A delivery no router received is unsent too (unless a log is missing: it may be there).
+                 f"transform(filter(app, a -> (size(recv_all) > 0 OR size({c.missing}) = 0) AND NOT exists(sends, "
+                 "x -> x.s = a.s) AND NOT partial), a -> "
                  + _violation("ledger", kind="'unsent'", s="a.s", t="a.first.t") + "))")
         app_missing = "filter(acc_subs, s -> size(recv_all) > 0 AND NOT exists(app, a -> a.s = s))"
     else:

@@ -246,6 +246,33 @@ def publisher_told_accepted_though_one_rejected(copy: Copy) -> dict:
     return {"outcome-disagrees": {d}, "lost": {d}}
 
 
+def answer_deleted_after_an_early_unreachable_route(copy: Copy) -> dict:
+    """As "an answer deleted on both sides", with a `routes` line on the origin that
+    lacks the answering router logged before the delivery arrived: the origin sent it
+    there, so it was reachable then, and that old route excuses nothing."""
+    answer_deleted_on_both_sides(copy)
+    d = _delivery_from(copy, "A", "B")
+    file, index, started = copy.find("A", lambda e: e["event"] == "router-started")
+    others = sorted(r for r in copy.files if r not in ("A", "B"))
+    _insert_after(copy, "A", file, index, {"seq": started["seq"], "ts": started["ts"], "router": "A",
+                                           "epoch": started["epoch"], "boot": started["boot"], "event": "routes",
+                                           "reachable": others, "next_hops": others})
+    return {"answer-missing": {f"A|B|{d}"}}
+
+
+def application_handed_a_delivery_no_router_received(copy: Copy) -> dict:
+    """A subscriber's ledger says its application was handed (and accepted) a
+    delivery id that no router ever received: nothing invented, at the application."""
+    ledger = copy.ledgers / "bob.jsonl"
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    last = next(orjson.loads(raw) for raw in reversed(lines) if orjson.loads(raw)["event"] == "delivered")
+    invented = "ab" * 20
+    lines.append(orjson.dumps({**last, "ts": last["ts"] + 0.001, "delivery": invented, "pub_tag": None,
+                               "seq": None, "message_id": None}, option=orjson.OPT_APPEND_NEWLINE))
+    ledger.write_bytes(b"".join(lines))
+    return {"ledger": {f"unsent|{last['client']}/{last['link']}|{invented}"}}
+
+
 def resend_refused_beyond_the_horizon(copy: Copy) -> dict:
     """Not a fault: the publisher missed the outcome of a delivery the network
     finished, resumed after router A forgot its stream, resent it and was refused
@@ -322,6 +349,8 @@ MUTATIONS = {
     "publisher told released though every subscriber accepted": publisher_told_released_though_all_accepted,
     "publisher told accepted though a subscriber rejected": publisher_told_accepted_though_one_rejected,
     "a resend refused beyond the resume horizon (clean)": resend_refused_beyond_the_horizon,
+    "an answer deleted after an early route without its router": answer_deleted_after_an_early_unreachable_route,
+    "an application handed a delivery no router received": application_handed_a_delivery_no_router_received,
 }
 
 #: The mutations also reconciled without the applications' ledgers: the routers'
