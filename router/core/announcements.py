@@ -4,7 +4,7 @@ table's change reports, and the checks a received one must pass
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 from router.core.errors import ProtocolError
 from router.core.routing import RouterId
@@ -158,7 +158,7 @@ class MembershipStamp(NamedTuple):
 
 # --- validation -----------------------------------------------------------------------------
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

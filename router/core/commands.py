@@ -90,7 +90,9 @@ class SubOutcome(NamedTuple):
     outcome: str
     settled: bool
 
-    kind = "sub-outcome"
+    @property
+    def kind(self) -> str:
+        return "sub-outcome"
 
     @property
     def fields(self) -> dict:
@@ -110,7 +112,9 @@ class SubOutcomes(NamedTuple):
     outcome: str
     settled: bool
 
-    kind = "sub-outcomes"
+    @property
+    def kind(self) -> str:
+        return "sub-outcomes"
 
     @property
     def fields(self) -> dict:

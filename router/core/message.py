@@ -254,7 +254,7 @@ def _allowed_after() -> tuple:
     start). AMQP 1.0 part 3 section 3.2: each section at most once and in order,
     except that the body is one or more data, one or more amqp-sequence, or one
     amqp-value section."""
-    after = [frozenset()] * (FOOTER + 1)
+    after: list[frozenset[int]] = [frozenset()] * (FOOTER + 1)
     after[0] = frozenset(range(HEADER, FOOTER + 1))
     for code in range(HEADER, DATA):
         after[code] = frozenset(range(code + 1, FOOTER + 1))
@@ -581,9 +581,10 @@ def splice_origin(payload: bytes, template: OriginTemplate, tag: bytes):
         return None
     # Keep the existing entries as they are, append ours, rewrite the map's header.
     entry = template.entry(tag)
-    src = p if len(p) < _COPY_THRESHOLD else memoryview(p)
+    whole: bytes | memoryview = p if len(p) < _COPY_THRESHOLD else memoryview(p)
     at, first, end, count = ma[:4]
-    out = b"".join((src[:at], _map_header(end - first + len(entry), count + 2), src[first:end], entry, src[end:]))
+    out = b"".join((whole[:at], _map_header(end - first + len(entry), count + 2), whole[first:end], entry,
+                    whole[end:]))
     return out, ttl, expiry
 
 

@@ -10,6 +10,7 @@ each local subscriber's state and each interested remote router's state.
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Any
 
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 
@@ -18,8 +19,9 @@ from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 # containers per message cost allocations and ~450 bytes per record in flight. A
 # write goes through the own_*() methods, which give the record its own container
 # first; a write that bypasses them fails loudly (TypeError/AttributeError).
-EMPTY_MAP = MappingProxyType({})
-EMPTY_SET = frozenset()
+# (Typed as the containers they stand in for: read like one, never written.)
+EMPTY_MAP: Any = MappingProxyType({})
+EMPTY_SET: Any = frozenset()
 
 
 class SubscriberState:
@@ -191,6 +193,7 @@ class DeliveryRecord:
         if answers is None:
             return states
         roster = self.roster
+        assert roster is not None  # answers and roster are set together (compact form)
         sent_at = self.sent_at
         links = roster.links
         for i, key in enumerate(roster.keys):
