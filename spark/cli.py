@@ -125,6 +125,9 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         "first": first,
         "torn_lines": len(torn),
         "torn": torn,
+        # Resends the routers refused because they had forgotten the stream (docs/resumption.md): not a
+        # violation (the delivery is judged as delivered once), but the edge of the guarantee, so shown
+        "beyond_horizon": t.input["kinds"].get("resend-beyond-horizon", 0),
         "counts": counts,
         "verdict": report.verdict(counts, ledgers is not None),
         "violations": firsts,

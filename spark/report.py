@@ -223,6 +223,10 @@ def render_terminal(report: dict, first: int = 5) -> str:
     for torn in report.get("torn") or []:
         out.append(f"  note: torn last line {torn['file']}:{torn['line']} skipped (a crash cut the router's last "
                    f"write; docs/event-log.md, \"Torn lines\")")
+    if report.get("beyond_horizon"):
+        out.append(f"  note: {report['beyond_horizon']:,} resend(s) refused beyond the resume horizon "
+                   f"(eorouter:resend-beyond-horizon: their publishers were told rejected, \"may have been "
+                   f"delivered already\"; docs/resumption.md)")
     if v["proven_clean"]:
         out.append(f"VERDICT: proven clean: {v['line']}")
     else:
@@ -461,6 +465,10 @@ def write_html(report: dict, path: Path) -> None:
     for torn in report.get("torn") or []:
         parts.append(f"<p><small>note: torn last line {html.escape(str(torn['file']))}:{torn['line']} skipped (a "
                      f"crash cut the router's last write)</small></p>")
+    if report.get("beyond_horizon"):
+        parts.append(f"<p><small>note: {report['beyond_horizon']:,} resend(s) refused beyond the resume horizon "
+                     "(eorouter:resend-beyond-horizon: their publishers were told rejected, “may have been "
+                     "delivered already”)</small></p>")
     lat = s["latency"]
     parts.append("<h2>The run</h2>")
     parts.append(_table(["", ""], [

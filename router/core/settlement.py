@@ -70,8 +70,14 @@ class SettlementMixin:
                 record.waiting -= 1
             out.append(_new(Log, ("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
                                                   "outcome": _NAMES[code], "settled": settled})))
-        # Evidence: it answered a delivery sent at counter ``state.sent``, so it has
-        # seen every settlement we relayed before that.
+        self._answered(sub, record, state, settled, now, out)
+        self._after_subscriber_outcome(record, key, now, out)
+
+    def _answered(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool,
+                  now: float, out: list) -> None:
+        """What any answer of a subscriber tells besides its outcome: it answered a
+        delivery sent at counter ``state.sent``, so it has seen every settlement we
+        relayed before that (evidence); and whether it settled its copy."""
         sent = state.sent
         if sent and sub.awaiting_evidence and sub.awaiting_evidence[0][0] < sent:
             self._evidence(sub, sent, now, out)
@@ -79,7 +85,6 @@ class SettlementMixin:
             state.remote_settled = True
             if record.pub_settled:
                 state.known_settled = True
-        self._after_subscriber_outcome(record, key, now, out)
 
     def _on_accepted_compact(self, sub: Subscription, record: DeliveryRecord, i: int, settled: bool,
                              now: float, out: list) -> None:
@@ -120,15 +125,7 @@ class SettlementMixin:
             # "completed" line when this outcome completes the delivery.
             logged = len(out)
             out.append(None)
-        # Evidence: it answered a delivery sent at counter ``state.sent``, so it has
-        # seen every settlement we relayed before that.
-        sent = state.sent
-        if sent and sub.awaiting_evidence and sub.awaiting_evidence[0][0] < sent:
-            self._evidence(sub, sent, now, out)
-        if settled:
-            state.remote_settled = True
-            if record.pub_settled:
-                state.known_settled = True
+        self._answered(sub, record, state, settled, now, out)
         if not record.targeted and record.outcome is None and not record.remote_routers and not record.moved \
                 and record.origin_router is None and record.pub_delivery is not None:
             # _after_subscriber_outcome, _maybe_answer_publisher and _answer_publisher,

@@ -68,8 +68,11 @@ def test_each_mutation_gives_its_named_violations(spark, run, tmp_path, name):
         for v in report["violations"]:
             assert v["detail"] and (v["subscriber"] is None or v["subscriber"] in v["detail"]), v
         assert "VERDICT: NOT clean" in printed
-    else:  # a torn last line is a note, not a violation
+    else:  # a torn last line is a note, not a violation; so is a refusal beyond the horizon, shown
         assert rc == EXIT_CLEAN and report["verdict"]["proven_clean"]
+    horizon = 1 if "beyond the resume horizon" in name else 0
+    assert report["beyond_horizon"] == horizon
+    assert ("refused beyond the resume horizon" in printed) == bool(horizon), printed
     assert [(t["file"], t["line"]) for t in report["torn"]] == [(copy.uri(r, f), line) for r, f, line in copy.note]
 
 
