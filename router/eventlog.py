@@ -48,6 +48,8 @@ __all__ = [
     "EVENT_SCHEMA",
     "EVENTS",
     "FOLDED",
+    "FOLDS",
+    "fold",
     "EventLog",
     "EventLogError",
     "EventReader",
@@ -190,39 +192,65 @@ EVENTS: dict[str, dict[str, str]] = {
 }
 
 
-# Kinds whose line stands for several events (the hot path writes fewer lines):
+# Kinds whose line stands for several events (the hot path writes fewer lines), in
+# one table every reader and writer of folded lines follows (unfold() here, the
+# Spark job's unfold(), the synthetic-log generator's fold()):
+#   FOLDS[kind] = (events, fields, optional_last, run_field)
+# ``events``: the kinds of the events the line stands for, in order (all at the
+# line's ``seq``); ``fields[i]``: event field -> line field, for event i (besides
+# the common fields and ``delivery``); ``optional_last``: the last event is there
+# only when this line field is set ("completed" settles only when it says by whom);
+# ``run_field``: the line lists deliveries in this field, one event (events[0])
+# per delivery, in order.
+_SUB_OUTCOME_FIELDS = {"subscriber": "subscriber", "outcome": "outcome", "settled": "settled"}
+FOLDS: dict[str, tuple[tuple[str, ...], tuple[dict[str, str], ...], str | None, str | None]] = {
+    "completed": (("sub-outcome", "pub-outcome", "settled"),
+                  (_SUB_OUTCOME_FIELDS, {"outcome": "pub_outcome", "condition": "condition", "reason": "reason"},
+                   {"by": "by", "deleted": "deleted"}),
+                  "by", None),
+    "sub-outcomes": (("sub-outcome",), (_SUB_OUTCOME_FIELDS,), None, "deliveries"),
+}
 # kind -> what unfold() makes of it.
-FOLDED = {"completed": ("sub-outcome", "pub-outcome", "settled"), "sub-outcomes": ("sub-outcome",)}
+FOLDED = {kind: events for kind, (events, _, _, _) in FOLDS.items()}
 _COMMON = tuple(EVENT_SCHEMA)
 
 
 def unfold(record: dict) -> list[dict]:
-    """The events one decoded line stands for, as the kinds of ``EVENTS`` that are not
-    folded: a "completed" line gives its "sub-outcome", "pub-outcome" and (when ``by``
-    is set) "settled" event, each with the line's common fields (the same ``seq``),
-    in that order; a "sub-outcomes" line gives one "sub-outcome" event per delivery
-    of its ``deliveries``, in that order. Any other line is returned as it is, alone."""
-    kind = record.get("event")
-    if kind == "sub-outcomes":
-        common = {name: record[name] for name in _COMMON if name in record}
-        common["event"] = "sub-outcome"
-        rest = {"subscriber": record.get("subscriber"), "outcome": record.get("outcome"),
-                "settled": record.get("settled")}
-        return [{**common, "delivery": delivery, **rest} for delivery in record.get("deliveries") or ()]
-    if kind != "completed":
+    """The events one decoded line stands for (``FOLDS``), as the kinds of ``EVENTS``
+    that are not folded: a "completed" line gives its "sub-outcome", "pub-outcome"
+    and (when ``by`` is set) "settled" event, each with the line's common fields
+    (the same ``seq``), in that order; a "sub-outcomes" line gives one "sub-outcome"
+    event per delivery of its ``deliveries``, in that order. Any other line is
+    returned as it is, alone."""
+    fold = FOLDS.get(record.get("event"))
+    if fold is None:
         return [record]
+    events, fields, optional_last, run_field = fold
     common = {name: record[name] for name in _COMMON if name in record}
+    if run_field is not None:
+        rest = {name: record.get(line) for name, line in fields[0].items()}
+        return [{**common, "event": events[0], "delivery": delivery, **rest}
+                for delivery in record.get(run_field) or ()]
+    n = len(events) - 1 if optional_last is not None and record.get(optional_last) is None else len(events)
     delivery = record.get("delivery")
-    events = [
-        {**common, "event": "sub-outcome", "delivery": delivery, "subscriber": record.get("subscriber"),
-         "outcome": record.get("outcome"), "settled": record.get("settled")},
-        {**common, "event": "pub-outcome", "delivery": delivery, "outcome": record.get("pub_outcome"),
-         "condition": record.get("condition"), "reason": record.get("reason")},
-    ]
-    if record.get("by") is not None:
-        events.append({**common, "event": "settled", "delivery": delivery, "by": record.get("by"),
-                       "deleted": record.get("deleted")})
-    return events
+    return [{**common, "event": events[i], "delivery": delivery,
+             **{name: record.get(line) for name, line in fields[i].items()}} for i in range(n)]
+
+
+def fold(kind: str, parts: list[dict]) -> dict:
+    """The inverse of unfold() for the writers that fold (the synthetic-log
+    generator): the fields of one ``kind`` line standing for ``parts`` (each event's
+    own fields, without the common ones), in FOLDS' order. A field an event does not
+    have (or has as None) is left out: readers take a missing field as null."""
+    _, fields, _, run_field = FOLDS[kind]
+    if run_field is not None:
+        first = parts[0]
+        return {run_field: [p["delivery"] for p in parts],
+                **{line: first[name] for name, line in fields[0].items() if first.get(name) is not None}}
+    out: dict = {"delivery": parts[0]["delivery"]}
+    for i, part in enumerate(parts):
+        out.update({line: part[name] for name, line in fields[i].items() if part.get(name) is not None})
+    return out
 
 
 def _union_fields() -> list[tuple[str, str]]:

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import orjson
 
+from router.eventlog import fold
+
 #: docs/ledger.md: every line has every one of these, in this order.
 LEDGER_FIELDS = ("ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",
                  "incarnation", "digest", "message_id")
@@ -195,14 +197,11 @@ class Generator:
                 continue
             n = self._foldable(ready, i)
             if n:  # the router's "completed" line: this sub-outcome, the pub-outcome (and settled) after it
-                pub = ready[i + 1][1]
-                fields = {**fields, "pub_outcome": pub["fields"]["outcome"]}
-                pub["seq"] = log.seq
-                if n == 3:
-                    settled = ready[i + 2][1]
-                    settled["seq"] = log.seq
-                    fields.update(by=settled["fields"]["by"], deleted=settled["fields"].get("deleted"))
+                parts = [ready[i + k][1] for k in range(n)]
+                for part in parts[1:]:
+                    part["seq"] = log.seq
                 kind = "completed"
+                fields = fold(kind, [part["fields"] for part in parts])
                 self.folded += 1
             else:
                 n = self._batchable(ready, i)
@@ -213,10 +212,8 @@ class Generator:
                     # Answered within one loop iteration, which ran once the last of them had
                     # arrived: the line has that one's time (ts stays in seq order).
                     t = ready[i + n - 1][0]
-                    fields = {"deliveries": [e["fields"]["delivery"] for e in run],
-                              "subscriber": fields["subscriber"], "outcome": fields["outcome"],
-                              "settled": fields["settled"]}
                     kind = "sub-outcomes"
+                    fields = fold(kind, [e["fields"] for e in run])
                     self.batched += 1
             line = _DUMPS({"seq": log.seq, "ts": round(t, 6), "router": log.rid, "epoch": log.epoch,
                            "boot": log.boot, "event": kind, **fields}, option=_NL)

@@ -49,7 +49,7 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from router.eventlog import EVENT_SCHEMA, EVENTS
+from router.eventlog import EVENT_SCHEMA, EVENTS, FOLDS
 from spark.schema import CORRUPT, FILE
 
 # ---------------------------------------------------------------------------
@@ -285,50 +285,67 @@ def validate(lines: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------------------
 
 def unfold(lines: DataFrame) -> DataFrame:
-    """Every folded line as the events it stands for (router.eventlog.unfold(), same
-    seq, in the same order), with one ``posexplode`` of an array built without any
-    higher-order function. Adds ``FIRST`` (true on a line's first event) and ``_pos``
-    (the event's place in its line). A "completed" line is its sub-outcome, its
-    pub-outcome and, when ``by`` is set, its settled; a "sub-outcomes" line one
-    sub-outcome per element of ``deliveries``."""
-    has_completed = "pub_outcome" in lines.columns
-    has_runs = "deliveries" in lines.columns
-    if not (has_completed or has_runs):
+    """Every folded line as the events it stands for (router.eventlog.FOLDS, the rule
+    router.eventlog.unfold() follows: same seq, same order), with one ``posexplode``
+    of an array built without any higher-order function. Adds ``FIRST`` (true on a
+    line's first event) and ``_pos`` (the event's place in its line). A "completed"
+    line is its sub-outcome, its pub-outcome and, when ``by`` is set, its settled; a
+    "sub-outcomes" line one sub-outcome per element of ``deliveries``. A fold whose
+    own line fields (``pub_outcome``, ``deliveries``) a pruned read left out is
+    skipped; any other field it needs must be there (Spark says so if not)."""
+    present = {kind: fold for kind, fold in FOLDS.items() if _line_only(fold) <= set(lines.columns)}
+    if not present:
         return lines.withColumn(FIRST, F.lit(True)).withColumn("_pos", F.lit(0))
     kind = F.col("event")
     d = F.col("delivery")
-    parts = None
-    if has_runs:
-        parts = F.when((kind == SUB_OUTCOMES) & (F.size("deliveries") > 0), F.col("deliveries"))
-    if has_completed:
-        three = (kind == COMPLETED) & F.col("by").isNotNull()
-        parts = (parts.when(three, F.array(d, d, d)) if parts is not None else F.when(three, F.array(d, d, d)))
-        parts = parts.when(kind == COMPLETED, F.array(d, d))
-    parts = parts.otherwise(F.array(d))
-    x = lines.select("*", F.posexplode(parts).alias("_pos", "_d"))
+    parts = new_kind = None
+    # event field -> its value on each event of a folded line (None: not that event's)
+    values: dict[str, list] = {}
+    line_only = set().union(*(_line_only(fold) for fold in present.values()))
+    for name, (events, fields, optional_last, run_field) in present.items():
+        this = kind == name
+        if run_field is not None:  # one events[0] per listed delivery
+            this = this & (F.size(run_field) > 0)
+            parts = _when(parts, this, F.col(run_field))
+            new_kind = _when(new_kind, this, F.lit(events[0]))
+            for field, line in fields[0].items():
+                if field != line:
+                    values.setdefault(field, []).append((this, F.col(line)))
+            continue
+        if optional_last is not None:
+            parts = _when(parts, this & F.col(optional_last).isNotNull(), F.array(*[d] * len(events)))
+            parts = parts.when(this, F.array(*[d] * (len(events) - 1)))
+        else:
+            parts = _when(parts, this, F.array(*[d] * len(events)))
+        new_kind = _when(new_kind, this, F.element_at(F.array(*[F.lit(e) for e in events]), F.col("_pos") + 1))
+        for field in {f for fs in fields for f in fs}:
+            value = None
+            for i, fs in enumerate(fields):
+                if field in fs:
+                    value = _when(value, F.col("_pos") == i, F.col(fs[field]))
+            values.setdefault(field, []).append((this, value.otherwise(F.lit(None))))
+    x = lines.select("*", F.posexplode(parts.otherwise(F.array(d))).alias("_pos", "_d"))
+    columns = {"event": new_kind.otherwise(kind), "delivery": F.col("_d")}
+    for field, cases in values.items():
+        value = None
+        for cond, v in cases:
+            value = _when(value, cond, v)
+        columns[field] = value.otherwise(F.col(field))
+    keep = [c for c in lines.columns if c not in line_only]
     pos = F.col("_pos")
-    completed = (kind == COMPLETED) if has_completed else F.lit(False)
-    new_kind = F.when(completed, F.element_at(F.array(F.lit("sub-outcome"), F.lit("pub-outcome"),
-                                                      F.lit("settled")), pos + 1))
-    if has_runs:
-        new_kind = new_kind.when((kind == SUB_OUTCOMES) & (F.size("deliveries") > 0), F.lit("sub-outcome"))
-    new_kind = new_kind.otherwise(kind)
-
-    def only(p: int, name: str) -> Column:  # a "completed" line's field belongs to one of its events
-        return F.when(completed & (pos != p), F.lit(None)).otherwise(F.col(name))
-
-    columns = {"event": new_kind, "delivery": F.col("_d")}
-    if has_completed:
-        columns.update({
-            "subscriber": only(0, "subscriber"), "settled": only(0, "settled"),
-            "outcome": F.when(completed & (pos == 1), F.col("pub_outcome"))
-            .when(completed & (pos == 2), F.lit(None)).otherwise(F.col("outcome")),
-            "condition": only(1, "condition"), "reason": only(1, "reason"),
-            "by": only(2, "by"), "deleted": only(2, "deleted"),
-        })
-    keep = [c for c in lines.columns if c not in ("pub_outcome", "deliveries")]
     return x.select(*[columns[c].cast(lines.schema[c].dataType).alias(c) if c in columns else F.col(c)
                       for c in keep], (pos == 0).alias(FIRST), pos.alias("_pos"))
+
+
+def _line_only(fold: tuple) -> set[str]:
+    """The fields only a folded line has (no event has a field of that name)."""
+    _, fields, _, run_field = fold
+    return {line for fs in fields for name, line in fs.items() if name != line} | ({run_field} - {None})
+
+
+def _when(chain: Column | None, cond: Column, value: Column) -> Column:
+    """``chain.when(cond, value)``, starting the chain when there is none."""
+    return F.when(cond, value) if chain is None else chain.when(cond, value)
 
 
 # ---------------------------------------------------------------------------

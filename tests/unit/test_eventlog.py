@@ -527,3 +527,46 @@ def test_a_run_of_sub_outcomes_is_one_line_that_unfolds_into_them(tmp_path):
     for event in events:
         validate_event(event)
     assert all(set(e) == set(EVENT_SCHEMA) | set(EVENTS["sub-outcome"]) for e in events if e["event"] == "sub-outcome")
+
+
+# --- the fold rule, written once (router.eventlog.FOLDS) -----------------------------
+
+_names = st.text("abcdef0123456789", min_size=2, max_size=8)
+
+
+@st.composite
+def _folded_parts(draw):
+    """A folded kind and the events one of its lines stands for (their own fields)."""
+    from router.eventlog import FOLDS
+
+    kind = draw(st.sampled_from(sorted(FOLDS)))
+    subscriber, outcome = draw(_names), draw(st.sampled_from(["accepted", "rejected", "released"]))
+    settled = draw(st.booleans())
+    if kind == "sub-outcomes":
+        deliveries = draw(st.lists(_names, min_size=1, max_size=5))
+        return kind, [{"delivery": d, "subscriber": subscriber, "outcome": outcome, "settled": settled}
+                      for d in deliveries]
+    d = draw(_names)
+    parts = [{"delivery": d, "subscriber": subscriber, "outcome": outcome, "settled": settled},
+             {"delivery": d, "outcome": "accepted", "condition": draw(st.none() | _names),
+              "reason": draw(st.none() | _names)}]
+    if draw(st.booleans()):
+        parts.append({"delivery": d, "by": draw(st.sampled_from(["publisher", "router"])),
+                      "deleted": draw(st.booleans())})
+    return kind, parts
+
+
+@given(_folded_parts())
+def test_a_folded_line_unfolds_to_the_events_it_was_folded_from(case):
+    from router.eventlog import FOLDED, fold, unfold
+
+    kind, parts = case
+    common = {"seq": 7, "ts": 1.5, "router": "A", "epoch": 1, "boot": "00" * 8}
+    line = {**common, "event": kind, **fold(kind, parts)}
+    events = unfold(line)
+    assert [e["event"] for e in events] == [FOLDED[kind][i] if kind == "completed" else FOLDED[kind][0]
+                                            for i in range(len(parts))]
+    for event, part in zip(events, parts, strict=True):
+        assert {k: v for k, v in event.items() if k not in common and k != "event" and v is not None} == \
+            {k: v for k, v in part.items() if v is not None}
+        assert all(event[k] == v for k, v in common.items())
