@@ -68,12 +68,12 @@ def test_every_chart_is_an_inline_png(restarts):
     assert "http://" not in html and "https://" not in html and "<script" not in html
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (scripts/setup-root installs it)")
-def test_chromium_renders_the_report_with_every_chart(restarts, tmp_path):
+def _render_and_check(page, tmp_path, min_rows_with_colour: int = 800) -> None:
+    """Headless Chromium renders ``page`` to a PNG: it exits 0 and the charts are
+    drawn (rows with colour, not only black text on white, over a good part of it)."""
     import matplotlib.image as mpimg
     import numpy as np
 
-    _, page = restarts
     shot = tmp_path / "report.png"
     run = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                           "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,6000",
@@ -82,8 +82,38 @@ def test_chromium_renders_the_report_with_every_chart(restarts, tmp_path):
     assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
     pixels = mpimg.imread(shot)[:, :, :3]
     assert pixels.shape[:2] == (6000, 1280)
-    # The charts are drawn: rows with colour (plot lines, bars, the verdict box),
-    # not only black text on white, over a good part of the page.
     coloured = np.abs(pixels - pixels.mean(axis=2, keepdims=True)).max(axis=2) > 0.15
     rows_with_colour = int(coloured.any(axis=1).sum())
-    assert rows_with_colour > 800, rows_with_colour
+    assert rows_with_colour > min_rows_with_colour, rows_with_colour
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (scripts/setup-root installs it)")
+def test_chromium_renders_the_report_with_every_chart(restarts, tmp_path):
+    _render_and_check(restarts[1], tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (scripts/setup-root installs it)")
+def test_the_10m_event_report_is_readable(tmp_path):
+    """Issue 15's scale: 10 M events (the benchmark's history, 3.5 GB on disk with the
+    ledgers) reconciled by the command in its own process, then its report checked
+    as above. About 7 minutes on 2 cores."""
+    import sys
+
+    logs = tmp_path / "logs"
+    subprocess.run([sys.executable, "-m", "spark", "generate", str(logs), "--events", "10000000", "--routers", "3",
+                    "--publishers", "6", "--subscribers", "6", "--topics", "2", "--restart", "0.002",
+                    "--round", "500"], check=True, capture_output=True)
+    routers = [str(logs / r) for r in json.loads((logs / "truth.json").read_text())["routers"]]
+    out = tmp_path / "report"
+    run = subprocess.run([sys.executable, "-m", "spark", "reconcile", *routers, "--clients", str(logs / "clients"),
+                          "--out", str(out), "--master", "local[2]"], capture_output=True, text=True)
+    assert run.returncode == EXIT_CLEAN, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["events"] >= 10_000_000
+    for name, fig in figures(report).items():
+        assert text_overlaps(fig) == [], name
+    shutil.rmtree(logs)  # 3.5 GB
+    # (3 routers: a shorter lives chart than the 5-router history's, so fewer rows with colour)
+    _render_and_check(out / "report.html", tmp_path, min_rows_with_colour=400)
