@@ -262,6 +262,7 @@ class _Parser:
         (``router.max_bytes`` -> ``eventlog.max_bytes``)."""
         prefix, _, leaf = key_path.rpartition(".")
         guess = difflib.get_close_matches(leaf, known, n=1)
+        suggestion: str | None
         if guess:
             suggestion = f"{prefix}.{guess[0]}" if prefix else guess[0]
         else:

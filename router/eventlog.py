@@ -222,7 +222,7 @@ def unfold(record: dict) -> list[dict]:
     (the same ``seq``), in that order; a "sub-outcomes" line gives one "sub-outcome"
     event per delivery of its ``deliveries``, in that order. Any other line is
     returned as it is, alone."""
-    fold = FOLDS.get(record.get("event"))
+    fold = FOLDS.get(record.get("event") or "")
     if fold is None:
         return [record]
     events, fields, optional_last, run_field = fold
@@ -402,7 +402,7 @@ class EventLog:
         # ',"router":…,"epoch":…,"boot":…,"event":"<kind>",' of the kind, and the
         # encoded fields without their opening brace. Same bytes as one dumps() of the
         # merged dict, without building that dict (~0.1-0.3 µs per line).
-        self._ts = None
+        self._ts: float | None = None
         self._ts_piece = b""
         self._heads: dict[str, bytes] = {}
         self._pieces: dict[str, bytes] = {}  # kind -> ts piece + head, for the timestamp self._ts
@@ -412,9 +412,10 @@ class EventLog:
         # the same outcome and settled flag, written as one line when something else is
         # appended or at flush (_close_run). The deliveries, then what they share.
         self._run: list[str] = []
-        self._run_subscriber: str | None = None
-        self._run_outcome: str | None = None
-        self._run_settled: bool | None = None
+        # (meaningful while ``_run`` holds deliveries)
+        self._run_subscriber = ""
+        self._run_outcome = ""
+        self._run_settled = False
         self._run_ts: float | None = None
 
         self._events_dir.mkdir(parents=True, exist_ok=True)
@@ -674,7 +675,8 @@ class EventLog:
             if not text.isdigit():
                 raise EventLogError(f"{epoch_file}: expected a non-negative integer, found {text[:40]!r}")
             stored = int(text)
-        from_files = max((int(_FILE_RE.match(n).group(1)) for n in _log_files(self._events_dir)), default=0)
+        from_files = max((int(m.group(1)) for n in _log_files(self._events_dir) if (m := _FILE_RE.match(n))),
+                         default=0)
         epoch = max(stored, from_files) + 1
         _write_atomic(epoch_file, f"{epoch}\n".encode("ascii"))
         return epoch

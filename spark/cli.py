@@ -95,7 +95,8 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         lap("read the input, check lines and seq")
         deliveries = t.facts.count()  # the per-delivery pass: read, shuffle by delivery, every invariant
         lap("per delivery")
-        bad_total = max(t.input["bad_count"], t.bad_in_deliveries.get.get("bad") or 0)
+        in_deliveries = t.bad_in_deliveries.get if t.bad_in_deliveries is not None else {}
+        bad_total = max(t.input["bad_count"], in_deliveries.get("bad") or 0)
         located, bad_total = reconcile.find_bad_lines(spark, sources) if bad_total else ([], 0)
         input_rows, torn = reconcile.input_violations(t, located, bad_total)
         app = reconcile.app_outcomes(t, ledgers).persist(storage) if ledgers is not None else None
@@ -107,12 +108,12 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
             if unknown:  # a subscriber no router saw attach: read its name (cold path)
                 t.names.subscribers.update(reconcile.subscriber_names(spark, sources, unknown))
             firsts = reconcile.decode_all(firsts, t.names)
-        if app is not None and firsts:
+        if app is not None and ledgers is not None and firsts:
             report.add_message_ids(firsts, app, ledgers)
         for v in firsts:
             v["detail"] = reconcile.describe(v)
         lap("proofs")
-        summary = report.summarize(t, deliveries) if summary else None
+        summarized = report.summarize(t, deliveries) if summary else None
         lap("summary")
     finally:
         t.unpersist()
@@ -131,12 +132,12 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         "counts": counts,
         "verdict": report.verdict(counts, ledgers is not None),
         "violations": firsts,
-        "summary": summary,
+        "summary": summarized,
         "elapsed_s": time.monotonic() - started,
         "phases_s": phases,
         "out": str(out) if out else None,
     }
-    if out and summary is not None:
+    if out and summarized is not None:
         path = Path(out)
         path.mkdir(parents=True, exist_ok=True)
         report.write_json(result, path / "report.json")
