@@ -174,18 +174,25 @@ def test_connection_drops_mid_stream_are_invisible_to_the_application(router_fac
     pub = clients.publisher([router.url], "drops", "pub-d")
     assert pub.wait_attached(10)
     futures = []
+    kills = {"pub": 0, "sub": 0}
     for i in range(600):
         futures.append(pub.send_async(f"m{i}"))
+        # Each kill waits for the previous one's resumption, so that it drops an
+        # attached link (a kill during a reconnect would only cut the reconnect).
         if i in (150, 400):
+            assert pub.wait_attached(20, attaches=kills["pub"] + 1)
+            kills["pub"] += 1
             pub.kill_connection()
         if i in (250, 500):
+            assert sub.wait_attached(20, attaches=kills["sub"] + 1)
+            kills["sub"] += 1
             sub.kill_connection()
         if i % 50 == 0:
             time.sleep(0.02)
     results = [f.result(timeout=60) for f in futures]
     assert {r.state for r in results} == {"accepted"}
     _wait(lambda: not sub.state.unsettled, what="router settles every delivery")
-    assert pub.attaches >= 3 and sub.attaches >= 3
+    assert pub.wait_attached(20, attaches=3) and sub.wait_attached(20, attaches=3)
     pub.close(), sub.close()
     assert_exactly_once(clients.ledger("pub-d"), {"sub-d": clients.ledger("sub-d")}, 600)
     assert [m.seq for m in got] == list(range(1, 601))
