@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
@@ -83,6 +84,7 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         ledgers = load.load_ledgers(spark, clients).persist(storage)
     t = reconcile.prepare(spark, sources, partitions=partitions, storage=storage, ledgers=ledgers)
     phases["partitions"] = partitions
+    pool = None
     try:
         if not t.epochs:
             bad = t.input["bad_count"]
@@ -93,8 +95,12 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
                 + (f"{t.input['lines']:,} line(s), none of them an event (the first: {where})" if bad
                    else "the log files are empty"))
         lap("read the input, check lines and seq")
-        deliveries = t.facts.count()  # the per-delivery pass: read, shuffle by delivery, every invariant
+        deliveries = t.compute_facts()
         lap("per delivery")
+        # The summary's few jobs run beside the proofs': most of a small input's time
+        # is the driver planning queries one after the other, and there are 2+ cores.
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eorouter-summary")
+        pending = pool.submit(report.summarize, t, deliveries) if summary else None
         in_deliveries = t.bad_in_deliveries.get if t.bad_in_deliveries is not None else {}
         bad_total = max(t.input["bad_count"], in_deliveries.get("bad") or 0)
         located, bad_total = reconcile.find_bad_lines(spark, sources) if bad_total else ([], 0)
@@ -113,9 +119,11 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         for v in firsts:
             v["detail"] = reconcile.describe(v)
         lap("proofs")
-        summarized = report.summarize(t, deliveries) if summary else None
+        summarized = pending.result() if pending is not None else None
         lap("summary")
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True)  # before the facts it reads are freed
         t.unpersist()
         for frame in (ledgers, app):
             if frame is not None:

@@ -55,9 +55,23 @@ class InputError(Exception):
 # ---------------------------------------------------------------------------
 
 #: Below this many events (estimated) the session is set up for a small input:
-#: one core's worth of partitions and no code generation, which for a few
-#: thousand rows costs more (compiling each query) than it saves.
+#: a few partitions, a smaller heap, and a JVM tuned to start fast.
 SMALL_INPUT_EVENTS = 300_000
+
+
+def java_options(small: bool, quiet: bool = True) -> list[str]:
+    """The driver JVM's options: a quiet log, and for a small input a JVM that
+    starts fast (C1 only; the class archive of spark/jvm.py when there is one)."""
+    from spark import jvm
+    java = []
+    if quiet and _LOG4J.exists():
+        java.append(f"-Dlog4j2.configurationFile=file:{_LOG4J}")
+    if small:
+        # A short job: compiling with C1 only starts the JVM's code faster. (Code
+        # generation stays on: the proof's expressions are large enough that even
+        # for a few thousand rows, interpreting them costs more than compiling.)
+        java.append("-XX:TieredStopAtLevel=1")
+    return java + jvm.java_options()
 
 
 def get_session(master: str | None = "local[*]", app_name: str = "eorouter-reconcile",
@@ -85,15 +99,7 @@ def get_session(master: str | None = "local[*]", app_name: str = "eorouter-recon
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
-    java = []
-    if quiet and _LOG4J.exists():
-        java.append(f"-Dlog4j2.configurationFile=file:{_LOG4J}")
-    if small:
-        # A short job: compiling with C1 only starts the JVM's code faster, and
-        # interpreted expressions beat compiling a query for a few thousand rows.
-        java.append("-XX:TieredStopAtLevel=1")
-        settings["spark.sql.codegen.wholeStage"] = "false"
-        settings["spark.sql.codegen.factoryMode"] = "NO_CODEGEN"
+    java = java_options(small, quiet)
     if java:
         settings["spark.driver.extraJavaOptions"] = " ".join(java)
     if master and master.startswith("local"):

@@ -34,6 +34,7 @@ import json
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,7 @@ if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit spark/r
     sys.path[:] = [p for p in sys.path if p and str(Path(p).resolve()) != _here]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import xxhash
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
@@ -179,14 +181,18 @@ PROBLEM = "_problem"
 # Small helpers
 # ---------------------------------------------------------------------------
 
-def _code(column: Column, names: tuple, table: dict, other: int) -> Column:
-    """A CASE expression mapping ``names`` (tested in that order) to their codes in
-    ``table`` (unknown: ``other``; null: null)."""
-    expr = None
-    for name in names:
-        code = F.lit(table[name])
-        expr = F.when(column == name, code) if expr is None else expr.when(column == name, code)
-    return F.when(column.isNull(), F.lit(None)).otherwise(expr.otherwise(F.lit(other)))
+def _sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _code(field: str, names: tuple, table: dict, other: int) -> Column:
+    """A CASE expression mapping the values ``names`` of the string ``field``
+    (tested in that order) to their codes in ``table`` (unknown: ``other``; null:
+    null). Written as SQL text: one call into the JVM, where a chain of Columns
+    took four per name."""
+    cases = " ".join(f"WHEN {_sql_string(name)} THEN {int(table[name])}" for name in names)
+    return F.expr(f"CASE WHEN `{field}` IS NULL THEN NULL ELSE CASE `{field}` {cases} ELSE {int(other)} END END")
 
 
 def _key(container: Column, name: Column) -> Column:
@@ -238,14 +244,20 @@ def bad(lines: DataFrame) -> Column:
     (not JSON, not an object, a field of the wrong type), a common field is missing,
     its kind is unknown, its seq or epoch is below 1, or a kind about one delivery
     names none. (The cheap test of every line; ``validate`` says why, for the few.)"""
-    missing = F.lit(False)
-    for name in COMMON:
-        missing = missing | F.col(name).isNull()
-    return (F.col(CORRUPT).isNotNull() | missing | ~F.col("event").isin(*_KNOWN_KINDS)
-            | (F.col("seq") < 1) | (F.col("epoch") < 1)
-            | (F.col("event").isin(*NAMES_DELIVERY) & F.col("delivery").isNull()
-               & ~((F.col("event") == SUB_OUTCOMES) & F.col("deliveries").isNotNull()))
-            | ((F.col("event") == SUB_OUTCOMES) & (F.coalesce(F.size("deliveries"), F.lit(0)) < 1)))
+    return F.expr(_BAD)
+
+
+def _sql_in(names: Iterable[str]) -> str:
+    return "(" + ", ".join(_sql_string(n) for n in names) + ")"
+
+
+# bad() as SQL text (one call into the JVM where Columns took hundreds).
+_BAD = " OR ".join([
+    f"`{CORRUPT}` IS NOT NULL", *[f"`{name}` IS NULL" for name in COMMON],
+    f"NOT (event IN {_sql_in(_KNOWN_KINDS)})", "seq < 1", "epoch < 1",
+    f"(event IN {_sql_in(NAMES_DELIVERY)} AND delivery IS NULL"
+    f" AND NOT (event = {_sql_string(SUB_OUTCOMES)} AND deliveries IS NOT NULL))",
+    f"(event = {_sql_string(SUB_OUTCOMES)} AND coalesce(size(deliveries), 0) < 1)"])
 
 
 def validate(lines: DataFrame) -> DataFrame:
@@ -384,10 +396,18 @@ class Tables:
     partitions: int = 0
     bad_in_deliveries: Observation | None = None
     persisted: list = field(default_factory=list)
+    storage: StorageLevel = field(default_factory=lambda: StorageLevel.MEMORY_AND_DISK)
+
+    def compute_facts(self) -> int:
+        """The per-delivery pass (read, shuffle by delivery, every invariant), run
+        now and its rows kept for the proofs; returns how many deliveries."""
+        self.facts = materialize(self.facts, self.storage)
+        self.persisted.append(self.facts)
+        return self.facts.count()
 
     def unpersist(self) -> None:
         for frame in self.persisted:
-            frame.unpersist()
+            release(frame)
         self.persisted.clear()
 
     @property
@@ -440,7 +460,7 @@ def input_facts(spark, sources: list) -> dict:
     # How many events of each kind the well-formed lines stand for (a folded line is
     # the events it stands for), for the report: one small code per line, then sums.
     kinds = tuple(EVENTS)
-    code = _code(F.col("event"), kinds, {k: i for i, k in enumerate(kinds)}, -1)
+    code = _code("event", kinds, {k: i for i, k in enumerate(kinds)}, -1)
     events = F.when(F.col("event") == SUB_OUTCOMES, F.coalesce(F.size("deliveries"), F.lit(0))) \
         .when(F.col("event") == COMPLETED, F.when(F.col("by").isNotNull(), F.lit(3)).otherwise(F.lit(2))) \
         .otherwise(F.lit(1))
@@ -455,7 +475,7 @@ def input_facts(spark, sources: list) -> dict:
         F.sum(F.when(F.col("_code") == kinds.index(COMPLETED), F.lit(1))).alias("completed"),
         F.sum(F.when((F.col("_code") == kinds.index(COMPLETED)) & F.col("by").isNotNull(), F.lit(1)))
         .alias("completed_settling"),
-        *[F.sum(F.when(F.col("_code") == i, F.col("_events"))).alias(f"k{i}") for i in range(len(kinds))])
+        *[F.expr(f"sum(CASE WHEN _code = {i} THEN _events END) AS k{i}") for i in range(len(kinds))])
     per_epoch = _words(observed).groupBy("router", "epoch").agg(
         F.sum(F.bit_count("bits")).alias("distinct"), F.sum("lines").alias("lines"), F.max("hi").alias("last_seq"),
         F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"),
@@ -630,14 +650,17 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
             "gone": dict(gone), "died": died, "attached": sorted(attached), "peers": peers}
 
 
-def hashes_of(spark, names: list[str]) -> dict:
-    """name -> Spark's xxhash64 of it (one small job: the driver computes no hash
-    of its own, so both sides agree by construction)."""
-    names = sorted({n for n in names if n is not None})
-    if not names:
-        return {}
-    rows = spark.createDataFrame([(n,) for n in names], "n string").select("n", F.xxhash64("n").alias("h")).collect()
-    return {r["n"]: r["h"] for r in rows}
+def spark_hash(name: str) -> int:
+    """Spark's ``xxhash64`` of a string, on the driver: XXH64 of its UTF-8 bytes
+    with Spark's seed 42, as a signed long (tests/spark/test_job.py holds the two
+    equal); a Spark job for a few names cost a small input a second."""
+    unsigned = xxhash.xxh64_intdigest(name.encode("utf-8"), seed=42)
+    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
+
+
+def hashes_of(names: Iterable[str | None]) -> dict:
+    """name -> Spark's xxhash64 of it."""
+    return {n: spark_hash(n) for n in sorted({n for n in names if n is not None})}
 
 
 # ---------------------------------------------------------------------------
@@ -734,15 +757,15 @@ def narrow(events: DataFrame, windows: dict) -> DataFrame:
     kind = F.col("event")
     out = events.where(F.col("delivery").isNotNull() & ~F.col("_bad")).select(
         F.xxhash64("delivery").alias("h"), "delivery", _hash(F.col("router")).alias("r"), F.col("epoch").alias("e"),
-        F.col("seq").alias("q"), F.col("ts").alias("t"), _code(kind, _BY_FREQUENCY, KIND, 0).alias("k"),
-        _hash(F.col("subscriber")).alias("s"), _code(F.col("outcome"), tuple(OUTCOME), OUTCOME, 6).alias("o"),
+        F.col("seq").alias("q"), F.col("ts").alias("t"), _code("event", _BY_FREQUENCY, KIND, 0).alias("k"),
+        _hash(F.col("subscriber")).alias("s"), _code("outcome", tuple(OUTCOME), OUTCOME, 6).alias("o"),
         _hash(F.coalesce(F.col("origin_router"), F.col("to_router"), F.col("from_router"))).alias("p"),
         F.when(kind == "received", _hashes(F.col("owed"))).when(kind == "forwarded-to-router", _hashes(F.col("dests")))
         .when(kind == "owed-moved", _hashes(F.col("subscribers"))).alias("l"),
         F.when(kind == "received", _hashes(F.col("forwarded"))).alias("f"),
         F.when(kind == "received", _hashes(F.col("routers"))).alias("x"),
         F.when(kind == "settled", F.col("deleted")).otherwise(F.col("settled")).alias("b"),
-        F.when(kind == "settled", _code(F.col("by"), tuple(BY), BY, 7))
+        F.when(kind == "settled", _code("by", tuple(BY), BY, 7))
         .when((kind == "pub-outcome") & (F.col("reason") == REMEMBERED), F.lit(1))
         .when((kind == "pub-outcome") & (F.col("condition") == BEYOND_HORIZON), F.lit(2)).alias("y"),
         F.when(kind == "received", F.struct("topic", "publisher", "link_name", "incarnation", "pub_tag",
@@ -767,11 +790,6 @@ def group_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
         .groupBy("h", "delivery").agg(
             F.collect_list(F.struct(*EVENT_FIELDS)).alias("ev"),
             F.first("id", ignorenulls=True).alias("id"))
-
-
-def _sql_string(text: str) -> str:
-    """``text`` as a Spark SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _sql_const(value, type_: str) -> str:
@@ -1096,7 +1114,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
 def prepare(spark, sources: list, partitions: int | None = None,
             storage: StorageLevel = StorageLevel.MEMORY_AND_DISK, ledgers: DataFrame | None = None) -> Tables:
     """Read the input twice: once for everything about the input itself
-    (input_facts), once for the per-delivery facts (cached, not yet computed),
+    (input_facts), once for the per-delivery facts (not yet computed: compute_facts()),
     with the applications' ``ledgers`` if given."""
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -1105,7 +1123,7 @@ def prepare(spark, sources: list, partitions: int | None = None,
     facts_in["missing_routers"] = sorted(set(facts_in["named_routers"]) - present)
     life = facts_in["life"]
     subscribers = {f"{r['container']}/{r['name']}" for r in life if r.get("container") is not None}
-    known = hashes_of(spark, sorted(present | set(facts_in["named_routers"]) | subscribers
+    known = hashes_of(sorted(present | set(facts_in["named_routers"]) | subscribers
                                     | {x for r in life for x in (r.get("reachable") or [])}))
     if len(set(known.values())) != len(known):  # two names, one 64-bit hash: the proof could mix them up
         by_hash: dict = defaultdict(list)
@@ -1117,8 +1135,24 @@ def prepare(spark, sources: list, partitions: int | None = None,
     small = small_tables(life, facts_in["epochs"], lambda n: known.get(n) if n is not None else None)
     missing = [known[n] for n in facts_in["missing_routers"]]
     facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers)
-    facts = facts.persist(storage)
-    return Tables(facts, facts_in, small, names, sources, partitions, observation, [facts])
+    return Tables(facts, facts_in, small, names, sources, partitions, observation, storage=storage)
+
+
+def materialize(frame: DataFrame, storage: StorageLevel) -> DataFrame:
+    """``frame`` computed now and kept (at ``storage``) as a plain table, its plan
+    cut: every later query over it is planned over a scan of the kept rows, not over
+    the per-delivery expressions again (analysing and optimizing those took most of
+    a small input's time, query after query). release() frees it."""
+    return frame.localCheckpoint(eager=True, storageLevel=storage)
+
+
+def release(frame: DataFrame) -> None:
+    """Free what ``frame`` keeps: a materialize()d frame's rows, or a persist()ed one's cache."""
+    plan = frame._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() == "LogicalRDD":
+        plan.rdd().unpersist(False)
+    else:
+        frame.unpersist()
 
 
 def app_events(ledgers: DataFrame) -> DataFrame:
@@ -1133,7 +1167,7 @@ def app_events(ledgers: DataFrame) -> DataFrame:
         F.xxhash64("delivery").alias("h"), "delivery", none.cast("long").alias("r"), F.col("split").alias("e"),
         F.col("row").alias("q"), F.col("ts").alias("t"), F.lit(APP_DELIVERED).alias("k"),
         _hash(_key(F.col("client"), F.col("link"))).alias("s"),
-        _code(F.col("outcome"), tuple(OUTCOME), OUTCOME, 6).alias("o"), F.col("fid").alias("p"),
+        _code("outcome", tuple(OUTCOME), OUTCOME, 6).alias("o"), F.col("fid").alias("p"),
         none.cast("array<bigint>").alias("l"), none.cast("array<bigint>").alias("f"),
         none.cast("array<bigint>").alias("x"), none.cast("boolean").alias("b"), none.cast("int").alias("y"),
         none.cast("struct<topic:string,publisher:string,link_name:string,incarnation:string,pub_tag:string,"

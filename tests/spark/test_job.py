@@ -22,6 +22,26 @@ def history(tmp_path_factory):
     return base, info
 
 
+def test_the_driver_hashes_names_as_spark_does(spark):
+    """The per-delivery rows carry names as Spark's xxhash64; the driver hashes the
+    names it knows with spark_hash(): the two must agree on every string."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from pyspark.sql import functions as F
+
+    from spark.reconcile import spark_hash
+
+    seen: list[str] = ["", "A", "router-é", "pub-1/pub-1-link", "日本語/リンク", "x" * 1000]
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.text(max_size=80))
+    def collect(name):
+        seen.append(name)
+    collect()
+    rows = spark.createDataFrame([(n,) for n in seen], "n string").select("n", F.xxhash64("n").alias("h")).collect()
+    assert [r["h"] for r in rows] == [spark_hash(r["n"]) for r in rows]
+
+
 def _plan(df) -> str:
     return df._jdf.queryExecution().executedPlan().toString()
 
@@ -53,6 +73,7 @@ def test_plan_is_one_shuffle_by_delivery_without_python(spark, history):
         assert "SortAggregate" not in words._jdf.queryExecution().executedPlan().toString()
         t = reconcile.prepare(spark, sources, partitions=3, ledgers=ledgers)
         try:
+            t.compute_facts()
             told = reconcile.app_outcomes(t, ledgers)
             violations = reconcile.all_violations(t, ledgers, told)
             text = violations._jdf.queryExecution().executedPlan().toString() + plan

@@ -1,0 +1,46 @@
+"""The class-data-sharing archive (spark/jvm.py): where it lives, when it is used,
+and that the proof's JVM really maps it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark import jvm
+
+
+def test_the_archive_is_named_for_this_java_and_this_spark(monkeypatch, tmp_path):
+    monkeypatch.delenv(jvm.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = jvm.archive_path()
+    if path is None:
+        pytest.skip("no java on PATH")
+    assert path.parent == tmp_path / "eorouter" and path.name.startswith("spark-classes-")
+    import pyspark
+    monkeypatch.setattr(pyspark, "__version__", pyspark.__version__ + ".other")
+    assert jvm.archive_path() != path  # another Spark: another archive, never a stale one
+    assert jvm.java_options() == []  # not built yet: nothing to map, and no error
+
+
+def test_options_follow_the_setting(monkeypatch, tmp_path):
+    archive = tmp_path / "classes.jsa"
+    monkeypatch.setenv(jvm.ENV, str(archive))
+    if jvm._java() is None:
+        pytest.skip("no java on PATH")
+    assert jvm.java_options() == []
+    archive.write_bytes(b"not an archive")  # a JVM ignores an archive it cannot map (docs/reconcile.md)
+    assert jvm.java_options()[0] == f"-XX:SharedArchiveFile={archive}"
+    monkeypatch.setenv(jvm.ENV, "off")
+    assert jvm.archive_path() is None and jvm.java_options() == []
+
+
+def test_the_session_jvm_maps_the_archive(spark):
+    """scripts/_setup.sh builds the archive at install; the tests' JVM, started
+    through load.get_session, then has it mapped into memory."""
+    path = jvm.archive_path()
+    if path is None or not path.is_file():
+        pytest.skip("no class archive built (python -m spark.jvm; scripts/_setup.sh builds it)")
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert str(path) in maps
