@@ -192,6 +192,12 @@ def run(args) -> dict:
     return results
 
 
+def _class_archive() -> bool:
+    from spark import jvm
+    path = jvm.archive_path()
+    return path is not None and path.is_file()
+
+
 def _small_run(work: Path, args, conf: list[str]) -> dict:
     """The other end of the scale: ~40 k events, as a 3-router, 2,000-message run
     leaves them; the command's time is mostly Spark's start and its fixed costs."""
@@ -262,7 +268,10 @@ def section(r: dict) -> str:
     conf = ", ".join(f"`--conf {c}`" for c in r["conf"]) or (
         "eorouter's local defaults (spark/load.py): `spark.driver.memory=1200m` (768m below 300,000 events; in "
         "local mode the driver's JVM is the executor), 16 shuffle partitions (4 for a small input), ~500,000 "
-        "events per delivery-id partition, and above 2 M events the per-delivery facts cached on local disk")
+        "events per delivery-id partition, above 2 M events the per-delivery facts kept on local disk; below "
+        "300,000 events the C1 compiler only; the JVM maps spark/jvm.py's class archive "
+        f"({'built' if _class_archive() else 'not built: every start is ~3 s slower'}); the summary's queries "
+        "run beside the proofs', so its phase is what they did not overlap")
     expected = ("clean (no fault injected)" if not r.get("faults")
                 else f"faults injected: {', '.join(r['faults'])} ({r.get('truth')})")
     g, c = r.get("generate"), r["compact"]

@@ -101,6 +101,8 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
         # is the driver planning queries one after the other, and there are 2+ cores.
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eorouter-summary")
         pending = pool.submit(report.summarize, t, deliveries) if summary else None
+        if html:
+            pool.submit(report.load_plotting)
         in_deliveries = t.bad_in_deliveries.get if t.bad_in_deliveries is not None else {}
         bad_total = max(t.input["bad_count"], in_deliveries.get("bad") or 0)
         located, bad_total = reconcile.find_bad_lines(spark, sources) if bad_total else ([], 0)

@@ -280,6 +280,15 @@ def text_overlaps(fig) -> list[tuple[str, str]]:
     return out
 
 
+def load_plotting() -> None:
+    """Import matplotlib (a quarter of a second), so that a caller can do it while
+    Spark works (spark/cli.py: in the summary's thread)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+    import matplotlib.ticker  # noqa: F401
+
+
 def figures(report: dict) -> dict:
     """The report's matplotlib figures (not yet rendered): timeline, rate, latency, counts."""
     import matplotlib
