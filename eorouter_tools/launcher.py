@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from router.eventlog import unfold
+from router.eventschema import unfold
 
 # The directory holding the `router` package: the child must import the same code.
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def merge_config(base: dict, overrides: dict) -> dict:
 
 def read_event_log(data_dir: Path) -> list[dict]:
     """All events in ``<data_dir>/events/events-*.jsonl``, in (epoch, seq) order, a
-    folded line ("completed") as the events it stands for (router.eventlog.unfold).
+    folded line ("completed") as the events it stands for (router.eventschema.unfold).
 
     Tolerates a torn last line (a write in progress or a killed router); any other
     undecodable line is a real defect and raises."""

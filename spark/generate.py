@@ -39,7 +39,7 @@ from pathlib import Path
 
 import orjson
 
-from router.eventlog import fold
+from router.eventschema import Kind, fold
 
 #: docs/ledger.md: every line has every one of these, in this order.
 LEDGER_FIELDS = ("ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",
@@ -200,7 +200,7 @@ class Generator:
                 parts = [ready[i + k][1] for k in range(n)]
                 for part in parts[1:]:
                     part["seq"] = log.seq
-                kind = "completed"
+                kind = Kind.COMPLETED
                 fields = fold(kind, [part["fields"] for part in parts])
                 self.folded += 1
             else:
@@ -212,7 +212,7 @@ class Generator:
                     # Answered within one loop iteration, which ran once the last of them had
                     # arrived: the line has that one's time (ts stays in seq order).
                     t = ready[i + n - 1][0]
-                    kind = "sub-outcomes"
+                    kind = Kind.SUB_OUTCOMES
                     fields = fold(kind, [e["fields"] for e in run])
                     self.batched += 1
             line = _DUMPS({"seq": log.seq, "ts": round(t, 6), "router": log.rid, "epoch": log.epoch,
@@ -240,7 +240,7 @@ class Generator:
 
     def _foldable(self, ready: list, i: int) -> int:
         """How many events from ``ready[i]`` a router would write as one "completed" line
-        (router.eventlog.FOLDED): a sub-outcome directly followed by the accepted
+        (router.eventschema.FOLDED): a sub-outcome directly followed by the accepted
         pub-outcome of the same delivery (and its settled, when that comes next);
         0 when they are not, or when this history does not fold (``p_fold``). Asked again
         for the same event, it gives the same answer (a run of sub-outcomes looks ahead)."""
@@ -251,37 +251,37 @@ class Generator:
 
     def _decide_fold(self, ready: list, i: int) -> int:
         ev = ready[i][1]
-        if ev["kind"] != "sub-outcome" or i + 1 >= len(ready) or not self.spec.p_fold:
+        if ev["kind"] != Kind.SUB_OUTCOME or i + 1 >= len(ready) or not self.spec.p_fold:
             return 0
         d = ev["fields"].get("delivery")
         pub = ready[i + 1][1]
         pf = pub["fields"]
-        if pub["kind"] != "pub-outcome" or pf.get("delivery") != d or pf.get("outcome") != "accepted" \
+        if pub["kind"] != Kind.PUB_OUTCOME or pf.get("delivery") != d or pf.get("outcome") != "accepted" \
                 or pf.get("condition") is not None or pf.get("reason") is not None:
             return 0
         if self.rng.random() >= self.spec.p_fold:
             return 0
-        if i + 2 < len(ready) and ready[i + 2][1]["kind"] == "settled" \
+        if i + 2 < len(ready) and ready[i + 2][1]["kind"] == Kind.SETTLED \
                 and ready[i + 2][1]["fields"].get("delivery") == d:
             return 3
         return 2
 
     def _batchable(self, ready: list, i: int) -> int:
         """How many sub-outcomes from ``ready[i]`` a router would write as one
-        "sub-outcomes" line (router.eventlog.FOLDED, EventLog.append_sub_outcome):
+        "sub-outcomes" line (router.eventschema.FOLDED, EventLog.append_sub_outcome):
         consecutive sub-outcomes of one subscriber with the same outcome and settled
         flag, taken as answered in one loop iteration. The run ends before any other
         event, and before a sub-outcome that a "completed" line takes (the router
         appends that one as its own line, which ends the run). 0 when fewer than two,
         or when this history does not batch (``p_batch``)."""
-        if not self.spec.p_batch or ready[i][1]["kind"] != "sub-outcome":
+        if not self.spec.p_batch or ready[i][1]["kind"] != Kind.SUB_OUTCOME:
             return 0
         first = ready[i][1]["fields"]
         answer = (first["subscriber"], first["outcome"], first["settled"])
         j = i + 1
         while j < len(ready):
             ev = ready[j][1]
-            if ev["kind"] != "sub-outcome" or self._foldable(ready, j) \
+            if ev["kind"] != Kind.SUB_OUTCOME or self._foldable(ready, j) \
                     or (ev["fields"]["subscriber"], ev["fields"]["outcome"], ev["fields"]["settled"]) != answer:
                 break
             j += 1
@@ -300,7 +300,7 @@ class Generator:
         log.directory.mkdir(parents=True, exist_ok=True)
         log.fh = open(log.directory / f"events-{log.epoch:06d}-000001.jsonl", "wb")
         (log.directory.parent / "epoch").write_text(f"{log.epoch}\n")
-        self._count(self._emit(log, t, "router-started", {"pid": 1000 + log.epoch, "version": "0.1.0"}))
+        self._count(self._emit(log, t, Kind.ROUTER_STARTED, {"pid": 1000 + log.epoch, "version": "0.1.0"}))
 
     def _count(self, ev) -> dict:
         self.events += 1
@@ -324,11 +324,11 @@ class Generator:
             log = self.routers[rid]
             others = [r for r in self.router_ids if r != rid]
             for i, other in enumerate(others):
-                self._count(self._emit(log, t, "peer-connected", {
+                self._count(self._emit(log, t, Kind.PEER_CONNECTED, {
                     "peer": other, "conn": 100 + i, "peer_epoch": self.routers[other].epoch or 1,
                     "peer_boot": self.routers[other].boot or "0" * 16, "role": "connector"}))
             if others:
-                self._count(self._emit(log, t, "routes", {"reachable": sorted(others),
+                self._count(self._emit(log, t, Kind.ROUTES, {"reachable": sorted(others),
                                                           "next_hops": [f"{o}>{o}" for o in sorted(others)]}))
             for sub in self.subs:
                 if sub.router == rid:
@@ -340,7 +340,7 @@ class Generator:
                     pub.incarnation = f"{log.boot}.{pub.link}"
                     pub.next_seq = 0
                     pub.next_tag = 1
-                    self._count(self._emit(log, t, "link-attached", {
+                    self._count(self._emit(log, t, Kind.LINK_ATTACHED, {
                         "link": pub.link, "conn": pub.link, "container": pub.container, "name": pub.name,
                         "role": "publisher", "address": pub.topic, "durable": 0, "incarnation": pub.incarnation,
                         "resumed": False}))
@@ -351,21 +351,21 @@ class Generator:
         sub.link = log.links
         sub.attached = True
         sub.detach_at = None
-        self._count(self._emit(log, t, "link-attached", {
+        self._count(self._emit(log, t, Kind.LINK_ATTACHED, {
             "link": sub.link, "conn": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
             "address": sub.topic, "durable": sub.durable, "incarnation": "", "resumed": False}))
 
     def _detach_all(self, t: float, rid: str) -> None:
         log = self.routers[rid]
-        self._count(self._emit(log, t, "router-stopping", {"reason": "shutdown requested"}))
+        self._count(self._emit(log, t, Kind.ROUTER_STOPPING, {"reason": "shutdown requested"}))
         for sub in self.subs:
             if sub.router == rid and sub.attached:
-                self._count(self._emit(log, t + 1e-4, "link-detached", {
+                self._count(self._emit(log, t + 1e-4, Kind.LINK_DETACHED, {
                     "link": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
                     "closed": False, "reason": "connection-lost"}))
         for pub in self.pubs:
             if pub.router == rid:
-                self._count(self._emit(log, t + 1e-4, "link-detached", {
+                self._count(self._emit(log, t + 1e-4, Kind.LINK_DETACHED, {
                     "link": pub.link, "container": pub.container, "name": pub.name, "role": "publisher",
                     "closed": False, "reason": "connection-lost"}))
 
@@ -392,7 +392,7 @@ class Generator:
         seq = pub.next_seq
         pub.next_seq += 1
         if rng.random() < spec.p_refused and not pub.presettled:
-            self._count(self._emit(origin, t, "pub-outcome", {"delivery": None, "outcome": "rejected",
+            self._count(self._emit(origin, t, Kind.PUB_OUTCOME, {"delivery": None, "outcome": "rejected",
                                                               "condition": "amqp:decode-error",
                                                               "reason": "synthetic refusal"}))
             return t
@@ -405,7 +405,7 @@ class Generator:
                                      "router": origin.rid, "incarnation": pub.incarnation, "digest": digest,
                                      "message_id": f"{pub.container}:{seq}"})
         if pub.presettled:
-            self._count(self._emit(origin, t, "received", {"delivery": d, **base, "size": 100, "settled": True,
+            self._count(self._emit(origin, t, Kind.RECEIVED, {"delivery": d, **base, "size": 100, "settled": True,
                                                            "owed": []}))
             return t
         self.deliveries += 1
@@ -428,7 +428,7 @@ class Generator:
                     and (s.detach_at is None or s.detach_at > arrive)]
             if rid != origin.rid and not subs:
                 back = arrive + self._hop(rid, origin.rid)
-                self._count(self._emit(origin, back, "outcome-from-router",
+                self._count(self._emit(origin, back, Kind.OUTCOME_FROM_ROUTER,
                                        {"delivery": d, "from_router": rid, "outcome": "none"}))
                 answers.append((back, None))
                 continue
@@ -451,7 +451,7 @@ class Generator:
                 fields["routers"] = remote or None
             else:
                 fields["origin_router"] = origin.rid
-            ev = self._count(self._emit(log, arrive, "received", fields))
+            ev = self._count(self._emit(log, arrive, Kind.RECEIVED, fields))
             self._recv_here.setdefault(rid, set()).add(d)
             if rec is not None:
                 rec["owed"].update(fields["owed"])
@@ -466,7 +466,7 @@ class Generator:
             if rid == origin.rid:
                 recv_ev = ev
                 for r in remote:
-                    ftr = self._count(self._emit(log, arrive, "forwarded-to-router",
+                    ftr = self._count(self._emit(log, arrive, Kind.FORWARDED_TO_ROUTER,
                                                  {"delivery": d, "to_router": r, "dests": [r]}))
                     if rec is not None:
                         rec["ftr"][r] = ftr
@@ -478,12 +478,12 @@ class Generator:
                     continue
                 # ttl: a late send may find the message expired (then no send).
                 if late and rng.random() < spec.p_expire:
-                    self._count(self._emit(log, sent_at, "expired", {"delivery": d, "subscriber": sub.key}))
+                    self._count(self._emit(log, sent_at, Kind.EXPIRED, {"delivery": d, "subscriber": sub.key}))
                     outcomes.append("rejected")
                     last = max(last, sent_at)
                     continue
                 if late:
-                    fwd = self._count(self._emit(log, sent_at, "forwarded", {
+                    fwd = self._count(self._emit(log, sent_at, Kind.FORWARDED, {
                         "delivery": d, "subscriber": sub.key, "link": sub.link, "settled": False}))
                     late_send = {"t": sent_at, "seq": seq, "ev": fwd, "arrive": arrive, "answer": float("inf")}
                     self.late_sends.setdefault((rid, log.epoch, sub.key, pub.container), []).append(late_send)
@@ -500,7 +500,7 @@ class Generator:
                 if late:
                     late_send["answer"] = answer_at
                 outcome = "rejected" if rng.random() < spec.p_reject else "accepted"
-                self._count(self._emit(log, answer_at, "sub-outcome", {
+                self._count(self._emit(log, answer_at, Kind.SUB_OUTCOME, {
                     "delivery": d, "subscriber": sub.key, "outcome": outcome, "settled": True}))
                 handed["outcome"] = outcome
                 if rec is not None:
@@ -514,10 +514,10 @@ class Generator:
             if rid == origin.rid:
                 answers.append((last, answer if outcomes else None))
             else:
-                otr = self._count(self._emit(log, last + 1e-5, "outcome-to-router",
+                otr = self._count(self._emit(log, last + 1e-5, Kind.OUTCOME_TO_ROUTER,
                                              {"delivery": d, "to_router": origin.rid, "outcome": answer}))
                 back = last + rng.uniform(0.0005, 0.002)
-                ofr = self._count(self._emit(origin, back, "outcome-from-router",
+                ofr = self._count(self._emit(origin, back, Kind.OUTCOME_FROM_ROUTER,
                                              {"delivery": d, "from_router": rid, "outcome": answer}))
                 if rec is not None:
                     rec["remote"][rid].update(otr=otr, ofr=ofr, answer=answer)
@@ -525,7 +525,7 @@ class Generator:
         done = max(a for a, _ in answers) + 1e-5
         said = [o for _, o in answers if o is not None]
         outcome = ("rejected" if "rejected" in said else "accepted") if said else "released"
-        pub_ev = self._count(self._emit(origin, done, "pub-outcome", {
+        pub_ev = self._count(self._emit(origin, done, Kind.PUB_OUTCOME, {
             "delivery": d, "outcome": outcome,
             "condition": None if outcome == "accepted" else ("eorouter:ttl-expired" if outcome == "rejected"
                                                              else None),
@@ -540,20 +540,20 @@ class Generator:
         # answered "none" (nobody there was owed it: it holds no record).
         reached = [r for r in remote if self._received_at(d, r)]
         for r in reached:
-            self._count(self._emit(origin, settle, "settlement-relayed", {"delivery": d, "to_router": r}))
+            self._count(self._emit(origin, settle, Kind.SETTLEMENT_RELAYED, {"delivery": d, "to_router": r}))
             remote_log = self.routers[r]
-            closer = self._count(self._emit(remote_log, settle + rng.uniform(0.0005, 0.002), "settled",
+            closer = self._count(self._emit(remote_log, settle + rng.uniform(0.0005, 0.002), Kind.SETTLED,
                                             {"delivery": d, "by": "origin-router", "deleted": True}))
             self.closers.append((r, remote_log.epoch, d, [closer]))
         if reached or rng.random() < 0.5:
-            a = self._count(self._emit(origin, settle, "settled", {"delivery": d, "by": "publisher",
+            a = self._count(self._emit(origin, settle, Kind.SETTLED, {"delivery": d, "by": "publisher",
                                                                    "deleted": False}))
-            b = self._count(self._emit(origin, settle + rng.uniform(0.001, 0.004), "record-deleted",
+            b = self._count(self._emit(origin, settle + rng.uniform(0.001, 0.004), Kind.RECORD_DELETED,
                                        {"delivery": d, "reason": "receivers-know-settled"}))
             self.closers.append((origin.rid, origin.epoch, d, [b]))
             del a
         else:
-            closer = self._count(self._emit(origin, settle, "settled", {"delivery": d, "by": "publisher",
+            closer = self._count(self._emit(origin, settle, Kind.SETTLED, {"delivery": d, "by": "publisher",
                                                                         "deleted": True}))
             self.closers.append((origin.rid, origin.epoch, d, [closer]))
         del recv_ev
@@ -597,7 +597,7 @@ class Generator:
             for sub in self.subs:
                 if sub.detach_at is not None:
                     log = self.routers[sub.router]
-                    self._count(self._emit(log, sub.detach_at, "link-detached", {
+                    self._count(self._emit(log, sub.detach_at, Kind.LINK_DETACHED, {
                         "link": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
                         "closed": False, "reason": "connection-lost"}))
                     sub.attached = False
@@ -683,7 +683,7 @@ class Generator:
                     continue
                 self.used.add(d)
                 origin = self.routers[pub.router]
-                accepted = self._find_pending(origin, lambda ev, d=d: ev["kind"] == "pub-outcome"
+                accepted = self._find_pending(origin, lambda ev, d=d: ev["kind"] == Kind.PUB_OUTCOME
                                               and ev["fields"].get("delivery") == d
                                               and ev["fields"]["outcome"] == "accepted")
                 if not accepted:
@@ -691,7 +691,7 @@ class Generator:
                     continue
                 log = self.routers[rid]
                 if fault == "drop-accept":
-                    lines = self._find_pending(log, lambda ev, d=d, key=key: ev["kind"] == "sub-outcome"
+                    lines = self._find_pending(log, lambda ev, d=d, key=key: ev["kind"] == Kind.SUB_OUTCOME
                                                and ev["fields"]["delivery"] == d and ev["fields"]["subscriber"] == key)
                     lines[0][2]["drop"] = True
                     self._expect("lost", d)
@@ -708,10 +708,10 @@ class Generator:
                               "forwarded": [key]}
                     if rid != pub.router:
                         fields["origin_router"] = pub.router
-                    self._count(self._emit(log, at, "received", fields))
-                    self._count(self._emit(log, at + 0.001, "sub-outcome", {
+                    self._count(self._emit(log, at, Kind.RECEIVED, fields))
+                    self._count(self._emit(log, at + 0.001, Kind.SUB_OUTCOME, {
                         "delivery": d2, "subscriber": key, "outcome": "accepted", "settled": True}))
-                    self._count(self._emit(log, at + 0.002, "settled", {"delivery": d2, "by": "publisher",
+                    self._count(self._emit(log, at + 0.002, Kind.SETTLED, {"delivery": d2, "by": "publisher",
                                                                         "deleted": True}))
                     self._ledger(sub.container, {"ts": at, "client": sub.container, "link": sub.name,
                                                  "role": "subscriber", "event": "delivered", "topic": base["topic"],
@@ -798,7 +798,7 @@ class Generator:
             sub = rng.choice(self.subs)
             d = p + rng.randbytes(18).hex()
             t = log.pending[0][0] if log.pending else self.now
-            self._count(self._emit(log, t, "sub-outcome", {"delivery": d, "subscriber": sub.key,
+            self._count(self._emit(log, t, Kind.SUB_OUTCOME, {"delivery": d, "subscriber": sub.key,
                                                           "outcome": "accepted", "settled": True}))
             self._expect("invented", d)
             return True
@@ -831,7 +831,7 @@ class Generator:
                 if log.epoch != rec["epoch"]:
                     continue
                 stranger = f"{p}stranger/never-attached"
-                self._count(self._emit(log, rec["recv"][origin][1] + 1e-6, "sub-outcome", {
+                self._count(self._emit(log, rec["recv"][origin][1] + 1e-6, Kind.SUB_OUTCOME, {
                     "delivery": d, "subscriber": stranger, "outcome": "accepted", "settled": True}))
                 self._expect("accept-unowed", f"{stranger}|{d}")
             elif fault == "accept-unsent":
@@ -892,7 +892,7 @@ class Generator:
         place (seq-gap and seq-repeated), a line whose seq is a string (malformed,
         and its seq missing), binary garbage between two lines (malformed)."""
         for log in self.routers.values():
-            peers = [item[2] for item in self._find_pending(log, lambda ev: ev["kind"] == "peer-connected")
+            peers = [item[2] for item in self._find_pending(log, lambda ev: ev["kind"] == Kind.PEER_CONNECTED)
                      if not any(item[2].get(k) for k in ("skip", "copied", "mistype", "garbage_before"))]
             need = 2 if fault == "seq-repeated" else 1
             if len(peers) < need:
@@ -923,7 +923,7 @@ class Generator:
         if d in self.used or epoch == log.epoch:
             return
         self.used.add(d)
-        self._count(self._emit(log, t + 1e-4, "outcome-to-router", {"delivery": d, "to_router": origin,
+        self._count(self._emit(log, t + 1e-4, Kind.OUTCOME_TO_ROUTER, {"delivery": d, "to_router": origin,
                                                                   "outcome": "accepted"}))
         self._expect("record-missing", f"{rid}|{log.epoch}|{d}")
         self.fault_plan.remove("restart-answer")

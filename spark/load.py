@@ -33,7 +33,7 @@ from spark.schema import CORRUPT, FILE, event_schema, ledger_schema
 _LOG_FILE = re.compile(r"^events-(\d{6,})-(\d{6,})\.jsonl$")
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
-#: The writer's fields the proof reads (router.eventlog's schema has a few more:
+#: The writer's fields the proof reads (router/eventschema.py has a few more:
 #: pid, version, size, conn, ...). The JSON reader converts only these: a pruned
 #: schema is what makes parsing cheap, every field it converts costs.
 LINE_FIELDS = ("seq", "ts", "router", "epoch", "boot", "event",
@@ -284,7 +284,7 @@ def _fields(schema) -> list[str]:
 
 def line_schema(fields=None):
     """The explicit schema a line is read with: ``fields`` (default ``LINE_FIELDS``)
-    with the writer's types (router.eventlog), and ``CORRUPT``."""
+    with the schema's types (router.eventschema), and ``CORRUPT``."""
     from pyspark.sql import types as T
     full = event_schema()
     wanted = [name for name in (fields or LINE_FIELDS) if name in full.fieldNames()]

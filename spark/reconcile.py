@@ -51,7 +51,7 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from router.eventlog import EVENT_SCHEMA, EVENTS, FOLDS
+from router.eventschema import EVENT_SCHEMA, EVENTS, FOLDS
 from spark.schema import CORRUPT, FILE
 
 # ---------------------------------------------------------------------------
@@ -101,7 +101,7 @@ ITEM = {"lost": ("delivery",), "invented": ("delivery",), "outcome-disagrees": (
         "ledger": ("kind", "subscriber", "delivery")}
 
 #: Kind codes: the per-delivery rows carry a small integer, not the kind's name.
-#: A kind the proof does not reason about (a kind added to router/eventlog.py
+#: A kind the proof does not reason about (a kind added to router/eventschema.py
 #: later, say) is 0: read, counted, never judged.
 KIND = {"received": 1, "forwarded": 2, "sub-outcome": 3, "pub-outcome": 4, "settled": 5, "record-deleted": 6,
         "expired": 7, "forwarded-to-router": 8, "outcome-to-router": 9, "outcome-from-router": 10,
@@ -169,7 +169,7 @@ DELIVERY_READ = COMMON + ("delivery", "deliveries", "subscriber", "outcome", "pu
 #: time by ts (routers' events are ordered by (epoch, seq) only within a router).
 CLOCK_SLACK = 5.0
 
-#: Folded lines (router.eventlog.FOLDED) stand for several events at their seq.
+#: Folded lines (router.eventschema.FOLDED) stand for several events at their seq.
 COMPLETED, SUB_OUTCOMES = "completed", "sub-outcomes"
 #: Column added by unfold(): true only on the first event of a line.
 FIRST = "_first_of_line"
@@ -297,8 +297,8 @@ def validate(lines: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------------------
 
 def unfold(lines: DataFrame) -> DataFrame:
-    """Every folded line as the events it stands for (router.eventlog.FOLDS, the rule
-    router.eventlog.unfold() follows: same seq, same order), with one ``posexplode``
+    """Every folded line as the events it stands for (router.eventschema.FOLDS, the rule
+    router.eventschema.unfold() follows: same seq, same order), with one ``posexplode``
     of an array built without any higher-order function. Adds ``FIRST`` (true on a
     line's first event) and ``_pos`` (the event's place in its line). A "completed"
     line is its sub-outcome, its pub-outcome and, when ``by`` is set, its settled; a

@@ -1,6 +1,6 @@
 """Explicit Spark schemas: the routers' event log and the applications' ledgers.
 
-The event log's schema is defined once, in ``router.eventlog`` (the writer); this
+The event log's schema is defined once, in ``router.eventschema``; this
 module only maps ``spark_schema_fields()`` one to one onto a ``StructType``, all
 fields nullable. Nothing here infers a schema: inference reads the data twice
 and guesses (a column that happens to be all-null becomes a string, an integer
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
-from router.eventlog import spark_schema_fields
+from router.eventschema import spark_schema_fields
 
 #: Column that receives the text of a line Spark could not read whole (unparsable,
 #: or a field of the wrong type). Not part of the writer's schema: the proof judges

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 from amqpclients import unique
 
-from router.eventlog import unfold
+from router.eventschema import unfold
 
 LINGER = 1.0
 SUB_WINDOW = 400  # subscriber credit, topped up when half is used

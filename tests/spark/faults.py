@@ -9,7 +9,7 @@ Each injector returns the exact violations the job must report, as
 
 ``FAULTS`` work on the events (folded lines unfolded, each event its own line);
 ``BATCH_FAULTS`` on the lines as written (``Logs.read(..., raw=True)``), hiding the
-fault inside a "sub-outcomes" line (router.eventlog.FOLDED).
+fault inside a "sub-outcomes" line (router.eventschema.FOLDED).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import orjson
 
-from router.eventlog import read_events, unfold
+from router.eventlog import read_events
+from router.eventschema import unfold
 
 _ROUTER_FIELDS = ("router", "origin_router", "to_router", "from_router", "peer")
 _ROUTER_LISTS = ("routers", "dests", "reachable")

@@ -79,7 +79,7 @@ def test_verdict_matches_known_truth(spark, tmp_path_factory, batch):
 
 def test_folded_lines_give_the_same_verdicts(spark, tmp_path):
     """The router's hot path writes one "completed" line for a sub-outcome, the
-    accepted pub-outcome it caused and the settlement (router.eventlog.FOLDED). With
+    accepted pub-outcome it caused and the settlement (router.eventschema.FOLDED). With
     every such run folded, each fault is still found exactly, and nothing else."""
     clients = tmp_path / "clients"
     clients.mkdir()
@@ -102,7 +102,7 @@ def test_folded_lines_give_the_same_verdicts(spark, tmp_path):
 
 def test_batched_lines_give_the_same_verdicts(spark, tmp_path):
     """The router writes one "sub-outcomes" line for consecutive sub-outcomes of one
-    subscriber with the same outcome (router.eventlog.FOLDED). With every such run
+    subscriber with the same outcome (router.eventschema.FOLDED). With every such run
     batched (and half the completing ones folded), a clean history is proven clean,
     each generator fault is still found exactly, and so is a fault hidden inside a
     batched line: an accept missing from it, or one delivery named twice in it."""

@@ -64,7 +64,7 @@ def test_compacted_parquet_gives_the_same_verdict(spark, json_report, real_run, 
     assert from_parquet["counts"] == from_json["counts"] == {}
     assert from_parquet["verdict"]["proven_clean"]
     # Parquet keeps the lines as written; the job counts the events they stand for
-    # (a folded line is several: router.eventlog.FOLDED).
+    # (a folded line is several: router.eventschema.FOLDED).
     from router.eventlog import read_events
     lines = sum(1 for d in real_run["routers"] for _ in read_events(d, raw=True))
     events = sum(1 for d in real_run["routers"] for _ in read_events(d))

@@ -6,7 +6,7 @@ import orjson
 import pytest
 from pyspark.sql import types as T
 
-from router.eventlog import EVENT_SCHEMA, EVENTS, spark_schema_fields, validate_event
+from router.eventschema import EVENT_SCHEMA, EVENTS, spark_schema_fields, validate_event
 from spark.schema import LEDGER_FIELDS, event_schema, ledger_schema
 
 SPARK = {"string": T.StringType(), "long": T.LongType(), "double": T.DoubleType(), "boolean": T.BooleanType(),

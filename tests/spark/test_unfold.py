@@ -1,12 +1,12 @@
-"""The job unfolds folded lines ("completed", "sub-outcomes": router.eventlog.FOLDED)
-exactly as the writer's reference does (router.eventlog.unfold()), and reads logs
+"""The job unfolds folded lines ("completed", "sub-outcomes": router.eventschema.FOLDED)
+exactly as the writer's reference does (router.eventschema.unfold()), and reads logs
 written before those kinds existed as they are."""
 
 from __future__ import annotations
 
 import orjson
 
-from router.eventlog import FOLDED, unfold, validate_event
+from router.eventschema import FOLDED, unfold, validate_event
 
 COMMON = {"ts": 1763785201.5, "router": "A", "epoch": 3, "boot": "422ab44afffadaaf"}
 D1, D2, D3 = "5f1c0a9e8d7b6a5f4e3d2c1b0a998877", "6a2d1b0f9e8c7b6a5f4e3d2c1b0a9988", "77aa01c2e93d4f10.2"

@@ -14,17 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router import __version__
-from router.eventlog import (
-    EVENT_SCHEMA,
-    EVENTS,
-    FOLDED,
-    EventLog,
-    EventLogError,
-    read_events,
-    spark_schema_fields,
-    unfold,
-    validate_event,
-)
+from router.eventlog import EventLog, EventLogError, read_events
+from router.eventschema import EVENT_SCHEMA, EVENTS, FOLDED, spark_schema_fields, unfold, validate_event
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -529,7 +520,7 @@ def test_a_run_of_sub_outcomes_is_one_line_that_unfolds_into_them(tmp_path):
     assert all(set(e) == set(EVENT_SCHEMA) | set(EVENTS["sub-outcome"]) for e in events if e["event"] == "sub-outcome")
 
 
-# --- the fold rule, written once (router.eventlog.FOLDS) -----------------------------
+# --- the fold rule, written once (router.eventschema.FOLDS) -----------------------------
 
 _names = st.text("abcdef0123456789", min_size=2, max_size=8)
 
@@ -537,7 +528,7 @@ _names = st.text("abcdef0123456789", min_size=2, max_size=8)
 @st.composite
 def _folded_parts(draw):
     """A folded kind and the events one of its lines stands for (their own fields)."""
-    from router.eventlog import FOLDS
+    from router.eventschema import FOLDS
 
     kind = draw(st.sampled_from(sorted(FOLDS)))
     subscriber, outcome = draw(_names), draw(st.sampled_from(["accepted", "rejected", "released"]))
@@ -558,7 +549,7 @@ def _folded_parts(draw):
 
 @given(_folded_parts())
 def test_a_folded_line_unfolds_to_the_events_it_was_folded_from(case):
-    from router.eventlog import FOLDED, fold, unfold
+    from router.eventschema import FOLDED, fold, unfold
 
     kind, parts = case
     common = {"seq": 7, "ts": 1.5, "router": "A", "epoch": 1, "boot": "00" * 8}
