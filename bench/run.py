@@ -169,8 +169,52 @@ def router_config(tmp: Path, args: argparse.Namespace) -> Path:
         f"publisher_credit_window = {args.credit_window}\n"
         "\n[eventlog]\n"
         f"fsync = {'true' if args.fsync else 'false'}\n"
+        + ("\n[metrics]\nport = 0\n" if getattr(args, "metrics", False) else "")
     )
     return cfg
+
+
+def metrics_port(listeners: str) -> int | None:
+    """The port of the metrics listener in a ready line's list (None: no [metrics])."""
+    for item in listeners.split(","):
+        role, _, addr = item.rpartition("=")
+        if role == "metrics":
+            return int(addr.rsplit(":", 1)[1])
+    return None
+
+
+class Scraper:
+    """GET /metrics every ``every`` seconds while a run lasts, as a Prometheus
+    server would (bench.metrics: what metrics cost the router)."""
+
+    def __init__(self, port: int, every: float = 1.0):
+        import threading
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.every = every
+        self.scrapes = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        import urllib.request
+        while True:  # at once, then every ``every`` seconds
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    r.read()
+                self.scrapes += 1
+            except OSError:
+                self.failures += 1
+            if self._stop.wait(self.every):
+                return
 
 
 def start_server(kind: str, tmp: Path, args: argparse.Namespace, bins: dict[str, Path]) -> Server:
@@ -188,7 +232,7 @@ def start_server(kind: str, tmp: Path, args: argparse.Namespace, bins: dict[str,
                 raise
             return Server(kind, p, normal_listener_port(m.group(2)), log,
                           {"router_id": m.group(1), "epoch": int(m.group(3)), "command": shlex.join(cmd),
-                           "config": cfg.read_text()})
+                           "config": cfg.read_text(), "metrics_port": metrics_port(m.group(2))})
         cmd = [str(bins["broker"]), "127.0.0.1", "0", str(args.broker_threads)]
         p = subprocess.Popen(cmd, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
@@ -261,7 +305,13 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
         with open(s_out, "wb") as fo, open(s_err, "wb") as fe:
             sender = subprocess.Popen(cmd, cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
         procs.append(sender)
-        wait_all(procs, args.run_timeout)
+        scraper = Scraper(server.info["metrics_port"]) if server.info.get("metrics_port") else None
+        if scraper is not None:
+            with scraper:
+                wait_all(procs, args.run_timeout)
+            result["scrapes"], result["scrape_failures"] = scraper.scrapes, scraper.failures
+        else:
+            wait_all(procs, args.run_timeout)
         t1 = time.monotonic()
         server_alive = server.proc.poll() is None
         cpu1 = proc_cpu_ticks(pid) if server_alive else None

@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             fsync=config.eventlog.fsync)
     except (EventLogError, OSError) as exc:
         return _fail(f"cannot open the event log in {config.data_dir}: {exc}", 1)
-    server = None
+    server = metrics = None
     try:
         core = RouterCore(config.core, boot_id=eventlog.boot_id, epoch=eventlog.epoch)
         server = Server(router_id=config.router_id, core=core, eventlog=eventlog,
@@ -95,6 +95,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             server.bind()
         except OSError as exc:
             return _fail(exc.strerror or f"cannot listen: {exc}", 1)  # names the address and port
+        if config.metrics is not None:
+            from router.adapter.metrics import MetricsServer
+            try:
+                metrics = MetricsServer(server, config.metrics.host, config.metrics.port)
+            except OSError as exc:
+                return _fail(f"cannot listen on {config.metrics.host}:{config.metrics.port} (metrics listener): "
+                             f"{exc.strerror or exc}", 1)
+            metrics.start()
 
         def on_signal(signum, frame):
             if server.stop_requested:
@@ -110,7 +118,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return_large_buffers_to_the_os()
         log.info("subscribers' accepted dispositions: %s path", fastpath.status)
         eventlog.flush()  # router-started is on disk before anyone can connect
-        addresses = ",".join(f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners)
+        addresses = ",".join([f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners]
+                             + ([f"metrics={metrics.host}:{metrics.port}"] if metrics is not None else []))
         print(f"eorouter: router {config.router_id} ready on {addresses} epoch {eventlog.epoch}",
               file=sys.stderr, flush=True)
         return server.run()
@@ -119,6 +128,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # (Python restores SIG_DFL for handled signals while it finalizes).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if metrics is not None:
+            metrics.close()
         if server is not None:
             server.close()
         eventlog.close()

@@ -27,6 +27,7 @@ __all__ = [
     "Connector",
     "EventLogSettings",
     "Listener",
+    "MetricsSettings",
     "NetworkSettings",
     "RouterConfig",
     "load_config",
@@ -90,6 +91,13 @@ class EventLogSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """``[metrics]``: the HTTP listener of /metrics, /healthz and /readyz (docs/operations.md)."""
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     router_id: str
     data_dir: Path  # absolute
@@ -100,6 +108,7 @@ class RouterConfig:
     drain_grace: float = 5.0
     eventlog: EventLogSettings = field(default_factory=EventLogSettings)
     core: CoreSettings = field(default_factory=CoreSettings)
+    metrics: MetricsSettings | None = None  # None: no [metrics] table, no HTTP listener
     source: str = "<defaults>"  # where this configuration came from
 
 
@@ -214,6 +223,7 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "drain_grace": _seconds(positive=False),
     },
     "eventlog": {"max_bytes": _positive, "retention": _positive, "fsync": _bool},
+    "metrics": {"host": _host, "port": _port},
     "failover": {
         "placeholder_timeout": _seconds(positive=True),
         "publisher_resume_timeout": _seconds(positive=False),
@@ -223,7 +233,7 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "forgotten_streams": _positive,
     },
 }
-_REQUIRED = {"router": ("id",), "connector": ("host", "port", "role")}
+_REQUIRED = {"router": ("id",), "connector": ("host", "port", "role"), "metrics": ("port",)}
 _ARRAYS = {"listener", "connector"}  # sections written as arrays of tables ([[listener]])
 
 
@@ -315,6 +325,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     limits = p.table(data.get("limits", {}), "limits", "limits")
     delivery = p.table(data.get("delivery", {}), "delivery", "delivery")
     log = p.table(data.get("eventlog", {}), "eventlog", "eventlog")
+    metrics = MetricsSettings(**p.table(data["metrics"], "metrics", "metrics")) if "metrics" in data else None
 
     listeners = _listeners(p, data)
     connectors = _connectors(p, data)
@@ -378,6 +389,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         drain_grace=delivery.get("drain_grace", defaults.drain_grace),
         eventlog=EventLogSettings(**log),
         core=core,
+        metrics=metrics,
         source=source,
     )
 

@@ -38,10 +38,12 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from time import perf_counter
 
 import orjson
 
 from router import __version__
+from router.buckets import Buckets
 from router.eventschema import FOLDED, unfold
 
 __all__ = [
@@ -165,6 +167,12 @@ class EventLog:
         self._run_outcome = ""
         self._run_settled = False
         self._run_ts: float | None = None
+        # What an operator reads (router/adapter/metrics.py): bytes written, files
+        # rotated, and how long flush() and fsync took.
+        self.bytes_written = 0
+        self.rotations = 0
+        self.flush_seconds = Buckets()
+        self.fsync_seconds = Buckets()
 
         self._events_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._lock()
@@ -355,6 +363,7 @@ class EventLog:
             raise EventLogError(f"event log {self._path} is closed; {self.pending} events not written")
         written = 0
         rest = None
+        started = perf_counter()
         # Every view is released explicitly, even when a write raises (a traceback
         # may keep the argument alive): the buffer cannot grow while exported.
         try:
@@ -371,10 +380,15 @@ class EventLog:
             out.seek(0)
             if rest:  # a failed write: the unwritten bytes go first next time
                 out.write(rest)
+        self.bytes_written += written
+        self.flush_seconds.observe(perf_counter() - started)
         if self._fsync:
+            started = perf_counter()
             os.fsync(self._fd)
+            self.fsync_seconds.observe(perf_counter() - started)
         if self._size >= self._max_bytes:
             self._rotate()
+            self.rotations += 1
 
     def close(self) -> None:
         """Flush, close the file and release the data directory's lock. Idempotent."""

@@ -152,6 +152,10 @@ class Engine:
         self._command_handlers = self._command_table()
         self._event_handlers = self._event_table()
         self._small = None
+        # Per topic (a link's address), for metrics (router/adapter/metrics.py): copies
+        # sent to subscribers, and the outcomes publishers were told, by outcome code.
+        self.copies_sent: dict[str | None, int] = {}
+        self.outcomes_told: dict[tuple[str | None, int], int] = {}
 
     # ------------------------------------------------------------------ stats / tests
     def counts(self) -> dict:
@@ -699,10 +703,13 @@ class Engine:
         payload = cmd.payload
         if link.streams or (payload is not self._small and len(payload) >= STREAM_MIN):
             # Large: fed to proton piece by piece (streaming.py); or queued behind one that is.
+            self.copies_sent[link.address] = self.copies_sent.get(link.address, 0) + 1
             streaming.send(link, cmd.tag, payload, cmd.settled)
             self.touched.add(link.conn)
             return
         self._small = payload
+        address = link.address
+        self.copies_sent[address] = self.copies_sent.get(address, 0) + 1
         lp = link.ptr
         tag = cmd.tag
         d = _delivery_new(lp, (len(tag), _from_buffer(tag)))
@@ -721,6 +728,8 @@ class Engine:
         d, link = entry
         code = cmd.outcome
         if code:
+            told = (link.address, code)
+            self.outcomes_told[told] = self.outcomes_told.get(told, 0) + 1
             if code == REJECTED:
                 if cmd.condition:
                     cond = lib.pn_disposition_condition(lib.pn_delivery_local(d))

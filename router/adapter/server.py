@@ -32,12 +32,18 @@ import os
 import selectors
 import socket
 import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from time import perf_counter
+from typing import Any
 
 from cproton_ffi import ffi, lib
 
 from router.adapter import streaming
 from router.adapter.endpoints import Conn, condition_of, printable
 from router.adapter.engine import Engine
+from router.buckets import Buckets
 from router.core.events import ListenersReady, ShutdownRequested, TimerFired
 
 log = logging.getLogger("eorouter.server")
@@ -135,6 +141,12 @@ class Server:
         self._tick_heap: list = []  # (deadline ms, conn_id, Conn)
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
+        # Work other threads hand to the loop (call_in_loop: the metrics and health
+        # endpoints read the core's state only from here), and how long each
+        # iteration of the loop worked (not counting its wait in select()).
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
+        self.loop_seconds = Buckets()
+        self.routes_converged = False  # set once by the readiness check (router/adapter/metrics.py)
         # Shutdown state
         self.stop_requested = False
         self.hard_stop = False
@@ -198,6 +210,7 @@ class Server:
             while True:
                 timeout = self._timeout()
                 ready = self.sel.select(timeout)
+                started = perf_counter()
                 now = time.time()
                 engine.now = now
                 if self.hard_stop:
@@ -222,6 +235,8 @@ class Server:
                         self._drain_wakeup()
                     elif data.__class__ is Dialer:
                         self._dial_done(data)
+                if self._calls:
+                    self._run_calls()
                 if self._next_tick:
                     self._tick(active)
                 if self.dialers or peers.handshakes:
@@ -246,6 +261,7 @@ class Server:
                 for conn in active:
                     if conn.dead:
                         self._teardown(conn)
+                self.loop_seconds.observe(perf_counter() - started)
                 if self._phase != "running" and self._advance_shutdown(now):
                     return 0
         finally:
@@ -728,6 +744,31 @@ class Server:
             self._wake_w.close()
             self._wake_r = self._wake_w = None
         self.sel.close()
+
+    def call_in_loop(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """(From another thread.) Run ``fn`` on the loop's thread, between two
+        iterations, and return its result; TimeoutError when the loop does not get
+        to it within ``timeout`` seconds (a stuck loop: /healthz says so)."""
+        done: Future = Future()
+        self._calls.append((fn, done))
+        wake = self._wake_w
+        if wake is not None:
+            try:
+                wake.send(b"\0")
+            except (BlockingIOError, InterruptedError):
+                pass  # the socket is full of wake-ups already: the loop will look
+        return done.result(timeout)
+
+    def _run_calls(self) -> None:
+        calls = self._calls
+        while calls:
+            fn, done = calls.popleft()
+            if not done.set_running_or_notify_cancel():
+                continue
+            try:
+                done.set_result(fn())
+            except BaseException as exc:  # handed to the caller's thread, which reports it
+                done.set_exception(exc)
 
     def _drain_wakeup(self) -> None:
         try:

@@ -65,6 +65,7 @@ class AdmissionMixin:
         pub.next_seq = seq + 1
         self.stream_seq[pub.stream] = seq
         if ev.settled or pub.presettled:
+            topic.published += 1
             self._relay_best_effort(pub, topic, ev, now, out)
             return
         if self.draining:
@@ -84,6 +85,8 @@ class AdmissionMixin:
         record = DeliveryRecord(tag, topic.name, next(self._order), payload, pub.container_id,
                                 pub.name, ev.tag, pub.incarnation, seq, pub.link_id, ev.delivery,
                                 expires_at, reuse)
+        record.arrived = now
+        topic.published += 1
         if resent:
             record.resent = True
         memory = pub.memory

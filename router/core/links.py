@@ -79,7 +79,7 @@ class Subscription:
 
 class Topic:
     __slots__ = ("name", "subscriptions", "publishers", "records", "unsettled", "outstanding_credit", "roster",
-                 "bytes", "est", "largest_recent", "at_budget")
+                 "bytes", "est", "largest_recent", "at_budget", "published")
 
     def __init__(self, name: str):
         self.name = name
@@ -104,6 +104,7 @@ class Topic:
         self.est = 0  # set by the core to max_message_size when the topic is made
         self.largest_recent = 0
         self.at_budget = False
+        self.published = 0  # messages its publishers here sent (records made, or relayed best effort): metrics
 
     def idle(self) -> bool:
         return not (self.subscriptions or self.publishers or self.records)

@@ -110,7 +110,7 @@ class DeliveryRecord:
         #   finished and forgotten before; final: at a relaying router, the outcome
         #   code the origin settled it with.
         "resent", "final",
-        "memory",
+        "memory", "arrived",
     )
 
     def __init__(self, tag: bytes, topic: str, order: int, payload: bytes, publisher: str,
@@ -169,6 +169,7 @@ class DeliveryRecord:
         # Its stream's settled-delivery memory (settled.StreamSettled), for a record
         # its own publisher sent here: its outcome goes there when it goes.
         self.memory = None
+        self.arrived = 0.0  # when it came (the core's clock): the age operators see (metrics)
 
 
     @property

@@ -401,19 +401,20 @@ class RelayMixin:
         out.append(Log("resend-beyond-horizon", {"delivery": tag.hex(), "stream": tag[:tags.STREAM_ID_SIZE].hex(),
                                                  "origin_router": origin}))
 
-    def _relayed_record(self, ev: DataReceived, header: dict, topic_name: str) -> DeliveryRecord:
+    def _relayed_record(self, ev: DataReceived, header: dict, topic_name: str, now: float) -> DeliveryRecord:
         record = DeliveryRecord(ev.tag, topic_name, next(self._order), ev.payload, header.get("pub", ""),
                                 header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
                                 header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"),
                                 header.get("reuse", 0))
         record.origin_router = header["origin"]
+        record.arrived = now
         return record
 
     def _new_targeted_record(self, ev: DataReceived, header: dict, topic: Topic, targets, report_to: str,
                              now: float, out: list) -> None:
         """A copy addressed to particular subscribers here (they moved here from a
         router that died, or resumed here): they answer ``report_to`` individually."""
-        record = self._relayed_record(ev, header, topic.name)
+        record = self._relayed_record(ev, header, topic.name, now)
         record.outcome = Outcome(outcomes.RELEASED)  # nothing untargeted here to answer for
         self._saw_seq(record)
         self.records[ev.tag] = record
@@ -429,7 +430,7 @@ class RelayMixin:
 
     def _new_relayed_record(self, ev: DataReceived, header: dict, topic: Topic, now: float, out: list) -> None:
         """A delivery new here: owed to our subscribers, sent to those who can take it."""
-        record = self._relayed_record(ev, header, topic.name)
+        record = self._relayed_record(ev, header, topic.name, now)
         owed, sent_to, best_effort = self._distribute(record, topic, out)
         out.append(Log("received", {
             "delivery": record.delivery_id, "topic": topic.name, "publisher": record.publisher,

@@ -1,0 +1,311 @@
+"""What an operator reads over HTTP: Prometheus metrics and health checks.
+
+Served when the config has a ``[metrics]`` table (docs/operations.md), on its own
+listener: ``/metrics`` (Prometheus text, through ``prometheus_client``),
+``/healthz`` (the event loop answers) and ``/readyz`` (listeners bound, event log
+writable, and for a network member the routes converged), with JSON bodies.
+
+The HTTP server runs in its own thread (``prometheus_client``'s threading WSGI
+server), but it never reads the router's state there: the state belongs to the
+event loop, which changes it between any two bytes another thread could read.
+Every scrape hands one function to the loop (``Server.call_in_loop``), which takes
+a snapshot between two iterations; a loop that does not get to it in time is what
+``/healthz`` reports. The loop itself only counts (router/buckets.py): nothing per
+message is added for metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from router.core.outcomes import NAMES as OUTCOME_NAMES
+
+log = logging.getLogger("eorouter.metrics")
+
+#: Topics with a label of their own, the busiest first (by records in flight, then
+#: links); the rest are summed under topic="(other)". Bounded label cardinality.
+MAX_TOPIC_LABELS = 100
+OTHER_TOPICS = "(other)"
+#: How long a scrape or a health check waits for the event loop.
+LOOP_ANSWER_TIMEOUT = 2.0
+
+
+# ---------------------------------------------------------------------------
+# The snapshot: on the loop's thread
+# ---------------------------------------------------------------------------
+
+def snapshot(server: Any) -> dict:
+    """Everything the metrics and health checks report, read from the server, its
+    engine, the core and the event log as they are between two loop iterations.
+    Plain values only: the HTTP thread formats them."""
+    core = server.core
+    engine = server.engine
+    now = engine.now or time.time()
+    conns = [c for c in server.conns.values() if not c.dead]
+    _forget_gone_topics(engine, core.topics)
+    told_by_topic: dict = {}
+    for (address, code), n in engine.outcomes_told.items():
+        told_by_topic.setdefault(address, {})[OUTCOME_NAMES.get(code, str(code))] = n
+    topics = []
+    for topic in core.topics.values():
+        oldest = next(iter(topic.records.values()), None)  # insertion (publisher) order: the first is oldest
+        topics.append({
+            "topic": topic.name, "records": len(topic.records), "unsettled": topic.unsettled,
+            "bytes": topic.bytes, "publishers": len(topic.publishers),
+            "subscriptions": len(topic.subscriptions),
+            "oldest_age": max(0.0, now - oldest.arrived) if oldest is not None and oldest.arrived else 0.0,
+            "published": topic.published, "copies": engine.copies_sent.get(topic.name, 0),
+            "outcomes": told_by_topic.get(topic.name, {}),
+        })
+    net = core.net
+    peers = server.engine.peers
+    known = (set(net.lsdb.routers()) | set(peers.current) | set(core.lost)) - {net.self_id}
+    eventlog = server.eventlog
+    attached_subs = len(core.subscribers)
+    return {
+        "router": net.self_id, "epoch": core.epoch, "now": now,
+        "connections": {"client": sum(1 for c in conns if c.ir is None),
+                        "inter-router": sum(1 for c in conns if c.ir is not None)},
+        "links": {"publisher": len(core.publishers), "subscriber": attached_subs,
+                  "durable-detached": sum(1 for s in core.subscriptions.values() if s.link_id is None)},
+        "records": len(core.records), "bytes_held": core.bytes_held,
+        "topics": topics,
+        "peers": {r: r in peers.current for r in sorted(known)},
+        "routes": len(net.routes.reachable), "routers_known": len(net.lsdb.routers()),
+        "settled_tags": len(core.settled),
+        "placeholders": sum(len(tags) for s in core.subscriptions.values() for tags in s.placeholders.values())
+        if core.subscriptions else 0,
+        "eventlog": {"bytes": eventlog.bytes_written, "rotations": eventlog.rotations,
+                     "flush": _histogram(eventlog.flush_seconds), "fsync": _histogram(eventlog.fsync_seconds),
+                     "closed": eventlog.closed, "path": str(eventlog.path)},
+        "loop": _histogram(server.loop_seconds),
+        "ready": readiness(server),
+    }
+
+
+def _forget_gone_topics(engine: Any, topics: dict) -> None:
+    """The adapter's per-topic counts of topics the core no longer has (it forgets
+    an idle topic): dropped, so that they stay as many as the live topics. A topic
+    that comes back counts from 0 again (Prometheus reads that as a counter reset)."""
+    for address in [a for a in engine.copies_sent if a not in topics]:
+        del engine.copies_sent[address]
+    for key in [k for k in engine.outcomes_told if k[0] not in topics]:
+        del engine.outcomes_told[key]
+
+
+def _histogram(buckets: Any) -> dict:
+    return {"buckets": buckets.cumulative(), "sum": buckets.sum}
+
+
+def readiness(server: Any) -> dict[str, str | None]:
+    """check -> None (passing) or why it fails. ``routes``: a router with
+    connectors is a network member; it is ready once each connector's peer has
+    been up and its routes cover every router its link-state database knows. It
+    stays ready after that: a later peer loss is a metric (eorouter_peer_up), not a
+    reason to send its clients elsewhere."""
+    checks: dict[str, str | None] = {}
+    unbound = [f"{lst.role} {lst.host}:{lst.port}" for lst in server.listeners if lst.sock is None]
+    checks["listeners"] = f"not bound: {', '.join(unbound)}" if unbound else None
+    eventlog = server.eventlog
+    directory = os.path.dirname(str(eventlog.path))
+    if eventlog.closed:
+        checks["eventlog"] = "closed"
+    elif not os.access(directory, os.W_OK):
+        checks["eventlog"] = f"{directory} is not writable"
+    else:
+        checks["eventlog"] = None
+    checks["routes"] = _routes_check(server)
+    return checks
+
+
+def _routes_check(server: Any) -> str | None:
+    if getattr(server, "routes_converged", False) or not server.dialers:
+        return None
+    peers = server.engine.peers
+    up = {p.dialer for p in peers.current.values() if getattr(p, "dialer", None) is not None}
+    down = [d.name for d in server.dialers if d not in up]
+    if down:
+        return f"connector(s) not up yet: {', '.join(down)}"
+    net = server.core.net
+    unreached = sorted(set(net.lsdb.routers()) - set(net.routes.reachable) - {net.self_id})
+    if unreached:
+        return f"no route yet to: {', '.join(unreached)}"
+    server.routes_converged = True  # from now on ready (see readiness())
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Prometheus: on the HTTP thread, from a snapshot
+# ---------------------------------------------------------------------------
+
+class RouterCollector(Collector):
+    """The router's metrics, from one snapshot per scrape."""
+
+    def __init__(self, take: Callable[[], dict]) -> None:
+        self.take = take
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.take()
+        g = GaugeMetricFamily
+        yield _labelled(g("eorouter_connections", "Open AMQP connections, by role", labels=["role"]),
+                        s["connections"].items())
+        yield _labelled(g("eorouter_links", "Links, by role (durable-detached: a durable subscription "
+                          "kept while its subscriber is away)", labels=["role"]), s["links"].items())
+        yield g("eorouter_records_in_flight", "Delivery records held (unsettled or lingering)",
+                value=s["records"])
+        yield g("eorouter_bytes_held", "Message bytes the records hold", value=s["bytes_held"])
+        topics = _bounded_topics(s["topics"])
+        for name, help_text, key in (
+                ("eorouter_topic_records_in_flight", "Delivery records held, per topic", "records"),
+                ("eorouter_topic_unsettled", "Records the publisher has not settled, per topic", "unsettled"),
+                ("eorouter_topic_bytes_held", "Message bytes held, per topic", "bytes"),
+                ("eorouter_topic_publishers", "Attached publisher links, per topic", "publishers"),
+                ("eorouter_topic_subscriptions", "Subscriptions (attached or durable), per topic", "subscriptions"),
+                ("eorouter_topic_oldest_in_flight_seconds",
+                 "Age of the topic's oldest record: how long the network has been finishing it", "oldest_age")):
+            yield _labelled(g(name, help_text, labels=["topic"]), ((t["topic"], t[key]) for t in topics))
+        c = CounterMetricFamily
+        yield _labelled(c("eorouter_topic_published", "Messages its publishers here sent, per topic",
+                          labels=["topic"]), ((t["topic"], t["published"]) for t in topics))
+        yield _labelled(c("eorouter_topic_copies_sent", "Copies sent to subscribers here, per topic",
+                          labels=["topic"]), ((t["topic"], t["copies"]) for t in topics))
+        told = c("eorouter_topic_outcomes", "Outcomes publishers here were told, per topic and outcome",
+                 labels=["topic", "outcome"])
+        for t in topics:
+            for outcome, n in sorted(t["outcomes"].items()):
+                told.add_metric([t["topic"], outcome], n)
+        yield told
+        yield _labelled(g("eorouter_peer_up", "1 while a connection to that router is up", labels=["router"]),
+                        ((r, 1 if up else 0) for r, up in s["peers"].items()))
+        yield g("eorouter_routes", "Routers reachable from here (the routing table's size)", value=s["routes"])
+        yield g("eorouter_routers_known", "Routers in the link-state database, this one included",
+                value=s["routers_known"])
+        yield g("eorouter_settled_tags", "Settled tags remembered for resumed publishers' resends",
+                value=s["settled_tags"])
+        yield g("eorouter_placeholders", "Placeholders held for resuming subscribers", value=s["placeholders"])
+        ev = s["eventlog"]
+        yield CounterMetricFamily("eorouter_eventlog_bytes", "Event log bytes written", value=ev["bytes"])
+        yield CounterMetricFamily("eorouter_eventlog_rotations", "Event log files rotated", value=ev["rotations"])
+        for name, help_text, h in (
+                ("eorouter_eventlog_flush_seconds", "One flush of the event log (one write per loop iteration)",
+                 ev["flush"]),
+                ("eorouter_eventlog_fsync_seconds", "One fsync of the event log ([eventlog] fsync = true)",
+                 ev["fsync"]),
+                ("eorouter_loop_iteration_seconds", "One iteration of the event loop, its wait excluded",
+                 s["loop"])):
+            yield HistogramMetricFamily(name, help_text, buckets=h["buckets"], sum_value=h["sum"])
+        ready = g("eorouter_ready", "1 when every readiness check passes (/readyz)",
+                  value=0 if any(s["ready"].values()) else 1)
+        yield ready
+
+
+def _labelled(family: Any, pairs: Iterable[tuple[str, float]]) -> Any:
+    for label, value in pairs:
+        family.add_metric([str(label)], value)
+    return family
+
+
+def _bounded_topics(topics: list[dict]) -> list[dict]:
+    if len(topics) <= MAX_TOPIC_LABELS:
+        return topics
+    ranked = sorted(topics, key=lambda t: (-t["records"], -(t["publishers"] + t["subscriptions"]), t["topic"]))
+    kept, rest = ranked[:MAX_TOPIC_LABELS - 1], ranked[MAX_TOPIC_LABELS - 1:]
+    other: dict[str, Any] = {"topic": OTHER_TOPICS, "oldest_age": max(t["oldest_age"] for t in rest)}
+    for key in ("records", "unsettled", "bytes", "publishers", "subscriptions", "published", "copies"):
+        other[key] = sum(t[key] for t in rest)
+    outcomes: dict[str, int] = {}
+    for t in rest:
+        for outcome, n in t["outcomes"].items():
+            outcomes[outcome] = outcomes.get(outcome, 0) + n
+    other["outcomes"] = outcomes
+    return [*kept, other]
+
+
+# ---------------------------------------------------------------------------
+# The HTTP listener
+# ---------------------------------------------------------------------------
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+        pass  # a scrape a second is not news; errors still reach the router's log
+
+
+class MetricsServer:
+    """The HTTP listener of one router (started by router/cli.py after bind())."""
+
+    def __init__(self, server: Any, host: str, port: int) -> None:
+        self.server = server
+        server.wakeup_socket()  # call_in_loop wakes the loop through it
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RouterCollector(self._snapshot))
+        self._metrics_app = make_wsgi_app(self.registry)
+        self.httpd = make_server(host, port, self._app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        self.host, self.port = host, self.httpd.server_port
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="eorouter-metrics", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        log.info("metrics and health on http://%s:%d/ (/metrics, /healthz, /readyz)", self.host, self.port)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _snapshot(self) -> dict:
+        return self.server.call_in_loop(lambda: snapshot(self.server), LOOP_ANSWER_TIMEOUT)
+
+    def _app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/healthz":
+            return self._health(start_response)
+        if path == "/readyz":
+            return self._ready(start_response)
+        if path == "/metrics":
+            try:
+                return self._metrics_app(environ, start_response)
+            except TimeoutError:
+                return _json(start_response, 503, {"status": "failing",
+                                                   "checks": {"event-loop": self._no_answer()}})
+        return _json(start_response, 404, {"error": f"no such page: {path}",
+                                           "pages": ["/metrics", "/healthz", "/readyz"]})
+
+    def _health(self, start_response: Callable) -> Iterable[bytes]:
+        started = time.monotonic()
+        try:
+            self.server.call_in_loop(lambda: None, LOOP_ANSWER_TIMEOUT)
+        except TimeoutError:
+            return _json(start_response, 503, {"status": "failing", "checks": {"event-loop": self._no_answer()}})
+        return _json(start_response, 200, {"status": "ok", "checks": {"event-loop": None},
+                                           "answered_in_s": round(time.monotonic() - started, 6)})
+
+    def _ready(self, start_response: Callable) -> Iterable[bytes]:
+        try:
+            checks = self.server.call_in_loop(lambda: readiness(self.server), LOOP_ANSWER_TIMEOUT)
+        except TimeoutError:
+            checks = {"event-loop": self._no_answer()}
+        failing = {k: v for k, v in checks.items() if v}
+        return _json(start_response, 503 if failing else 200,
+                     {"status": "failing" if failing else "ok", "checks": checks})
+
+    @staticmethod
+    def _no_answer() -> str:
+        return f"the event loop did not answer within {LOOP_ANSWER_TIMEOUT:g} s"
+
+
+def _json(start_response: Callable, status: int, body: dict) -> list[bytes]:
+    reasons = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
+    data = json.dumps(body, sort_keys=True).encode() + b"\n"
+    start_response(f"{status} {reasons[status]}", [("Content-Type", "application/json"),
+                                                   ("Content-Length", str(len(data)))])
+    return [data]
