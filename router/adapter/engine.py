@@ -412,46 +412,57 @@ class Engine:
     def _receive_more(self, d, link: Link) -> None:
         """A multi-frame delivery: accumulate its bytes, or discard them once it grew
         past the max message size (the core then has it as MessageTooLarge)."""
-        handle = link.rx_handle
         if _delivery_aborted(d):  # the publisher gave up on it
-            link.rx_d = None
-            link.rx_buf = None
-            _delivery_settle(d)
-            if handle is None:
-                _link_flow(link.ptr, 1)  # the core never saw it: give its credit back
-            elif self._forget_incoming(handle):
-                self.dispatch(PublisherSettled(link.link_id, handle), link.conn, link)
+            self._aborted(d, link)
             return
         if _delivery_settled(d):
             link.rx_settled = True
         n = _delivery_pending(d)
         if n:
-            if n > self._rbuf_size:
-                self._grow(n)
-            got = _link_recv(link.ptr, self._rbuf, n)
-            if got > 0:
-                link.rx_size += got
-                if link.rx_buf is not None:
-                    if link.rx_size > self.max_message_size:
-                        link.rx_buf = None
-                        self._last_handle = handle = self._last_handle + 1
-                        link.rx_handle = handle
-                        if link.rx_settled:
-                            self.dispatch(MessageTooLarge(link.link_id, handle, link.rx_tag,
-                                                          link.rx_size, True), link.conn, link)
-                        else:
-                            self._incoming[d] = handle
-                            self._handles[handle] = (d, link)
-                            self.dispatch(MessageTooLarge(link.link_id, handle, link.rx_tag,
-                                                          link.rx_size, False), link.conn, link)
-                    else:
-                        link.rx_buf += ffi.buffer(self._rbuf, got)
+            self._accumulate(d, link, n)
         if link.rx_d is None or _delivery_partial(d):
             return  # settled meanwhile by the core's outcome, or more frames to come
+        self._received_whole(d, link)
+
+    def _aborted(self, d, link: Link) -> None:
+        handle = link.rx_handle
+        link.rx_d = None
+        link.rx_buf = None
+        _delivery_settle(d)
+        if handle is None:
+            _link_flow(link.ptr, 1)  # the core never saw it: give its credit back
+        elif self._forget_incoming(handle):
+            self.dispatch(PublisherSettled(link.link_id, handle), link.conn, link)
+
+    def _accumulate(self, d, link: Link, n: int) -> None:
+        """The ``n`` bytes that arrived: kept, or the delivery is now too large (the
+        core hears of it once, as MessageTooLarge, and its bytes are dropped)."""
+        if n > self._rbuf_size:
+            self._grow(n)
+        got = _link_recv(link.ptr, self._rbuf, n)
+        if got <= 0:
+            return
+        link.rx_size += got
+        if link.rx_buf is None:
+            return
+        if link.rx_size <= self.max_message_size:
+            link.rx_buf += ffi.buffer(self._rbuf, got)
+            return
+        link.rx_buf = None
+        self._last_handle = handle = self._last_handle + 1
+        link.rx_handle = handle
+        if not link.rx_settled:
+            self._incoming[d] = handle
+            self._handles[handle] = (d, link)
+        self.dispatch(MessageTooLarge(link.link_id, handle, link.rx_tag, link.rx_size, link.rx_settled),
+                      link.conn, link)
+
+    def _received_whole(self, d, link: Link) -> None:
+        """Its last frame came: hand the message to the core (or, if it was too
+        large, move past its bytes)."""
         link.rx_d = None
         if link.rx_buf is None:  # too large, and now complete
-            if handle is None:
-                handle = link.rx_handle
+            handle = link.rx_handle
             if handle in self._handles:  # unsettled, the core has it: move past its bytes
                 _link_advance(link.ptr)
                 if _delivery_settled(d):

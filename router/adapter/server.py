@@ -220,21 +220,7 @@ class Server:
                     return 0 if self.engine.shutdown_complete else 1
                 active = self._redo
                 self._redo = set()
-                for key, mask in ready:
-                    data = key.data
-                    if data.__class__ is Conn:
-                        if mask & READ:
-                            try:
-                                self._read(data)
-                            except Exception:
-                                self._io_failed(data, "reading")
-                        active.add(data)
-                    elif data is _LISTENER:
-                        self._accept(key.fileobj)
-                    elif data is _WAKEUP:
-                        self._drain_wakeup()
-                    elif data.__class__ is Dialer:
-                        self._dial_done(data)
+                self._handle_ready(ready, active)
                 if self._calls:
                     self._run_calls()
                 if self._next_tick:
@@ -266,6 +252,25 @@ class Server:
                     return 0
         finally:
             eventlog.flush()
+
+    def _handle_ready(self, ready: list, active: set) -> None:
+        """What select() found: bytes in (the connection joins ``active``), a new
+        connection, a wake-up, a finished dial."""
+        for key, mask in ready:
+            data = key.data
+            if data.__class__ is Conn:
+                if mask & READ:
+                    try:
+                        self._read(data)
+                    except Exception:
+                        self._io_failed(data, "reading")
+                active.add(data)
+            elif data is _LISTENER:
+                self._accept(key.fileobj)
+            elif data is _WAKEUP:
+                self._drain_wakeup()
+            elif data.__class__ is Dialer:
+                self._dial_done(data)
 
     def _timeout(self) -> float | None:
         if self._redo or (self.stop_requested and self._phase == "running") or self.hard_stop:
