@@ -101,6 +101,16 @@ log = logging.getLogger("eorouter.adapter")
 
 # Engine event types (ints, compared with ==).
 
+#: Log kinds counted for metrics, each with what its count is keyed by (besides the kind).
+_COUNTED = {
+    "link-attached": lambda f: ("link-attached", f.get("role"), bool(f.get("resumed"))),
+    "resume-requested": lambda f: ("resume-requested", f.get("role"), bool(f.get("incomplete"))),
+    "peer-restarted": lambda f: ("peer-restarted", f.get("peer")),
+    "announce-timeout": lambda f: ("announce-timeout",),
+    "origin-taken-over": lambda f: ("origin-taken-over",),
+    "subscription-expired": lambda f: ("subscription-expired",),
+}
+
 ACCEPTED = outcomes.ACCEPTED
 REJECTED = outcomes.REJECTED
 RELEASED = outcomes.RELEASED
@@ -155,6 +165,9 @@ class Engine:
         # Per topic (a link's address), for metrics (router/adapter/metrics.py): copies
         # sent to subscribers, and the outcomes publishers were told, by outcome code.
         self.copies_sent: dict[str | None, int] = {}
+        # Events operators follow, by what tells them apart (_COUNTED): attaches
+        # (resumed or not), resumptions, peers connecting, restarting, lost, ...
+        self.happenings: dict[tuple, int] = {}
         self.outcomes_told: dict[tuple[str | None, int], int] = {}
 
     # ------------------------------------------------------------------ stats / tests
@@ -697,7 +710,14 @@ class Engine:
         }
 
     def CORE_log(self, cmd: Log) -> None:
-        self.eventlog.append(cmd.kind, self.now, cmd.fields)
+        kind = cmd.kind
+        if kind in _COUNTED:  # the few kinds operators count (a set lookup per line otherwise)
+            self.happened(_COUNTED[kind](cmd.fields))
+        self.eventlog.append(kind, self.now, cmd.fields)
+
+    def happened(self, key: tuple) -> None:
+        """Count one of the events operators follow (router/adapter/metrics.py)."""
+        self.happenings[key] = self.happenings.get(key, 0) + 1
 
     def CORE_sub_outcomes(self, cmd: SubOutcomes) -> None:
         """"sub-outcome" lines, written as one run."""

@@ -395,6 +395,7 @@ class InterRouter:
         log.info("inter-router connection %d (%s) up: router %s epoch %d boot %s (%s)%s", conn.conn_id,
                  conn.peer, rid, hello.epoch, hello.boot, "accepted" if peer.acceptor else "dialled",
                  f"; also connected on {others}" if others else "")
+        self.engine.happened(("peer-connected", rid))
         self.eventlog.append("peer-connected", self.engine.now,
                              {"peer": rid, "conn": conn.conn_id, "peer_epoch": hello.epoch,
                               "peer_boot": hello.boot, "role": "acceptor" if peer.acceptor else "connector"})
@@ -713,6 +714,7 @@ class InterRouter:
         self._forget_up(peer)
         reason = _loss_reason(conn)
         log.info("inter-router connection %d to router %s lost: %s", conn.conn_id, rid, reason)
+        self.engine.happened(("peer-lost", rid))
         self.eventlog.append("peer-lost", self.engine.now, {"peer": rid, "conn": conn.conn_id, "reason": reason})
         try:
             commands = self.core.handle(PeerLost(conn.conn_id, rid), self.engine.now)

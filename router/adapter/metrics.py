@@ -90,6 +90,7 @@ def snapshot(server: Any) -> dict:
                      "flush": _histogram(eventlog.flush_seconds), "fsync": _histogram(eventlog.fsync_seconds),
                      "closed": eventlog.closed, "path": str(eventlog.path)},
         "loop": _histogram(server.loop_seconds),
+        "happenings": dict(engine.happenings),
         "ready": readiness(server),
     }
 
@@ -186,6 +187,7 @@ class RouterCollector(Collector):
             for outcome, n in sorted(t["outcomes"].items()):
                 told.add_metric([t["topic"], outcome], n)
         yield told
+        yield from _happenings(s["happenings"])
         yield _labelled(g("eorouter_peer_up", "1 while a connection to that router is up", labels=["router"]),
                         ((r, 1 if up else 0) for r, up in s["peers"].items()))
         yield g("eorouter_routes", "Routers reachable from here (the routing table's size)", value=s["routes"])
@@ -208,6 +210,39 @@ class RouterCollector(Collector):
         ready = g("eorouter_ready", "1 when every readiness check passes (/readyz)",
                   value=0 if any(s["ready"].values()) else 1)
         yield ready
+
+
+def _happenings(counts: dict[tuple, int]) -> Iterable[Metric]:
+    """The counted events (Engine.happened) as counters."""
+    c = CounterMetricFamily
+    families = {
+        "link-attached": c("eorouter_link_attaches", "Links attached here, by role and whether they resumed "
+                           "(resumed: a client failing over, or reconnecting, with its unsettled state)",
+                           labels=["role", "resumed"]),
+        "resume-requested": c("eorouter_link_resumptions", "Resumed links' unsettled state taken over here, by "
+                              "role and result (incomplete: some of it was not known here)",
+                              labels=["role", "result"]),
+        "peer-connected": c("eorouter_peer_connects", "Connections to that router that came up (reconnects: "
+                            "all but the first)", labels=["router"]),
+        "peer-lost": c("eorouter_peer_losses", "Connections to that router lost", labels=["router"]),
+        "peer-restarted": c("eorouter_peer_restarts", "Times that router came back with a new epoch",
+                            labels=["router"]),
+        "announce-timeout": c("eorouter_announce_timeouts", "Subscriber announcements other routers did not "
+                              "confirm in time"),
+        "origin-taken-over": c("eorouter_origins_taken_over", "Deliveries whose origin moved here, or from here, "
+                               "after a router failed"),
+        "subscription-expired": c("eorouter_subscriptions_expired", "Durable subscriptions expired while "
+                                  "their subscriber was away"),
+    }
+    for key, n in sorted(counts.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        kind, *labels = key
+        family = families[kind]
+        if kind == "link-attached":
+            labels = [str(labels[0]), "true" if labels[1] else "false"]
+        elif kind == "resume-requested":
+            labels = [str(labels[0]), "incomplete" if labels[1] else "complete"]
+        family.add_metric([str(x) for x in labels], n)
+    yield from families.values()
 
 
 def _labelled(family: Any, pairs: Iterable[tuple[str, float]]) -> Any:

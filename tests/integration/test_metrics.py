@@ -170,11 +170,48 @@ def test_a_network_member_is_ready_once_its_routes_converge(router_factory):
     assert value(samples, "eorouter_routes") == 1
     assert value(samples, "eorouter_connections", role="inter-router") >= 1
     assert value(scrape(a), "eorouter_peer_up", router="B") == 1
+    assert value(samples, "eorouter_peer_connects_total", router="A") == 1
 
     a.kill()
     wait_for(lambda: value(scrape(b), "eorouter_peer_up", router="A") == 0, "B to see A down", timeout=30)
     assert get(b, "/readyz")[0] == 200
     assert get(b, "/healthz")[0] == 200
+    down = scrape(b)
+    assert value(down, "eorouter_peer_losses_total", router="A") == 1
+    assert value(down, "eorouter_peer_connects_total", router="A") == 1
+
+
+def test_resumed_links_are_counted(router_factory, tmp_path):
+    """A publisher and a subscriber (router.client, resumable) lose their
+    connections and resume: the router counts each side's first attach, its
+    resumed attach and the resumption of its unsettled state."""
+    from router.client import ResumablePublisher, ResumableSubscriber
+
+    router = router_factory("A", metrics={"port": 0})
+    topic = unique("resumed")
+    got: list = []
+    sub = ResumableSubscriber([router.url], topic, container_id="sub-m", link_name="sub-m-link",
+                              state_path=tmp_path / "sub.state", on_message=got.append).start()
+    pub = ResumablePublisher([router.url], topic, container_id="pub-m", link_name="pub-m-link",
+                             state_path=tmp_path / "pub.state").start()
+    try:
+        assert sub.wait_attached(10) and pub.wait_attached(10)
+        assert pub.send_async("one").result(timeout=20).state == "accepted"
+        pub.kill_connection()
+        sub.kill_connection()
+        assert pub.wait_attached(20, attaches=2) and sub.wait_attached(20, attaches=2)
+        assert pub.send_async("two").result(timeout=20).state == "accepted"
+        samples = scrape(router)
+        for role in ("publisher", "subscriber"):
+            assert value(samples, "eorouter_link_attaches_total", role=role, resumed="false") == 1
+            assert value(samples, "eorouter_link_attaches_total", role=role, resumed="true") == 1
+            resumed = sum(v for (name, labels), v in samples.items()
+                          if name == "eorouter_link_resumptions_total" and ("role", role) in labels)
+            assert resumed == 1, samples
+        assert [m.body for m in got] == ["one", "two"]
+    finally:
+        pub.close()
+        sub.close()
 
 
 @pytest.mark.parametrize("text, message", [
