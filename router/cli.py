@@ -36,6 +36,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                      help="operational log level on stderr, in any case (default: INFO)")
     run.set_defaults(func=cmd_run)
+    from router import stat
+    stat.register(commands)
     for register in _plugged_commands():
         register(commands)
     return parser

@@ -64,7 +64,7 @@ class Link:
     """A link the adapter has reported to the core (or refused)."""
 
     __slots__ = ("link_id", "conn", "ptr", "is_receiver", "name", "address", "core_attached",
-                 "out", "rx_d", "rx_buf", "rx_handle", "rx_tag", "rx_settled", "rx_size", "streams")
+                 "out", "rx_d", "rx_buf", "rx_handle", "rx_tag", "rx_settled", "rx_size", "streams", "management")
 
     def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str):
         self.link_id = link_id
@@ -88,6 +88,9 @@ class Link:
         # Sender links: messages going out piece by piece, and what queued behind them
         # (streaming.py); None until the first large one.
         self.streams = None
+        # "requests" or "replies" for a link of the $management node (management.py),
+        # which the adapter answers itself; None for every other link.
+        self.management: str | None = None
 
     def __repr__(self) -> str:
         return f"<Link {self.link_id} {self.name!r} on conn {self.conn.conn_id}>"

@@ -165,6 +165,7 @@ class Engine:
         # Per topic (a link's address), for metrics (router/adapter/metrics.py): copies
         # sent to subscribers, and the outcomes publishers were told, by outcome code.
         self.copies_sent: dict[str | None, int] = {}
+        self.management = None  # the $management node (management.py), set by the Server
         # Events operators follow, by what tells them apart (_COUNTED): attaches
         # (resumed or not), resumptions, peers connecting, restarting, lost, ...
         self.happenings: dict[tuple, int] = {}
@@ -362,8 +363,11 @@ class Engine:
             return
         if not _delivery_readable(d):  # already settled and advanced past: stale event
             return
-        if not link.core_attached:  # a link the router closed: drop what still arrives
-            _delivery_settle(d)
+        if not link.core_attached:
+            if link.management is not None and self.management is not None:
+                self.management.request(d, link)  # a request to $management
+                return
+            _delivery_settle(d)  # a link the router closed: drop what still arrives
             return
         if _delivery_aborted(d):
             _delivery_settle(d)
@@ -565,6 +569,10 @@ class Engine:
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
         event = endpoints.attach_event(link, container_id, self.publishers_settle_first)
         link.address = event.address
+        if self.management is not None and self.management.wants(link, event.address):
+            self.management.attach(link, event.address)  # never the core's: the adapter answers it
+            self.touched.add(conn)
+            return
         if event.address is not None and event.address.startswith(RESERVED_PREFIX):
             # The inter-router protocol's addresses: never a client's, never the core's.
             self._refuse_attach(link, UNAUTHORIZED, f"addresses starting with {RESERVED_PREFIX} are reserved "
@@ -642,6 +650,8 @@ class Engine:
     def _forget_link(self, link: Link) -> None:
         if link.streams is not None:
             streaming.forget(link)
+        if link.management is not None and self.management is not None:
+            self.management.forget(link)
         self._links_by_ptr.pop(link.ptr, None)
         self._links.pop(link.link_id, None)
         link.conn.links.pop(link.link_id, None)

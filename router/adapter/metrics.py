@@ -53,23 +53,9 @@ def snapshot(server: Any) -> dict:
     engine = server.engine
     now = engine.now or time.time()
     conns = [c for c in server.conns.values() if not c.dead]
-    _forget_gone_topics(engine, core.topics)
-    told_by_topic: dict = {}
-    for (address, code), n in engine.outcomes_told.items():
-        told_by_topic.setdefault(address, {})[OUTCOME_NAMES.get(code, str(code))] = n
-    topics = []
-    for topic in core.topics.values():
-        oldest = next(iter(topic.records.values()), None)  # insertion (publisher) order: the first is oldest
-        topics.append({
-            "topic": topic.name, "records": len(topic.records), "unsettled": topic.unsettled,
-            "bytes": topic.bytes, "publishers": len(topic.publishers),
-            "subscriptions": len(topic.subscriptions),
-            "oldest_age": max(0.0, now - oldest.arrived) if oldest is not None and oldest.arrived else 0.0,
-            "published": topic.published, "copies": engine.copies_sent.get(topic.name, 0),
-            "outcomes": told_by_topic.get(topic.name, {}),
-        })
+    topics = snapshot_topics(server)
     net = core.net
-    peers = server.engine.peers
+    peers = engine.peers
     known = (set(net.lsdb.routers()) | set(peers.current) | set(core.lost)) - {net.self_id}
     eventlog = server.eventlog
     attached_subs = len(core.subscribers)
@@ -93,6 +79,30 @@ def snapshot(server: Any) -> dict:
         "happenings": dict(engine.happenings),
         "ready": readiness(server),
     }
+
+
+def snapshot_topics(server: Any) -> list[dict]:
+    """Per topic the router holds: its records, links, the age of its oldest record
+    and its counters (also the management interface's topic entities)."""
+    core = server.core
+    engine = server.engine
+    now = engine.now or time.time()
+    _forget_gone_topics(engine, core.topics)
+    told_by_topic: dict = {}
+    for (address, code), n in engine.outcomes_told.items():
+        told_by_topic.setdefault(address, {})[OUTCOME_NAMES.get(code, str(code))] = n
+    topics = []
+    for topic in core.topics.values():
+        oldest = next(iter(topic.records.values()), None)  # insertion (publisher) order: the first is oldest
+        topics.append({
+            "topic": topic.name, "records": len(topic.records), "unsettled": topic.unsettled,
+            "bytes": topic.bytes, "publishers": len(topic.publishers),
+            "subscriptions": len(topic.subscriptions),
+            "oldest_age": max(0.0, now - oldest.arrived) if oldest is not None and oldest.arrived else 0.0,
+            "published": topic.published, "copies": engine.copies_sent.get(topic.name, 0),
+            "outcomes": told_by_topic.get(topic.name, {}),
+        })
+    return topics
 
 
 def _forget_gone_topics(engine: Any, topics: dict) -> None:

@@ -43,6 +43,7 @@ from cproton_ffi import ffi, lib
 from router.adapter import streaming
 from router.adapter.endpoints import Conn, condition_of, printable
 from router.adapter.engine import Engine
+from router.adapter.management import Management
 from router.buckets import Buckets
 from router.core.events import ListenersReady, ShutdownRequested, TimerFired
 
@@ -147,6 +148,7 @@ class Server:
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self.loop_seconds = Buckets()
         self.routes_converged = False  # set once by the readiness check (router/adapter/metrics.py)
+        self.engine.management = Management(self)
         # Shutdown state
         self.stop_requested = False
         self.hard_stop = False

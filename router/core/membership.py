@@ -383,6 +383,10 @@ class MembershipTable:
         keys = self._by_topic.get(topic, {}).get(router, ())
         return tuple(_view_of(router, view.entries[key], view.lost_at) for key in sorted(keys))
 
+    def keys_at(self, router: RouterId) -> tuple[SubscriberKey, ...]:
+        """Every subscriber key known at ``router`` (attached or retained, lost or not), sorted."""
+        return tuple(sorted(key for key, routers in self._locations.items() if router in routers))
+
     def locations(self, key: SubscriberKey) -> tuple[RemoteSubscriber, ...]:
         """Every router where ``key`` is known, attached or retained, lost or not."""
         return tuple(_view_of(router, self._views[router].entries[key], self._views[router].lost_at)

@@ -1,0 +1,135 @@
+"""The $management node and `eorouter stat` against real router processes
+(issue 19, parts 3 and 4; docs/operations.md, "Management")."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+from amqpclients import unique
+from proton import Message
+from proton.utils import BlockingConnection, SyncRequestResponse
+
+SECRET = {"network": {"secret": "management-test-secret"}}
+
+
+def stat(router_or_bus, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    bus = router_or_bus if isinstance(router_or_bus, str) else f"{router_or_bus.host}:{router_or_bus.port}"
+    return subprocess.run([sys.executable, "-m", "router", "stat", "-b", bus, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def rows(router, view: str, *extra: str) -> list[dict]:
+    done = stat(router, f"--{view}", "--json", *extra)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_the_stuck_subscriber_is_the_one_every_record_waits_on(router_factory, amqp):
+    """Two subscribers, one answering and one not: every in-flight record of the
+    topic waits on the silent one only, oldest first; the tables name both."""
+    router = router_factory("A")
+    topic = unique("stuck")
+    quick = amqp.connect(router.url, container_id="quick-app").subscriber(topic, name="quick", auto_accept=True)
+    stuck = amqp.connect(router.url, container_id="stuck-app").subscriber(topic, name="stuck")
+    quick.wait_attached()
+    stuck.wait_attached()
+    pub = amqp.connect(router.url, container_id="pub-app").publisher(topic, name="pub")
+    sent = [pub.send(f"m{n}") for n in range(3)]
+    amqp.wait(lambda: len(stuck.received) == 3 and len(quick.received) == 3, what="3 deliveries each")
+    amqp.wait(lambda: all(s.get("waiting_on") == ["stuck-app/stuck"] for s in rows(router, "inflight"))
+              and len(rows(router, "inflight")) == 3, what="records waiting on the stuck subscriber only")
+    inflight = rows(router, "inflight", "--topic", topic)
+    assert [r["pub_tag"] for r in inflight] == [s.tag.hex() for s in sent]  # oldest first
+    assert all(r["subscribers"] == {"quick-app/quick": "accepted", "stuck-app/stuck": "sent"} for r in inflight)
+    assert all(r["publisher"] == "pub-app/pub" and r["told"] is None for r in inflight)
+    assert inflight[0]["age"] >= inflight[-1]["age"] > 0
+
+    text = stat(router, "--inflight").stdout
+    assert "In-flight deliveries" in text and text.count("stuck-app/stuck") == 3
+    connections = rows(router, "connections")  # besides these three, stat's own connection
+    assert {"quick-app", "stuck-app", "pub-app"} <= {c["container"] for c in connections}
+    assert all(c["role"] == "client" for c in connections)
+    links = rows(router, "links")
+    assert {(lk["container"], lk["role"], lk["address"]) for lk in links} >= {
+        ("quick-app", "subscriber", topic), ("stuck-app", "subscriber", topic), ("pub-app", "publisher", topic)}
+    topics = rows(router, "topics", "--topic", topic)
+    assert len(topics) == 1 and topics[0]["records"] == 3 and topics[0]["published"] == 3
+
+    for rec in list(stuck.received):
+        stuck.accept(rec)
+    amqp.wait(lambda: all(s.outcome == "accepted" for s in sent), what="outcomes")
+    amqp.wait(lambda: not any(r["waiting_on"] for r in rows(router, "inflight")), what="nothing waited on")
+
+
+def test_management_refuses_what_it_does_not_know(router_factory):
+    router = router_factory("A")
+    conn = BlockingConnection(router.url, timeout=10)
+    try:
+        client = SyncRequestResponse(conn, "$management")
+
+        def call(**props):
+            reply = client.call(Message(properties=props, body={}))
+            return reply.properties["statusCode"], reply.properties["statusDescription"], reply.body
+
+        assert call(operation="DELETE", type="org.eorouter.link")[0] == 501
+        code, why, _ = call(operation="QUERY", type="org.example.nothing")
+        assert code == 404 and "org.eorouter.topic" in why
+        code, _, body = call(operation="READ", type="org.eorouter.router", name="A")
+        assert code == 200 and body["name"] == "A" and body["epoch"] == router.epoch
+        assert call(operation="READ", type="org.eorouter.router", name="Z")[0] == 404
+        code, _, body = call(operation="GET-TYPES")
+        assert code == 200 and "org.eorouter.inflight" in body
+        code, _, body = call(operation="QUERY", type="org.eorouter.topic")
+        assert code == 200 and body["results"] == [] and "oldest_age" in body["attributeNames"]
+    finally:
+        conn.close()
+    # the router is unharmed, and still answers
+    assert rows(router, "router")[0]["name"] == "A"
+
+
+def test_stat_says_clearly_when_no_router_answers():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = stat(f"127.0.0.1:{port}", "--links", "--timeout", "2")
+    assert done.returncode == 1
+    assert done.stderr.startswith("eorouter stat: cannot reach a router at 127.0.0.1:") and "Traceback" not in done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_network_view_before_and_after_a_router_dies(router_factory, amqp):
+    """B sees A up, one hop away, with A's subscriber known; after A is killed, B
+    shows it down (and its subscriber still known, retained for failover)."""
+    port = _free_port()
+    a = router_factory("A", **SECRET, listener=[{"host": "127.0.0.1", "port": 0},
+                                                 {"host": "127.0.0.1", "port": port, "role": "inter-router"}])
+    b = router_factory("B", **SECRET, connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router"}])
+    topic = unique("net")
+    sub = amqp.connect(a.url, container_id="far-app").subscriber(topic, name="far", auto_accept=True)
+    sub.wait_attached()
+    amqp.wait(lambda: any(p["name"] == "A" and p["up"] and "far-app/far" in (p["subscribers"] or [])
+                          for p in rows(b, "network")), what="B to know A and its subscriber", timeout=30)
+    peer = next(p for p in rows(b, "network") if p["name"] == "A")
+    assert peer["next_hop"] == "A" and peer["cost"] == 1
+    text = stat(b, "--network").stdout
+    assert "Network" in text and "far-app/far" in text
+
+    a.kill()
+    amqp.wait(lambda: not next(p for p in rows(b, "network") if p["name"] == "A")["up"], what="A down at B",
+              timeout=30)
+
+
+@pytest.mark.parametrize("flag", ["--router", "--connections", "--links", "--topics", "--network", "--inflight"])
+def test_every_view_prints_a_table(router, flag):
+    done = stat(router, flag)
+    assert done.returncode == 0, done.stderr
+    assert f"of {router.host}:{router.port}" in done.stdout.splitlines()[0]
