@@ -71,7 +71,7 @@ class Management:
         self.types = {
             PREFIX + "router": self._routers, PREFIX + "connection": self._connections,
             PREFIX + "link": self._links, PREFIX + "topic": self._topics, PREFIX + "peer": self._peers,
-            PREFIX + "inflight": self._inflight,
+            PREFIX + "inflight": self.inflight,
         }
 
     # ------------------------------------------------------------ links
@@ -230,7 +230,7 @@ class Management:
                  "subscribers": [str(key) for key in net.membership.keys_at(r)]}
                 for r in sorted(known)]
 
-    def _inflight(self) -> list[dict]:
+    def inflight(self) -> list[dict]:
         """Every record, oldest first, with whom it waits on: the subscribers here
         that have not answered, and the routers whose subscribers have not."""
         core = self.server.core

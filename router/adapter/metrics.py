@@ -301,7 +301,8 @@ class MetricsServer:
 
     def start(self) -> None:
         self.thread.start()
-        log.info("metrics and health on http://%s:%d/ (/metrics, /healthz, /readyz)", self.host, self.port)
+        log.info("console, metrics and health on http://%s:%d/ (/, /metrics, /healthz, /readyz)", self.host,
+                 self.port)
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -312,10 +313,23 @@ class MetricsServer:
 
     def _app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
+        from router.adapter.console import PAGE, overview  # (console reads this module's snapshots)
         if path == "/healthz":
             return self._health(start_response)
         if path == "/readyz":
             return self._ready(start_response)
+        if path == "/":
+            data = PAGE.encode()
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"),
+                                      ("Content-Length", str(len(data)))])
+            return [data]
+        if path == "/api/overview":
+            try:
+                return _json(start_response, 200, self.server.call_in_loop(lambda: overview(self.server),
+                                                                           LOOP_ANSWER_TIMEOUT))
+            except TimeoutError:
+                return _json(start_response, 503, {"status": "failing",
+                                                   "checks": {"event-loop": self._no_answer()}})
         if path == "/metrics":
             try:
                 return self._metrics_app(environ, start_response)
@@ -323,7 +337,7 @@ class MetricsServer:
                 return _json(start_response, 503, {"status": "failing",
                                                    "checks": {"event-loop": self._no_answer()}})
         return _json(start_response, 404, {"error": f"no such page: {path}",
-                                           "pages": ["/metrics", "/healthz", "/readyz"]})
+                                           "pages": ["/", "/api/overview", "/metrics", "/healthz", "/readyz"]})
 
     def _health(self, start_response: Callable) -> Iterable[bytes]:
         started = time.monotonic()
