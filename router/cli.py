@@ -32,9 +32,9 @@ def _build_parser() -> argparse.ArgumentParser:
                               description="Run one router until SIGTERM/SIGINT.")
     run.add_argument("--config", "-c", required=True, metavar="PATH",
                      help="the router's TOML configuration file")
-    run.add_argument("--log-level", default="INFO", type=str.upper,  # debug and DEBUG alike
+    run.add_argument("--log-level", default=None, type=str.upper,  # debug and DEBUG alike
                      choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                     help="operational log level on stderr, in any case (default: INFO)")
+                     help="operational log level on stderr, in any case (default: [logging] level, else INFO)")
     run.set_defaults(func=cmd_run)
     from router import stat
     stat.register(commands)
@@ -63,15 +63,31 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def configure_logging(settings, level: str | None = None) -> None:
+    """Apply ``[logging]``: the level (``--log-level`` wins), per-logger levels, and
+    JSON lines instead of text when asked (docs/operations.md, "Logging")."""
+    root = logging.getLogger()
+    if settings.format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+        formatter = JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
+                                  rename_fields={"asctime": "ts", "levelname": "level", "name": "logger"})
+        for handler in root.handlers:
+            handler.setFormatter(formatter)
+    root.setLevel(level or settings.level)
+    for name, module_level in settings.modules.items():
+        logging.getLogger(name).setLevel(module_level)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from router.config import ConfigError, load_config
 
-    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+    logging.basicConfig(level=args.log_level or "INFO", stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         return _fail(str(exc), 2)
+    configure_logging(config.logging, args.log_level)
 
     from router.adapter import Server, fastpath
     from router.adapter.malloc import return_large_buffers_to_the_os
@@ -92,7 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         server = Server(router_id=config.router_id, core=core, eventlog=eventlog,
                         listeners=config.listeners, max_message_size=config.core.max_message_size,
                         idle_timeout=config.idle_timeout, drain_grace=config.drain_grace,
-                        connectors=config.connectors, network=config.network)
+                        connectors=config.connectors, network=config.network,
+                        slow_subscriber_age=config.logging.slow_subscriber_age)
         try:
             server.bind()
         except OSError as exc:

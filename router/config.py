@@ -27,6 +27,7 @@ __all__ = [
     "Connector",
     "EventLogSettings",
     "Listener",
+    "LoggingSettings",
     "MetricsSettings",
     "NetworkSettings",
     "RouterConfig",
@@ -98,6 +99,15 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    """``[logging]`` (docs/operations.md, "Logging")."""
+    level: str = "INFO"
+    format: str = "text"  # or "json": one object per line
+    modules: dict[str, str] = field(default_factory=dict)  # logger name -> level
+    slow_subscriber_age: float = 30.0  # seconds; 0: never warn
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     router_id: str
     data_dir: Path  # absolute
@@ -109,6 +119,7 @@ class RouterConfig:
     eventlog: EventLogSettings = field(default_factory=EventLogSettings)
     core: CoreSettings = field(default_factory=CoreSettings)
     metrics: MetricsSettings | None = None  # None: no [metrics] table, no HTTP listener
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
     source: str = "<defaults>"  # where this configuration came from
 
 
@@ -189,6 +200,31 @@ def _secret(value: Any) -> str:
     return value
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _level(value: Any) -> str:
+    if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
+        raise _Invalid(f"a log level ({', '.join(LOG_LEVELS)}, in any case)")
+    return value.upper()
+
+
+def _module_levels(value: Any) -> dict[str, str]:
+    """``[logging.modules]``: logger name -> level."""
+    if not isinstance(value, dict):
+        raise _Invalid("a table of logger names to levels, e.g. [logging.modules] \"eorouter.server\" = \"DEBUG\"")
+    out = {}
+    for name, level in value.items():
+        if not name.strip():
+            raise _Invalid("non-empty logger names")
+        try:
+            out[name] = _level(level)
+        except _Invalid:
+            raise _Invalid("", f"logger {name!r}: expected a log level ({', '.join(LOG_LEVELS)}), "
+                               f"found {_describe(level)}") from None
+    return out
+
+
 _positive = _int(1, None, "a positive integer")
 _uint_positive = _int(1, UINT_MAX, f"an integer from 1 to {UINT_MAX}")
 _uint = _int(0, UINT_MAX, f"an integer from 0 to {UINT_MAX}")
@@ -224,6 +260,8 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "eventlog": {"max_bytes": _positive, "retention": _positive, "fsync": _bool},
     "metrics": {"host": _host, "port": _port},
+    "logging": {"level": _level, "format": _choice(("text", "json")), "modules": _module_levels,
+                "slow_subscriber_age": _seconds(positive=False)},
     "failover": {
         "placeholder_timeout": _seconds(positive=True),
         "publisher_resume_timeout": _seconds(positive=False),
@@ -326,6 +364,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     delivery = p.table(data.get("delivery", {}), "delivery", "delivery")
     log = p.table(data.get("eventlog", {}), "eventlog", "eventlog")
     metrics = MetricsSettings(**p.table(data["metrics"], "metrics", "metrics")) if "metrics" in data else None
+    logging_settings = LoggingSettings(**p.table(data.get("logging", {}), "logging", "logging"))
 
     listeners = _listeners(p, data)
     connectors = _connectors(p, data)
@@ -390,6 +429,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         eventlog=EventLogSettings(**log),
         core=core,
         metrics=metrics,
+        logging=logging_settings,
         source=source,
     )
 

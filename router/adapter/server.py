@@ -44,6 +44,7 @@ from router.adapter import streaming
 from router.adapter.endpoints import Conn, condition_of, printable
 from router.adapter.engine import Engine
 from router.adapter.management import Management
+from router.adapter.slow import SlowSubscribers
 from router.buckets import Buckets
 from router.core.events import ListenersReady, ShutdownRequested, TimerFired
 
@@ -111,7 +112,7 @@ class Server:
 
     def __init__(self, *, router_id: str, core, eventlog, listeners, max_message_size: int,
                  idle_timeout: float = 0.0, drain_grace: float = 5.0, connectors=(),
-                 network=None):
+                 network=None, slow_subscriber_age: float = 0.0):
         self.router_id = router_id
         self.core = core
         self.eventlog = eventlog
@@ -149,6 +150,7 @@ class Server:
         self.loop_seconds = Buckets()
         self.routes_converged = False  # set once by the readiness check (router/adapter/metrics.py)
         self.engine.management = Management(self)
+        self.slow = SlowSubscribers(slow_subscriber_age)
         # Shutdown state
         self.stop_requested = False
         self.hard_stop = False
@@ -234,6 +236,8 @@ class Server:
                 deadline = self.core.next_deadline()
                 if deadline is not None and now >= deadline:
                     self._core_timer(TimerFired())
+                if self.slow.due(now):
+                    self.slow.check(self.core, now)
                 self._process(active)
                 if peers.batches:  # this iteration's control messages: one transfer per neighbour
                     peers.flush()
