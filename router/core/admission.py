@@ -5,6 +5,8 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from router.core import outcomes, tags
 from router.core.commands import (
     Drained,
@@ -40,8 +42,13 @@ from router.core.records import (
 )
 from router.core.settled import BEYOND_HORIZON, KNOWN
 
+if TYPE_CHECKING:
+    from router.core.corestate import CoreState
+else:
+    CoreState = object  # declarations for mypy only: no base class at run time
 
-class AdmissionMixin:
+
+class AdmissionMixin(CoreState):
     def _on_message(self, ev: MessageReceived, now: float, out: list) -> None:
         """A publisher's transfer: counted against its credit and the topic's size
         estimate, numbered in its stream, then named (its outgoing tag: a new
@@ -93,9 +100,10 @@ class AdmissionMixin:
         if memory is None:
             memory = pub.memory = self.settled.memory_of(pub.stream)
         record.memory = memory
-        self._fan_out(record, pub, topic, ev, size, now, out)
+        self._fan_out(record, payload, pub, topic, ev, size, now, out)
 
-    def _name_delivery(self, pub, topic: Topic, ev: MessageReceived, now: float, out: list):
+    def _name_delivery(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
+                       out: list) -> tuple[bytes, int, bool] | None:
         """(outgoing tag, reuse count, resent?) of a transfer: a new delivery, a resend
         of one the publisher reported unsettled when it resumed (answered here when
         this router knows its end), or a reuse of a settled tag. None: answered."""
@@ -118,8 +126,9 @@ class AdmissionMixin:
             if existing is None:
                 settled = self.settled
                 verdict = settled.resend_verdict(tag, pub.incarnation)
-                if verdict == KNOWN and settled.outcome_of(tag) is not None:
-                    self._answer_finished_resend(tag, settled.outcome_of(tag), ev, out)
+                final = settled.outcome_of(tag) if verdict == KNOWN else None
+                if final is not None:
+                    self._answer_finished_resend(tag, final, ev, out)
                     self._refill_credit(topic, out)
                     return None
                 if verdict == BEYOND_HORIZON:
@@ -136,13 +145,14 @@ class AdmissionMixin:
                 # routers may still remember the old one, so the copy says which use it is.
                 reuse = self.settled.reuse_of(tag) + 1
         if existing is not None:
-            reuse = self._existing_delivery(existing, pub, topic, ev, resent, now, out)
-            if reuse is None:
+            existing_reuse = self._existing_delivery(existing, pub, topic, ev, resent, now, out)
+            if existing_reuse is None:
                 return None
+            reuse = existing_reuse
         return tag, reuse, resent
 
-    def _existing_delivery(self, existing: DeliveryRecord, pub, topic: Topic, ev: MessageReceived, resent: bool,
-                           now: float, out: list) -> int | None:
+    def _existing_delivery(self, existing: DeliveryRecord, pub: PublisherLink, topic: Topic, ev: MessageReceived,
+                           resent: bool, now: float, out: list) -> int | None:
         """The transfer's tag names a record we hold: a resend (matched to it), a
         reuse of a settled tag (the reuse count of the new delivery), or an error.
         None: answered."""
@@ -165,7 +175,7 @@ class AdmissionMixin:
         self._delete(existing, "tag-reused", out)
         return existing.reuse + 1
 
-    def _origin_template(self, pub) -> OriginTemplate:
+    def _origin_template(self, pub: PublisherLink) -> OriginTemplate:
         """The origin annotation of the publisher's messages, encoded once per link."""
         template = pub.origin
         if template is None:
@@ -173,7 +183,8 @@ class AdmissionMixin:
                                                    self.settings.router_id)
         return template
 
-    def _prepare_payload(self, pub, ev: MessageReceived, now: float, out: list):
+    def _prepare_payload(self, pub: PublisherLink, ev: MessageReceived, now: float,
+                         out: list) -> tuple[bytes, float | None] | None:
         """(the message with the origin annotation spliced in, when it expires) or
         None: refused (malformed, forged annotation, expired)."""
         try:
@@ -198,10 +209,11 @@ class AdmissionMixin:
             return None
         return payload, expires_at
 
-    def _fan_out(self, record: DeliveryRecord, pub, topic: Topic, ev: MessageReceived, size: int, now: float,
-                 out: list) -> None:
+    def _fan_out(self, record: DeliveryRecord, payload: bytes, pub: PublisherLink, topic: Topic,
+                 ev: MessageReceived, size: int, now: float, out: list) -> None:
         """A new delivery: owed to the topic's subscribers here (sent to those who can
-        take it) and to every interested router, logged, and kept."""
+        take it) and to every interested router, logged, and kept. ``payload``: the
+        record's message (the caller's reference: the record's field is optional)."""
         owed, sent_to, best_effort = self._distribute(record, topic, out)
         record.waiting = len(owed)  # every owed subscriber is yet to answer
         routers = None
@@ -221,7 +233,6 @@ class AdmissionMixin:
             "stream_seq": record.stream_seq, "size": size, "settled": False, "owed": owed,
             "forwarded": sent_to, "routers": routers})))
         tag = record.tag
-        payload = record.payload
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record
         topic.records[record.order] = record
@@ -368,9 +379,10 @@ class AdmissionMixin:
     def _best_effort_from_router(self, ev: DataReceived, header: dict, out: list) -> None:
         """A pre-settled delivery relayed from its publisher's router: copies to our
         subscribers with credit now; no record, no answer, no order hold."""
-        topic = self.topics.get(header.get("topic"))
+        name: Any = header.get("topic")  # wire data: None when absent, which names no topic
+        topic = self.topics.get(name)
         out.append(Log("received", {
-            "delivery": ev.tag.hex(), "topic": header.get("topic"), "publisher": header.get("pub"),
+            "delivery": ev.tag.hex(), "topic": name, "publisher": header.get("pub"),
             "link_name": header.get("link"), "pub_tag": header.get("ptag"), "incarnation": header.get("inc"),
             "stream_seq": header.get("seq", 0), "size": len(ev.payload), "settled": True, "owed": [],
             "origin_router": header.get("origin")}))
@@ -391,14 +403,16 @@ class AdmissionMixin:
         if pub is not None:
             self._refill_credit(self.topics[pub.topic], out)
 
-    def _send(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, out: list) -> None:
+    def _send(self, sub: Subscription, link_id: int, record: DeliveryRecord, payload: bytes, state: SubscriberState,
+              out: list) -> None:
+        """Send ``record`` (its ``payload``) on ``link_id``, the link ``sub`` is attached on."""
         sub.credit -= 1
         state.sent = self._send_counter = self._send_counter + 1
-        state.link = sub.link_id
+        state.link = link_id
         state.remote_settled = False  # a new copy (a resend after a resume): not settled by it yet
-        out.append(Forward(sub.link_id, record.tag, record.payload, False))
+        out.append(Forward(link_id, record.tag, payload, False))
         out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key,
-                                     "link": sub.link_id, "settled": False}))
+                                     "link": link_id, "settled": False}))
 
     def _pump(self, sub: Subscription, now: float, out: list) -> None:
         """Send queued records while the subscriber has credit."""
@@ -406,6 +420,9 @@ class AdmissionMixin:
             return
         queue = sub.queue
         key = sub.key
+        # Used only while it has credit, which only an attached link gets: not None then.
+        # (Not checked: detached, with no credit, this sends nothing and must stay a no-op.)
+        link_id: int = sub.link_id  # type: ignore[assignment]
         while queue and sub.credit > 0:
             record = queue.popleft()
             state = record.subscribers.get(key)
@@ -416,15 +433,15 @@ class AdmissionMixin:
             if sub.placeholders and self.resumption.placeholder_blocks(sub, record):
                 sub.held.setdefault(record.tag[:tags.STREAM_ID_SIZE], []).append(record)
                 continue
-            self._send(sub, record, state, out)
+            self._send(sub, link_id, record, record.payload, state, out)
             if record.pub_settled:  # a resumed subscriber's re-send, settled meanwhile
-                out.append(SettleOutgoing(sub.link_id, record.tag))
+                out.append(SettleOutgoing(link_id, record.tag))
                 state.settle_relayed = True
                 sub.awaiting_evidence.append((self._send_counter, record))
         if sub.drain and not queue and sub.credit > 0:
             sub.credit = 0
             sub.drain = False
-            out.append(Drained(sub.link_id))
+            out.append(Drained(link_id))
 
     def _on_credit(self, ev: CreditChanged, now: float, out: list) -> None:
         sub = self.subscribers.get(ev.link_id)

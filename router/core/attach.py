@@ -5,6 +5,8 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from router.core import tags
 from router.core.commands import (
     DetachLink,
@@ -36,10 +38,16 @@ from router.core.links import PublisherLink, Subscription, Topic
 from router.core.network import (
     announcement_message,
 )
+from router.core.records import DeliveryRecord
 from router.core.resumption import _split_key, reported_unsettled
 
+if TYPE_CHECKING:
+    from router.core.corestate import CoreState
+else:
+    CoreState = object  # declarations for mypy only: no base class at run time
 
-class AttachMixin:
+
+class AttachMixin(CoreState):
     def _on_attach(self, ev: LinkAttached, now: float, out: list) -> None:
         address = ev.address
         if not address:
@@ -69,9 +77,10 @@ class AttachMixin:
                 self._detach_publisher(other, "stolen", now, out)
                 break
         presented = (ev.properties or {}).get(INCARNATION_PROPERTY)
-        resumed = isinstance(presented, str) and 0 < len(presented) <= 128
-        incarnation = presented if resumed else tags.fresh_incarnation(self.boot_id, next(self._incarnations),
-                                                                       now)
+        if isinstance(presented, str) and 0 < len(presented) <= 128:
+            resumed, incarnation = True, presented
+        else:
+            resumed, incarnation = False, tags.fresh_incarnation(self.boot_id, next(self._incarnations), now)
         stream = tags.stream_id(ev.container_id, ev.name, incarnation)
         triple = (ev.container_id, ev.name, incarnation)
         known = self.streams.get(stream)
@@ -87,7 +96,7 @@ class AttachMixin:
                             stream, ev.snd_settle_mode == SND_SETTLED, ev.rcv_settle_mode == RCV_FIRST)
         self.publishers[ev.link_id] = pub
         topic.publishers[ev.link_id] = pub
-        properties = {INCARNATION_PROPERTY: incarnation}
+        properties: dict = {INCARNATION_PROPERTY: incarnation}
         out.append(Log("link-attached", {
             "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
             "role": PUBLISHER, "address": address, "durable": ev.durable, "incarnation": incarnation,
@@ -100,7 +109,7 @@ class AttachMixin:
     def _attach_subscriber(self, ev: LinkAttached, address: str, now: float, out: list) -> None:
         key = f"{ev.container_id}/{ev.name}"
         sub = self.subscriptions.get(key)
-        if sub is not None and sub.attached:
+        if sub is not None and sub.link_id is not None:  # attached
             # Link stealing: the newer attach takes over the same terminus (this is
             # what a failing-over client does), so the subscription carries on.
             old_link = sub.link_id
@@ -226,6 +235,8 @@ class AttachMixin:
 
     def _forget_link(self, link_id: int) -> None:
         conn_id = self.link_conn.pop(link_id, None)
+        if conn_id is None:
+            return
         links = self.links_by_conn.get(conn_id)
         if links is not None:
             links.discard(link_id)
@@ -264,7 +275,7 @@ class AttachMixin:
         self._refill_credit(topic, out)
         self._drop_topic_if_idle(topic)
 
-    def _publisher_gone(self, records, now: float, out: list) -> None:
+    def _publisher_gone(self, records: list[DeliveryRecord], now: float, out: list) -> None:
         for record in records:
             if record.pub_settled or record.pub_delivery is not None or self.records.get(record.tag) is not record:
                 continue  # settled, resumed meanwhile, or gone
@@ -274,6 +285,7 @@ class AttachMixin:
 
     def _unlink_subscriber(self, sub: Subscription, now: float, out: list, reason: str, closed: bool) -> None:
         link_id = sub.link_id
+        assert link_id is not None  # only an attached subscription is unlinked
         del self.subscribers[link_id]
         sub.link_id = None
         sub.conn_id = None

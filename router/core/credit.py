@@ -5,6 +5,8 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from router.core.commands import (
     GrantCredit,
     Log,
@@ -14,8 +16,13 @@ from router.core.constants import (
 )
 from router.core.links import Topic
 
+if TYPE_CHECKING:
+    from router.core.corestate import CoreState
+else:
+    CoreState = object  # declarations for mypy only: no base class at run time
 
-class CreditMixin:
+
+class CreditMixin(CoreState):
     def _refill_credit(self, topic: Topic, out: list, bound_only: bool = False) -> None:
         """Keep each publisher's credit topped up within the topic's in-flight bound.
 

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from router.core.message import OriginTemplate
+    from router.core.records import DeliveryRecord, Roster
+    from router.core.settled import StreamSettled
 
 
 class PublisherLink:
@@ -26,7 +32,7 @@ class PublisherLink:
         self.settles_first = settles_first
         self.credit = 0  # granted and not yet used
         self.next_seq = 0  # publisher order within this stream
-        self.origin = None  # its message.OriginTemplate, made on its first message
+        self.origin: OriginTemplate | None = None  # made on its first message
         # Resumed: the publisher tags it reported unsettled and has not resent yet. A
         # transfer with one of them is a resend, never a new use of the tag.
         self.resending: set[bytes] | None = None
@@ -35,7 +41,7 @@ class PublisherLink:
         # used: docs/resumption.md, "Publisher order across a resume").
         self.awaiting_seq: set[str] | None = None
         # Its stream's settled-delivery memory (settled.StreamSettled), once it sent.
-        self.memory = None
+        self.memory: StreamSettled | None = None
 
 
 class Subscription:
@@ -59,7 +65,7 @@ class Subscription:
         self.credit = 0
         self.drain = False
         # Records waiting for credit, in publisher order (lazily skipped when done).
-        self.queue: deque = deque()
+        self.queue: deque[DeliveryRecord] = deque()
         # (the core's send counter at settlement, record): settled deliveries this subscriber
         # is not yet known to have seen settled, oldest first.
         self.awaiting_evidence: deque = deque()
@@ -94,7 +100,7 @@ class Topic:
         self.outstanding_credit = 0  # credit granted to this topic's publishers, not yet used
         # The owed subscriptions as a records.Roster, built when needed; None after any
         # change to them (a subscription comes, goes, changes link or settle mode).
-        self.roster = None
+        self.roster: Roster | None = None
         # The byte budget (docs/configuration.md, [limits]): message bytes its records
         # hold; the size its outstanding credit is counted at (the largest recent
         # message: it grows at once, and halves per credit grant while messages stay

@@ -270,12 +270,13 @@ class MembershipTable:
         self._learnt += 1
         entry = _Entry(message, self._learnt)
         view.put(key, entry)
-        was_live = held is not None and _is_live(held.message) and not held.expired
-        if was_live:
-            self._unindex(router, held.message)
+        # The announcement this news replaces, if it left a subscription there
+        live_before = held.message if held is not None and _is_live(held.message) and not held.expired else None
+        if live_before is not None:
+            self._unindex(router, live_before)
         if _is_live(message):
-            if was_live and held.message.topic != message.topic:
-                out.append(RemoteSubscriberRemoved(router, key, held.message.topic, REASON_SUPERSEDED))
+            if live_before is not None and live_before.topic != message.topic:
+                out.append(RemoteSubscriberRemoved(router, key, live_before.topic, REASON_SUPERSEDED))
             elsewhere = sorted(self._locations.get(key, set()) - {router})
             self._index(router, message)
             if isinstance(message, SubscriberAttached):
@@ -284,14 +285,16 @@ class MembershipTable:
                 out.extend(SubscriberMoved(key, other, router) for other in elsewhere)
             else:
                 out.append(RemoteSubscriberRetained(router, key, message.topic, message.timeout))
-        elif was_live:
+        elif live_before is not None:
+            assert isinstance(message, SubscriberDetached)  # not live: a detach
             reason = REASON_CLOSED if message.closed else REASON_DETACHED
-            out.append(RemoteSubscriberRemoved(router, key, held.message.topic, reason))
+            out.append(RemoteSubscriberRemoved(router, key, live_before.topic, reason))
         view.mark(message.version)
 
     def _drop(self, router: RouterId, view: _RouterView, key: SubscriberKey, reason: str,
               out: list[Change]) -> None:
         entry = view.pop(key)
+        assert entry is not None  # callers drop keys the view holds
         if _is_live(entry.message) and not entry.expired:
             self._unindex(router, entry.message)
             out.append(RemoteSubscriberRemoved(router, key, entry.message.topic, reason))
@@ -379,8 +382,10 @@ class MembershipTable:
 
     def subscribers_at(self, router: RouterId, topic: str) -> tuple[RemoteSubscriber, ...]:
         """The subscriptions to ``topic`` at ``router`` (lost or not), by key."""
-        view = self._views.get(router)
         keys = self._by_topic.get(topic, {}).get(router, ())
+        if not keys:
+            return ()
+        view = self._views[router]  # a router indexed under a topic has a view
         return tuple(_view_of(router, view.entries[key], view.lost_at) for key in sorted(keys))
 
     def keys_at(self, router: RouterId) -> tuple[SubscriberKey, ...]:
@@ -438,13 +443,16 @@ class MembershipTable:
         view = self._views.get(router)
         if view is None:
             return None
+        return self._snapshot(router, view)
+
+    def _snapshot(self, router: RouterId, view: _RouterView) -> SubscribersSnapshot:
         items = tuple(sorted((entry.message for entry in view.entries.values()), key=lambda m: m.version))
         return SubscribersSnapshot(router, view.incarnation.epoch, view.incarnation.boot, view.through, items)
 
     def full_snapshot(self) -> list[SubscribersSnapshot]:
         """A snapshot of every router we know, by router id (add our own from
         ``LocalAnnouncer.snapshot``)."""
-        return [self.snapshot_for(router) for router in sorted(self._views)]
+        return [self._snapshot(router, self._views[router]) for router in sorted(self._views)]
 
 
 # --- our own side ---------------------------------------------------------------------------

@@ -10,9 +10,12 @@ each local subscriber's state and each interested remote router's state.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
+
+if TYPE_CHECKING:
+    from router.core.settled import StreamSettled
 
 # Shared, read-only stand-ins for a record's maps and set while they are empty: most
 # records (one router, no failover) never put anything in them, and four fresh
@@ -112,6 +115,9 @@ class DeliveryRecord:
         "resent", "final",
         "memory", "arrived",
     )
+    # The two optional slots' types (bare annotations: a value would clash with the slot).
+    resent: bool
+    final: int | None
 
     def __init__(self, tag: bytes, topic: str, order: int, payload: bytes, publisher: str,
                  link_name: str, pub_tag: bytes, incarnation: str, stream_seq: int,
@@ -168,9 +174,8 @@ class DeliveryRecord:
         self.expires_at = expires_at
         # Its stream's settled-delivery memory (settled.StreamSettled), for a record
         # its own publisher sent here: its outcome goes there when it goes.
-        self.memory = None
+        self.memory: StreamSettled | None = None
         self.arrived = 0.0  # when it came (the core's clock): the age operators see (metrics)
-
 
     @property
     def subscribers(self) -> dict[str, SubscriberState]:

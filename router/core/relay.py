@@ -5,6 +5,8 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from router.core import outcomes, tags
 from router.core.commands import (
     Log,
@@ -40,8 +42,13 @@ from router.core.records import (
 )
 from router.core.settled import BEYOND_HORIZON
 
+if TYPE_CHECKING:
+    from router.core.corestate import CoreState
+else:
+    CoreState = object  # declarations for mypy only: no base class at run time
 
-class RelayMixin:
+
+class RelayMixin(CoreState):
     def _neighbours_except(self, source: str | None):
         return [peer for peer in self.net.neighbours if peer != source]
 
@@ -118,8 +125,8 @@ class RelayMixin:
                 if state is not None:
                     state.sent = True
 
-    def _answer_origin(self, record: DeliveryRecord, out: list) -> None:
-        outcome = record.outcome
+    def _answer_origin(self, record: DeliveryRecord, outcome: Outcome, origin: str, out: list) -> None:
+        """Tell ``origin`` (the record's origin router) its ``outcome`` here."""
         # With no subscriber left here that was owed it, we are not owed it either. A
         # subscriber that moved away still counts: the router it moved to answered us
         # for it (a targeted copy) and leaves it out of its own answer; and we keep a
@@ -135,8 +142,8 @@ class RelayMixin:
         if outcome.code == outcomes.MODIFIED:
             message["failed"] = outcome.delivery_failed
             message["undeliv"] = outcome.undeliverable_here
-        self._route_control(record.origin_router, message, out)
-        out.append(Log("outcome-to-router", {"delivery": record.delivery_id, "to_router": record.origin_router,
+        self._route_control(origin, message, out)
+        out.append(Log("outcome-to-router", {"delivery": record.delivery_id, "to_router": origin,
                                              "outcome": outcomes.NAMES[code]}))
 
     def _subscriber_ready(self, key: str, out: list) -> None:
@@ -357,7 +364,7 @@ class RelayMixin:
         if targets and topic is not None:
             self._new_targeted_record(ev, header, topic, targets, report_to, now, out)
             return
-        if not owed_here:
+        if topic is None or not owed_here:
             # Nobody here (any more): we are not owed this delivery.
             message = {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE}
             self._route_control(origin, message, out)
@@ -389,7 +396,7 @@ class RelayMixin:
             self.resumption.accept_targeted(record, targets, report_to, now, out)
         # If we already answered, the answer may have been lost: answer again.
         elif record.origin_router is not None and record.outcome is not None and not record.pub_settled:
-            self._answer_origin(record, out)
+            self._answer_origin(record, record.outcome, record.origin_router, out)
 
     def _refuse_forgotten_resend(self, tag: bytes, origin: str, report_to: str, out: list) -> None:
         """A resend of a stream we finished with and forgot: our subscribers may have
@@ -453,7 +460,7 @@ class RelayMixin:
     def _on_router_outcome(self, message: dict, now: float, out: list) -> None:
         tag = bytes.fromhex(message["d"])
         record = self.records.get(tag)
-        sender = message.get("from")
+        sender: Any = message.get("from")  # wire data: a routed message names its sender
         if record is None:
             if tag in self.settled and sender:
                 # Settled and forgotten here, but the settlement we relayed to it was
@@ -496,7 +503,7 @@ class RelayMixin:
     def _on_router_settle(self, message: dict, now: float, out: list) -> None:
         tag = bytes.fromhex(message["d"])
         record = self.records.get(tag)
-        sender = message.get("from")
+        sender: Any = message.get("from")  # wire data: a routed message names its sender
         final = message.get("o")
         if final not in outcomes.TERMINAL:
             final = None  # absent (an older router) or not an outcome code
@@ -575,7 +582,7 @@ class RelayMixin:
                     for router_id in sorted(record.settle_pending):
                         self._route_control(router_id, dict(message), out)
             elif record.outcome is not None and not record.pub_settled and record.origin_router != me:
-                self._answer_origin(record, out)
+                self._answer_origin(record, record.outcome, record.origin_router, out)
             if not record.pub_settled:
                 self.resumption.resend_to_moved(record, out)
         # Subscribers waiting for confirmation from routers we can no longer reach

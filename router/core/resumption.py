@@ -9,6 +9,7 @@ the core.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from router.core import outcomes, tags
 from router.core.commands import DetachLink, Log, SendData
@@ -16,6 +17,9 @@ from router.core.constants import _TIMER_MEMBERSHIP, _TIMER_PLACEHOLDER, _TIMER_
 from router.core.errors import ProtocolError
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, MovedState, RouterState, SubscriberState
+
+if TYPE_CHECKING:
+    from router.core.router import RouterCore
 
 RESUME_PROPERTY = "eorouter:resume"
 UNSETTLED_PROPERTY = "eorouter:unsettled"
@@ -59,7 +63,7 @@ class Resumption:
     in ``RouterCore.SERVICES`` (router/core/router.py). Its own state: the last
     complete unsettled list each resumed stream was announced with."""
 
-    def __init__(self, core):
+    def __init__(self, core: RouterCore) -> None:
         self.core = core
         # publisher stream -> the outgoing tags its publisher still held unsettled when
         # it last resumed with a complete list (here, or announced by "stream-resumed"):
@@ -271,7 +275,7 @@ class Resumption:
         """The design's rules for a resuming receiver. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         key = sub.key
-        answer = []
+        known: list[tuple[bytes, DeliveryRecord, SubscriberState]] = []  # what it reported that we hold
         for tag, code in reported.items():
             record = self.core.records.get(tag)
             if record is None and tag in self.core.settled:
@@ -305,7 +309,7 @@ class Resumption:
                 out.append(Log("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
                                                "outcome": outcomes.NAMES[code], "settled": False}))
                 self.core.after_subscriber_outcome(record, key, now, out)
-            answer.append((tag, record, state))
+            known.append((tag, record, state))
         if not incomplete:
             # Unsettled records it did not report: it never got them.
             for record in topic.records.values():
@@ -315,7 +319,7 @@ class Resumption:
                         self.owe_here(record, key)
         # Its reported outcome may have been the last answer a record needed, and
         # the record settled meanwhile: that one is settled, so left out too.
-        answer = [[tag, state_name(state.outcome)] for tag, record, state in answer if not record.pub_settled]
+        answer = [[tag, state_name(state.outcome)] for tag, record, state in known if not record.pub_settled]
         out.append(Log("resume-requested", {"link": sub.link_id, "role": "subscriber", "reported": len(reported),
                                             "known": len(answer), "incomplete": incomplete}))
         return answer
@@ -554,11 +558,12 @@ class Resumption:
                 self.core.pump(sub, now, out)
 
     def report_targeted(self, record: DeliveryRecord, key: str, out: list) -> None:
-        state = record.subscribers[key]
-        message = {"t": "outcome", "d": record.tag.hex(), "o": state.outcome.code, "key": key}
-        if state.outcome.condition:
-            message["cond"] = state.outcome.condition
-            message["desc"] = state.outcome.description
+        outcome = record.subscribers[key].outcome
+        assert outcome is not None  # reported once it answered
+        message = {"t": "outcome", "d": record.tag.hex(), "o": outcome.code, "key": key}
+        if outcome.condition:
+            message["cond"] = outcome.condition
+            message["desc"] = outcome.description
         self.core.route_control(record.targeted[key], message, out)
 
     def expire_moved(self, changes, now: float, out: list) -> None:

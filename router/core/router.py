@@ -21,7 +21,9 @@ construction. The delivery rule (docs/delivery-rule.md):
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from itertools import count
+from typing import Any
 
 from router.core import outcomes, tags
 from router.core.admission import AdmissionMixin
@@ -131,7 +133,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         # Counts sends to subscribers (all copies of one distribution share a value).
         # A copy's SubscriberState.sent is its value; the evidence rule compares them.
         self._send_counter = 0
-        self._timers: list = []  # heap of (deadline, seq, kind, object)
+        self._timers: list[tuple[float, int, int, Any]] = []  # heap of (deadline, seq, kind, object)
         self._timer_seq = count()
         self.net = Network(settings.router_id, epoch, boot_id)
         self.resumption = Resumption(self)  # failover: a component (router/core/resumption.py)
@@ -150,23 +152,24 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         self.bytes_held = 0
         self._promised = 0
         self._starved: dict[str, None] = {}  # topic names, in the order they began to wait
-        self._pending_refills: list = []  # topics to refill once this event is handled
+        self._pending_refills: list[Topic] = []  # topics to refill once this event is handled
         self._topic_floor = min(settings.max_bytes_in_flight_per_topic, TOPIC_FLOOR_MESSAGES * settings.max_message_size)
 
         # publisher stream -> the highest stream_seq seen here (from its publisher or
         # relayed): a publisher that resumes here continues its stream's numbering.
         self.stream_seq: dict[bytes, int] = {}
         self.lost: set[str] = set()  # of those, the ones unreachable now
-        self._flooded: set = set()  # announcements already flooded on: (router, epoch, boot, version)
-        self._awaiting_acks: dict[str, tuple] = {}  # subscriber key -> (link id, routers yet to confirm)
+        self._flooded: set[tuple] = set()  # announcements already flooded on: (router, epoch, boot, version)
+        # subscriber key -> (link id, routers yet to confirm, the announcement's version)
+        self._awaiting_acks: dict[str, tuple[int, set[str], int]] = {}
         # Publisher order across routers (docs/inter-router.md, "publisher order"):
         self._last_sent: dict[tuple[bytes, str], int] = {}  # (stream, router) -> last stream_seq sent
         self._chain_head: dict[bytes, int] = {}  # stream -> last stream_seq delivered here
-        self._held: dict[bytes, dict[int, tuple]] = {}  # stream -> {prev seq: (event, header)}
+        self._held: dict[bytes, dict[int, tuple[DataReceived, dict]]] = {}  # stream -> {prev seq: (event, header)}
         self.draining = False
         self._drain_deadline: float | None = None
         self._shutdown_done = False
-        self._handlers = {
+        self._handlers: dict[type, Callable[[Any, float, list], None]] = {
             MessageReceived: self._on_message,
             OutcomeReceived: self._on_outcome,
             PublisherSettled: self._on_publisher_settled,
@@ -230,7 +233,8 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
                     self._on_accepted(sub, record, state, settled, now, out)
                     run = None  # what it appended comes after the run
                 continue
-            i = record.roster.index.get(key)
+            # Compact (answers set): so is its roster. Not checked: per copy.
+            i = record.roster.index.get(key)  # type: ignore[union-attr]
             if i is None:
                 continue
             # _on_accepted_compact for its usual case, inlined: the first answer of
@@ -337,25 +341,27 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         while timers and timers[0][0] <= now:
             deadline, _, kind, obj = heapq.heappop(timers)
             if kind == _TIMER_LINGER:
-                if self.records.get(obj.tag) is obj:
-                    self._delete(obj, "linger-expired", out)
+                record: DeliveryRecord = obj
+                if self.records.get(record.tag) is record:
+                    self._delete(record, "linger-expired", out)
             elif kind == _TIMER_EXPIRY:
                 self._expire_message(obj, now, out)
             elif kind == _TIMER_SUBSCRIPTION:
-                if obj.expires_at == deadline and obj.link_id is None and \
-                        self.subscriptions.get(obj.key) is obj:
-                    self._end_subscription(obj, now, out, reason="expired")
+                sub: Subscription = obj
+                if sub.expires_at == deadline and sub.link_id is None and \
+                        self.subscriptions.get(sub.key) is sub:
+                    self._end_subscription(sub, now, out, reason="expired")
             elif kind == _TIMER_SHUTDOWN:
                 self._release_all_for_shutdown(now, out)
             elif kind == _TIMER_ORDER_GAP:
                 stream, prev = obj
                 held = self._held.get(stream)
                 if held and prev in held:
-                    ev, header = held.pop(prev)
+                    data, header = held.pop(prev)
                     if not held:
                         del self._held[stream]
-                    out.append(Log("order-gap", {"delivery": ev.tag.hex(), "missing_seq": prev}))
-                    self._deliver_chain(stream, ev, header, now, out)
+                    out.append(Log("order-gap", {"delivery": data.tag.hex(), "missing_seq": prev}))
+                    self._deliver_chain(stream, data, header, now, out)
             elif kind == _TIMER_PLACEHOLDER:
                 self.resumption.placeholder_expired(obj[0], obj[1], now, out)
             elif kind == _TIMER_PUBLISHER_GONE:
@@ -368,9 +374,10 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
             elif kind == _TIMER_SETTLED_SWEEP:
                 self._sweep_settled(now, out)
             elif kind == _TIMER_STREAM_SEQ:
-                if self.publishers.get(obj.link_id) is obj and obj.awaiting_seq:
-                    out.append(Log("stream-seq-timeout", {"link": obj.link_id, "routers": sorted(obj.awaiting_seq)}))
-                    self.resumption.stream_seq_known(obj, out)
+                pub: PublisherLink = obj
+                if self.publishers.get(pub.link_id) is pub and pub.awaiting_seq:
+                    out.append(Log("stream-seq-timeout", {"link": pub.link_id, "routers": sorted(pub.awaiting_seq)}))
+                    self.resumption.stream_seq_known(pub, out)
             elif kind == _TIMER_ANNOUNCE:
                 key, link_id = obj
                 waiting = self._awaiting_acks.get(key)

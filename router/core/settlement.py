@@ -5,6 +5,8 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from router.core import outcomes
 from router.core.commands import (
     Log,
@@ -35,8 +37,13 @@ from router.core.records import (
     SubscriberState,
 )
 
+if TYPE_CHECKING:
+    from router.core.corestate import CoreState
+else:
+    CoreState = object  # declarations for mypy only: no base class at run time
 
-class SettlementMixin:
+
+class SettlementMixin(CoreState):
     def _on_outcome(self, ev: OutcomeReceived, now: float, out: list) -> None:
         sub = self.subscribers.get(ev.link_id)
         if sub is None:
@@ -47,7 +54,7 @@ class SettlementMixin:
         key = sub.key
         code = ev.outcome
         settled = ev.settled
-        if code == ACCEPTED and record.answers is not None:
+        if code == ACCEPTED and record.roster is not None:  # compact: roster and answers are set together
             i = record.roster.index.get(key)
             if i is not None:
                 self._on_accepted_compact(sub, record, i, settled, now, out)
@@ -92,7 +99,8 @@ class SettlementMixin:
         the usual case (the copy's first answer, local subscribers only, its publisher
         attached, no settlement evidence due, the count kept) on its answer byte;
         anything else on its SubscriberStates, which the record becomes for good."""
-        answers = record.answers
+        # Not narrowed by a check or a cast: the callers saw it compact, and this is per copy.
+        answers: bytearray = record.answers  # type: ignore[assignment]
         waiting = record.waiting
         if answers[i] or waiting < 1 or record.targeted or record.outcome is not None or record.remote_routers \
                 or record.moved or record.origin_router is not None or record.pub_delivery is None \
@@ -224,16 +232,16 @@ class SettlementMixin:
         for key, state in record.subscribers.items():
             if not (targeted and key in targeted):
                 yield state.outcome
-        for state in record.remote_routers.values():
-            if state.outcome is not OUTCOME_NOT_OWED:
-                yield state.outcome
-        for state in record.moved.values():
-            yield state.outcome
+        for router_state in record.remote_routers.values():
+            if router_state.outcome is not OUTCOME_NOT_OWED:
+                yield router_state.outcome
+        for moved in record.moved.values():
+            yield moved.outcome
 
     def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
         record.outcome = outcome
         if record.origin_router is not None:
-            self._answer_origin(record, out)
+            self._answer_origin(record, outcome, record.origin_router, out)
             return
         out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id,
                                               "outcome": _NAMES[outcome.code],
@@ -263,14 +271,15 @@ class SettlementMixin:
 
     def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list,
                                 settle: bool = False) -> None:
+        delivery = record.pub_delivery
+        assert delivery is not None  # answered only while its publisher's delivery is here
         if outcome.code == outcomes.REJECTED:
-            out.append(SendOutcome(record.pub_delivery, outcome.code, settle, outcome.condition,
-                                   outcome.description))
+            out.append(SendOutcome(delivery, outcome.code, settle, outcome.condition, outcome.description))
         elif outcome.code == outcomes.MODIFIED:
-            out.append(SendOutcome(record.pub_delivery, outcome.code, settle, None, None,
+            out.append(SendOutcome(delivery, outcome.code, settle, None, None,
                                    outcome.delivery_failed, outcome.undeliverable_here))
         else:
-            out.append(_new(SendOutcome, (record.pub_delivery, outcome.code, settle, None, None, False, False)))
+            out.append(_new(SendOutcome, (delivery, outcome.code, settle, None, None, False, False)))
 
     def _on_publisher_settled(self, ev: PublisherSettled, now: float, out: list) -> None:
         record = self.by_delivery.pop(ev.delivery, None)
@@ -302,8 +311,8 @@ class SettlementMixin:
             # Settled before every subscriber answered (the publisher gave up): stop
             # waiting; receivers that hold it see the settlement.
             record.outcome = Outcome(outcomes.RELEASED, description="settled by publisher before outcome")
-        answers = record.answers
-        if answers is not None and answers == record.roster.all_done and not record.remote_routers \
+        roster = record.roster  # compact when set (with answers)
+        if roster is not None and record.answers == roster.all_done and not record.remote_routers \
                 and not record.moved:
             # Compact, and every subscriber settled its copy itself: each knows it is
             # settled, nothing to relay, and the record goes now (below): the usual case.
@@ -404,7 +413,7 @@ class SettlementMixin:
     def _settle_message(tag: bytes, outcome: int | None, done: bool = False) -> dict:
         """docs/inter-router.md, ``settle``: "o" the final outcome when known; "done"
         when the delivery was settled and forgotten here (an answer, not a relay)."""
-        message = {"t": "settle", "d": tag.hex()}
+        message: dict = {"t": "settle", "d": tag.hex()}
         if outcome is not None:
             message["o"] = outcome
         if done:

@@ -1,0 +1,105 @@
+"""RouterCore's state and services as its mixins see them, for the type checker only.
+
+The mixins (admission, attach, credit, relay, settlement) are parts of
+``RouterCore`` (router/core/router.py): their methods read the core's state and
+call one another through ``self``. Each mixin names ``CoreState`` as its base
+under ``TYPE_CHECKING`` and ``object`` at run time, so nothing here exists when
+the router runs: no attribute, no method, no change to the method resolution
+order. What it gives is a checked contract: mypy checks every mixin method and
+every RouterCore attribute against the declarations below, so a declaration that
+drifts from the code it stands for is an error, not a silent ``Any``.
+
+The state is documented where it is made (``RouterCore.__init__``)."""
+
+from __future__ import annotations
+
+from itertools import count
+
+from router.core.events import DataReceived
+from router.core.links import PublisherLink, Subscription, Topic
+from router.core.network import Network
+from router.core.outcomes import Outcome
+from router.core.records import DeliveryRecord
+from router.core.resumption import Resumption
+from router.core.settings import CoreSettings
+from router.core.settled import SettledMemory
+
+
+class CoreState:
+    # Bare annotations: declarations only, never class attributes.
+    settings: CoreSettings
+    boot_id: str
+    epoch: int
+    topics: dict[str, Topic]
+    publishers: dict[int, PublisherLink]
+    subscribers: dict[int, Subscription]
+    subscriptions: dict[str, Subscription]
+    records: dict[bytes, DeliveryRecord]
+    by_delivery: dict[int, DeliveryRecord]
+    streams: dict[bytes, tuple[str, str, str]]
+    links_by_conn: dict[int, set[int]]
+    link_conn: dict[int, int]
+    _incarnations: count[int]
+    _order: count[int]
+    _send_counter: int
+    net: Network
+    resumption: Resumption
+    _open_properties: dict[int, dict]
+    _known_routers: set[str]
+    settled: SettledMemory
+    _sweep_at: float | None
+    bytes_held: int
+    _promised: int
+    _starved: dict[str, None]
+    _pending_refills: list[Topic]
+    _topic_floor: int
+    stream_seq: dict[bytes, int]
+    lost: set[str]
+    _flooded: set[tuple]
+    _awaiting_acks: dict[str, tuple[int, set[str], int]]
+    _last_sent: dict[tuple[bytes, str], int]
+    _chain_head: dict[bytes, int]
+    _held: dict[bytes, dict[int, tuple[DataReceived, dict]]]
+    draining: bool
+
+    # The methods one part calls on another: stubs, checked against the definitions
+    # (RouterCore's own and the mixins') as overrides. (A stub that returns a value
+    # raises: an empty body would be an error; none of these bodies ever runs.)
+    def _add_timer(self, deadline: float, kind: int, obj) -> None: ...
+    def _topic(self, name: str) -> Topic:
+        raise NotImplementedError
+    def _drop_topic_if_idle(self, topic: Topic) -> None: ...
+
+    # admission
+    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list) -> tuple[list, list, bool]:
+        raise NotImplementedError
+    def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list) -> None: ...
+    def _best_effort_from_router(self, ev: DataReceived, header: dict, out: list) -> None: ...
+    def _pump(self, sub: Subscription, now: float, out: list) -> None: ...
+
+    # credit
+    def _refill_credit(self, topic: Topic, out: list, bound_only: bool = False) -> None: ...
+    def _hold_bytes(self, topic: Topic, payload: bytes | None) -> None: ...
+    def _release_bytes(self, topic: Topic, payload: bytes) -> None: ...
+
+    # relay
+    def _flood(self, message: dict, source: str | None, out: list) -> None: ...
+    def _route_control(self, to: str, message: dict, out: list) -> bool:
+        raise NotImplementedError
+    def _send_towards(self, record: DeliveryRecord, routers, now: float, out: list) -> None: ...
+    def _answer_origin(self, record: DeliveryRecord, outcome: Outcome, origin: str, out: list) -> None: ...
+
+    # settlement
+    def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None: ...
+    def _maybe_answer_publisher(self, record: DeliveryRecord, now: float, out: list) -> None: ...
+    def _settle_record(self, record: DeliveryRecord, by: str, now: float, out: list,
+                       fold: dict | None = None) -> None: ...
+    def _maybe_delete(self, record: DeliveryRecord, now: float, out: list) -> None: ...
+    def _delete(self, record: DeliveryRecord, reason: str | None, out: list) -> None: ...
+    def _expire_message(self, record: DeliveryRecord, now: float, out: list) -> None: ...
+    @staticmethod
+    def _final_outcome(record: DeliveryRecord) -> int | None:
+        raise NotImplementedError
+    @staticmethod
+    def _settle_message(tag: bytes, outcome: int | None, done: bool = False) -> dict:
+        raise NotImplementedError
