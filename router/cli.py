@@ -36,8 +36,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                      help="operational log level on stderr, in any case (default: [logging] level, else INFO)")
     run.set_defaults(func=cmd_run)
-    from router import stat
+    from router import manage, stat
     stat.register(commands)
+    manage.register(commands)
     for register in _plugged_commands():
         register(commands)
     return parser

@@ -28,6 +28,8 @@ VIEWS = {  # flag -> (entity type, columns shown in the table, title)
     "network": ("peer", ["name", "up", "next_hop", "cost", "subscribers"], "Network (other routers)"),
     "inflight": ("inflight", ["identity", "topic", "publisher", "pub_tag", "age", "told", "waiting_on"],
                  "In-flight deliveries, oldest first"),
+    "subscriptions": ("subscription", ["name", "topic", "durable", "attached", "link", "expires_in"],
+                      "Subscriptions (attached, or durable and away)"),
 }
 
 
@@ -50,8 +52,8 @@ class StatError(Exception):
     pass
 
 
-def query(bus: str, entity: str, timeout: float = 5.0) -> list[dict]:
-    """QUERY one entity type of the router at ``bus``: its rows as dicts."""
+def request(bus: str, properties: dict, timeout: float = 5.0) -> tuple[int, str, Any]:
+    """One management request to the router at ``bus``: (status code, description, body)."""
     from proton import Message
     from proton.utils import BlockingConnection, SyncRequestResponse
     url = bus if "://" in bus else f"amqp://{bus}"
@@ -61,7 +63,7 @@ def query(bus: str, entity: str, timeout: float = 5.0) -> list[dict]:
         raise StatError(f"cannot reach a router at {bus}: {exc}") from exc
     try:
         client = SyncRequestResponse(conn, "$management")
-        reply = client.call(Message(properties={"operation": "QUERY", "type": TYPE + entity}, body={}))
+        reply = client.call(Message(properties=properties, body={}))
     except Exception as exc:  # noqa: BLE001
         raise StatError(f"the router at {bus} did not answer: {exc}") from exc
     finally:
@@ -70,9 +72,14 @@ def query(bus: str, entity: str, timeout: float = 5.0) -> list[dict]:
         except Exception:  # noqa: BLE001 - closing after a failure
             pass
     props: dict = reply.properties or {}
-    if props.get("statusCode") != 200:
-        raise StatError(f"the router at {bus} refused: {props.get('statusCode')} {props.get('statusDescription')}")
-    body = reply.body
+    return props.get("statusCode", 0), str(props.get("statusDescription", "")), reply.body
+
+
+def query(bus: str, entity: str, timeout: float = 5.0) -> list[dict]:
+    """QUERY one entity type of the router at ``bus``: its rows as dicts."""
+    status, description, body = request(bus, {"operation": "QUERY", "type": TYPE + entity}, timeout)
+    if status != 200:
+        raise StatError(f"the router at {bus} refused: {status} {description}")
     if not isinstance(body, dict):
         raise StatError(f"the router at {bus} answered with no table (a {type(body).__name__})")
     names = body.get("attributeNames", [])

@@ -90,6 +90,7 @@ from router.core.errors import ProtocolError
 from router.core.events import (
     ConnectionLost,
     CreditChanged,
+    ExpireSubscription,
     LinkDetached,
     MessageReceived,
     MessageTooLarge,
@@ -840,6 +841,20 @@ class Engine:
             return
         endpoints.detach_link(link, cmd.condition, cmd.description, cmd.close)
         self.touched.add(link.conn)
+
+    def detach_by_management(self, link: Link, condition: str, description: str) -> None:
+        """An operator detaches a client link (management.py): the core hears of it
+        as of a detach (not a close: a durable subscription stays), the client gets
+        the detach with ``condition``."""
+        if link.core_attached:
+            link.core_attached = False
+            self.dispatch(LinkDetached(link.link_id, False), link.conn, None)
+        endpoints.detach_link(link, condition, description, False)
+        self.touched.add(link.conn)
+
+    def expire_subscription(self, key: str) -> None:
+        """An operator ends a durable subscription whose subscriber is away (management.py)."""
+        self.dispatch(ExpireSubscription(key), None, None)
 
     def _refuse_attach(self, link: Link, condition: str, description: str | None, close: bool = True) -> None:
         """Answer an attach with a detach carrying the error, and log it: one line of

@@ -41,11 +41,17 @@ from router.core import outcomes
 
 log = logging.getLogger("eorouter.management")
 
+FORCED_CONNECTION = "amqp:connection:forced"
+FORCED_LINK = "amqp:link:detach-forced"
+
 ADDRESS = "$management"
 REPLY_PREFIX = "$management-reply/"
 CREDIT = 16  # requests a requester may have outstanding
 PREFIX = "org.eorouter."
-OPERATIONS = ("QUERY", "READ", "GET-TYPES", "GET-OPERATIONS")
+OPERATIONS = ("QUERY", "READ", "DELETE", "GET-TYPES", "GET-OPERATIONS")
+#: The types an operator may DELETE: close a connection, detach a link, expire a
+#: durable subscription whose subscriber is away.
+DELETABLE = ("connection", "link", "subscription")
 #: Each entity type's attributes, in the order a QUERY without attributeNames returns them.
 ATTRIBUTES = {
     "router": ("identity", "name", "epoch", "boot", "version", "connections", "publishers", "subscribers",
@@ -55,6 +61,7 @@ ATTRIBUTES = {
     "topic": ("identity", "name", "records", "unsettled", "bytes", "publishers", "subscriptions", "oldest_age",
               "published", "copies", "outcomes"),
     "peer": ("identity", "name", "up", "next_hop", "cost", "reachable", "subscribers"),
+    "subscription": ("identity", "name", "topic", "durable", "attached", "link", "expires_in"),
     "inflight": ("identity", "name", "topic", "publisher", "pub_tag", "age", "origin_router", "told", "settled",
                  "subscribers", "routers", "waiting_on"),
 }
@@ -71,7 +78,7 @@ class Management:
         self.types = {
             PREFIX + "router": self._routers, PREFIX + "connection": self._connections,
             PREFIX + "link": self._links, PREFIX + "topic": self._topics, PREFIX + "peer": self._peers,
-            PREFIX + "inflight": self.inflight,
+            PREFIX + "inflight": self.inflight, PREFIX + "subscription": self._subscriptions,
         }
 
     # ------------------------------------------------------------ links
@@ -137,7 +144,7 @@ class Management:
                      reply_to)
             return
         try:
-            status, description, body = self.answer(request)
+            status, description, body = self.answer(request, link.conn)
         except Exception as exc:  # a bug here must not cost the requester its connection
             log.exception("management: error answering %r", request.properties)
             status, description, body = 500, f"internal error: {type(exc).__name__}: {exc}", None
@@ -152,18 +159,23 @@ class Management:
         _delivery_settle(dlv)
         self.server.engine.touched.add(target.conn)
 
-    def answer(self, request: Message) -> tuple[int, str, Any]:
+    def answer(self, request: Message, requester: Any = None) -> tuple[int, str, Any]:
+        """(status code, description, body) for one request; ``requester``: the
+        connection it came on."""
         props: dict = request.properties or {}
         operation = props.get("operation")
         kind = props.get("type") or props.get("entityType")
         if operation == "GET-TYPES":
             return 200, "OK", {t: list(ATTRIBUTES[t[len(PREFIX):]]) for t in self.types}
         if operation == "GET-OPERATIONS":
-            return 200, "OK", {t: ["QUERY", "READ"] for t in self.types}
+            return 200, "OK", {t: ["QUERY", "READ"] + (["DELETE"] if t[len(PREFIX):] in DELETABLE else [])
+                               for t in self.types}
         if operation not in OPERATIONS:
             return 501, f"operation {operation!r} is not implemented (implemented: {', '.join(OPERATIONS)})", None
         if kind not in self.types:
             return 404, f"unknown type {kind!r} (types: {', '.join(self.types)})", None
+        if operation == "DELETE":
+            return self._delete(kind[len(PREFIX):], props.get("identity") or props.get("name"), requester)
         rows = self.types[kind]()
         if operation == "READ":
             name = props.get("name") or props.get("identity")
@@ -175,7 +187,46 @@ class Management:
         names = list(wanted) if wanted else list(ATTRIBUTES[kind[len(PREFIX):]])
         return 200, "OK", {"attributeNames": names, "results": [[r.get(n) for n in names] for r in rows]}
 
+    # ------------------------------------------------------------ writes
+    def _delete(self, kind: str, name: Any, requester: Any) -> tuple[int, str, Any]:
+        if kind not in DELETABLE:
+            return 501, f"{PREFIX}{kind} cannot be deleted (deletable: {', '.join(DELETABLE)})", None
+        if name is None:
+            return 400, "DELETE needs the entity's identity (or name) in the application properties", None
+        engine = self.server.engine
+        if kind == "connection":
+            conn = next((c for c in self.server.conns.values() if str(c.conn_id) == str(name) and not c.dead), None)
+            if conn is None:
+                return 404, f"no open connection {name!r}", None
+            if conn is requester:
+                return 400, "that is the connection this request came on", None
+            log.info("management: closing connection %d (%s)", conn.conn_id, conn.peer)
+            engine.close_connection(conn, FORCED_CONNECTION, "closed by management")
+            return 204, "No Content", None
+        if kind == "link":
+            link = next((lk for lk in engine._links.values() if str(lk.link_id) == str(name)), None)
+            if link is None or link.management is not None or link.conn.ir is not None:
+                return 404, f"no client link {name!r}", None
+            log.info("management: detaching link %d %r (connection %d)", link.link_id, link.name, link.conn.conn_id)
+            engine.detach_by_management(link, FORCED_LINK, "detached by management")
+            return 204, "No Content", None
+        sub = self.server.core.subscriptions.get(str(name))
+        if sub is None:
+            return 404, f"no subscription {name!r}", None
+        if sub.link_id is not None:
+            return 400, f"subscription {name!r} is attached: detach its link first (DELETE {PREFIX}link)", None
+        log.info("management: expiring durable subscription %s now", name)
+        engine.expire_subscription(str(name))
+        return 204, "No Content", None
+
     # ------------------------------------------------------------ entities
+    def _subscriptions(self) -> list[dict]:
+        now = self.server.engine.now or time.time()
+        return [{"identity": key, "name": key, "topic": sub.topic, "durable": sub.durable,
+                 "attached": sub.link_id is not None, "link": sub.link_id,
+                 "expires_in": round(sub.expires_at - now, 3) if sub.link_id is None and sub.expires_at else None}
+                for key, sub in sorted(self.server.core.subscriptions.items())]
+
     def _routers(self) -> list[dict]:
         core = self.server.core
         eventlog = self.server.eventlog

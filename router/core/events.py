@@ -177,3 +177,12 @@ class ListenersReady(NamedTuple):
     ``failover-server-list`` of its open frame."""
 
     addresses: tuple  # ((host, port), ...)
+
+
+class ExpireSubscription(NamedTuple):
+    """An operator ends a durable subscription whose subscriber is away, now, as
+    if its terminus timeout had passed (management: ``eorouter manage
+    expire-subscription``). Nothing happens when ``key`` names no subscription or
+    one that is attached (the adapter refuses those before asking)."""
+
+    key: str

@@ -59,6 +59,7 @@ from router.core.events import (
     ControlReceived,
     CreditChanged,
     DataReceived,
+    ExpireSubscription,
     LinkAttached,
     LinkDetached,
     ListenersReady,
@@ -185,6 +186,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
             ControlReceived: self._on_control,
             DataReceived: self._on_data,
             ListenersReady: self._on_listeners_ready,
+            ExpireSubscription: self._on_expire_subscription,
         }
 
     # ------------------------------------------------------------------ API
@@ -269,6 +271,11 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
     def failover_list(self) -> list[tuple[str, int]]:
         """The other reachable routers' client addresses (a query, for open frames)."""
         return self.net.failover_list()
+
+    def _on_expire_subscription(self, ev: ExpireSubscription, now: float, out: list) -> None:
+        sub = self.subscriptions.get(ev.key)
+        if sub is not None and sub.link_id is None:
+            self._end_subscription(sub, now, out, reason="expired")
 
     def _on_listeners_ready(self, ev: ListenersReady, now: float, out: list) -> None:
         self.net.addresses[self.settings.router_id] = tuple((h, p) for h, p in ev.addresses)

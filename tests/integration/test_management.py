@@ -75,7 +75,9 @@ def test_management_refuses_what_it_does_not_know(router_factory):
             reply = client.call(Message(properties=props, body={}))
             return reply.properties["statusCode"], reply.properties["statusDescription"], reply.body
 
-        assert call(operation="DELETE", type="org.eorouter.link")[0] == 501
+        assert call(operation="UPDATE", type="org.eorouter.link")[0] == 501
+        assert call(operation="DELETE", type="org.eorouter.topic", identity="t")[0] == 501
+        assert call(operation="DELETE", type="org.eorouter.link")[0] == 400  # which one?
         code, why, _ = call(operation="QUERY", type="org.example.nothing")
         assert code == 404 and "org.eorouter.topic" in why
         code, _, body = call(operation="READ", type="org.eorouter.router", name="A")
@@ -133,3 +135,56 @@ def test_every_view_prints_a_table(router, flag):
     done = stat(router, flag)
     assert done.returncode == 0, done.stderr
     assert f"of {router.host}:{router.port}" in done.stdout.splitlines()[0]
+
+
+def manage(router, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "router", "manage", "-b", f"{router.host}:{router.port}", *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_an_operator_detaches_a_link_and_expires_an_away_subscription(router_factory, amqp):
+    """detach-link: the client's link is detached with amqp:link:detach-forced and,
+    being durable, its subscription stays (away); the publisher's delivery then
+    waits for it, until expire-subscription ends it and the delivery is answered
+    by the subscriber that remains."""
+    router = router_factory("A")
+    topic = unique("writes")
+    durable = amqp.connect(router.url, container_id="away-app").subscriber(topic, name="away", durable=1,
+                                                                          timeout=3600)
+    live = amqp.connect(router.url, container_id="live-app").subscriber(topic, name="live", auto_accept=True)
+    durable.wait_attached()
+    live.wait_attached()
+    link_id = next(lk["identity"] for lk in rows(router, "links") if lk["container"] == "away-app")
+    done = manage(router, "detach-link", str(link_id))
+    assert done.returncode == 0, done.stderr
+    amqp.wait(lambda: durable.gone, what="the detach to reach the client")
+    assert durable.remote_condition.name == "amqp:link:detach-forced"
+    subs = {s["name"]: s for s in rows(router, "subscriptions")}
+    assert subs["away-app/away"]["attached"] is False and subs["away-app/away"]["expires_in"] > 3000
+
+    pub = amqp.connect(router.url).publisher(topic)
+    sent = pub.send("waits")
+    amqp.wait(lambda: rows(router, "inflight") and rows(router, "inflight")[0]["waiting_on"] == ["away-app/away"],
+              what="the delivery to wait on the away subscriber")
+    assert sent.outcome is None
+    done = manage(router, "expire-subscription", "away-app/away")
+    assert done.returncode == 0, done.stderr
+    amqp.wait(lambda: sent.outcome == "accepted", what="the outcome once the subscription is gone")
+    assert "away-app/away" not in {s["name"] for s in rows(router, "subscriptions")}
+
+    refused = manage(router, "expire-subscription", "live-app/live")  # attached: refused, untouched
+    assert refused.returncode == 1 and "is attached" in refused.stderr
+    assert manage(router, "detach-link", "99999").returncode == 1
+
+
+def test_an_operator_closes_a_connection(router_factory, amqp):
+    router = router_factory("A")
+    conn = amqp.connect(router.url, container_id="noisy-app")
+    sub = conn.subscriber(unique("close"), name="n")
+    sub.wait_attached()
+    ident = next(c["identity"] for c in rows(router, "connections") if c["container"] == "noisy-app")
+    done = manage(router, "close-connection", str(ident))
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr
+    amqp.wait(lambda: "noisy-app" not in {c["container"] for c in rows(router, "connections")},
+              what="the connection to go")
+    assert manage(router, "close-connection", str(ident)).returncode == 1  # gone now: 404

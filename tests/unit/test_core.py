@@ -25,6 +25,7 @@ from router.core.commands import (
 from router.core.events import (
     DURABLE_CONFIGURATION,
     DURABLE_UNSETTLED_STATE,
+    ExpireSubscription,
     MessageTooLarge,
     OutcomeReceived,
 )
@@ -372,6 +373,25 @@ def test_durable_subscription_expires_and_stops_holding_the_publisher():
     assert outcomes_sent(h.advance(4.9)) == []
     assert outcomes_sent(h.advance(0.2)) == [SendOutcome(delivery, outcomes.ACCEPTED)]
     assert "subscription-expired" in h.log_kinds()
+
+
+def test_an_operator_expires_an_away_durable_subscription_now():
+    """ExpireSubscription (management) ends a detached durable subscription at
+    once, as its timeout would: the publisher's delivery stops waiting for it. It
+    does nothing to an attached subscription, nor to an unknown key."""
+    h = Harness()
+    h.attach_publisher(1)
+    h.attach_subscriber(2, name="d", durable=DURABLE_CONFIGURATION, timeout=3600)
+    h.attach_subscriber(3, name="live", durable=DURABLE_CONFIGURATION, timeout=3600)
+    h.credit(3, 5)
+    h.detach(2)
+    delivery, _ = h.publish(1, b"1")
+    h.answer(3, stream_tag(b"1"))
+    assert h.do(ExpireSubscription("sub/nobody")) == []
+    assert h.do(ExpireSubscription("sub/live")) == []  # attached: untouched
+    assert "sub/live" in h.core.subscriptions
+    assert outcomes_sent(h.do(ExpireSubscription("sub/d"))) == [SendOutcome(delivery, outcomes.ACCEPTED)]
+    assert "sub/d" not in h.core.subscriptions and "subscription-expired" in h.log_kinds()
 
 
 def test_closing_a_durable_link_ends_the_subscription():
