@@ -71,6 +71,7 @@ from router.adapter.pn import (
 )
 from router.adapter.streaming import STREAM_MIN
 from router.core import outcomes
+from router.core.announcements import SubscriberKey
 from router.core.commands import (
     DetachLink,
     Drained,
@@ -724,7 +725,21 @@ class Engine:
         kind = cmd.kind
         if kind in _COUNTED:  # the few kinds operators count (a set lookup per line otherwise)
             self.happened(_COUNTED[kind](cmd.fields))
+            if kind == "link-attached":
+                self._count_failover(cmd.fields)
         self.eventlog.append(kind, self.now, cmd.fields)
+
+    def _count_failover(self, fields: dict) -> None:
+        """A subscriber new here that another router announced (attached there, or
+        retained there after it left or the router died) came over from there: a
+        failover, counted by the router it came from."""
+        if fields.get("resumed") or fields.get("role") != "subscriber":
+            return
+        net = self.core.net
+        key = SubscriberKey(fields.get("container") or "", fields.get("name") or "")
+        came_from = next((loc.router for loc in net.membership.locations(key) if loc.router != net.self_id), None)
+        if came_from is not None:
+            self.happened(("failover-in", "subscriber", came_from))
 
     def happened(self, key: tuple) -> None:
         """Count one of the events operators follow (router/adapter/metrics.py)."""

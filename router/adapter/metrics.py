@@ -232,6 +232,9 @@ def _happenings(counts: dict[tuple, int]) -> Iterable[Metric]:
         "resume-requested": c("eorouter_link_resumptions", "Resumed links' unsettled state taken over here, by "
                               "role and result (incomplete: some of it was not known here)",
                               labels=["role", "result"]),
+        "failover-in": c("eorouter_failovers_in", "Subscribers that came here from another router (attached or "
+                         "retained there: a client failing over), by role and the router they left",
+                         labels=["role", "from_router"]),
         "peer-connected": c("eorouter_peer_connects", "Connections to that router that came up (reconnects: "
                             "all but the first)", labels=["router"]),
         "peer-lost": c("eorouter_peer_losses", "Connections to that router lost", labels=["router"]),

@@ -188,3 +188,43 @@ def test_an_operator_closes_a_connection(router_factory, amqp):
     amqp.wait(lambda: "noisy-app" not in {c["container"] for c in rows(router, "connections")},
               what="the connection to go")
     assert manage(router, "close-connection", str(ident)).returncode == 1  # gone now: 404
+
+
+def test_a_three_router_network_before_and_after_a_router_dies(tmp_path_factory, tmp_path):
+    """A triangle: stat on B shows A and C up; a resumable subscriber on C fails
+    over to B when C is killed: B's stat then shows C down (A still up), and B
+    counts the subscriber's failover from C (eorouter_failovers_in_total)."""
+    from test_metrics import scrape, value
+
+    from eorouter_tools.topology import RouterNetwork, parse_topology
+    from router.client import ResumableSubscriber
+
+    text = "".join(f'[[router]]\nid = "{r}"\n' for r in "ABC") + "".join(
+        f'[[link]]\nbetween = ["{a}", "{b}"]\n' for a, b in ("AB", "BC", "CA"))
+    net = RouterNetwork(tmp_path_factory.mktemp("failover-stat"), parse_topology(text),
+                        overrides={"metrics": {"port": 0}})
+    net.start()
+    sub = None
+    try:
+        b, c = net.routers["B"], net.routers["C"]
+        got: list = []
+        sub = ResumableSubscriber([c.url, b.url], unique("failover"), container_id="mover", link_name="mover-link",
+                                  state_path=tmp_path / "mover.state", on_message=got.append).start()
+        assert sub.wait_attached(10)
+        network = {p["name"]: p for p in rows(b, "network")}
+        assert network["A"]["up"] and network["C"]["up"]
+        before = scrape(b)
+        assert value(before, "eorouter_link_attaches_total", role="subscriber", resumed="true") is None
+
+        c.kill()
+        assert sub.wait_attached(30, attaches=2)
+        assert not {p["name"]: p for p in rows(b, "network")}["C"]["up"]
+        assert {p["name"]: p for p in rows(b, "network")}["A"]["up"]
+        after = scrape(b)
+        assert value(after, "eorouter_failovers_in_total", role="subscriber", from_router="C") == 1
+        assert value(after, "eorouter_peer_up", router="C") == 0
+        assert "mover" in {c["container"] for c in rows(b, "connections")}
+    finally:
+        if sub is not None:
+            sub.close()
+        net.stop()
