@@ -235,6 +235,9 @@ def _happenings(counts: dict[tuple, int]) -> Iterable[Metric]:
         "failover-in": c("eorouter_failovers_in", "Subscribers that came here from another router (attached or "
                          "retained there: a client failing over), by role and the router they left",
                          labels=["role", "from_router"]),
+        "announcement": c("eorouter_peer_announcements", "Subscriber announcements received (flooded), by the "
+                          "router whose subscriber it announces and what: attached, detached",
+                          labels=["router", "kind"]),
         "peer-connected": c("eorouter_peer_connects", "Connections to that router that came up (reconnects: "
                             "all but the first)", labels=["router"]),
         "peer-lost": c("eorouter_peer_losses", "Connections to that router lost", labels=["router"]),

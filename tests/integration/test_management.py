@@ -220,6 +220,7 @@ def test_a_three_router_network_before_and_after_a_router_dies(tmp_path_factory,
         assert sub.wait_attached(30, attaches=2)
         assert not {p["name"]: p for p in rows(b, "network")}["C"]["up"]
         assert {p["name"]: p for p in rows(b, "network")}["A"]["up"]
+        assert value(before, "eorouter_peer_announcements_total", router="C", kind="attached") >= 1
         after = scrape(b)
         assert value(after, "eorouter_failovers_in_total", role="subscriber", from_router="C") == 1
         assert value(after, "eorouter_peer_up", router="C") == 0
