@@ -206,6 +206,8 @@ class RouterNetwork:
     topology: Topology
     overrides: dict = field(default_factory=dict)
     routers: dict[str, RouterProcess] = field(default_factory=dict)
+    # Extra keys of every router's client listener (e.g. its tls_* settings).
+    client_listener: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)
@@ -221,7 +223,7 @@ class RouterNetwork:
                     connectors.append({"host": "127.0.0.1", "port": self.routers[other].inter_router_port,
                                        "role": "inter-router"})
         config = {
-            "listener": [{"host": "127.0.0.1", "port": 0, "role": "normal"},
+            "listener": [{"host": "127.0.0.1", "port": 0, "role": "normal", **self.client_listener},
                          {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
             "network": {"secret": self.secret},
         }
@@ -244,8 +246,9 @@ class RouterNetwork:
         so its neighbours' connectors and the clients' failover lists find it."""
         router = self.routers[router_id]
         if router.listeners:
-            router.config["listener"] = [{"host": host, "port": port, "role": role}
-                                         for role, host, port in router.listeners]
+            router.config["listener"] = [{"host": host, "port": port, "role": role,
+                                          **(self.client_listener if role == "normal" else {})}
+                                         for role, host, port in router.listeners if role != "metrics"]
         router.start()
         self.wait_converged(timeout)
         return router

@@ -92,6 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from router.adapter import Server, fastpath
     from router.adapter.malloc import return_large_buffers_to_the_os
+    from router.adapter.tls import TlsError
     from router.core.router import RouterCore
     from router.eventlog import EventLog, EventLogError
     from router.serving import tune_gc_for_serving
@@ -106,11 +107,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     server = metrics = None
     try:
         core = RouterCore(config.core, boot_id=eventlog.boot_id, epoch=eventlog.epoch)
-        server = Server(router_id=config.router_id, core=core, eventlog=eventlog,
-                        listeners=config.listeners, max_message_size=config.core.max_message_size,
-                        idle_timeout=config.idle_timeout, drain_grace=config.drain_grace,
-                        connectors=config.connectors, network=config.network,
-                        slow_subscriber_age=config.logging.slow_subscriber_age)
+        try:
+            server = Server(router_id=config.router_id, core=core, eventlog=eventlog,
+                            listeners=config.listeners, max_message_size=config.core.max_message_size,
+                            idle_timeout=config.idle_timeout, drain_grace=config.drain_grace,
+                            connectors=config.connectors, network=config.network,
+                            slow_subscriber_age=config.logging.slow_subscriber_age)
+        except TlsError as exc:
+            return _fail(str(exc), 2)
         try:
             server.bind()
         except OSError as exc:

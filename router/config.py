@@ -28,6 +28,7 @@ __all__ = [
     "EventLogSettings",
     "Listener",
     "LoggingSettings",
+    "TlsSettings",
     "MetricsSettings",
     "NetworkSettings",
     "RouterConfig",
@@ -39,6 +40,7 @@ ROUTER_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 UINT_MAX = 2**32 - 1  # AMQP uint: terminus timeouts and link credit
 NO_SUBSCRIBER_OUTCOMES = ("released", "rejected", "accepted", "modified")
 LISTENER_ROLES = ("normal", "inter-router")
+TLS_PROTOCOLS = ("TLSv1.2", "TLSv1.3")
 CONNECTOR_ROLES = ("inter-router",)
 _CORE_DEFAULTS = CoreSettings()
 
@@ -58,10 +60,26 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """TLS on one listener or connector (docs/configuration.md, "TLS"). Paths are
+    absolute (resolved against the config file's directory)."""
+
+    cert_file: Path | None = None  # our certificate chain (PEM); a listener's is required
+    key_file: Path | None = None  # its private key (PEM)
+    key_password_file: Path | None = field(default=None, repr=False)  # the key's password, if encrypted
+    ca_file: Path | None = None  # CAs we trust for the peer's certificate
+    require_client_cert: bool = False  # listeners: the client must present a certificate from ca_file
+    min_protocol: str = "TLSv1.2"  # or "TLSv1.3"
+    allow_plain: bool = False  # listeners: also accept clients that do not speak TLS
+    server_name: str | None = None  # connectors: the name the server's certificate must carry (default: host)
+
+
+@dataclass(frozen=True, slots=True)
 class Listener:
     host: str = "127.0.0.1"
     port: int = 5672
     role: str = "normal"
+    tls: TlsSettings | None = None  # None: plain AMQP
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +90,7 @@ class Connector:
     port: int
     role: str = "inter-router"
     name: str = ""  # for logs; defaults to "host:port"
+    tls: TlsSettings | None = None  # None: plain AMQP
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,9 +253,16 @@ _remote_port = _int(1, 65535, "a port number from 1 to 65535")
 # section -> key -> check; a section's keys are all optional unless listed in _REQUIRED.
 _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "router": {"id": _router_id, "data_dir": _nonempty_string, "idle_timeout": _seconds(positive=True)},
-    "listener": {"host": _host, "port": _port, "role": _choice(LISTENER_ROLES)},
+    "listener": {"host": _host, "port": _port, "role": _choice(LISTENER_ROLES),
+                 "tls_cert_file": _nonempty_string, "tls_key_file": _nonempty_string,
+                 "tls_key_password_file": _nonempty_string, "tls_ca_file": _nonempty_string,
+                 "tls_require_client_cert": _bool, "tls_min_protocol": _choice(TLS_PROTOCOLS),
+                 "tls_allow_plain": _bool},
     "connector": {"host": _host, "port": _remote_port, "role": _choice(CONNECTOR_ROLES),
-                  "name": _nonempty_string},
+                  "name": _nonempty_string, "tls": _bool, "tls_cert_file": _nonempty_string,
+                  "tls_key_file": _nonempty_string, "tls_key_password_file": _nonempty_string,
+                  "tls_ca_file": _nonempty_string, "tls_min_protocol": _choice(TLS_PROTOCOLS),
+                  "tls_server_name": _nonempty_string},
     "network": {
         "secret": _secret,
         "secret_file": _nonempty_string,
@@ -366,8 +392,10 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     metrics = MetricsSettings(**p.table(data["metrics"], "metrics", "metrics")) if "metrics" in data else None
     logging_settings = LoggingSettings(**p.table(data.get("logging", {}), "logging", "logging"))
 
-    listeners = _listeners(p, data)
-    connectors = _connectors(p, data)
+    if base_dir is None:
+        base_dir = Path(source).absolute().parent
+    listeners = _listeners(p, data, Path(base_dir))
+    connectors = _connectors(p, data, Path(base_dir))
 
     default_timeout = limits.get("default_terminus_timeout", _CORE_DEFAULTS.default_terminus_timeout)
     max_timeout = limits.get("max_terminus_timeout", _CORE_DEFAULTS.max_terminus_timeout)
@@ -386,8 +414,6 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
                           "a largest message must fit in the budget")
 
     router_id = router["id"]
-    if base_dir is None:
-        base_dir = Path(source).absolute().parent
     network = _network(p, data, listeners, connectors, Path(base_dir))
     data_dir = Path(router.get("data_dir", f"./data/{router_id}")).expanduser()
     if not data_dir.is_absolute():
@@ -434,7 +460,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     )
 
 
-def _listeners(p: _Parser, data: dict) -> tuple[Listener, ...]:
+def _listeners(p: _Parser, data: dict, base_dir: Path) -> tuple[Listener, ...]:
     if "listener" not in data:
         return (Listener(),)
     raw = data["listener"]
@@ -447,7 +473,9 @@ def _listeners(p: _Parser, data: dict) -> tuple[Listener, ...]:
     listeners = []
     seen: dict[tuple[str, int], int] = {}
     for i, entry in enumerate(raw):
-        listener = Listener(**p.table(entry, f"listener[{i}]", "listener"))
+        values = p.table(entry, f"listener[{i}]", "listener")
+        values["tls"] = _tls(p, values, f"listener[{i}]", base_dir, listener=True)
+        listener = Listener(**values)
         endpoint = (listener.host, listener.port)
         if listener.port and endpoint in seen:
             raise p.error(f"listener[{i}]", f"duplicates listener[{seen[endpoint]}] "
@@ -457,7 +485,7 @@ def _listeners(p: _Parser, data: dict) -> tuple[Listener, ...]:
     return tuple(listeners)
 
 
-def _connectors(p: _Parser, data: dict) -> tuple[Connector, ...]:
+def _connectors(p: _Parser, data: dict, base_dir: Path) -> tuple[Connector, ...]:
     if "connector" not in data:
         return ()
     raw = data["connector"]
@@ -471,6 +499,7 @@ def _connectors(p: _Parser, data: dict) -> tuple[Connector, ...]:
     for i, entry in enumerate(raw):
         values = p.table(entry, f"connector[{i}]", "connector")
         values.setdefault("name", f"{values['host']}:{values['port']}")
+        values["tls"] = _tls(p, values, f"connector[{i}]", base_dir, listener=False)
         connector = Connector(**values)
         endpoint = (connector.host, connector.port)
         if endpoint in by_endpoint:
@@ -484,6 +513,39 @@ def _connectors(p: _Parser, data: dict) -> tuple[Connector, ...]:
         by_name[connector.name] = i
         connectors.append(connector)
     return tuple(connectors)
+
+
+def _tls(p: _Parser, values: dict, where: str, base_dir: Path, *, listener: bool) -> TlsSettings | None:
+    """Take the ``tls_*`` keys out of ``values`` as TlsSettings: a listener speaks TLS
+    once it has a certificate, a connector once ``tls = true``; files must exist."""
+    keys = {k: values.pop(k) for k in list(values) if k.startswith("tls_")}
+    enabled = values.pop("tls", False) if not listener else "tls_cert_file" in keys
+    if not enabled:
+        if keys:
+            first = sorted(keys)[0]
+            need = "tls_cert_file (and tls_key_file)" if listener else "tls = true"
+            raise p.error(f"{where}.{first}", f"TLS settings without TLS: add {need}")
+        return None
+    paths: dict = {}
+    for key in ("tls_cert_file", "tls_key_file", "tls_key_password_file", "tls_ca_file"):
+        if key in keys:
+            path = Path(keys[key]).expanduser()
+            path = path if path.is_absolute() else (base_dir / path).absolute()
+            if not path.is_file():
+                raise p.error(f"{where}.{key}", f"no such file: {path}")
+            paths[key[len("tls_"):]] = path
+    if ("cert_file" in paths) != ("key_file" in paths):
+        missing = "tls_key_file" if "cert_file" in paths else "tls_cert_file"
+        raise p.error(f"{where}.{missing}", "required key is missing (a certificate goes with its key)")
+    if keys.get("tls_require_client_cert") and "ca_file" not in paths:
+        raise p.error(f"{where}.tls_ca_file", "required key is missing: tls_require_client_cert needs the CAs "
+                                              "that client certificates must come from")
+    if not listener and "ca_file" not in paths:
+        raise p.error(f"{where}.tls_ca_file", "required key is missing: a TLS connector verifies the server's "
+                                              "certificate against these CAs")
+    return TlsSettings(**paths, require_client_cert=keys.get("tls_require_client_cert", False),
+                       min_protocol=keys.get("tls_min_protocol", "TLSv1.2"),
+                       allow_plain=keys.get("tls_allow_plain", False), server_name=keys.get("tls_server_name"))
 
 
 def _network(p: _Parser, data: dict, listeners: tuple[Listener, ...], connectors: tuple[Connector, ...],

@@ -40,7 +40,7 @@ from typing import Any
 
 from cproton_ffi import ffi, lib
 
-from router.adapter import streaming
+from router.adapter import streaming, tls
 from router.adapter.endpoints import Conn, condition_of, printable
 from router.adapter.engine import Engine
 from router.adapter.management import Management
@@ -71,25 +71,29 @@ _collector_peek = lib.pn_collector_peek
 
 
 class Listener:
-    __slots__ = ("host", "port", "role", "sock")
+    __slots__ = ("host", "port", "role", "sock", "tls_domain")
 
-    def __init__(self, host: str, port: int, role: str = "normal"):
+    def __init__(self, host: str, port: int, role: str = "normal", tls_domain=None):
         self.host = host
         self.port = port
         self.role = role  # "normal" (clients) or "inter-router"
         self.sock: socket.socket | None = None
+        self.tls_domain = tls_domain  # its pn_ssl_domain (tls.py), or None: plain AMQP
 
 
 class Dialer:
     """One ``[[connector]]``: dials its peer, and again after every loss, with backoff."""
 
     __slots__ = ("host", "port", "name", "sock", "retry_at", "connect_by", "delay", "base_delay",
-                 "max_delay", "failures")
+                 "max_delay", "failures", "tls_domain", "tls_name")
 
-    def __init__(self, host: str, port: int, name: str, base_delay: float, max_delay: float):
+    def __init__(self, host: str, port: int, name: str, base_delay: float, max_delay: float,
+                 tls_domain=None, tls_name: str | None = None):
         self.host = host
         self.port = port
         self.name = name or f"{host}:{port}"
+        self.tls_domain = tls_domain  # its pn_ssl_domain (tls.py), or None: plain AMQP
+        self.tls_name = tls_name or host  # the name the server's certificate must carry
         self.sock: socket.socket | None = None  # while a connect is in progress
         self.retry_at = 0.0  # monotonic time of the next dial (0: none scheduled)
         self.connect_by = 0.0  # a connect in progress fails at this monotonic time
@@ -116,13 +120,18 @@ class Server:
         self.router_id = router_id
         self.core = core
         self.eventlog = eventlog
-        self.listeners = [Listener(item.host, item.port, getattr(item, "role", "normal"))
+        self.listeners = [Listener(item.host, item.port, getattr(item, "role", "normal"),
+                                   tls.server_domain(item.tls, f"listener {item.host}:{item.port}")
+                                   if getattr(item, "tls", None) is not None else None)
                           for item in listeners]
         self.idle_timeout_ms = int(max(0.0, idle_timeout) * 1000)
         self.drain_grace = drain_grace
         base_delay = getattr(network, "reconnect_delay", 0.5)
         max_delay = getattr(network, "reconnect_max", 2.0)
-        self.dialers = [Dialer(c.host, c.port, getattr(c, "name", ""), base_delay, max_delay)
+        self.dialers = [Dialer(c.host, c.port, getattr(c, "name", ""), base_delay, max_delay,
+                               tls.client_domain(c.tls, f"connector {c.host}:{c.port}")
+                               if getattr(c, "tls", None) is not None else None,
+                               c.tls.server_name if getattr(c, "tls", None) is not None else None)
                         for c in connectors]
         # How long a connect, and then the inter-router handshake, may take.
         self.handshake_timeout = idle_timeout if idle_timeout > 0 else 10.0
@@ -350,19 +359,21 @@ class Server:
                 log.warning("accept failed: %s", exc)
                 return
             try:
-                self._open_connection(sock, addr, self._listener_role(lsock))
+                listener = self._listener_of(lsock)
+                self._open_connection(sock, addr, listener.role if listener else "normal",
+                                      tls_domain=listener.tls_domain if listener else None)
             except Exception:
                 log.exception("could not set up a connection from %s", addr)
                 sock.close()
 
-    def _listener_role(self, lsock: socket.socket) -> str:
+    def _listener_of(self, lsock: socket.socket) -> Listener | None:
         for lst in self.listeners:
             if lst.sock is lsock:
-                return lst.role
-        return "normal"
+                return lst
+        return None
 
     def _open_connection(self, sock: socket.socket, addr, role: str = "normal",
-                         dialer: Dialer | None = None) -> Conn:
+                         dialer: Dialer | None = None, tls_domain=None) -> Conn:
         """Wrap a connected socket in a transport, connection and collector. Accepted
         sockets get a server transport; dialled ones (``dialer``) a client transport
         without SASL (the acceptor autodetects the plain AMQP header)."""
@@ -372,10 +383,14 @@ class Server:
         transport = lib.pn_transport()
         if dialer is None:
             lib.pn_transport_set_server(transport)
+            if tls_domain is not None:
+                tls.secure(transport, tls_domain)
             # SASL layer for clients that send the SASL header; clients that skip SASL are
             # still accepted because authentication is not required.
             sasl = lib.pn_sasl(transport)
             lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
+        elif dialer.tls_domain is not None:
+            tls.secure(transport, dialer.tls_domain, dialer.tls_name)
         if self.idle_timeout_ms:
             lib.pn_transport_set_idle_timeout(transport, self.idle_timeout_ms)
         connection = lib.pn_connection()

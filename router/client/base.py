@@ -167,11 +167,14 @@ class ResumableClient:
 
     def __init__(self, urls, topic: str, *, container_id: str, link_name: str, state, ledger_path,
                  heartbeat: float = 2.0, connect_timeout: float = 5.0, backoff_initial: float = 0.1,
-                 backoff_max: float = 2.0, unsettled_cap: int | None = None, ledger_fsync: bool = False):
+                 backoff_max: float = 2.0, unsettled_cap: int | None = None, ledger_fsync: bool = False,
+                 ssl_domain=None):
         if isinstance(urls, str):
             urls = [urls]
         if not urls:
             raise ValueError("at least one router URL is needed")
+        if ssl_domain is None and any(str(u).strip().startswith("amqps://") for u in urls):
+            raise ValueError("amqps:// URLs need ssl_domain (a proton SSLDomain with the routers' CA)")
         self.configured_urls = [normalise_url(u) for u in urls]
         self.urls = list(self.configured_urls)
         self.topic = topic
@@ -184,6 +187,9 @@ class ResumableClient:
         self.connect_timeout = connect_timeout
         self.backoff = Backoff(backoff_initial, backoff_max)
         self.unsettled_cap = unsettled_cap
+        # A proton SSLDomain: every router of the list is reached over TLS with it
+        # (docs/client.md, "TLS"); None: plain AMQP.
+        self.ssl_domain = ssl_domain
         # connection state (client thread)
         self._gen = 0
         self._url_index = -1
@@ -350,7 +356,10 @@ class ResumableClient:
         self._refused = False
         self._link = None
         kwargs = {"heartbeat": self.heartbeat} if self.heartbeat else {}
-        self._conn = self._container.connect(url=url, handler=_ConnHandler(self, self._gen), reconnect=False,
+        if self.ssl_domain is not None:  # proton applies the domain to amqps:// URLs only
+            kwargs["ssl_domain"] = self.ssl_domain
+        target = f"amqps://{url}" if self.ssl_domain is not None else url
+        self._conn = self._container.connect(url=target, handler=_ConnHandler(self, self._gen), reconnect=False,
                                              container_id=self.container_id, **kwargs)
         gen = self._gen
         if self._connect_timer is not None:

@@ -210,12 +210,13 @@ def failover_urls(connection_properties) -> list[str]:
 
 
 def normalise_url(url: str) -> str:
-    """``amqp://host:port`` / ``host:port`` / ``host`` -> ``host:port``."""
+    """``amqp://host:port`` / ``amqps://host:port`` / ``host:port`` / ``host`` ->
+    ``host:port`` (TLS is the client's ``ssl_domain``, for every router alike)."""
     text = url.strip()
     if "://" in text:
         scheme, _, text = text.partition("://")
-        if scheme != "amqp":
-            raise ValueError(f"unsupported scheme in {url!r} (only amqp)")
+        if scheme not in ("amqp", "amqps"):
+            raise ValueError(f"unsupported scheme in {url!r} (amqp or amqps)")
     text = text.split("/", 1)[0]
     if "@" in text:
         text = text.rsplit("@", 1)[1]

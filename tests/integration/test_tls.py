@@ -1,0 +1,165 @@
+"""TLS on listeners and connectors (issue 18, part 1), through Qpid Proton's
+OpenSSL layer, on real router processes with certificates made by openssl.
+Clients dial "localhost": Qpid Proton verifies a server's certificate by name
+(DNS names and the common name), not by IP address."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from amqpclients import unique
+from proton import SSLDomain
+from proton.utils import BlockingConnection
+from tlskit import Pki
+
+from router.client import ResumablePublisher, ResumableSubscriber
+
+SECRET = {"network": {"secret": "tls-test-secret"}}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+def client_tls(pki, cert=None, key=None, ca=None) -> SSLDomain:
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(ca or pki.ca))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    if cert is not None:
+        domain.set_credentials(str(cert), str(key), None)
+    return domain
+
+
+def tls_listener(pki, **extra) -> dict:
+    cert, key = pki.server()
+    return {"host": "127.0.0.1", "port": 0, "tls_cert_file": str(cert), "tls_key_file": str(key), **extra}
+
+
+def _connects(url: str, ssl_domain=None) -> bool:
+    try:
+        conn = BlockingConnection(url, timeout=5, ssl_domain=ssl_domain)
+    except Exception:  # noqa: BLE001 - any refusal: TLS failure, closed, timed out
+        return False
+    conn.close()
+    return True
+
+
+def test_resumable_clients_publish_and_subscribe_over_tls(router_factory, pki, tmp_path):
+    """amqps:// with the routers' CA: every message accepted and delivered once, in order."""
+    router = router_factory("A", listener=[tls_listener(pki)])
+    url = f"amqps://localhost:{router.port}"
+    topic = unique("tls")
+    got: list = []
+    sub = ResumableSubscriber([url], topic, container_id="tls-sub", link_name="tls-sub-l",
+                              state_path=tmp_path / "sub.state", ssl_domain=client_tls(pki),
+                              on_message=got.append).start()
+    pub = ResumablePublisher([url], topic, container_id="tls-pub", link_name="tls-pub-l",
+                             state_path=tmp_path / "pub.state", ssl_domain=client_tls(pki)).start()
+    try:
+        assert sub.wait_attached(10) and pub.wait_attached(10)
+        results = [pub.send_async(f"m{i}") for i in range(20)]
+        assert {f.result(timeout=20).state for f in results} == {"accepted"}
+        assert [m.body for m in got] == [f"m{i}" for i in range(20)]
+    finally:
+        pub.close()
+        sub.close()
+    with pytest.raises(ValueError, match="amqps:// URLs need ssl_domain"):
+        ResumablePublisher([url], topic, container_id="x", link_name="y", state_path=tmp_path / "x.state")
+
+
+def test_plain_clients_are_refused_unless_allowed(router_factory, pki):
+    strict = router_factory("A", listener=[tls_listener(pki)])
+    assert not _connects(f"amqp://127.0.0.1:{strict.port}")
+    assert _connects(f"amqps://localhost:{strict.port}", client_tls(pki))
+    lenient = router_factory("B", listener=[tls_listener(pki, tls_allow_plain=True)])
+    assert _connects(f"amqp://127.0.0.1:{lenient.port}")
+    assert _connects(f"amqps://localhost:{lenient.port}", client_tls(pki))
+    strict.check_alive("after refusing a plain client")
+
+
+def test_client_certificates_when_required(router_factory, pki, tmp_path):
+    router = router_factory("A", listener=[tls_listener(pki, tls_require_client_cert=True,
+                                                      tls_ca_file=str(pki.ca))])
+    url = f"amqps://localhost:{router.port}"
+    assert not _connects(url, client_tls(pki))  # no certificate
+    cert, key = pki.issue("app", "app-client")
+    assert _connects(url, client_tls(pki, cert, key))
+    stranger = Pki(tmp_path / "other-ca")
+    other_cert, other_key = stranger.issue("stranger", "stranger")
+    assert not _connects(url, client_tls(pki, other_cert, other_key))  # a CA the router does not trust
+    # and a server certificate the client does not trust: the client refuses the router
+    assert not _connects(url, client_tls(pki, cert, key, ca=stranger.ca))
+
+
+def test_an_encrypted_key_opens_with_its_password_file(router_factory, pki):
+    cert, key = pki.issue("locked", "localhost", ("DNS:localhost", "IP:127.0.0.1"), password="s3cret")
+    router = router_factory("A", listener=[{"host": "127.0.0.1", "port": 0, "tls_cert_file": str(cert),
+                                            "tls_key_file": str(key),
+                                            "tls_key_password_file": str(pki.dir / "locked.password")}])
+    assert _connects(f"amqps://localhost:{router.port}", client_tls(pki))
+
+
+@pytest.mark.parametrize("case", ["missing-file", "wrong-key", "wrong-password", "ca-needed", "half-pair"])
+def test_bad_tls_settings_are_clear_errors(router_factory, pki, case):
+    cert, key = pki.server()
+    other_cert, other_key = pki.issue("other", "other")
+    locked_cert, locked_key = pki.issue("locked2", "localhost", password="right")
+    (pki.dir / "wrong.password").write_text("wrong\n")
+    listener = {
+        "missing-file": {"tls_cert_file": str(pki.dir / "nope.pem"), "tls_key_file": str(key)},
+        "wrong-key": {"tls_cert_file": str(cert), "tls_key_file": str(other_key)},
+        "wrong-password": {"tls_cert_file": str(locked_cert), "tls_key_file": str(locked_key),
+                           "tls_key_password_file": str(pki.dir / "wrong.password")},
+        "ca-needed": {"tls_cert_file": str(cert), "tls_key_file": str(key), "tls_require_client_cert": True},
+        "half-pair": {"tls_cert_file": str(cert)},
+    }[case]
+    expected = {"missing-file": "no such file", "wrong-key": "cannot load the certificate",
+                "wrong-password": "cannot load the certificate", "ca-needed": "tls_ca_file",
+                "half-pair": "tls_key_file"}[case]
+    router = router_factory("A", start=False, listener=[{"host": "127.0.0.1", "port": 0, **listener}])
+    router.spawn()
+    assert router.wait_exit(20) == 2
+    router.expected_exit = 2
+    stderr = router.stderr_since_start()
+    assert expected in stderr and "Traceback" not in stderr, stderr
+
+
+def test_routers_talk_over_mutual_tls(router_factory, pki, amqp):
+    """A's inter-router listener speaks TLS and requires a certificate from the
+    network's CA; B dials it over TLS with its own: the two connect, and a message
+    published at B reaches A's subscriber."""
+    port_probe = __import__("socket").socket()
+    port_probe.bind(("127.0.0.1", 0))
+    port = port_probe.getsockname()[1]
+    port_probe.close()
+    a = router_factory("A", **SECRET, listener=[
+        {"host": "127.0.0.1", "port": 0},
+        tls_listener(pki, port=port, role="inter-router", tls_require_client_cert=True, tls_ca_file=str(pki.ca))])
+    b_cert, b_key = pki.issue("router-b", "B")
+    b = router_factory("B", **SECRET, connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router",
+                                                   "tls": True, "tls_ca_file": str(pki.ca),
+                                                   # proton checks names, not IP addresses: the
+                                                   # certificate's name, for the address dialled
+                                                   "tls_server_name": "localhost",
+                                                   "tls_cert_file": str(b_cert), "tls_key_file": str(b_key)}])
+
+    def network_of(router):
+        done = subprocess.run([sys.executable, "-m", "router", "stat", "-b", f"127.0.0.1:{router.port}",
+                               "--network", "--json"], capture_output=True, text=True, timeout=30)
+        return {r["name"]: r for r in map(json.loads, done.stdout.splitlines())}
+
+    amqp.wait(lambda: network_of(b).get("A", {}).get("up"), what="B connected to A over TLS", timeout=30)
+    topic = unique("mtls")
+    sub = amqp.connect(a.url).subscriber(topic, auto_accept=True)
+    sub.wait_attached()
+    amqp.wait(lambda: "A" in {r for r, p in network_of(b).items() if p["subscribers"]}, what="A's subscriber known at B",
+              timeout=30)
+    pub = amqp.connect(b.url).publisher(topic)
+    sent = [pub.send(f"x{i}") for i in range(5)]
+    amqp.wait(lambda: all(s.outcome for s in sent), what="outcomes", timeout=30)
+    assert [s.outcome for s in sent] == ["accepted"] * 5
+    assert sub.bodies() == [f"x{i}" for i in range(5)]
