@@ -543,6 +543,13 @@ def _tls(p: _Parser, values: dict, where: str, base_dir: Path, *, listener: bool
     if not listener and "ca_file" not in paths:
         raise p.error(f"{where}.tls_ca_file", "required key is missing: a TLS connector verifies the server's "
                                               "certificate against these CAs")
+    # Between routers TLS is mutual: each side's certificate names the router it is.
+    if not listener and "cert_file" not in paths:
+        raise p.error(f"{where}.tls_cert_file", "required key is missing: over TLS a router presents its own "
+                                                "certificate, whose common name is its router id")
+    if listener and values.get("role") == "inter-router" and not keys.get("tls_require_client_cert"):
+        raise p.error(f"{where}.tls_require_client_cert", "expected true on a TLS inter-router listener: the "
+                                                          "routers dialling it must present certificates naming them")
     return TlsSettings(**paths, require_client_cert=keys.get("tls_require_client_cert", False),
                        min_protocol=keys.get("tls_min_protocol", "TLSv1.2"),
                        allow_plain=keys.get("tls_allow_plain", False), server_name=keys.get("tls_server_name"))

@@ -44,7 +44,7 @@ from cproton_ffi import ffi, lib
 from proton._data import Data, PropertyDict, int32, symbol
 
 from router import interrouter_codec as codec
-from router.adapter import endpoints
+from router.adapter import endpoints, tls
 from router.adapter.endpoints import Conn, condition_of, cstr, decode_properties, printable, set_condition
 from router.adapter.pn import (
     PN_CONNECTION_REMOTE_CLOSE,
@@ -275,6 +275,12 @@ class InterRouter:
         if hello.router_id == self.router_id:
             self._refuse(peer, UNAUTHORIZED, f"the peer claims our own router id {hello.router_id!r}")
             return
+        if conn.tls:  # mutual TLS: the certificate must name the router it claims to be
+            named = tls.peer_common_name(conn.transport)
+            if named != hello.router_id:
+                self._refuse(peer, UNAUTHORIZED, f"its certificate names {named!r}, not the router id "
+                                                 f"{hello.router_id!r} it announces", hello.router_id)
+                return
         if peer.acceptor:
             proof = codec.acceptor_proof(self.secret, self.router_id, self.epoch, self.boot, hello.nonce,
                                          peer.nonce)

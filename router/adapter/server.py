@@ -403,6 +403,7 @@ class Server:
         self._last_conn_id += 1
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         conn = Conn(self._last_conn_id, sock, peer, transport, connection, collector)
+        conn.tls = tls_domain is not None or (dialer is not None and dialer.tls_domain is not None)
         self.conns[conn.fd] = conn
         self.sel.register(sock, READ, conn)
         now_ms = _mono_ms()

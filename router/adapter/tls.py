@@ -77,3 +77,14 @@ def secure(transport: Any, domain: Any, peer_hostname: str | None = None) -> Non
         raise TlsError("cannot start TLS on a connection")
     if peer_hostname:
         lib.pn_ssl_set_peer_hostname(ssl, peer_hostname.encode())
+
+
+def peer_common_name(transport: Any) -> str | None:
+    """The common name of the certificate the peer of a TLS ``transport`` presented
+    (None: none). Inter-router connections check it against the router id the peer
+    announces (interrouter.py)."""
+    ssl = lib.pn_ssl(transport)
+    if ssl == ffi.NULL:
+        return None
+    name = lib.pn_ssl_get_remote_subject_subfield(ssl, lib.PN_SSL_CERT_SUBJECT_COMMON_NAME)
+    return ffi.string(name).decode("utf-8", "replace") if name != ffi.NULL else None

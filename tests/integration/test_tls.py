@@ -130,15 +130,19 @@ def test_bad_tls_settings_are_clear_errors(router_factory, pki, case):
 
 def test_routers_talk_over_mutual_tls(router_factory, pki, amqp):
     """A's inter-router listener speaks TLS and requires a certificate from the
-    network's CA; B dials it over TLS with its own: the two connect, and a message
-    published at B reaches A's subscriber."""
+    network's CA; B dials it over TLS with its own, each certificate naming its
+    router id: the two connect, and a message published at B reaches A's
+    subscriber. A third router whose certificate names another router is refused,
+    and the refusal is logged."""
     port_probe = __import__("socket").socket()
     port_probe.bind(("127.0.0.1", 0))
     port = port_probe.getsockname()[1]
     port_probe.close()
+    a_cert, a_key = pki.issue("router-a", "A", ("DNS:localhost",))  # its name for TLS, its router id for us
     a = router_factory("A", **SECRET, listener=[
         {"host": "127.0.0.1", "port": 0},
-        tls_listener(pki, port=port, role="inter-router", tls_require_client_cert=True, tls_ca_file=str(pki.ca))])
+        {"host": "127.0.0.1", "port": port, "role": "inter-router", "tls_cert_file": str(a_cert),
+         "tls_key_file": str(a_key), "tls_require_client_cert": True, "tls_ca_file": str(pki.ca)}])
     b_cert, b_key = pki.issue("router-b", "B")
     b = router_factory("B", **SECRET, connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router",
                                                    "tls": True, "tls_ca_file": str(pki.ca),
@@ -163,3 +167,35 @@ def test_routers_talk_over_mutual_tls(router_factory, pki, amqp):
     amqp.wait(lambda: all(s.outcome for s in sent), what="outcomes", timeout=30)
     assert [s.outcome for s in sent] == ["accepted"] * 5
     assert sub.bodies() == [f"x{i}" for i in range(5)]
+
+    # C presents a certificate of the network's CA that names B: A refuses it.
+    c_cert, c_key = pki.issue("router-c-as-b", "B")
+    c = router_factory("C", **SECRET, connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router",
+                                                   "tls": True, "tls_ca_file": str(pki.ca), "tls_server_name": "localhost",
+                                                   "tls_cert_file": str(c_cert), "tls_key_file": str(c_key)}])
+    amqp.wait(lambda: any(e["event"] == "peer-refused" and e.get("peer") == "C" for e in a.events()),
+              what="A to refuse C", timeout=30)
+    refusal = next(e for e in a.events() if e["event"] == "peer-refused" and e.get("peer") == "C")
+    assert "certificate names 'B', not the router id 'C'" in refusal["reason"]
+    assert not network_of(c).get("A", {}).get("up")
+
+
+@pytest.mark.parametrize("entry, key, message", [
+    ({"role": "inter-router", "tls_ca_file": "CA"}, "tls_require_client_cert", "expected true"),
+])
+def test_inter_router_tls_is_mutual(pki, tmp_path, entry, key, message):
+    import tomllib
+
+    from router.config import ConfigError, parse_config
+    cert, tls_key = pki.server()
+    listener = {"host": "127.0.0.1", "port": 5673, "tls_cert_file": str(cert), "tls_key_file": str(tls_key),
+                **{k: (str(pki.ca) if v == "CA" else v) for k, v in entry.items()}}
+    text = '[router]\nid = "A"\n[network]\nsecret = "s"\n[[listener]]\n' + "".join(
+        f"{k} = {json.dumps(v)}\n" for k, v in listener.items())
+    with pytest.raises(ConfigError) as err:
+        parse_config(tomllib.loads(text), str(tmp_path / "r.toml"))
+    assert key in str(err.value) and message in str(err.value)
+    connector = ('[router]\nid = "A"\n[network]\nsecret = "s"\n[[connector]]\nhost = "h"\nport = 1\n'
+                 f'role = "inter-router"\ntls = true\ntls_ca_file = {json.dumps(str(pki.ca))}\n')
+    with pytest.raises(ConfigError, match="tls_cert_file"):
+        parse_config(tomllib.loads(connector), str(tmp_path / "r.toml"))
