@@ -79,6 +79,22 @@ def configure_logging(settings, level: str | None = None) -> None:
         logging.getLogger(name).setLevel(module_level)
 
 
+_LOOPBACK = ("127.", "::1", "localhost")
+
+
+def _warn_if_open(config) -> None:
+    """A listener other machines can reach, that anyone may use: said loudly at start."""
+    for lst in config.listeners:
+        if lst.host.startswith(_LOOPBACK) or lst.role != "normal":
+            continue
+        authenticated = lst.tls is not None and lst.tls.require_client_cert
+        if not authenticated or config.policy is None:
+            log.warning("listener %s:%d is reachable from other machines and %s: anyone who reaches it may "
+                        "publish and subscribe to any topic (docs/security.md)", lst.host, lst.port,
+                        "authenticates no one (no TLS client certificates)" if not authenticated
+                        else "has no [policy]")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from router.config import ConfigError, load_config
 
@@ -112,13 +128,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                             listeners=config.listeners, max_message_size=config.core.max_message_size,
                             idle_timeout=config.idle_timeout, drain_grace=config.drain_grace,
                             connectors=config.connectors, network=config.network,
-                            slow_subscriber_age=config.logging.slow_subscriber_age)
+                            slow_subscriber_age=config.logging.slow_subscriber_age, policy=config.policy)
         except TlsError as exc:
             return _fail(str(exc), 2)
         try:
             server.bind()
         except OSError as exc:
             return _fail(exc.strerror or f"cannot listen: {exc}", 1)  # names the address and port
+        _warn_if_open(config)
         if config.metrics is not None:
             from router.adapter.metrics import MetricsServer
             try:

@@ -21,6 +21,7 @@ from typing import Any
 from router import eventlog
 from router.core import outcomes
 from router.core.settings import CoreSettings
+from router.policy import Group, Policy, valid_pattern
 
 __all__ = [
     "ConfigError",
@@ -138,6 +139,7 @@ class RouterConfig:
     eventlog: EventLogSettings = field(default_factory=EventLogSettings)
     core: CoreSettings = field(default_factory=CoreSettings)
     metrics: MetricsSettings | None = None  # None: no [metrics] table, no HTTP listener
+    policy: Policy | None = None  # None: no [policy]: every client may do everything (docs/security.md)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     source: str = "<defaults>"  # where this configuration came from
 
@@ -219,6 +221,12 @@ def _secret(value: Any) -> str:
     return value
 
 
+def _table_of(what: str, value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise _Invalid(f"a table ([policy.{what}])")
+    return value
+
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -286,6 +294,8 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "eventlog": {"max_bytes": _positive, "retention": _positive, "fsync": _bool},
     "metrics": {"host": _host, "port": _port},
+    "policy": {"default_group": _nonempty_string, "users": lambda v: _table_of("users", v),
+               "groups": lambda v: _table_of("groups", v)},
     "logging": {"level": _level, "format": _choice(("text", "json")), "modules": _module_levels,
                 "slow_subscriber_age": _seconds(positive=False)},
     "failover": {
@@ -391,6 +401,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     log = p.table(data.get("eventlog", {}), "eventlog", "eventlog")
     metrics = MetricsSettings(**p.table(data["metrics"], "metrics", "metrics")) if "metrics" in data else None
     logging_settings = LoggingSettings(**p.table(data.get("logging", {}), "logging", "logging"))
+    policy = _policy(p, p.table(data["policy"], "policy", "policy")) if "policy" in data else None
 
     if base_dir is None:
         base_dir = Path(source).absolute().parent
@@ -456,6 +467,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         core=core,
         metrics=metrics,
         logging=logging_settings,
+        policy=policy,
         source=source,
     )
 
@@ -553,6 +565,55 @@ def _tls(p: _Parser, values: dict, where: str, base_dir: Path, *, listener: bool
     return TlsSettings(**paths, require_client_cert=keys.get("tls_require_client_cert", False),
                        min_protocol=keys.get("tls_min_protocol", "TLSv1.2"),
                        allow_plain=keys.get("tls_allow_plain", False), server_name=keys.get("tls_server_name"))
+
+
+_GROUP_KEYS = {"publish", "subscribe", "max_connections", "admin"}
+
+
+def _policy(p: _Parser, values: dict) -> Policy:
+    """``[policy]``: ``users`` (user -> its groups), ``groups.<name>`` (publish and
+    subscribe patterns, max_connections, admin), ``default_group``."""
+    groups: dict[str, Group] = {}
+    for name, body in values.get("groups", {}).items():
+        where = f"policy.groups.{name}"
+        if not isinstance(body, dict):
+            raise p.error(where, f"expected a table, found {_describe(body)}")
+        for key in body:
+            if key not in _GROUP_KEYS:
+                raise p.unknown(f"{where}.{key}", sorted(_GROUP_KEYS), None)
+        patterns = {}
+        for key in ("publish", "subscribe"):
+            raw = body.get(key, [])
+            if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+                raise p.error(f"{where}.{key}", f"expected a list of topic names or patterns, found {_describe(raw)}")
+            for pattern in raw:
+                why = valid_pattern(pattern)
+                if why:
+                    raise p.error(f"{where}.{key}", f"expected topic names or patterns, found {why}")
+            patterns[key] = tuple(raw)
+        limit = body.get("max_connections")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise p.error(f"{where}.max_connections", f"expected an integer >= 0, found {_describe(limit)}")
+        admin = body.get("admin", False)
+        if not isinstance(admin, bool):
+            raise p.error(f"{where}.admin", f"expected true or false, found {_describe(admin)}")
+        groups[name] = Group(name, patterns["publish"], patterns["subscribe"], limit, admin)
+    users: dict[str, tuple[str, ...]] = {}
+    for user, names in values.get("users", {}).items():
+        where = f"policy.users.{user}"
+        if isinstance(names, str):
+            names = [names]
+        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+            raise p.error(where, f"expected a list of group names, found {_describe(names)}")
+        for name in names:
+            if name not in groups:
+                raise p.error(where, f"expected groups of [policy.groups], found {name!r} "
+                                     f"(groups: {', '.join(sorted(groups)) or 'none'})")
+        users[user] = tuple(names)
+    default = values.get("default_group")
+    if default is not None and default not in groups:
+        raise p.error("policy.default_group", f"expected a group of [policy.groups], found {default!r}")
+    return Policy(groups, users, default)
 
 
 def _network(p: _Parser, data: dict, listeners: tuple[Listener, ...], connectors: tuple[Connector, ...],

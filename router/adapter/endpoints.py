@@ -31,7 +31,7 @@ class Conn:
 
     __slots__ = ("conn_id", "sock", "fd", "peer", "transport", "connection", "collector",
                  "collector_address", "links", "reported", "closing", "dead", "lost", "want_write", "tail_closed",
-                 "head_closed", "tick_at", "handshake_at", "ir", "refused", "streaming", "tls")
+                 "head_closed", "tick_at", "handshake_at", "ir", "refused", "streaming", "tls", "user")
 
     def __init__(self, conn_id: int, sock, peer: str, transport, connection, collector):
         self.conn_id = conn_id
@@ -56,6 +56,7 @@ class Conn:
         self.refused = False  # a client connection closed at open (it claimed to be a router)
         self.streaming: set = set()  # its links with large messages going out (streaming.py)
         self.tls = False  # the transport speaks TLS (tls.py)
+        self.user: str | None = None  # who the client is, for the policy (set at open when there is one)
 
     def __repr__(self) -> str:
         return f"<Conn {self.conn_id} {self.peer}>"

@@ -29,7 +29,7 @@ import logging
 
 from cproton_ffi import ffi, lib
 
-from router.adapter import endpoints, fastpath, streaming
+from router.adapter import endpoints, fastpath, streaming, tls
 from router.adapter.endpoints import Conn, Link, condition_of, cstr, printable, set_condition
 from router.adapter.interrouter import InterRouter
 from router.adapter.pn import (
@@ -98,6 +98,7 @@ from router.core.events import (
     OutcomeReceived,
     PublisherSettled,
 )
+from router.policy import ANONYMOUS
 
 log = logging.getLogger("eorouter.adapter")
 
@@ -123,6 +124,7 @@ _NOTHING_SEEN = (0, False)  # a copy's (remote state, settled) until its subscri
 
 INTERNAL_ERROR = "amqp:internal-error"
 UNAUTHORIZED = "amqp:unauthorized-access"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 RESERVED_PREFIX = "_eorouter/"  # the inter-router protocol's addresses: never a client's
 NULL = ffi.NULL
 
@@ -168,6 +170,8 @@ class Engine:
         # sent to subscribers, and the outcomes publishers were told, by outcome code.
         self.copies_sent: dict[str | None, int] = {}
         self.management = None  # the $management node (management.py), set by the Server
+        self.policy = None  # the config's [policy] (router/policy.py), set by the Server; None: all allowed
+        self.connections_of: dict[str, int] = {}  # user -> open client connections (the policy's limit)
         # Events operators follow, by what tells them apart (_COUNTED): attaches
         # (resumed or not), resumptions, peers connecting, restarting, lost, ...
         self.happenings: dict[tuple, int] = {}
@@ -291,9 +295,50 @@ class Engine:
         self.opened.append(conn)
         if self.peers.refuse_router_open(conn):
             return  # it claimed to be a router: closed with unauthorized-access
+        if self.policy is not None and not self._admit(conn):
+            return
         if lib.pn_connection_state(conn.connection) & endpoints.LOCAL_UNINIT:
             endpoints.set_failover_list(conn.connection, self.core.failover_list())
             lib.pn_connection_open(conn.connection)
+
+    def _admit(self, conn: Conn) -> bool:
+        """Who the client is (its certificate's common name, else anonymous), and
+        whether the policy lets it hold one more connection."""
+        user = (tls.peer_common_name(conn.transport) if conn.tls else None) or ANONYMOUS
+        conn.user = user
+        limit, group = self.policy.max_connections(user)
+        held = self.connections_of.get(user, 0)
+        if limit is not None and held >= limit:
+            why = (f"{self.policy.describe(user)} may hold {limit} connection(s) (group {group}); it holds {held}"
+                   if group else f"{self.policy.describe(user)} may not connect: no group of the policy admits it")
+            log.info("connection %d (%s) refused: %s", conn.conn_id, conn.peer, why)
+            conn.user = None  # not counted
+            self.close_connection(conn, RESOURCE_LIMIT if group else UNAUTHORIZED, why)
+            return False
+        self.connections_of[user] = held + 1
+        return True
+
+    def _authorized(self, link: Link, address: str | None) -> bool:
+        """The policy's verdict on an attach (a publisher's or subscriber's topic, or
+        the $management node); a refusal detaches the link, naming the rule."""
+        user = link.conn.user or ANONYMOUS
+        policy = self.policy
+        if link.management is not None or (self.management is not None and self.management.wants(link, address)):
+            if policy.is_admin(user):
+                return True
+            why = f"{policy.describe(user)} may not use $management (no admin group)"
+        elif address is None:
+            return True  # the core refuses a link without a topic, with its own reason
+        elif link.is_receiver:
+            if policy.may_publish(user, address):
+                return True
+            why = f"{policy.describe(user)} may not publish to {address!r}: no publish rule of its groups matches"
+        else:
+            if policy.may_subscribe(user, address):
+                return True
+            why = f"{policy.describe(user)} may not subscribe to {address!r}: no subscribe rule of its groups matches"
+        self._refuse_attach(link, UNAUTHORIZED, why)
+        return False
 
     def AMQP_transport_error(self, event, conn: Conn) -> None:
         name, desc = condition_of(lib.pn_transport_condition(conn.transport))
@@ -571,6 +616,8 @@ class Engine:
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
         event = endpoints.attach_event(link, container_id, self.publishers_settle_first)
         link.address = event.address
+        if self.policy is not None and not self._authorized(link, event.address):
+            return
         if self.management is not None and self.management.wants(link, event.address):
             self.management.attach(link, event.address)  # never the core's: the adapter answers it
             self.touched.add(conn)
@@ -643,6 +690,8 @@ class Engine:
         if conn.lost:
             return
         conn.lost = True
+        if conn.user is not None and self.connections_of.get(conn.user):
+            self.connections_of[conn.user] -= 1
         for link in list(conn.links.values()):
             link.core_attached = False
             self._forget_link(link)

@@ -116,7 +116,7 @@ class Server:
 
     def __init__(self, *, router_id: str, core, eventlog, listeners, max_message_size: int,
                  idle_timeout: float = 0.0, drain_grace: float = 5.0, connectors=(),
-                 network=None, slow_subscriber_age: float = 0.0):
+                 network=None, slow_subscriber_age: float = 0.0, policy=None):
         self.router_id = router_id
         self.core = core
         self.eventlog = eventlog
@@ -159,6 +159,7 @@ class Server:
         self.loop_seconds = Buckets()
         self.routes_converged = False  # set once by the readiness check (router/adapter/metrics.py)
         self.engine.management = Management(self)
+        self.engine.policy = policy
         self.slow = SlowSubscribers(slow_subscriber_age)
         # Shutdown state
         self.stop_requested = False

@@ -1,0 +1,101 @@
+"""Who may do what: the ``[policy]`` of a router's config (docs/security.md).
+
+Users are identities the router established at connect: the common name of the
+client's TLS certificate, or ``anonymous`` for a client that presented none. Each
+user is in groups (``[policy.users]``; a user not listed is in ``default_group``,
+if any); each group lists the topics it may publish to and subscribe to (exact
+names, or patterns over ``/``-separated levels: ``+`` one level, ``#`` the rest),
+how many connections one of its users may hold, and whether it may use the
+``$management`` node. A user's rights are the union of its groups'.
+
+Pure: no sockets, no proton. The adapter asks at open (connections) and at attach
+(links, a resumed link at another router included), never per message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+    max_connections: int | None = None  # per user; None: no limit
+    admin: bool = False
+
+
+@dataclass(frozen=True)
+class Policy:
+    groups: dict[str, Group] = field(default_factory=dict)
+    users: dict[str, tuple[str, ...]] = field(default_factory=dict)  # user -> group names
+    default_group: str | None = None
+
+    def groups_of(self, user: str) -> list[Group]:
+        names = self.users.get(user)
+        if names is None:
+            names = (self.default_group,) if self.default_group else ()
+        return [self.groups[n] for n in names if n in self.groups]
+
+    def may_publish(self, user: str, topic: str) -> str | None:
+        """The rule that lets ``user`` publish to ``topic`` ("group: pattern"), or None."""
+        return self._rule(user, topic, "publish")
+
+    def may_subscribe(self, user: str, topic: str) -> str | None:
+        return self._rule(user, topic, "subscribe")
+
+    def _rule(self, user: str, topic: str, what: str) -> str | None:
+        for group in self.groups_of(user):
+            for pattern in getattr(group, what):
+                if matches(pattern, topic):
+                    return f"{group.name}: {pattern}"
+        return None
+
+    def is_admin(self, user: str) -> bool:
+        return any(g.admin for g in self.groups_of(user))
+
+    def max_connections(self, user: str) -> tuple[int | None, str | None]:
+        """(the most connections ``user`` may hold, the group that allows them); a
+        group without a limit means no limit."""
+        groups = self.groups_of(user)
+        if not groups:
+            return 0, None
+        if any(g.max_connections is None for g in groups):
+            return None, None
+        best = max(groups, key=lambda g: g.max_connections or 0)
+        return best.max_connections, best.name
+
+    def describe(self, user: str) -> str:
+        names = [g.name for g in self.groups_of(user)]
+        return f"user {user!r} (groups: {', '.join(names) if names else 'none'})"
+
+
+def matches(pattern: str, topic: str) -> bool:
+    """MQTT-style: ``+`` is one level, ``#`` (last) the rest, including none."""
+    if pattern == topic:
+        return True
+    p_levels, t_levels = pattern.split("/"), topic.split("/")
+    for i, level in enumerate(p_levels):
+        if level == "#":
+            return i == len(p_levels) - 1
+        if i >= len(t_levels):
+            return False
+        if level != "+" and level != t_levels[i]:
+            return False
+    return len(p_levels) == len(t_levels)
+
+
+def valid_pattern(pattern: str) -> str | None:
+    """Why ``pattern`` is not a topic pattern, or None."""
+    if not pattern:
+        return "an empty topic pattern"
+    levels = pattern.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return f"{pattern!r}: '#' must be a whole level, and the last"
+        if "+" in level and level != "+":
+            return f"{pattern!r}: '+' must be a whole level"
+    return None
