@@ -16,6 +16,7 @@ line against all of it. Full description: docs/event-log.md.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 # ---------------------------------------------------------------------------
 # The schema. Types are Spark SQL type names so the Spark job can map them
@@ -221,7 +222,7 @@ FOLDED = {kind: events for kind, (events, _, _, _) in FOLDS.items()}
 _COMMON = tuple(EVENT_SCHEMA)
 
 
-def unfold(record: dict) -> list[dict]:
+def unfold(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The events one decoded line stands for (``FOLDS``), as the kinds of ``EVENTS``
     that are not folded: a "completed" line gives its "sub-outcome", "pub-outcome"
     and (when ``by`` is set) "settled" event, each with the line's common fields
@@ -243,7 +244,7 @@ def unfold(record: dict) -> list[dict]:
              **{name: record.get(line) for name, line in fields[i].items()}} for i in range(n)]
 
 
-def fold(kind: str, parts: list[dict]) -> dict:
+def fold(kind: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The inverse of unfold() for the writers that fold (the synthetic-log
     generator): the fields of one ``kind`` line standing for ``parts`` (each event's
     own fields, without the common ones), in FOLDS' order. A field an event does not
@@ -253,7 +254,7 @@ def fold(kind: str, parts: list[dict]) -> dict:
         first = parts[0]
         return {run_field: [p["delivery"] for p in parts],
                 **{line: first[name] for name, line in fields[0].items() if first.get(name) is not None}}
-    out: dict = {"delivery": parts[0]["delivery"]}
+    out: dict[str, Any] = {"delivery": parts[0]["delivery"]}
     for i, part in enumerate(parts):
         out.update({line: part[name] for name, line in fields[i].items() if part.get(name) is not None})
     return out
@@ -291,7 +292,7 @@ _CHECKS = {
 }
 
 
-def validate_event(record: dict) -> None:
+def validate_event(record: dict[str, Any]) -> None:
     """Check one decoded line against the schema; raise ValueError on the first
     problem. For tests and tools, never on the hot path. Common fields are
     required and non-null; a kind's own fields may be missing or null; a field the

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
 from router.core.commands import (
+    Command,
     Drained,
     Forward,
     Log,
@@ -49,7 +50,7 @@ else:
 
 
 class AdmissionMixin(CoreState):
-    def _on_message(self, ev: MessageReceived, now: float, out: list) -> None:
+    def _on_message(self, ev: MessageReceived, now: float, out: list[Command]) -> None:
         """A publisher's transfer: counted against its credit and the topic's size
         estimate, numbered in its stream, then named (its outgoing tag: a new
         delivery, a resend, or a reuse), prepared (the origin annotation, expiry) and
@@ -103,7 +104,7 @@ class AdmissionMixin(CoreState):
         self._fan_out(record, payload, pub, topic, ev, size, now, out)
 
     def _name_delivery(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
-                       out: list) -> tuple[bytes, int, bool] | None:
+                       out: list[Command]) -> tuple[bytes, int, bool] | None:
         """(outgoing tag, reuse count, resent?) of a transfer: a new delivery, a resend
         of one the publisher reported unsettled when it resumed (answered here when
         this router knows its end), or a reuse of a settled tag. None: answered."""
@@ -152,7 +153,7 @@ class AdmissionMixin(CoreState):
         return tag, reuse, resent
 
     def _existing_delivery(self, existing: DeliveryRecord, pub: PublisherLink, topic: Topic, ev: MessageReceived,
-                           resent: bool, now: float, out: list) -> int | None:
+                           resent: bool, now: float, out: list[Command]) -> int | None:
         """The transfer's tag names a record we hold: a resend (matched to it), a
         reuse of a settled tag (the reuse count of the new delivery), or an error.
         None: answered."""
@@ -184,7 +185,7 @@ class AdmissionMixin(CoreState):
         return template
 
     def _prepare_payload(self, pub: PublisherLink, ev: MessageReceived, now: float,
-                         out: list) -> tuple[bytes, float | None] | None:
+                         out: list[Command]) -> tuple[bytes, float | None] | None:
         """(the message with the origin annotation spliced in, when it expires) or
         None: refused (malformed, forged annotation, expired)."""
         try:
@@ -210,7 +211,7 @@ class AdmissionMixin(CoreState):
         return payload, expires_at
 
     def _fan_out(self, record: DeliveryRecord, payload: bytes, pub: PublisherLink, topic: Topic,
-                 ev: MessageReceived, size: int, now: float, out: list) -> None:
+                 ev: MessageReceived, size: int, now: float, out: list[Command]) -> None:
         """A new delivery: owed to the topic's subscribers here (sent to those who can
         take it) and to every interested router, logged, and kept. ``payload``: the
         record's message (the caller's reference: the record's field is optional)."""
@@ -259,7 +260,7 @@ class AdmissionMixin(CoreState):
         if pub.credit * 2 < self.settings.publisher_credit_window:
             self._refill_credit(topic, out, bound_only=True)
 
-    def _refuse_beyond_horizon(self, tag: bytes, delivery: int, out: list) -> None:
+    def _refuse_beyond_horizon(self, tag: bytes, delivery: int, out: list[Command]) -> None:
         """A resumed publisher resent a delivery of a stream this router finished
         with and forgot (docs/resumption.md): it may have been delivered, so it is
         refused (rejected, a condition of its own), never taken as new."""
@@ -270,7 +271,7 @@ class AdmissionMixin(CoreState):
         out.append(Log("pub-outcome", {"delivery": tag.hex(), "outcome": "rejected",
                                        "condition": BEYOND_HORIZON_CONDITION, "reason": description}))
 
-    def _answer_finished_resend(self, tag: bytes, final: int, ev: MessageReceived, out: list) -> None:
+    def _answer_finished_resend(self, tag: bytes, final: int, ev: MessageReceived, out: list[Command]) -> None:
         """A failed-over publisher resent a delivery this router took part in and saw
         finished (settled by its origin, now forgotten): the subscribers have it;
         the publisher gets the outcome it was finished with, and nobody a copy."""
@@ -279,7 +280,7 @@ class AdmissionMixin(CoreState):
                                        "condition": None,
                                        "reason": "resent after it was finished and settled; outcome remembered"}))
 
-    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list) -> tuple[list, list, bool]:
+    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list[Command]) -> tuple[list[str], list[str], bool]:
         """Owe ``record`` to the topic's subscriptions and send it to those that can
         take it now; the others get it from their queue, or on re-attach. The record
         is compact (records.py): it shares the topic's roster and holds one answer
@@ -319,21 +320,21 @@ class AdmissionMixin(CoreState):
             return keys, keys, best_effort
         return keys, [key for key, answer in zip(keys, answers) if not answer], best_effort
 
-    def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list) -> None:
+    def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> None:
         """Pre-settled copies for at-most-once subscribers that have credit now."""
         for sub in topic.subscriptions.values():
             if sub.best_effort and sub.link_id is not None and sub.credit > 0:
                 sub.credit -= 1
                 out.append(Forward(sub.link_id, tag, payload, True))
 
-    def _refuse(self, delivery: int, condition: str, description: str, out: list) -> None:
+    def _refuse(self, delivery: int, condition: str, description: str, out: list[Command]) -> None:
         """Answer a publisher delivery the router will not carry."""
         out.append(SendOutcome(delivery, outcomes.REJECTED, True, condition, description))
         out.append(Log("pub-outcome", {"delivery": None, "outcome": "rejected", "condition": condition,
                                        "reason": description}))
 
     def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
-                           out: list) -> None:
+                           out: list[Command]) -> None:
         """Pre-settled: forward to whoever has credit now; never wait, never owe."""
         try:
             prepared = splice_origin(ev.payload, self._origin_template(pub), ev.tag)
@@ -369,14 +370,14 @@ class AdmissionMixin(CoreState):
                                                        "dests": header["dests"]}))
         self._refill_credit(topic, out)
 
-    def _best_effort_to_local(self, topic: Topic, tag: bytes, payload: bytes, out: list) -> None:
+    def _best_effort_to_local(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> None:
         """A pre-settled copy to every local subscriber with credit now (at-most-once)."""
         for sub in topic.subscriptions.values():
             if sub.link_id is not None and sub.credit > 0:
                 sub.credit -= 1
                 out.append(Forward(sub.link_id, tag, payload, True))
 
-    def _best_effort_from_router(self, ev: DataReceived, header: dict, out: list) -> None:
+    def _best_effort_from_router(self, ev: DataReceived, header: dict[str, Any], out: list[Command]) -> None:
         """A pre-settled delivery relayed from its publisher's router: copies to our
         subscribers with credit now; no record, no answer, no order hold."""
         name: Any = header.get("topic")  # wire data: None when absent, which names no topic
@@ -389,7 +390,7 @@ class AdmissionMixin(CoreState):
         if topic is not None:
             self._best_effort_to_local(topic, ev.tag, ev.payload, out)
 
-    def _on_too_large(self, ev: MessageTooLarge, now: float, out: list) -> None:
+    def _on_too_large(self, ev: MessageTooLarge, now: float, out: list[Command]) -> None:
         pub = self.publishers.get(ev.link_id)
         if pub is not None and pub.credit > 0:
             pub.credit -= 1
@@ -404,7 +405,7 @@ class AdmissionMixin(CoreState):
             self._refill_credit(self.topics[pub.topic], out)
 
     def _send(self, sub: Subscription, link_id: int, record: DeliveryRecord, payload: bytes, state: SubscriberState,
-              out: list) -> None:
+              out: list[Command]) -> None:
         """Send ``record`` (its ``payload``) on ``link_id``, the link ``sub`` is attached on."""
         sub.credit -= 1
         state.sent = self._send_counter = self._send_counter + 1
@@ -414,7 +415,7 @@ class AdmissionMixin(CoreState):
         out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key,
                                      "link": link_id, "settled": False}))
 
-    def _pump(self, sub: Subscription, now: float, out: list) -> None:
+    def _pump(self, sub: Subscription, now: float, out: list[Command]) -> None:
         """Send queued records while the subscriber has credit."""
         if not sub.ready:
             return
@@ -443,7 +444,7 @@ class AdmissionMixin(CoreState):
             sub.drain = False
             out.append(Drained(link_id))
 
-    def _on_credit(self, ev: CreditChanged, now: float, out: list) -> None:
+    def _on_credit(self, ev: CreditChanged, now: float, out: list[Command]) -> None:
         sub = self.subscribers.get(ev.link_id)
         if sub is None:
             return

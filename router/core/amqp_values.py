@@ -30,7 +30,7 @@ _DESCRIBED = -3  # 0x00: a descriptor value, then the described value
 _INVALID = -4
 
 
-def _width_table() -> tuple:
+def _width_table() -> tuple[int, ...]:
     table = [_INVALID] * 256
     for codes, width in (
         ((0x40, 0x41, 0x42, 0x43, 0x44, 0x45), 0),  # null true false uint0 ulong0 list0
@@ -127,7 +127,7 @@ def _check(p: bytes, i: int, n: int, count: int, depth: int) -> int:
     return i
 
 
-def _bounds(p: bytes, i: int, n: int, c: int):
+def _bounds(p: bytes, i: int, n: int, c: int) -> tuple[int, int, int]:
     """(first element offset, element count, end offset) of the list/map/array
     with constructor ``c`` at ``i``; checks the size against ``n``."""
     if c & 0x10:  # the 32-bit forms: 0xd0 0xd1 0xf0
@@ -199,7 +199,7 @@ def _within(exc: MessageError, where: str) -> MessageError:
     return MessageError(f"{exc.what} (in the {where})", exc.offset)
 
 
-def _utf8(p: bytes, i: int, n: int, what: str):
+def _utf8(p: bytes, i: int, n: int, what: str) -> tuple[str, int]:
     c = p[i]
     if c == 0xA1:
         start = i + 2

@@ -5,10 +5,11 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from router.core import tags
 from router.core.commands import (
+    Command,
     DetachLink,
     Log,
     OpenLink,
@@ -48,7 +49,7 @@ else:
 
 
 class AttachMixin(CoreState):
-    def _on_attach(self, ev: LinkAttached, now: float, out: list) -> None:
+    def _on_attach(self, ev: LinkAttached, now: float, out: list[Command]) -> None:
         address = ev.address
         if not address:
             what = "target" if ev.role == PUBLISHER else "source"
@@ -68,7 +69,7 @@ class AttachMixin(CoreState):
         else:
             raise ProtocolError("amqp:internal-error", f"unknown link role {ev.role!r}")
 
-    def _attach_publisher(self, ev: LinkAttached, address: str, now: float, out: list) -> None:
+    def _attach_publisher(self, ev: LinkAttached, address: str, now: float, out: list[Command]) -> None:
         for other in self.publishers.values():
             if other.container_id == ev.container_id and other.name == ev.name:
                 out.append(DetachLink(other.link_id, "amqp:link:stolen",
@@ -96,7 +97,7 @@ class AttachMixin(CoreState):
                             stream, ev.snd_settle_mode == SND_SETTLED, ev.rcv_settle_mode == RCV_FIRST)
         self.publishers[ev.link_id] = pub
         topic.publishers[ev.link_id] = pub
-        properties: dict = {INCARNATION_PROPERTY: incarnation}
+        properties: dict[str, Any] = {INCARNATION_PROPERTY: incarnation}
         out.append(Log("link-attached", {
             "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
             "role": PUBLISHER, "address": address, "durable": ev.durable, "incarnation": incarnation,
@@ -106,7 +107,7 @@ class AttachMixin(CoreState):
         out.append(OpenLink(ev.link_id, 0, properties))
         self._refill_credit(topic, out)
 
-    def _attach_subscriber(self, ev: LinkAttached, address: str, now: float, out: list) -> None:
+    def _attach_subscriber(self, ev: LinkAttached, address: str, now: float, out: list[Command]) -> None:
         key = f"{ev.container_id}/{ev.name}"
         sub = self.subscriptions.get(key)
         if sub is not None and sub.link_id is not None:  # attached
@@ -148,7 +149,7 @@ class AttachMixin(CoreState):
         self._owe_again(sub, topic, ev, resumed, now, out)
 
     def _announce_subscriber(self, sub: Subscription, ev: LinkAttached, address: str, resumed: bool, now: float,
-                             out: list) -> None:
+                             out: list[Command]) -> None:
         """Tell the network, and answer the attach once it knows (the propagation race:
         a publisher anywhere that starts after this subscriber saw its attach cannot
         miss it), or at once when no other router is reachable."""
@@ -166,7 +167,7 @@ class AttachMixin(CoreState):
             out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None))
 
     def _owe_again(self, sub: Subscription, topic: Topic, ev: LinkAttached, resumed: bool, now: float,
-                   out: list) -> None:
+                   out: list[Command]) -> None:
         """A subscriber back (re-attached, resuming, or durable): what is still owed to
         it goes out again, in publisher order: what it missed while detached and what
         was in flight (a resuming receiver also gets again what it reported, to answer
@@ -187,7 +188,7 @@ class AttachMixin(CoreState):
                     state.sent = 0
                     sub.queue.append(record)
 
-    def _set_open_properties(self, link_id: int, properties: dict, out: list) -> None:
+    def _set_open_properties(self, link_id: int, properties: dict[str, Any], out: list[Command]) -> None:
         """Add link properties to our (possibly held) answer to an attach."""
         for index, command in enumerate(out):
             if isinstance(command, OpenLink) and command.link_id == link_id:
@@ -211,7 +212,7 @@ class AttachMixin(CoreState):
         requested = ev.timeout or self.settings.default_terminus_timeout
         return min(requested, limit)
 
-    def _on_detach(self, ev: LinkDetached, now: float, out: list) -> None:
+    def _on_detach(self, ev: LinkDetached, now: float, out: list[Command]) -> None:
         self._forget_link(ev.link_id)
         pub = self.publishers.get(ev.link_id)
         if pub is not None:
@@ -222,7 +223,7 @@ class AttachMixin(CoreState):
             self._unlink_subscriber(sub, now, out, reason="closed" if ev.closed else "detached",
                                     closed=ev.closed)
 
-    def _on_connection_lost(self, ev: ConnectionLost, now: float, out: list) -> None:
+    def _on_connection_lost(self, ev: ConnectionLost, now: float, out: list[Command]) -> None:
         for link_id in sorted(self.links_by_conn.pop(ev.conn_id, ())):
             self.link_conn.pop(link_id, None)
             pub = self.publishers.get(link_id)
@@ -243,7 +244,7 @@ class AttachMixin(CoreState):
             if not links:
                 del self.links_by_conn[conn_id]
 
-    def _detach_publisher(self, pub: PublisherLink, reason: str, now: float, out: list) -> None:
+    def _detach_publisher(self, pub: PublisherLink, reason: str, now: float, out: list[Command]) -> None:
         del self.publishers[pub.link_id]
         topic = self.topics[pub.topic]
         del topic.publishers[pub.link_id]
@@ -275,7 +276,7 @@ class AttachMixin(CoreState):
         self._refill_credit(topic, out)
         self._drop_topic_if_idle(topic)
 
-    def _publisher_gone(self, records: list[DeliveryRecord], now: float, out: list) -> None:
+    def _publisher_gone(self, records: list[DeliveryRecord], now: float, out: list[Command]) -> None:
         for record in records:
             if record.pub_settled or record.pub_delivery is not None or self.records.get(record.tag) is not record:
                 continue  # settled, resumed meanwhile, or gone
@@ -283,7 +284,7 @@ class AttachMixin(CoreState):
             if record.outcome is not None:
                 self._settle_record(record, "publisher-gone", now, out)
 
-    def _unlink_subscriber(self, sub: Subscription, now: float, out: list, reason: str, closed: bool) -> None:
+    def _unlink_subscriber(self, sub: Subscription, now: float, out: list[Command], reason: str, closed: bool) -> None:
         link_id = sub.link_id
         assert link_id is not None  # only an attached subscription is unlinked
         del self.subscribers[link_id]
@@ -316,7 +317,7 @@ class AttachMixin(CoreState):
         sub.queue.clear()
         sub.awaiting_evidence.clear()
 
-    def _end_subscription(self, sub: Subscription, now: float, out: list, reason: str) -> None:
+    def _end_subscription(self, sub: Subscription, now: float, out: list[Command], reason: str) -> None:
         """The subscription is gone: it stops counting toward any outcome."""
         if sub.link_id is not None:
             del self.subscribers[sub.link_id]

@@ -7,7 +7,7 @@ frame produced by the same batch of commands reach a socket.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class OpenLink(NamedTuple):
@@ -16,7 +16,7 @@ class OpenLink(NamedTuple):
 
     link_id: int
     timeout: int = 0
-    properties: dict | None = None
+    properties: dict[str, Any] | None = None
 
 
 class DetachLink(NamedTuple):
@@ -77,7 +77,7 @@ class Log(NamedTuple):
     """Append an event to the router's event log (schema in ``router.eventlog``)."""
 
     kind: str
-    fields: dict
+    fields: dict[str, Any]
 
 
 class SubOutcome(NamedTuple):
@@ -95,7 +95,7 @@ class SubOutcome(NamedTuple):
         return "sub-outcome"
 
     @property
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, Any]:
         """The line's fields, as a Log's (for tests and tools)."""
         return {"delivery": self.delivery, "subscriber": self.subscriber, "outcome": self.outcome,
                 "settled": self.settled}
@@ -107,7 +107,7 @@ class SubOutcomes(NamedTuple):
     (``RouterCore.accepted_batch``). The adapter writes them as one run
     (EventLog.append_sub_outcomes)."""
 
-    deliveries: list
+    deliveries: list[str]
     subscriber: str
     outcome: str
     settled: bool
@@ -117,7 +117,7 @@ class SubOutcomes(NamedTuple):
         return "sub-outcomes"
 
     @property
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, Any]:
         """The line's fields, as a Log's (for tests and tools)."""
         return {"deliveries": self.deliveries, "subscriber": self.subscriber, "outcome": self.outcome,
                 "settled": self.settled}
@@ -140,7 +140,7 @@ class SendControl(NamedTuple):
     produced in one loop iteration into one transfer, in order."""
 
     router_id: str
-    message: dict
+    message: dict[str, Any]
 
 
 class SendData(NamedTuple):
@@ -149,5 +149,10 @@ class SendData(NamedTuple):
 
     router_id: str
     tag: bytes
-    header: dict
+    header: dict[str, Any]
     payload: bytes
+
+
+# Every command the core gives, for annotations (``out: list[Command]``).
+Command = (OpenLink | DetachLink | GrantCredit | Forward | SendOutcome | SettleOutgoing | Drained | Log | SubOutcome
+           | SubOutcomes | ShutdownComplete | SendControl | SendData)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from router.core.commands import (
+    Command,
     GrantCredit,
     Log,
 )
@@ -23,7 +24,7 @@ else:
 
 
 class CreditMixin(CoreState):
-    def _refill_credit(self, topic: Topic, out: list, bound_only: bool = False) -> None:
+    def _refill_credit(self, topic: Topic, out: list[Command], bound_only: bool = False) -> None:
         """Keep each publisher's credit topped up within the topic's in-flight bound.
 
         Credit granted counts toward the bound (a sender may use it at any time), so
@@ -87,7 +88,7 @@ class CreditMixin(CoreState):
         if granted:
             self._after_grant(topic, out)
 
-    def _byte_limits(self, topic: Topic, window: int, room: int, out: list) -> tuple[int, int, int] | None:
+    def _byte_limits(self, topic: Topic, window: int, room: int, out: list[Command]) -> tuple[int, int, int] | None:
         """The byte budget, in messages of the topic's size estimate: (each
         publisher's window, the room, the threshold a partial grant must reach).
         Each publisher's window is its share of the topic's budget, as it is of the
@@ -129,7 +130,7 @@ class CreditMixin(CoreState):
             self._at_budget(topic, router_limited, out)
         return window, room, eighth
 
-    def _after_grant(self, topic: Topic, out: list) -> None:
+    def _after_grant(self, topic: Topic, out: list[Command]) -> None:
         """A grant went out: the topic no longer waits for room, its size estimate
         follows its recent messages down, and a budget line says it flows again."""
         self._starved.pop(topic.name, None)
@@ -148,7 +149,7 @@ class CreditMixin(CoreState):
             out.append(Log("budget", {"topic": topic.name, "state": "below", "bytes": topic.bytes,
                                       "router_bytes": self.bytes_held}))
 
-    def _at_budget(self, topic: Topic, router_wide: bool, out: list) -> None:
+    def _at_budget(self, topic: Topic, router_wide: bool, out: list[Command]) -> None:
         """The byte budget withholds the topic's credit: say so once, and remember to
         grant again when the router's other topics give bytes back."""
         if router_wide:
@@ -182,7 +183,7 @@ class CreditMixin(CoreState):
             if other is not None and other not in self._pending_refills:
                 self._pending_refills.append(other)
 
-    def _refill_pending(self, out: list) -> None:
+    def _refill_pending(self, out: list[Command]) -> None:
         pending = self._pending_refills
         self._pending_refills = []
         for topic in pending:

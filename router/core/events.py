@@ -12,7 +12,7 @@ hot path and NamedTuple construction is the cheapest immutable record Python has
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # Link roles, from the router's point of view of what the peer does.
 PUBLISHER = "publisher"  # the peer sends: a sender link whose target is a topic
@@ -46,7 +46,7 @@ class LinkAttached(NamedTuple):
     timeout: int = 0  # the peer's requested terminus timeout, seconds
     snd_settle_mode: int = SND_MIXED
     rcv_settle_mode: int = RCV_FIRST
-    properties: dict | None = None  # the attach frame's link properties, decoded
+    properties: dict[str, Any] | None = None  # the attach frame's link properties, decoded
 
 
 class LinkDetached(NamedTuple):
@@ -157,7 +157,7 @@ class ControlReceived(NamedTuple):
 
     conn_id: int
     router_id: str
-    messages: list
+    messages: list[dict[str, Any]]
 
 
 class DataReceived(NamedTuple):
@@ -167,7 +167,7 @@ class DataReceived(NamedTuple):
     conn_id: int
     router_id: str
     tag: bytes
-    header: dict
+    header: dict[str, Any]
     payload: bytes
 
 
@@ -176,7 +176,7 @@ class ListenersReady(NamedTuple):
     routers learn these and every router offers them to its clients as the
     ``failover-server-list`` of its open frame."""
 
-    addresses: tuple  # ((host, port), ...)
+    addresses: tuple[tuple[str, int], ...]  # ((host, port), ...)
 
 
 class ExpireSubscription(NamedTuple):
@@ -186,3 +186,9 @@ class ExpireSubscription(NamedTuple):
     one that is attached (the adapter refuses those before asking)."""
 
     key: str
+
+
+# Every event the core handles (``RouterCore.handle``).
+Event = (LinkAttached | LinkDetached | ConnectionLost | CreditChanged | MessageReceived | MessageTooLarge
+         | OutcomeReceived | PublisherSettled | TimerFired | ShutdownRequested | PeerConnected | PeerLost
+         | ControlReceived | DataReceived | ListenersReady | ExpireSubscription)

@@ -68,7 +68,7 @@ class Subscription:
         self.queue: deque[DeliveryRecord] = deque()
         # (the core's send counter at settlement, record): settled deliveries this subscriber
         # is not yet known to have seen settled, oldest first.
-        self.awaiting_evidence: deque = deque()
+        self.awaiting_evidence: deque[tuple[int, DeliveryRecord]] = deque()
         self.expires_at: float | None = None
         self.in_flight = 0  # pre-settled copies queued (best effort bound)
         self.ready = True  # False while its attach waits for the network to know it
@@ -76,7 +76,7 @@ class Subscription:
         # Resumption (docs/resumption.md): publisher stream -> tags it reported that
         # this router has not seen yet; deliveries of that stream wait in ``held``.
         self.placeholders: dict[bytes, set[bytes]] = {}
-        self.held: dict[bytes, list] = {}
+        self.held: dict[bytes, list[DeliveryRecord]] = {}
 
     @property
     def attached(self) -> bool:
@@ -95,7 +95,7 @@ class Topic:
         # index a re-attaching subscriber is replayed from. Keys only ever grow, so a
         # plain dict (insertion-ordered, O(1) delete) is already sorted; a SortedDict
         # cost ~3 µs per message here for nothing.
-        self.records: dict = {}
+        self.records: dict[int, DeliveryRecord] = {}
         self.unsettled = 0  # records the publisher has not settled: the in-flight bound
         self.outstanding_credit = 0  # credit granted to this topic's publishers, not yet used
         # The owed subscriptions as a records.Roster, built when needed; None after any

@@ -10,38 +10,43 @@ the adapter batches and encodes them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+from router.core.announcements import Announcement, SubscriberAttached, SubscriberDetached, SubscribersSnapshot
 from router.core.errors import ProtocolError
-from router.core.membership import (
-    LocalAnnouncer,
-    MembershipTable,
-    SubscriberAttached,
-    SubscriberDetached,
-    SubscribersSnapshot,
+from router.core.membership import LocalAnnouncer, MembershipTable
+from router.core.routing import (
+    LinkState,
+    LinkStateDatabase,
+    Routes,
+    SplitDestinations,
+    compute_routes,
+    split_by_next_hop,
 )
-from router.core.routing import LinkState, LinkStateDatabase, Routes, compute_routes, split_by_next_hop
 
 LINK_COST = 1
 
 
-def link_state_message(ls: LinkState) -> dict:
+def link_state_message(ls: LinkState) -> dict[str, Any]:
     return {"t": "ls", "origin": ls.origin, "epoch": ls.epoch, "boot": ls.boot, "version": ls.version,
             "nbrs": [list(pair) for pair in ls.neighbours]}
 
 
-def link_state_from(msg: dict) -> LinkState:
+def link_state_from(msg: dict[str, Any]) -> LinkState:
     try:
         return LinkState.of(msg["origin"], msg["epoch"], msg["boot"], msg["version"], msg["nbrs"])
     except (KeyError, TypeError, ValueError) as err:
         raise ProtocolError("amqp:decode-error", f"bad link-state message: {err}") from None
 
 
-def announcement_message(announcement) -> dict:
+def announcement_message(announcement: Announcement) -> dict[str, Any]:
     msg = announcement._asdict()
     msg["t"] = "sub+" if isinstance(announcement, SubscriberAttached) else "sub-"
     return msg
 
 
-def announcement_from(msg: dict):
+def announcement_from(msg: dict[str, Any]) -> Announcement:
     kind = SubscriberAttached if msg.get("t") == "sub+" else SubscriberDetached
     fields = {name: msg[name] for name in kind._fields if name in msg}
     try:
@@ -50,12 +55,12 @@ def announcement_from(msg: dict):
         raise ProtocolError("amqp:decode-error", f"bad subscriber announcement: {err}") from None
 
 
-def snapshot_message(snapshot: SubscribersSnapshot) -> dict:
+def snapshot_message(snapshot: SubscribersSnapshot) -> dict[str, Any]:
     return {"t": "subs", "router": snapshot.router, "epoch": snapshot.epoch, "boot": snapshot.boot,
             "through": snapshot.through, "items": [announcement_message(a) for a in snapshot.announcements]}
 
 
-def snapshot_from(msg: dict) -> SubscribersSnapshot:
+def snapshot_from(msg: dict[str, Any]) -> SubscribersSnapshot:
     try:
         items = tuple(announcement_from(item) for item in msg["items"])
         return SubscribersSnapshot(msg["router"], msg["epoch"], msg["boot"], msg["through"], items)
@@ -76,7 +81,7 @@ class Network:
         self.neighbours: dict[str, dict[int, tuple[int, str]]] = {}
         self.routes: Routes = compute_routes(self_id, self.lsdb)
         # router id -> its client listeners ((host, port), ...), for failover lists
-        self.addresses: dict[str, tuple] = {}
+        self.addresses: dict[str, tuple[tuple[str, int], ...]] = {}
         # topic -> interested routers; asked once per published message, so cached
         # and cleared whenever the membership table changes.
         self._interest: dict[str, frozenset[str]] = {}
@@ -92,7 +97,7 @@ class Network:
     def reachable(self) -> frozenset[str]:
         return self.routes.reachable
 
-    def split(self, destinations):
+    def split(self, destinations: Iterable[str]) -> SplitDestinations:
         return split_by_next_hop(self.routes, destinations)
 
     def interested_routers(self, topic: str) -> frozenset[str]:
@@ -129,7 +134,7 @@ class Network:
         self.routes = routes
         return changed
 
-    def sync_messages(self) -> list[dict]:
+    def sync_messages(self) -> list[dict[str, Any]]:
         """Everything a new neighbour needs: every link state we hold and every
         router's subscribers we know (ours included)."""
         messages = [link_state_message(ls) for ls in self.lsdb.snapshot()]
@@ -139,10 +144,10 @@ class Network:
         messages.append({"t": "synced"})
         return messages
 
-    def address_message(self, router_id: str) -> dict:
+    def address_message(self, router_id: str) -> dict[str, Any]:
         return {"t": "addr", "router": router_id, "addrs": [list(a) for a in self.addresses[router_id]]}
 
-    def learn_addresses(self, msg: dict) -> bool:
+    def learn_addresses(self, msg: dict[str, Any]) -> bool:
         """True when this told us something new (flood it on)."""
         try:
             addrs = tuple((str(h), int(p)) for h, p in msg["addrs"])

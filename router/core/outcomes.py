@@ -6,6 +6,7 @@ etc.), so the adapter passes them through untranslated.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 NONE = 0  # no terminal outcome yet (in doubt)
@@ -50,12 +51,12 @@ OUTCOME_NOT_OWED = Outcome(NONE)
 _SEVERITY = {ACCEPTED: 0, RELEASED: 1, MODIFIED: 2, REJECTED: 3}
 
 
-def aggregate(outcomes) -> Outcome:
+def aggregate(outcomes: Iterable[Outcome]) -> Outcome:
     """Fold terminal outcomes into the single outcome the publisher receives.
 
     An empty collection (no subscriber was owed the delivery) is the caller's
     decision (the configurable no-subscriber answer), not ours."""
-    worst = None
+    worst: Outcome | None = None
     failed = False
     undeliverable = False
     for outcome in outcomes:

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from router.core.links import Subscription
     from router.core.settled import StreamSettled
 
 # Shared, read-only stand-ins for a record's maps and set while they are empty: most
@@ -65,7 +68,7 @@ class Roster:
 
     __slots__ = ("subs", "keys", "links", "index", "all_done")
 
-    def __init__(self, subs):
+    def __init__(self, subs: Iterable[Subscription]) -> None:
         self.subs = tuple(subs)
         # A list, not a tuple: it goes into "received" lines as it is (never mutated).
         self.keys = [sub.key for sub in self.subs]
@@ -155,7 +158,7 @@ class DeliveryRecord:
         self.remote_routers: dict[str, RouterState] = EMPTY_MAP  # own_remote_routers() to write
         # None when our publisher sent it; else the ingress router we answer to
         self.origin_router: str | None = None
-        self.header: dict | None = None  # the inter-router routing header, once built
+        self.header: dict[str, Any] | None = None  # the inter-router routing header, once built
         # subscriber key -> MovedState: subscribers owed it that moved to another router
         self.moved: dict[str, MovedState] = EMPTY_MAP  # own_moved() to write
         # subscriber key -> router to report its outcome to, for subscribers here that
@@ -222,19 +225,19 @@ class DeliveryRecord:
         """How many subscribers it is owed to (without leaving the compact form)."""
         return len(self.answers) if self.answers is not None else len(self.subscribers)
 
-    def own_remote_routers(self) -> dict:
+    def own_remote_routers(self) -> dict[str, RouterState]:
         d = self.remote_routers
         if d is EMPTY_MAP:
             d = self.remote_routers = {}
         return d
 
-    def own_moved(self) -> dict:
+    def own_moved(self) -> dict[str, MovedState]:
         d = self.moved
         if d is EMPTY_MAP:
             d = self.moved = {}
         return d
 
-    def own_targeted(self) -> dict:
+    def own_targeted(self) -> dict[str, str]:
         d = self.targeted
         if d is EMPTY_MAP:
             d = self.targeted = {}

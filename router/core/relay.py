@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
+from router.core.announcements import RemoteSubscriberAdded, SubscriberMoved
 from router.core.commands import (
+    Command,
     Log,
     OpenLink,
     SendControl,
@@ -43,16 +45,19 @@ from router.core.records import (
 from router.core.settled import BEYOND_HORIZON
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from router.core.announcements import Change
     from router.core.corestate import CoreState
 else:
     CoreState = object  # declarations for mypy only: no base class at run time
 
 
 class RelayMixin(CoreState):
-    def _neighbours_except(self, source: str | None):
+    def _neighbours_except(self, source: str | None) -> list[str]:
         return [peer for peer in self.net.neighbours if peer != source]
 
-    def _flood(self, message: dict, source: str | None, out: list) -> None:
+    def _flood(self, message: dict[str, Any], source: str | None, out: list[Command]) -> None:
         """Send a link state or announcement to every neighbour but the one it came from."""
         for peer in self._neighbours_except(source):
             out.append(SendControl(peer, message))
@@ -62,7 +67,7 @@ class RelayMixin(CoreState):
         if record.stream_seq > self.stream_seq.get(stream, -1):
             self.stream_seq[stream] = record.stream_seq
 
-    def _flood_once(self, stamp, message: dict, source: str, out: list) -> bool:
+    def _flood_once(self, stamp: tuple[Any, ...], message: dict[str, Any], source: str, out: list[Command]) -> bool:
         """Flood a message on the first time we see it; False for a repeat."""
         if stamp in self._flooded:
             return False
@@ -70,7 +75,7 @@ class RelayMixin(CoreState):
         self._flood(message, source, out)
         return True
 
-    def _route_control(self, to: str, message: dict, out: list) -> bool:
+    def _route_control(self, to: str, message: dict[str, Any], out: list[Command]) -> bool:
         """Send a control message for router ``to`` one hop along the best path.
         False when there is no path now: the resend on the next topology change
         covers it (docs/inter-router.md, "reliability")."""
@@ -82,7 +87,7 @@ class RelayMixin(CoreState):
         out.append(SendControl(hop, message))
         return True
 
-    def _base_header(self, record: DeliveryRecord) -> dict:
+    def _base_header(self, record: DeliveryRecord) -> dict[str, Any]:
         header = record.header
         if header is None:
             header = record.header = {
@@ -96,7 +101,7 @@ class RelayMixin(CoreState):
                 header["rs"] = 1  # a resumed publisher's resend: maybe finished and forgotten
         return header
 
-    def _send_towards(self, record: DeliveryRecord, routers, now: float, out: list) -> None:
+    def _send_towards(self, record: DeliveryRecord, routers: Iterable[str], now: float, out: list[Command]) -> None:
         """One copy per next hop, carrying the set of routers it is for."""
         if record.payload is None or record.pub_settled:  # settled: a payload kept only for a local re-send
             return
@@ -125,7 +130,7 @@ class RelayMixin(CoreState):
                 if state is not None:
                     state.sent = True
 
-    def _answer_origin(self, record: DeliveryRecord, outcome: Outcome, origin: str, out: list) -> None:
+    def _answer_origin(self, record: DeliveryRecord, outcome: Outcome, origin: str, out: list[Command]) -> None:
         """Tell ``origin`` (the record's origin router) its ``outcome`` here."""
         # With no subscriber left here that was owed it, we are not owed it either. A
         # subscriber that moved away still counts: the router it moved to answered us
@@ -146,7 +151,7 @@ class RelayMixin(CoreState):
         out.append(Log("outcome-to-router", {"delivery": record.delivery_id, "to_router": origin,
                                              "outcome": outcomes.NAMES[code]}))
 
-    def _subscriber_ready(self, key: str, out: list) -> None:
+    def _subscriber_ready(self, key: str, out: list[Command]) -> None:
         link_id, _, _ = self._awaiting_acks.pop(key)
         sub = self.subscriptions.get(key)
         if sub is None or sub.link_id != link_id:
@@ -155,7 +160,7 @@ class RelayMixin(CoreState):
         out.append(OpenLink(link_id, sub.timeout if sub.durable else 0, self._open_properties.pop(link_id, None)))
         self._pump(sub, 0.0, out)
 
-    def _on_peer_connected(self, ev: PeerConnected, now: float, out: list) -> None:
+    def _on_peer_connected(self, ev: PeerConnected, now: float, out: list[Command]) -> None:
         known = self.net.membership.incarnation_of(ev.router_id)
         own = self.net.peer_connected(ev.router_id, ev.conn_id, ev.epoch, ev.boot)
         for message in self.net.sync_messages():
@@ -166,13 +171,13 @@ class RelayMixin(CoreState):
             out.append(Log("peer-restarted", {"peer": ev.router_id, "peer_epoch": ev.epoch, "peer_boot": ev.boot}))
         self._topology_changed(now, out)
 
-    def _on_peer_lost(self, ev: PeerLost, now: float, out: list) -> None:
+    def _on_peer_lost(self, ev: PeerLost, now: float, out: list[Command]) -> None:
         own = self.net.peer_lost(ev.router_id, ev.conn_id)
         if own is not None:
             self._flood(link_state_message(own), None, out)
         self._topology_changed(now, out)
 
-    def _on_control(self, ev: ControlReceived, now: float, out: list) -> None:
+    def _on_control(self, ev: ControlReceived, now: float, out: list[Command]) -> None:
         routes_changed = False
         for message in ev.messages:
             kind = message.get("t")
@@ -198,7 +203,7 @@ class RelayMixin(CoreState):
             elif kind in ("sub+", "sub-"):
                 self._on_announcement(message, ev.router_id, now, out)
             elif kind == "sub-ack":
-                waiting = self._awaiting_acks.get(message.get("key"))
+                waiting = self._awaiting_acks.get(message.get("key"))  # type: ignore[arg-type]  # None: not found
                 if waiting is not None and waiting[2] == message.get("version"):
                     waiting[1].discard(message.get("from"))
                     if not waiting[1]:
@@ -222,7 +227,7 @@ class RelayMixin(CoreState):
         if routes_changed:
             self._topology_changed(now, out)
 
-    def _on_announcement(self, message: dict, source: str, now: float, out: list) -> None:
+    def _on_announcement(self, message: dict[str, Any], source: str, now: float, out: list[Command]) -> None:
         announcement = announcement_from(message)
         stamp = (announcement.router, announcement.epoch, announcement.boot, announcement.version)
         if announcement.router == self.settings.router_id:
@@ -237,7 +242,7 @@ class RelayMixin(CoreState):
             self._route_control(announcement.router, {"t": "sub-ack", "key": key,
                                                       "version": announcement.version}, out)
 
-    def _membership_changed(self, changes, now: float, out: list) -> None:
+    def _membership_changed(self, changes: list[Change], now: float, out: list[Command]) -> None:
         """A router no longer holding any subscription to a topic stops being owed
         that topic's deliveries (as a local non-durable subscriber that left), but
         only those we never sent it. A copy it was sent, it answers itself: with its
@@ -250,10 +255,9 @@ class RelayMixin(CoreState):
         self.net.membership_changed()
         self.resumption.expire_moved(changes, now, out)
         for change in changes:
-            kind = type(change).__name__
-            if kind == "SubscriberMoved":
+            if isinstance(change, SubscriberMoved):
                 self.resumption.moved_subscriber_at(str(change.key), change.to_router, now, out)
-            elif kind == "RemoteSubscriberAdded":
+            elif isinstance(change, RemoteSubscriberAdded):
                 key = str(change.key)
                 local = self.subscriptions.get(key)
                 if local is not None and not local.attached:
@@ -279,7 +283,7 @@ class RelayMixin(CoreState):
                     else:
                         self._maybe_delete(record, now, out)
 
-    def _on_data(self, ev: DataReceived, now: float, out: list) -> None:
+    def _on_data(self, ev: DataReceived, now: float, out: list[Command]) -> None:
         header = ev.header
         me = self.settings.router_id
         dests = header.get("dests") or []
@@ -305,7 +309,7 @@ class RelayMixin(CoreState):
             else:
                 self._in_publisher_order(ev, header, now, out)
 
-    def _in_publisher_order(self, ev: DataReceived, header: dict, now: float, out: list) -> None:
+    def _in_publisher_order(self, ev: DataReceived, header: dict[str, Any], now: float, out: list[Command]) -> None:
         """Deliver a relayed copy only after its predecessor from the same publisher
         stream (named by the origin in ``prev``): a copy that took a newer path after
         a route change must not overtake an earlier one still on its way."""
@@ -318,7 +322,7 @@ class RelayMixin(CoreState):
         self._held.setdefault(stream, {})[prev] = (ev, header)
         self._add_timer(now + ORDER_HOLD_TIMEOUT, _TIMER_ORDER_GAP, (stream, prev))
 
-    def _deliver_chain(self, stream: bytes, ev: DataReceived, header: dict, now: float, out: list) -> None:
+    def _deliver_chain(self, stream: bytes, ev: DataReceived, header: dict[str, Any], now: float, out: list[Command]) -> None:
         while True:
             self._deliver_from_router(ev, header, now, out)
             seq = header.get("seq", 0)
@@ -331,7 +335,7 @@ class RelayMixin(CoreState):
             if not held:
                 del self._held[stream]
 
-    def _deliver_from_router(self, ev: DataReceived, header: dict, now: float, out: list) -> None:
+    def _deliver_from_router(self, ev: DataReceived, header: dict[str, Any], now: float, out: list[Command]) -> None:
         """A delivery another router took from its publisher: owe it to our
         subscribers, and answer the origin router once they all answered."""
         tag = ev.tag
@@ -373,8 +377,8 @@ class RelayMixin(CoreState):
             return
         self._new_relayed_record(ev, header, topic, now, out)
 
-    def _known_copy(self, record: DeliveryRecord, origin: str, targets, report_to: str, now: float,
-                    out: list) -> None:
+    def _known_copy(self, record: DeliveryRecord, origin: str, targets: list[str] | None, report_to: str, now: float,
+                    out: list[Command]) -> None:
         """A copy of a delivery we hold: a resend (a hop failed, routes changed, its
         publisher resumed elsewhere), never delivered twice."""
         if record.origin_router is None and origin != self.settings.router_id and not targets:
@@ -398,7 +402,7 @@ class RelayMixin(CoreState):
         elif record.origin_router is not None and record.outcome is not None and not record.pub_settled:
             self._answer_origin(record, record.outcome, record.origin_router, out)
 
-    def _refuse_forgotten_resend(self, tag: bytes, origin: str, report_to: str, out: list) -> None:
+    def _refuse_forgotten_resend(self, tag: bytes, origin: str, report_to: str, out: list[Command]) -> None:
         """A resend of a stream we finished with and forgot: our subscribers may have
         had it. Refused, never delivered as new (docs/resumption.md)."""
         description = ("resent after router " + self.settings.router_id + " forgot its stream "
@@ -408,7 +412,7 @@ class RelayMixin(CoreState):
         out.append(Log("resend-beyond-horizon", {"delivery": tag.hex(), "stream": tag[:tags.STREAM_ID_SIZE].hex(),
                                                  "origin_router": origin}))
 
-    def _relayed_record(self, ev: DataReceived, header: dict, topic_name: str, now: float) -> DeliveryRecord:
+    def _relayed_record(self, ev: DataReceived, header: dict[str, Any], topic_name: str, now: float) -> DeliveryRecord:
         record = DeliveryRecord(ev.tag, topic_name, next(self._order), ev.payload, header.get("pub", ""),
                                 header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
                                 header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"),
@@ -417,8 +421,8 @@ class RelayMixin(CoreState):
         record.arrived = now
         return record
 
-    def _new_targeted_record(self, ev: DataReceived, header: dict, topic: Topic, targets, report_to: str,
-                             now: float, out: list) -> None:
+    def _new_targeted_record(self, ev: DataReceived, header: dict[str, Any], topic: Topic, targets: list[str], report_to: str,
+                             now: float, out: list[Command]) -> None:
         """A copy addressed to particular subscribers here (they moved here from a
         router that died, or resumed here): they answer ``report_to`` individually."""
         record = self._relayed_record(ev, header, topic.name, now)
@@ -435,7 +439,7 @@ class RelayMixin(CoreState):
         self.resumption.accept_targeted(record, targets, report_to, now, out)
         self.resumption.fulfil_placeholders(record, now, out)
 
-    def _new_relayed_record(self, ev: DataReceived, header: dict, topic: Topic, now: float, out: list) -> None:
+    def _new_relayed_record(self, ev: DataReceived, header: dict[str, Any], topic: Topic, now: float, out: list[Command]) -> None:
         """A delivery new here: owed to our subscribers, sent to those who can take it."""
         record = self._relayed_record(ev, header, topic.name, now)
         owed, sent_to, best_effort = self._distribute(record, topic, out)
@@ -457,7 +461,7 @@ class RelayMixin(CoreState):
         if best_effort:
             self._best_effort_copies(topic, ev.tag, ev.payload, out)
 
-    def _on_router_outcome(self, message: dict, now: float, out: list) -> None:
+    def _on_router_outcome(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         tag = bytes.fromhex(message["d"])
         record = self.records.get(tag)
         sender: Any = message.get("from")  # wire data: a routed message names its sender
@@ -500,7 +504,7 @@ class RelayMixin(CoreState):
         else:
             self._maybe_delete(record, now, out)
 
-    def _on_router_settle(self, message: dict, now: float, out: list) -> None:
+    def _on_router_settle(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         tag = bytes.fromhex(message["d"])
         record = self.records.get(tag)
         sender: Any = message.get("from")  # wire data: a routed message names its sender
@@ -538,7 +542,7 @@ class RelayMixin(CoreState):
 
         self._route_control(sender, {"t": "settle-ack", "d": message["d"]}, out)
 
-    def _on_settled_query(self, message: dict, out: list) -> None:
+    def _on_settled_query(self, message: dict[str, Any], out: list[Command]) -> None:
         """Another router holds a placeholder for a delivery it never saw: if we know
         it settled (a record settled, or its tag remembered), say so."""
         tag = bytes.fromhex(message["d"])
@@ -547,14 +551,14 @@ class RelayMixin(CoreState):
             code = self._final_outcome(record) if record is not None else self.settled.outcome_of(tag)
             self._route_control(message["from"], self._settle_message(tag, code, True), out)
 
-    def _on_settle_ack(self, message: dict, now: float, out: list) -> None:
+    def _on_settle_ack(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         record = self.records.get(bytes.fromhex(message["d"]))
         if record is None or message.get("from") not in record.settle_pending:
             return
         record.settle_pending.discard(message.get("from"))  # a set: the sender is in it
         self._maybe_delete(record, now, out)
 
-    def _topology_changed(self, now: float, out: list) -> None:
+    def _topology_changed(self, now: float, out: list[Command]) -> None:
         """Routes may have changed: whatever may have been lost with a hop goes again.
         Receivers recognise resent deliveries by their tag."""
         if not self.net.recompute():

@@ -9,16 +9,22 @@ the core.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
-from router.core.commands import DetachLink, Log, SendData
+from router.core.announcements import RemoteSubscriberRemoved, SubscriberKey
+from router.core.commands import Command, DetachLink, Log, SendData
 from router.core.constants import _TIMER_MEMBERSHIP, _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
 from router.core.errors import ProtocolError
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, MovedState, RouterState, SubscriberState
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from router.core.announcements import Change
+    from router.core.events import MessageReceived
+    from router.core.links import PublisherLink, Subscription, Topic
     from router.core.router import RouterCore
 
 RESUME_PROPERTY = "eorouter:resume"
@@ -31,7 +37,7 @@ _STATE_NAMES = {"none": outcomes.NONE, "accepted": outcomes.ACCEPTED, "rejected"
                 "released": outcomes.RELEASED, "modified": outcomes.MODIFIED}
 
 
-def reported_unsettled(properties: dict | None) -> tuple[bool, dict[bytes, int], bool]:
+def reported_unsettled(properties: dict[str, Any] | None) -> tuple[bool, dict[bytes, int], bool]:
     """(resuming?, {tag: outcome code}, incomplete?) from a resuming attach's
     properties; malformed entries are skipped (the peer then resends them)."""
     props = properties or {}
@@ -69,17 +75,18 @@ class Resumption:
         # it last resumed with a complete list (here, or announced by "stream-resumed"):
         # any other tag of the stream published before then it had settled, so a
         # resuming subscriber's placeholder for it would wait for nothing. Bounded.
-        self.resumed_streams: OrderedDict[bytes, frozenset] = OrderedDict()
+        self.resumed_streams: OrderedDict[bytes, frozenset[bytes]] = OrderedDict()
 
     # ------------------------------------------------------------ publishers
 
-    def resume_publisher(self, pub, properties, topic, now: float, out: list) -> list:
+    def resume_publisher(self, pub: PublisherLink, properties: dict[str, Any] | None, topic: Topic, now: float,
+                         out: list[Command]) -> list[list[bytes | str]]:
         """A publisher re-attached with its incarnation: we become the origin of
         its stream's deliveries we hold. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         # Continue the stream's numbering (publisher order) where any router left it.
         pub.next_seq = max(pub.next_seq, self.core.stream_seq.get(pub.stream, -1) + 1)
-        answer = []
+        answer: list[list[bytes | str]] = []
         for pub_tag in reported:
             record = self.core.records.get(tags.outgoing_tag(pub.stream, pub_tag))
             if record is not None:
@@ -105,7 +112,7 @@ class Resumption:
         # router must learn where the publisher is now, complete list or not: an old
         # origin that outlived its link hands its records over, or the copies we send
         # it would wait for its answer for ever (issue 16, part 3).
-        message = {"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.core.settings.router_id,
+        message: dict[str, Any] = {"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.core.settings.router_id,
                    "n": f"{self.core.epoch}.{pub.link_id}", "unsettled": sorted(t.hex() for t in reported)}
         if incomplete:
             message["incomplete"] = True
@@ -119,7 +126,7 @@ class Resumption:
             self.core.add_timer(now + self.core.settings.stream_seq_timeout, _TIMER_STREAM_SEQ, pub)
         return answer
 
-    def on_stream_seq(self, message: dict, now: float, out: list) -> None:
+    def on_stream_seq(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         """A router's answer to our "stream-resumed": the highest stream_seq it saw."""
         stream = bytes.fromhex(message["stream"])
         seq = message.get("seq", -1)
@@ -133,13 +140,13 @@ class Resumption:
                 if not pub.awaiting_seq:
                     self.stream_seq_known(pub, out)
 
-    def stream_seq_known(self, pub, out: list) -> None:
+    def stream_seq_known(self, pub: PublisherLink, out: list[Command]) -> None:
         pub.awaiting_seq = None
         self.core.stream_seq[pub.stream] = max(self.core.stream_seq.get(pub.stream, -1), pub.next_seq - 1)
         out.append(Log("stream-seq-continued", {"link": pub.link_id, "next_seq": pub.next_seq}))
         self.core.refill_credit(self.core.topics[pub.topic], out)
 
-    def on_stream_resumed(self, message: dict, now: float, out: list) -> None:
+    def on_stream_resumed(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         """A publisher resumed elsewhere: that router is the origin of its stream's
         deliveries we still act as origin for. With its complete unsettled list, the
         deliveries of its stream we hold that it does not list, it settled."""
@@ -172,7 +179,7 @@ class Resumption:
             else:
                 record.origin_router = at
 
-    def _stream_resumed(self, stream: bytes, unsettled_pub_tags, now: float, out: list) -> None:
+    def _stream_resumed(self, stream: bytes, unsettled_pub_tags: Iterable[bytes], now: float, out: list[Command]) -> None:
         """The stream's publisher resumed with a complete unsettled list: remember it,
         and drop resuming subscribers' placeholders for tags it no longer holds (it
         settled them; they will never arrive) so they stop holding the stream back."""
@@ -184,7 +191,7 @@ class Resumption:
             resumed.popitem(last=False)
         self._drop_placeholders(stream, lambda waiting: sorted(waiting - still), now, out)
 
-    def _hand_origin_over(self, record: DeliveryRecord, new_origin: str, now: float, out: list) -> None:
+    def _hand_origin_over(self, record: DeliveryRecord, new_origin: str, now: float, out: list[Command]) -> None:
         """The reverse of a takeover: its publisher resumed at ``new_origin`` while we
         still acted as origin (we were cut off from it, not dead). That router is the
         origin now; we are one of the routers it waits for, answering for our own
@@ -209,7 +216,7 @@ class Resumption:
             return
         self.core.maybe_answer_publisher(record, now, out)
 
-    def _take_over(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
+    def _take_over(self, record: DeliveryRecord, topic: Topic, now: float, out: list[Command]) -> None:
         """Its origin router died and its publisher resumed here: this router is the
         origin now. Every other interested router is sent the delivery again (they
         recognise the tag and answer us)."""
@@ -240,7 +247,8 @@ class Resumption:
                 self.resend_to_moved(record, out)
         self.core.maybe_answer_publisher(record, now, out)
 
-    def resent_by_publisher(self, record: DeliveryRecord, pub, ev, now: float, out: list) -> bool:
+    def resent_by_publisher(self, record: DeliveryRecord, pub: PublisherLink, ev: MessageReceived, now: float,
+                            out: list[Command]) -> bool:
         """A resumed publisher resent a delivery we hold: attach the new transfer to
         the record (never forward it twice) and answer it if we can already."""
         if record.pub_delivery is not None:
@@ -271,7 +279,8 @@ class Resumption:
 
     # ------------------------------------------------------------ subscribers
 
-    def resume_subscriber(self, sub, properties, topic, now: float, out: list) -> list:
+    def resume_subscriber(self, sub: Subscription, properties: dict[str, Any] | None, topic: Topic, now: float,
+                          out: list[Command]) -> list[list[bytes | str]]:
         """The design's rules for a resuming receiver. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         key = sub.key
@@ -319,7 +328,8 @@ class Resumption:
                         self.owe_here(record, key)
         # Its reported outcome may have been the last answer a record needed, and
         # the record settled meanwhile: that one is settled, so left out too.
-        answer = [[tag, state_name(state.outcome)] for tag, record, state in known if not record.pub_settled]
+        answer: list[list[bytes | str]] = [[tag, state_name(state.outcome)] for tag, record, state in known
+                                           if not record.pub_settled]
         out.append(Log("resume-requested", {"link": sub.link_id, "role": "subscriber", "reported": len(reported),
                                             "known": len(answer), "incomplete": incomplete}))
         return answer
@@ -340,11 +350,11 @@ class Resumption:
             state.outcome = moved.outcome
         return state
 
-    def placeholder_blocks(self, sub, record: DeliveryRecord) -> bool:
+    def placeholder_blocks(self, sub: Subscription, record: DeliveryRecord) -> bool:
         return bool(sub.placeholders) and record.tag[:tags.STREAM_ID_SIZE] in sub.placeholders \
             and record.tag not in sub.placeholders[record.tag[:tags.STREAM_ID_SIZE]]
 
-    def after_distribute_to_resumed(self, record: DeliveryRecord, topic, now: float, out: list) -> None:
+    def after_distribute_to_resumed(self, record: DeliveryRecord, topic: Topic, now: float, out: list[Command]) -> None:
         """A new record was queued (never sent directly) for subscribers holding
         placeholders: fulfil theirs, then send it through the placeholder check."""
         resumed = [sub for sub in topic.subscriptions.values() if sub.placeholders]
@@ -354,7 +364,7 @@ class Resumption:
         for sub in resumed:
             self.core.pump(sub, now, out)
 
-    def fulfil_placeholders(self, record: DeliveryRecord, now: float, out: list) -> None:
+    def fulfil_placeholders(self, record: DeliveryRecord, now: float, out: list[Command]) -> None:
         """A delivery arrived here: resumed subscribers waiting for it get it first,
         then what they held back of its stream."""
         topic = self.core.topics.get(record.topic)
@@ -378,7 +388,7 @@ class Resumption:
                 self._release_held(sub, stream)
             self.core.pump(sub, now, out)
 
-    def placeholder_expired(self, sub, tag: bytes, now: float, out: list) -> None:
+    def placeholder_expired(self, sub: Subscription, tag: bytes, now: float, out: list[Command]) -> None:
         stream = tag[:tags.STREAM_ID_SIZE]
         waiting = sub.placeholders.get(stream)
         if not waiting or tag not in waiting:
@@ -389,12 +399,13 @@ class Resumption:
             self._release_held(sub, stream)
             self.core.pump(sub, now, out)
 
-    def placeholder_settled(self, tag: bytes, now: float, out: list) -> None:
+    def placeholder_settled(self, tag: bytes, now: float, out: list[Command]) -> None:
         """Another router says ``tag`` was settled: placeholders for it wait for nothing."""
         self._drop_placeholders(tag[:tags.STREAM_ID_SIZE], lambda waiting: [tag] if tag in waiting else [],
                                 now, out)
 
-    def _drop_placeholders(self, stream: bytes, settled, now: float, out: list) -> None:
+    def _drop_placeholders(self, stream: bytes, settled: Callable[[set[bytes]], list[bytes]], now: float,
+                           out: list[Command]) -> None:
         """Drop the placeholders ``settled(waiting)`` names (settled deliveries will
         never arrive) from every subscription waiting on ``stream``; one left with
         none gets what it held back."""
@@ -410,14 +421,14 @@ class Resumption:
                 self._release_held(sub, stream)
                 self.core.pump(sub, now, out)
 
-    def _release_held(self, sub, stream: bytes) -> None:
+    def _release_held(self, sub: Subscription, stream: bytes) -> None:
         sub.placeholders.pop(stream, None)
         held = sub.held.pop(stream, [])
         sub.queue.extendleft(reversed(held))
 
     # ------------------------------------------------------------ moved subscribers
 
-    def router_lost(self, router_id: str, now: float, out: list) -> None:
+    def router_lost(self, router_id: str, now: float, out: list[Command]) -> None:
         """A router became unreachable: stop waiting for *it*; wait for its durable
         subscribers wherever they re-attach (within their terminus timeout)."""
         self.core.net.membership.router_lost(router_id, now)
@@ -437,7 +448,7 @@ class Resumption:
                 self.core.maybe_answer_publisher(record, now, out)
         self.schedule_membership_expiry()
 
-    def owe_lost_subscribers(self, record: DeliveryRecord, out: list) -> None:
+    def owe_lost_subscribers(self, record: DeliveryRecord, out: list[Command]) -> None:
         """Durable subscribers of routers we lost are owed new deliveries too (they
         are detached within their terminus timeout), wherever they re-attach."""
         membership = self.core.net.membership
@@ -448,7 +459,7 @@ class Resumption:
         if record.moved:
             self.resend_to_moved(record, out)
 
-    def _owe_moved_or_local(self, record: DeliveryRecord, key: str, now, out: list) -> None:
+    def _owe_moved_or_local(self, record: DeliveryRecord, key: str, now: float | None, out: list[Command]) -> None:
         """Owe ``record`` to a subscriber of a lost router: here if it already
         re-attached here, else wherever it shows up."""
         sub = self.core.subscriptions.get(key)
@@ -462,7 +473,7 @@ class Resumption:
                 if now is not None:
                     self.core.pump(sub, now, out)
 
-    def local_subscriber_moved(self, key: str, to_router: str, now: float, out: list) -> None:
+    def local_subscriber_moved(self, key: str, to_router: str, now: float, out: list[Command]) -> None:
         """A durable subscriber we held (detached, retained) attached at another router:
         what it is owed here follows it there."""
         sub = self.core.subscriptions.get(key)
@@ -482,14 +493,14 @@ class Resumption:
         self.core.end_subscription(sub, now, out, reason="moved")
         self.moved_subscriber_at(key, to_router, now, out)
 
-    def moved_subscriber_at(self, key: str, router_id: str, now: float, out: list) -> None:
+    def moved_subscriber_at(self, key: str, router_id: str, now: float, out: list[Command]) -> None:
         for record in list(self.core.records.values()):
             moved = record.moved.get(key)
             if moved is not None and moved.outcome is None and moved.router != router_id:
                 moved.router = router_id
                 self._send_targeted(record, router_id, [key], out)
 
-    def resend_to_moved(self, record: DeliveryRecord, out: list) -> None:
+    def resend_to_moved(self, record: DeliveryRecord, out: list[Command]) -> None:
         by_router: dict[str, list[str]] = {}
         for key, moved in record.moved.items():
             if moved.outcome is not None:
@@ -502,7 +513,7 @@ class Resumption:
         for router_id, keys in sorted(by_router.items()):
             self._send_targeted(record, router_id, sorted(keys), out)
 
-    def _send_targeted(self, record: DeliveryRecord, router_id: str, keys: list, out: list) -> None:
+    def _send_targeted(self, record: DeliveryRecord, router_id: str, keys: list[str], out: list[Command]) -> None:
         """A copy addressed to particular subscribers at ``router_id``; they answer us
         individually."""
         if record.payload is None or record.pub_settled:  # settled: a payload kept only for a local re-send
@@ -520,8 +531,8 @@ class Resumption:
         out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop,
                                                "dests": [router_id]}))
 
-    def on_moved_outcome(self, record: DeliveryRecord, key: str, sender: str, message: dict, now: float,
-                          out: list) -> None:
+    def on_moved_outcome(self, record: DeliveryRecord, key: str, sender: str, message: dict[str, Any], now: float,
+                          out: list[Command]) -> None:
         moved = record.moved.get(key)
         code = message.get("o", outcomes.NONE)
         out.append(Log("outcome-from-router", {"delivery": record.delivery_id, "from_router": sender,
@@ -539,7 +550,8 @@ class Resumption:
         if record.outcome is None:
             self.core.maybe_answer_publisher(record, now, out)
 
-    def accept_targeted(self, record: DeliveryRecord, keys, report_to: str, now: float, out: list) -> None:
+    def accept_targeted(self, record: DeliveryRecord, keys: Iterable[str], report_to: str, now: float,
+                        out: list[Command]) -> None:
         """Another router addressed ``record`` to these subscribers here."""
         topic = self.core.topics.get(record.topic)
         for key in keys:
@@ -557,7 +569,7 @@ class Resumption:
                 sub.queue.append(record)
                 self.core.pump(sub, now, out)
 
-    def report_targeted(self, record: DeliveryRecord, key: str, out: list) -> None:
+    def report_targeted(self, record: DeliveryRecord, key: str, out: list[Command]) -> None:
         outcome = record.subscribers[key].outcome
         assert outcome is not None  # reported once it answered
         message = {"t": "outcome", "d": record.tag.hex(), "o": outcome.code, "key": key}
@@ -566,11 +578,11 @@ class Resumption:
             message["desc"] = outcome.description
         self.core.route_control(record.targeted[key], message, out)
 
-    def expire_moved(self, changes, now: float, out: list) -> None:
+    def expire_moved(self, changes: Iterable[Change], now: float, out: list[Command]) -> None:
         """Subscribers of a lost router that did not re-attach within their terminus
         timeout stop being owed."""
         for change in changes:
-            if type(change).__name__ != "RemoteSubscriberRemoved" or change.reason != "expired":
+            if not isinstance(change, RemoteSubscriberRemoved) or change.reason != "expired":
                 continue
             key = str(change.key)
             for record in list(self.core.records.values()):
@@ -587,7 +599,6 @@ class Resumption:
             self.core.add_timer(deadline, _TIMER_MEMBERSHIP, None)
 
 
-def _split_key(key: str):
-    from router.core.membership import SubscriberKey
+def _split_key(key: str) -> SubscriberKey:
     container_id, _, link_name = key.partition("/")
     return SubscriberKey(container_id, link_name)

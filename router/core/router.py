@@ -29,6 +29,7 @@ from router.core import outcomes, tags
 from router.core.admission import AdmissionMixin
 from router.core.attach import AttachMixin
 from router.core.commands import (
+    Command,
     Log,
     ShutdownComplete,
     SubOutcomes,
@@ -59,6 +60,7 @@ from router.core.events import (
     ControlReceived,
     CreditChanged,
     DataReceived,
+    Event,
     ExpireSubscription,
     LinkAttached,
     LinkDetached,
@@ -113,7 +115,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
     base_header = RelayMixin._base_header
     after_subscriber_outcome = SettlementMixin._after_subscriber_outcome
 
-    def add_timer(self, deadline: float, kind: int, obj) -> None:
+    def add_timer(self, deadline: float, kind: int, obj: Any) -> None:
         self._add_timer(deadline, kind, obj)
 
     def __init__(self, settings: CoreSettings, *, boot_id: str, epoch: int):
@@ -138,7 +140,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         self._timer_seq = count()
         self.net = Network(settings.router_id, epoch, boot_id)
         self.resumption = Resumption(self)  # failover: a component (router/core/resumption.py)
-        self._open_properties: dict[int, dict] = {}  # held subscriber attaches' answer properties
+        self._open_properties: dict[int, dict[str, Any]] = {}  # held subscriber attaches' answer properties
         self._known_routers: set[str] = set()  # every router we ever reached
         # Tags and outcomes of settled deliveries whose records are gone, per publisher
         # stream (router/core/settled.py): a resumed publisher's resend of one is
@@ -160,17 +162,17 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         # relayed): a publisher that resumes here continues its stream's numbering.
         self.stream_seq: dict[bytes, int] = {}
         self.lost: set[str] = set()  # of those, the ones unreachable now
-        self._flooded: set[tuple] = set()  # announcements already flooded on: (router, epoch, boot, version)
+        self._flooded: set[tuple[Any, ...]] = set()  # announcements already flooded on: (router, epoch, boot, version)
         # subscriber key -> (link id, routers yet to confirm, the announcement's version)
         self._awaiting_acks: dict[str, tuple[int, set[str], int]] = {}
         # Publisher order across routers (docs/inter-router.md, "publisher order"):
         self._last_sent: dict[tuple[bytes, str], int] = {}  # (stream, router) -> last stream_seq sent
         self._chain_head: dict[bytes, int] = {}  # stream -> last stream_seq delivered here
-        self._held: dict[bytes, dict[int, tuple[DataReceived, dict]]] = {}  # stream -> {prev seq: (event, header)}
+        self._held: dict[bytes, dict[int, tuple[DataReceived, dict[str, Any]]]] = {}  # stream -> {prev seq: (event, header)}
         self.draining = False
         self._drain_deadline: float | None = None
         self._shutdown_done = False
-        self._handlers: dict[type, Callable[[Any, float, list], None]] = {
+        self._handlers: dict[type, Callable[[Any, float, list[Command]], None]] = {
             MessageReceived: self._on_message,
             OutcomeReceived: self._on_outcome,
             PublisherSettled: self._on_publisher_settled,
@@ -191,9 +193,9 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
 
     # ------------------------------------------------------------------ API
 
-    def handle(self, event, now: float) -> list:
+    def handle(self, event: Event, now: float) -> list[Command]:
         """Apply one event; return the commands it causes, in order."""
-        out: list = []
+        out: list[Command] = []
         self._handlers[type(event)](event, now, out)
         if self._pending_refills:
             self._refill_pending(out)
@@ -202,7 +204,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         return out
 
 
-    def accepted_batch(self, items: list, now: float, out: list) -> None:
+    def accepted_batch(self, items: list[Any], now: float, out: list[Command]) -> None:
         """``handle(OutcomeReceived(link_id, tag, ACCEPTED, settled), now)`` for each of
         ``items`` ([link_id, tag, settled, link_id, ...], in arrival order), without
         building the events: the adapter's call for the accepted dispositions it read
@@ -272,12 +274,12 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         """The other reachable routers' client addresses (a query, for open frames)."""
         return self.net.failover_list()
 
-    def _on_expire_subscription(self, ev: ExpireSubscription, now: float, out: list) -> None:
+    def _on_expire_subscription(self, ev: ExpireSubscription, now: float, out: list[Command]) -> None:
         sub = self.subscriptions.get(ev.key)
         if sub is not None and sub.link_id is None:
             self._end_subscription(sub, now, out, reason="expired")
 
-    def _on_listeners_ready(self, ev: ListenersReady, now: float, out: list) -> None:
+    def _on_listeners_ready(self, ev: ListenersReady, now: float, out: list[Command]) -> None:
         self.net.addresses[self.settings.router_id] = tuple((h, p) for h, p in ev.addresses)
         self._flood(self.net.address_message(self.settings.router_id), None, out)
 
@@ -340,10 +342,10 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
 
     # ------------------------------------------------------------ timers
 
-    def _add_timer(self, deadline: float, kind: int, obj) -> None:
+    def _add_timer(self, deadline: float, kind: int, obj: Any) -> None:
         heapq.heappush(self._timers, (deadline, next(self._timer_seq), kind, obj))
 
-    def _on_timer(self, ev: TimerFired, now: float, out: list) -> None:
+    def _on_timer(self, ev: TimerFired, now: float, out: list[Command]) -> None:
         timers = self._timers
         while timers and timers[0][0] <= now:
             deadline, _, kind, obj = heapq.heappop(timers)
@@ -392,7 +394,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
                     out.append(Log("announce-timeout", {"subscriber": key, "routers": sorted(waiting[1])}))
                     self._subscriber_ready(key, out)
 
-    def _sweep_settled(self, now: float, out: list) -> None:
+    def _sweep_settled(self, now: float, out: list[Command]) -> None:
         """Forget the settled deliveries of streams a resume horizon quiet (or, over
         the limit, the quietest): their resends are refused from now on. What else
         is kept per stream goes with them."""
@@ -417,7 +419,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
 
     # ------------------------------------------------------------ shutdown
 
-    def _on_shutdown(self, ev: ShutdownRequested, now: float, out: list) -> None:
+    def _on_shutdown(self, ev: ShutdownRequested, now: float, out: list[Command]) -> None:
         if self.draining:
             return
         self.draining = True
@@ -425,14 +427,14 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         out.append(Log("router-stopping", {"reason": "shutdown requested"}))
         self._add_timer(self._drain_deadline, _TIMER_SHUTDOWN, None)
 
-    def _release_all_for_shutdown(self, now: float, out: list) -> None:
+    def _release_all_for_shutdown(self, now: float, out: list[Command]) -> None:
         for record in list(self.records.values()):
             if record.outcome is None:
                 self._answer_publisher(record, Outcome(outcomes.RELEASED, outcomes.SHUTTING_DOWN,
                                                        "router shut down before every subscriber answered"),
                                        now, out)
 
-    def _maybe_finish_shutdown(self, now: float, out: list) -> None:
+    def _maybe_finish_shutdown(self, now: float, out: list[Command]) -> None:
         for record in self.records.values():
             if record.outcome is None:
                 return

@@ -28,6 +28,7 @@ Pure: no clock (the core passes ``now`` to ``sweep``), no I/O.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from router.core import tags
 
@@ -36,6 +37,9 @@ KNOWN = "known"  # remembered settled: answer with the remembered outcome
 NEW = "new"  # certainly never settled here: take it as a new delivery
 BEYOND_HORIZON = "beyond-horizon"  # maybe settled here and forgotten: refuse it
 SWEEPS_PER_HORIZON = 4
+# What is kept of a settled tag: its final outcome code (None: not known here), or
+# (that, reuse) when the tag was used again (reuse != 0).
+_Settled = int | tuple[int | None, int] | None
 
 
 class StreamSettled:
@@ -47,14 +51,14 @@ class StreamSettled:
     __slots__ = ("current", "previous", "sweep", "partial")
 
     def __init__(self, sweep: int, partial: bool = False):
-        self.current: dict = {}
-        self.previous: dict = {}
+        self.current: dict[bytes, _Settled] = {}
+        self.previous: dict[bytes, _Settled] = {}
         self.sweep = sweep  # the sweep number of its last settlement
         # Remembered again after it was forgotten: until a whole generation (keep
         # settlements) is new, a tag missing here may be one it forgot.
         self.partial = partial
 
-    def get(self, tag: bytes):
+    def get(self, tag: bytes) -> _Settled:
         value = self.current.get(tag)
         return self.previous.get(tag) if value is None else value
 
@@ -111,7 +115,7 @@ class SettledMemory:
         """The final outcome code ``tag`` was settled with, if known here."""
         memory = self.streams.get(tag[:tags.STREAM_ID_SIZE])
         value = memory.get(tag) if memory is not None else None
-        return value[0] if type(value) is tuple else value
+        return value[0] if isinstance(value, tuple) else value  # the same test here (no tuple subclass)
 
     def reuse_of(self, tag: bytes) -> int:
         """Which use of ``tag`` (by its publisher, on one link incarnation) was settled."""
@@ -157,7 +161,7 @@ class SettledMemory:
     def sweep_interval(self) -> float:
         return self.horizon / SWEEPS_PER_HORIZON
 
-    def sweep(self, now: float, in_use, last_seq) -> list[bytes]:
+    def sweep(self, now: float, in_use: Callable[[bytes], bool], last_seq: Callable[[bytes], int]) -> list[bytes]:
         """One sweep: forget the streams not in use (``in_use(stream)``) whose last
         settlement is a horizon old, and, over ``max_streams``, the least recently
         settled ones not in use. ``last_seq(stream)``: its highest stream_seq, kept

@@ -5,10 +5,11 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes
 from router.core.commands import (
+    Command,
     Log,
     SendOutcome,
     SettleOutgoing,
@@ -38,13 +39,15 @@ from router.core.records import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from router.core.corestate import CoreState
 else:
     CoreState = object  # declarations for mypy only: no base class at run time
 
 
 class SettlementMixin(CoreState):
-    def _on_outcome(self, ev: OutcomeReceived, now: float, out: list) -> None:
+    def _on_outcome(self, ev: OutcomeReceived, now: float, out: list[Command]) -> None:
         sub = self.subscribers.get(ev.link_id)
         if sub is None:
             return
@@ -81,7 +84,7 @@ class SettlementMixin(CoreState):
         self._after_subscriber_outcome(record, key, now, out)
 
     def _answered(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool,
-                  now: float, out: list) -> None:
+                  now: float, out: list[Command]) -> None:
         """What any answer of a subscriber tells besides its outcome: it answered a
         delivery sent at counter ``state.sent``, so it has seen every settlement we
         relayed before that (evidence); and whether it settled its copy."""
@@ -94,7 +97,7 @@ class SettlementMixin(CoreState):
                 state.known_settled = True
 
     def _on_accepted_compact(self, sub: Subscription, record: DeliveryRecord, i: int, settled: bool,
-                             now: float, out: list) -> None:
+                             now: float, out: list[Command]) -> None:
         """_on_accepted on a compact record, for the answer at ``i`` of its roster:
         the usual case (the copy's first answer, local subscribers only, its publisher
         attached, no settlement evidence due, the count kept) on its answer byte;
@@ -121,7 +124,7 @@ class SettlementMixin(CoreState):
         self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
 
     def _on_accepted(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool,
-                     now: float, out: list) -> None:
+                     now: float, out: list[Command]) -> None:
         """_on_outcome for an accepted outcome: the per-copy path of exactly-once."""
         logged = -1  # where this outcome's line goes in ``out`` (-1: none, it said so before)
         if state.outcome is None:
@@ -132,7 +135,7 @@ class SettlementMixin(CoreState):
             # Its line's place, filled below: a "sub-outcome" (SubOutcome), or the
             # "completed" line when this outcome completes the delivery.
             logged = len(out)
-            out.append(None)
+            out.append(None)  # type: ignore[arg-type]  # a placeholder, replaced on every path below
         self._answered(sub, record, state, settled, now, out)
         if not record.targeted and record.outcome is None and not record.remote_routers and not record.moved \
                 and record.origin_router is None and record.pub_delivery is not None:
@@ -172,7 +175,7 @@ class SettlementMixin(CoreState):
             out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
         self._after_subscriber_outcome(record, sub.key, now, out)
 
-    def _after_subscriber_outcome(self, record: DeliveryRecord, key: str, now: float, out: list) -> None:
+    def _after_subscriber_outcome(self, record: DeliveryRecord, key: str, now: float, out: list[Command]) -> None:
         if record.targeted and key in record.targeted and record.subscribers[key].outcome is not None \
                 and not record.pub_settled:
             self.resumption.report_targeted(record, key, out)
@@ -181,7 +184,7 @@ class SettlementMixin(CoreState):
         elif record.pub_settled:
             self._maybe_delete(record, now, out)
 
-    def _evidence(self, sub: Subscription, sent_at: int, now: float, out: list) -> None:
+    def _evidence(self, sub: Subscription, sent_at: int, now: float, out: list[Command]) -> None:
         pending = sub.awaiting_evidence
         key = sub.key
         while pending and pending[0][0] < sent_at:
@@ -191,7 +194,7 @@ class SettlementMixin(CoreState):
                 state.known_settled = True
                 self._maybe_delete(record, now, out)
 
-    def _maybe_answer_publisher(self, record: DeliveryRecord, now: float, out: list) -> None:
+    def _maybe_answer_publisher(self, record: DeliveryRecord, now: float, out: list[Command]) -> None:
         """Answer once every owed party answered: local subscribers (but those another
         router addressed a copy to: they answer that router individually), interested
         remote routers, and subscribers that moved away from a dead router."""
@@ -223,7 +226,7 @@ class SettlementMixin(CoreState):
         self._answer_publisher(record, outcome, now, out)
 
     @staticmethod
-    def _owed_answers(record: DeliveryRecord):
+    def _owed_answers(record: DeliveryRecord) -> Iterator[Outcome | None]:
         """The answer (None: not yet) of every party the delivery is owed to: its
         subscribers here (but those another router addressed a copy to: they answer
         that router individually), the interested routers (but those owed nothing),
@@ -238,7 +241,7 @@ class SettlementMixin(CoreState):
         for moved in record.moved.values():
             yield moved.outcome
 
-    def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list) -> None:
+    def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list[Command]) -> None:
         record.outcome = outcome
         if record.origin_router is not None:
             self._answer_origin(record, outcome, record.origin_router, out)
@@ -252,8 +255,8 @@ class SettlementMixin(CoreState):
             return  # it hears the outcome when it resumes and resends
         self._outcome_to_publisher(record, outcome, now, out)
 
-    def _outcome_to_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list,
-                              fold: dict | None = None) -> None:
+    def _outcome_to_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list[Command],
+                              fold: dict[str, Any] | None = None) -> None:
         """Send the final ``outcome`` on the publisher's delivery. On a link whose
         rcv-settle-mode is first, AMQP has the receiver (us) settle spontaneously:
         we settle with the outcome, which settles the delivery for both sides (a
@@ -269,7 +272,7 @@ class SettlementMixin(CoreState):
         if first:
             self._settle_record(record, "router", now, out, fold)
 
-    def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list,
+    def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list[Command],
                                 settle: bool = False) -> None:
         delivery = record.pub_delivery
         assert delivery is not None  # answered only while its publisher's delivery is here
@@ -281,15 +284,15 @@ class SettlementMixin(CoreState):
         else:
             out.append(_new(SendOutcome, (delivery, outcome.code, settle, None, None, False, False)))
 
-    def _on_publisher_settled(self, ev: PublisherSettled, now: float, out: list) -> None:
+    def _on_publisher_settled(self, ev: PublisherSettled, now: float, out: list[Command]) -> None:
         record = self.by_delivery.pop(ev.delivery, None)
         if record is None:
             return
         record.pub_delivery = None
         self._settle_record(record, "publisher", now, out)
 
-    def _settle_record(self, record: DeliveryRecord, by: str, now: float, out: list,
-                       fold: dict | None = None) -> None:
+    def _settle_record(self, record: DeliveryRecord, by: str, now: float, out: list[Command],
+                       fold: dict[str, Any] | None = None) -> None:
         """Settle the record (``by`` whom, for the log). ``fold``: the fields of this
         step's "completed" line: the settlement goes into it (by, deleted) instead of
         a "settled" line of its own."""
@@ -312,8 +315,9 @@ class SettlementMixin(CoreState):
             # waiting; receivers that hold it see the settlement.
             record.outcome = Outcome(outcomes.RELEASED, description="settled by publisher before outcome")
         roster = record.roster  # compact when set (with answers)
-        if roster is not None and record.answers == roster.all_done and not record.remote_routers \
-                and not record.moved:
+        # (bytearray == bytes compares the bytes; mypy (strict bytes) takes them as unrelated types.)
+        if (roster is not None and record.answers == roster.all_done  # type: ignore[comparison-overlap]
+                and not record.remote_routers and not record.moved):
             # Compact, and every subscriber settled its copy itself: each knows it is
             # settled, nothing to relay, and the record goes now (below): the usual case.
             everyone_knows = True
@@ -358,7 +362,7 @@ class SettlementMixin(CoreState):
             self._add_timer(now + self.settings.record_linger, _TIMER_LINGER, record)
         self._refill_credit(topic, out, bound_only=True)
 
-    def _relay_settlement(self, record: DeliveryRecord, topic: Topic, payload: bytes | None, out: list) -> bool:
+    def _relay_settlement(self, record: DeliveryRecord, topic: Topic, payload: bytes | None, out: list[Command]) -> bool:
         """Tell the settlement to every subscriber here that holds the copy unsettled,
         and to every router that took part; True when every receiver knows already."""
         everyone_knows = True
@@ -397,7 +401,7 @@ class SettlementMixin(CoreState):
             record.settle_pending = targets
         return everyone_knows
 
-    def _maybe_delete(self, record: DeliveryRecord, now: float, out: list) -> None:
+    def _maybe_delete(self, record: DeliveryRecord, now: float, out: list[Command]) -> None:
         if record.pub_settled and record.tag in self.records and record.every_receiver_knows_settled():
             self._delete(record, "receivers-know-settled", out)
 
@@ -410,17 +414,17 @@ class SettlementMixin(CoreState):
         return getattr(record, "final", None)
 
     @staticmethod
-    def _settle_message(tag: bytes, outcome: int | None, done: bool = False) -> dict:
+    def _settle_message(tag: bytes, outcome: int | None, done: bool = False) -> dict[str, Any]:
         """docs/inter-router.md, ``settle``: "o" the final outcome when known; "done"
         when the delivery was settled and forgotten here (an answer, not a relay)."""
-        message: dict = {"t": "settle", "d": tag.hex()}
+        message: dict[str, Any] = {"t": "settle", "d": tag.hex()}
         if outcome is not None:
             message["o"] = outcome
         if done:
             message["done"] = True
         return message
 
-    def _delete(self, record: DeliveryRecord, reason: str | None, out: list) -> None:
+    def _delete(self, record: DeliveryRecord, reason: str | None, out: list[Command]) -> None:
         """Forget a record; ``reason`` None when the caller logs the deletion itself."""
         if self.records.get(record.tag) is not record:
             return
@@ -442,7 +446,7 @@ class SettlementMixin(CoreState):
         if not topic.records:
             self._drop_topic_if_idle(topic)
 
-    def _expire_message(self, record: DeliveryRecord, now: float, out: list) -> None:
+    def _expire_message(self, record: DeliveryRecord, now: float, out: list[Command]) -> None:
         """The message's ttl ran out: subscribers it has not reached yet will not
         get it; the publisher hears rejected with eorouter:ttl-expired."""
         if record.outcome is not None or self.records.get(record.tag) is not record:
