@@ -36,6 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -122,7 +123,7 @@ class RouterLog:
     epoch: int = 0
     boot: str = ""
     seq: int = 0
-    fh: object = None
+    fh: BinaryIO | None = None
     lines: int = 0
     pending: list = field(default_factory=list)  # heap of (t, order, kind, fields)
     links: int = 0
@@ -230,6 +231,7 @@ class Generator:
             log.lines += 1
             i += n or 1
         if buf:
+            assert log.fh is not None  # _start() opened it
             log.fh.write(buf)
         self.events += 0  # counted at emit time
 
@@ -415,9 +417,10 @@ class Generator:
         interested = sorted({s.router for s in self.subs if s.topic == pub.topic and s.attached
                              and (s.detach_at is None or s.detach_at > t)})
         remote = [r for r in interested if r != origin.rid]
-        answers: list[tuple[float, str]] = []
+        answers: list[tuple[float, str | None]] = []
         recv_ev = None
         # What fault injection needs to know of this delivery (kept only when faults are planned).
+        rec: dict[str, Any] | None
         rec = {"d": d, "origin": origin.rid, "epoch": origin.epoch, "owed": set(), "accepted": set(), "remote": {},
                "ftr": {}, "late": {}, "calm": set(), "rejected": [], "pub_ev": None, "pub_ledger": None,
                "recv": {}} if self.fault_plan else None
@@ -620,6 +623,7 @@ class Generator:
             self._detach_all(t + 0.1, rid)
         self._flush_round(final=True)
         for log in self.routers.values():
+            assert log.fh is not None  # _start() opened it
             if log.rid == self.torn_tail:
                 log.fh.write(b'{"seq":%d,"ts":17637' % (log.seq + 1))  # no newline: cut mid-write
             log.fh.close()

@@ -106,7 +106,7 @@ def _dump(archive: str, work: str) -> None:
     gateway = SparkContext._gateway
     spark.stop()
     proc = getattr(gateway, "proc", None)
-    if proc is not None:  # the gateway JVM exits when its stdin closes, dumping the archive first
+    if gateway is not None and proc is not None:  # the JVM exits when its stdin closes, dumping the archive first
         gateway.shutdown()
         if proc.stdin is not None:
             proc.stdin.close()

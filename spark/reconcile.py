@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit spark/reconcile.py
     # Run as a file: import the package from the checkout this file is in (and not
@@ -335,13 +336,16 @@ def unfold(lines: DataFrame) -> DataFrame:
             for i, fs in enumerate(fields):
                 if field in fs:
                     value = _when(value, F.col("_pos") == i, F.col(fs[field]))
+            assert value is not None  # field is in one of fields: the loop set it
             values.setdefault(field, []).append((this, value.otherwise(F.lit(None))))
+    assert parts is not None and new_kind is not None  # present is not empty: the loop set both
     x = lines.select("*", F.posexplode(parts.otherwise(F.array(d))).alias("_pos", "_d"))
     columns = {"event": new_kind.otherwise(kind), "delivery": F.col("_d")}
     for field, cases in values.items():
         value = None
         for cond, v in cases:
             value = _when(value, cond, v)
+        assert value is not None  # cases is not empty
         columns[field] = value.otherwise(F.col(field))
     keep = [c for c in lines.columns if c not in line_only]
     pos = F.col("_pos")
@@ -373,13 +377,13 @@ class HashCollision(Exception):
 @dataclass
 class Names:
     """Routers and subscribers by the hash the per-delivery rows carry."""
-    routers: dict = field(default_factory=dict)  # hash -> name
-    subscribers: dict = field(default_factory=dict)
+    routers: dict[int, str] = field(default_factory=dict)  # hash -> name
+    subscribers: dict[int, str] = field(default_factory=dict)
 
-    def router(self, h) -> str | None:
+    def router(self, h: int | None) -> str | None:
         return None if h is None else self.routers.get(h, f"<router {h}>")
 
-    def subscriber(self, h) -> str | None:
+    def subscriber(self, h: int | None) -> str | None:
         return None if h is None else self.subscribers.get(h, f"<subscriber {h}>")
 
 
@@ -658,7 +662,7 @@ def spark_hash(name: str) -> int:
     return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
 
 
-def hashes_of(names: Iterable[str | None]) -> dict:
+def hashes_of(names: Iterable[str | None]) -> dict[str, int]:
     """name -> Spark's xxhash64 of it."""
     return {n: spark_hash(n) for n in sorted({n for n in names if n is not None})}
 
@@ -1431,6 +1435,7 @@ def all_violations(t: Tables, ledgers: DataFrame | None = None, told: DataFrame 
     ``input_violations``), as rows of VIOLATION_SCHEMA. ``told``: app_outcomes()."""
     frames = [per_delivery(t), duplicated_by_publisher(t), out_of_order(t)]
     if ledgers is not None:
+        assert told is not None, "all_violations(t, ledgers, told): told is app_outcomes(t, ledgers)"
         frames += [ledger_checks(t, ledgers, told), app_outcome_disagrees(told)]
     return union_all(frames)
 
@@ -1512,6 +1517,7 @@ def item_of(v: dict) -> str:
     if check == "duplicated" and kind == "pub_id":
         return f"{v['subscriber']}|{json.loads(v['info'])['pub_id']}"
     if check == "ledger":
+        assert kind is not None  # every ledger row has one (missing, twice, unsent, dup|, order, pub|)
         if kind.startswith("pub|"):
             return f"{kind}|{v['delivery'] or ''}"
         if kind.startswith("dup|"):
@@ -1528,7 +1534,7 @@ def _outcome(code) -> str:
 
 def describe(v: dict) -> str:
     """The sentence for one violation (decoded: names, not hashes)."""
-    info = json.loads(v["info"]) if v.get("info") else {}
+    info: Any = json.loads(v["info"]) if v.get("info") else {}  # a JSON object: its fields depend on the check
     check = v["check"]
     tag = (f"; publisher {v['publisher']} tag {v['pub_tag']}" if v.get("publisher") else "")
     where = f"router {v['router']} epoch {v['epoch']} seq {v['seq']}"
@@ -1567,9 +1573,9 @@ def describe(v: dict) -> str:
         said = ",".join(_outcome(o) for o in info.get("said") or [])
         what = (f"answered {said}" if said else f"was sent it (seq {info['sent']}) and never answered"
                 if info.get("sent") is not None else "was owed it and never sent it")
-        answer = ("the router never answered for it" if info.get("answer_seq") is None else
-                  f"the router answered {_outcome(info.get('answer'))} at seq {info['answer_seq']}")
-        return f"publisher told accepted, but subscriber {sub} on router {v['router']} {what}; {answer}{tag}"
+        reply = ("the router never answered for it" if info.get("answer_seq") is None else
+                 f"the router answered {_outcome(info.get('answer'))} at seq {info['answer_seq']}")
+        return f"publisher told accepted, but subscriber {sub} on router {v['router']} {what}; {reply}{tag}"
     if check == "duplicated":
         if v.get("kind") == "pub_id":
             return (f"subscriber {sub} accepted one publisher delivery ({info['pub_id']}) under {len(info['ids'])} "

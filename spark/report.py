@@ -11,12 +11,17 @@ import io
 import json
 import math
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.reconcile import CHECKS, FIRST, ITEM, OUTCOME, OUTCOME_NAME, Tables
+from spark.reconcile import CHECKS, FIRST, ITEM, OUTCOME, OUTCOME_NAME, Names, Tables
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _NICE_BUCKETS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 #: check -> (title, what a count of it is called in the verdict line)
@@ -106,7 +111,7 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
         both = _rows(lat.withColumn("b", b).rollup("b").agg(
             F.percentile_approx("lat", [0.5, 0.9, 0.99], 10000).alias("p"), F.max("lat").alias("max"),
             F.count(F.lit(1)).alias("n"), F.grouping("b").alias("all")))
-        overall = next((r for r in both if r["all"]), {"n": 0})
+        overall: dict[str, Any] = next((r for r in both if r["all"]), {"n": 0})
         latency = sorted(({k: v for k, v in r.items() if k != "all"} for r in both if not r["all"]),
                          key=lambda r: r["b"])
         if overall["n"]:
@@ -122,7 +127,7 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
 
 
 def collect_violations(found: DataFrame, input_rows: list[dict], first: int | None = 20,
-                       names=None) -> tuple[dict, list[dict]]:
+                       names: Names | None = None) -> tuple[dict, list[dict]]:
     """(counts per check: {"rows", "items"}, the first ``first`` violations of each check
     by time) of Spark's violations ``found`` (two small jobs: counts, and the first of
     each check) and of the input checks' ``input_rows``. Spark's rows come back with
@@ -138,7 +143,7 @@ def collect_violations(found: DataFrame, input_rows: list[dict], first: int | No
         items[row["check"]].add(row["item"])
     for check, seen in items.items():
         counts[check]["items"] += len(seen)
-    order = [F.col("ts").asc_nulls_last(), "router", "epoch", "seq", "delivery", "subscriber", "kind"]
+    order: list[Column | str] = [F.col("ts").asc_nulls_last(), "router", "epoch", "seq", "delivery", "subscriber", "kind"]
     if first is None:
         spark_rows = _rows(found.orderBy("check", *order)) if any(c in counts for c in ITEM) else []
         chosen_input = input_rows
@@ -254,7 +259,7 @@ def write_json(report: dict, path: Path) -> None:
     path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def _png(fig) -> str:
+def _png(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -439,7 +444,7 @@ img{max-width:100%}code{font-size:.9em}small{color:#666}
 """
 
 
-def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+def _table(headers: list[str], rows: list[list], numeric: AbstractSet[int] = frozenset()) -> str:
     out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>"]
     for row in rows:
         cells = []
@@ -527,7 +532,7 @@ def write_html(report: dict, path: Path) -> None:
     path.write_text("\n".join(parts), encoding="utf-8")
 
 
-def _utc(ts) -> str:
+def _utc(ts: float | None) -> str:
     if ts is None:
         return ""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}"
