@@ -47,6 +47,20 @@ class WaitTimeout(AssertionError):
     """A condition a test waited for did not become true within its deadline."""
 
 
+def wait_until(condition: Callable[[], object], timeout: float = 20.0, what: str = "condition",
+               every: float = 0.02):
+    """Poll ``condition()`` until it is truthy (returned); fail after ``timeout`` seconds.
+    For waits on things outside a Harness (router processes, HTTP, files)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
 def unique(prefix: str = "t") -> str:
     """A name no other test on a shared router uses (topics, container ids, link names)."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"

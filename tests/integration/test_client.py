@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from amqpclients import wait_until
 from proton import Message, Terminus, symbol
 from stubrouter import StubServer
 
@@ -34,15 +35,7 @@ pytestmark = pytest.mark.timeout(120)
 HEARTBEAT = 1.0
 
 
-def _wait(condition, timeout: float = 20.0, what: str = "condition", every: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
+_wait = wait_until  # (amqpclients)
 
 
 class Clients:

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from amqpclients import unique
+from amqpclients import unique, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import ConfigError, parse_config
@@ -43,14 +43,7 @@ def value(samples, name, **labels) -> float | None:
 
 
 def wait_for(condition, what: str, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(condition, timeout, what, every=0.05)
 
 
 def test_metrics_show_what_the_clients_do(router_factory, amqp):

@@ -283,8 +283,9 @@ def test_failover_urls_and_merge():
     assert merge_urls(["amqp://127.0.0.1:5672", "127.0.0.1:5772"], ["127.0.0.1:5772", "h:1"]) == \
         ["127.0.0.1:5672", "127.0.0.1:5772", "h:1"]
     assert normalise_url("amqp://user@host") == "host:5672"
+    assert normalise_url("amqps://host:1") == "host:1"  # TLS is the client's ssl_domain, for every router
     with pytest.raises(ValueError):
-        normalise_url("amqps://host:1")
+        normalise_url("http://host:1")
 
 
 def test_backoff_goes_round_the_list_first():
