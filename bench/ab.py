@@ -33,12 +33,10 @@ def snapshot_at(rev: str | None, into: Path) -> Path:
     if rev is None:
         shutil.copytree(ROOT / "router", into / "router", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         return into
-    archive = subprocess.run(["git", "archive", rev, "router", "setup.py"], cwd=ROOT, check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(["git", "archive", rev, "router", "setup.py"], cwd=ROOT, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
-    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=into, check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=into, check=True, capture_output=True)
     return into
 
 
@@ -72,17 +70,21 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     results.setdefault((side, k), []).append(cpu)
                     print(f"round {r + 1} K={k} {side}: {cpu:.2f} µs/msg", flush=True)
-        print(f"\nrouter CPU per message, exactly-once, C clients, {args.messages} messages, "
-              f"{args.rounds} rounds; before = {args.before}")
+        print(
+            f"\nrouter CPU per message, exactly-once, C clients, {args.messages} messages, "
+            f"{args.rounds} rounds; before = {args.before}"
+        )
         for k in ks:
             before, after = results.get(("before", k), []), results.get(("after", k), [])
             if not before or not after:
                 print(f"K={k}: not enough runs")
                 continue
             pairs = [a / b for a, b in zip(after, before)]
-            print(f"K={k}: before {statistics.median(before):.2f} µs, after {statistics.median(after):.2f} µs, "
-                  f"after/before {statistics.median(after) / statistics.median(before):.3f} "
-                  f"(round by round {', '.join(f'{x:.2f}' for x in pairs)})")
+            print(
+                f"K={k}: before {statistics.median(before):.2f} µs, after {statistics.median(after):.2f} µs, "
+                f"after/before {statistics.median(after) / statistics.median(before):.3f} "
+                f"(round by round {', '.join(f'{x:.2f}' for x in pairs)})"
+            )
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -81,9 +81,17 @@ class Sender(MessagingHandler):
 
 def one(budget_mib: int, topics: int, size: int, hold_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="eobench-budget-") as tmp:
-        router = RouterProcess(Path(tmp), "A", overrides={"limits": {
-            "max_bytes_in_flight": budget_mib * MIB, "max_bytes_in_flight_per_topic": budget_mib * MIB // 4,
-            "max_message_size": max(size + 4096, MIB)}})
+        router = RouterProcess(
+            Path(tmp),
+            "A",
+            overrides={
+                "limits": {
+                    "max_bytes_in_flight": budget_mib * MIB,
+                    "max_bytes_in_flight_per_topic": budget_mib * MIB // 4,
+                    "max_message_size": max(size + 4096, MIB),
+                }
+            },
+        )
         router.start()
         containers = []
         try:
@@ -117,8 +125,14 @@ def one(budget_mib: int, topics: int, size: int, hold_s: float) -> dict:
                 time.sleep(0.2)
             time.sleep(3.0)  # records linger (delivery.record_linger, 2 s), then go
             after = rss(router.proc.pid)
-            return {"budget_mib": budget_mib, "held_mib": last / MIB, "idle_mib": idle / MIB,
-                    "rss_at_budget_mib": at_budget / MIB, "peak_mib": peak / MIB, "after_mib": after / MIB}
+            return {
+                "budget_mib": budget_mib,
+                "held_mib": last / MIB,
+                "idle_mib": idle / MIB,
+                "rss_at_budget_mib": at_budget / MIB,
+                "peak_mib": peak / MIB,
+                "after_mib": after / MIB,
+            }
         finally:
             for container in containers:
                 container.stop()
@@ -133,15 +147,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hold", type=float, default=3.0, help="seconds without progress that mean 'at the budget'")
     args = p.parse_args(argv)
     rows = [one(int(b), args.topics, args.size, args.hold) for b in args.budgets.split(",")]
-    print(f"\n{args.topics} topics of {args.size:,}-byte messages, subscribers that never answer; each topic's "
-          f"budget a quarter of the router's")
-    print(f"{'budget':>8} {'held':>8} {'RSS idle':>9} {'RSS at budget':>14} {'peak':>8} {'over idle':>10} "
-          f"{'RSS-idle / held':>16} {'after release':>14}")
+    print(
+        f"\n{args.topics} topics of {args.size:,}-byte messages, subscribers that never answer; each topic's "
+        f"budget a quarter of the router's"
+    )
+    print(
+        f"{'budget':>8} {'held':>8} {'RSS idle':>9} {'RSS at budget':>14} {'peak':>8} {'over idle':>10} "
+        f"{'RSS-idle / held':>16} {'after release':>14}"
+    )
     for r in rows:
         over = r["rss_at_budget_mib"] - r["idle_mib"]
         ratio = over / r["held_mib"] if r["held_mib"] else float("nan")
-        print(f"{r['budget_mib']:>5} MiB {r['held_mib']:>6.0f} M {r['idle_mib']:>7.0f} M {r['rss_at_budget_mib']:>12.0f} M "
-              f"{r['peak_mib']:>6.0f} M {over:>8.0f} M {ratio:>16.2f} {r['after_mib']:>12.0f} M")
+        print(
+            f"{r['budget_mib']:>5} MiB {r['held_mib']:>6.0f} M {r['idle_mib']:>7.0f} M {r['rss_at_budget_mib']:>12.0f} M "
+            f"{r['peak_mib']:>6.0f} M {over:>8.0f} M {ratio:>16.2f} {r['after_mib']:>12.0f} M"
+        )
 
 
 if __name__ == "__main__":

@@ -95,13 +95,23 @@ def one_run(mode: str, k: int, n: int, bins: dict, args: argparse.Namespace) -> 
         elif args.profile:
             cmd = [sys.executable, "-m", "cProfile", "-o", str(out_file), "-m", "router", "run", "--config", str(cfg)]
         else:
-            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", "--dump-instr=no",
-                   "--compress-strings=no", *args.valgrind_opt,
-                   sys.executable, "-m", "router", "run", "--config", str(cfg)]
+            cmd = [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out_file}",
+                "--dump-instr=no",
+                "--compress-strings=no",
+                *args.valgrind_opt,
+                sys.executable,
+                "-m",
+                "router",
+                "run",
+                "--config",
+                str(cfg),
+            ]
         log = tmp / "router.log"
         with open(log, "wb") as fo:
-            router = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=fo, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+            router = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=fo, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         m = _wait_for(log, READY_RE, router, args.start_timeout, "router")
         port = _port(m.group(2))
         address = "bench/topic"
@@ -109,21 +119,58 @@ def one_run(mode: str, k: int, n: int, bins: dict, args: argparse.Namespace) -> 
         for i in range(k):
             out, err = tmp / f"recv{i}.out", tmp / f"recv{i}.err"
             with open(out, "wb") as fo, open(err, "wb") as fe:
-                p = subprocess.Popen([str(bins["receive"]), "-w", str(args.window), "-t", str(args.client_timeout),
-                                      "-c", f"bench-sub-{i}", "-l", f"bench-sub-{i}",
-                                      "127.0.0.1", str(port), address, str(n)],
-                                     cwd=tmp, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+                p = subprocess.Popen(
+                    [
+                        str(bins["receive"]),
+                        "-w",
+                        str(args.window),
+                        "-t",
+                        str(args.client_timeout),
+                        "-c",
+                        f"bench-sub-{i}",
+                        "-l",
+                        f"bench-sub-{i}",
+                        "127.0.0.1",
+                        str(port),
+                        address,
+                        str(n),
+                    ],
+                    cwd=tmp,
+                    stdout=fo,
+                    stderr=fe,
+                    stdin=subprocess.DEVNULL,
+                )
             procs.append(p)
             recv_outs.append(out)
             _wait_for(err, re.compile(r"^ready$", re.M), p, args.start_timeout, f"subscriber {i}")
         time.sleep(0.2)
         s_out = tmp / "send.out"
         with open(s_out, "wb") as fo, open(tmp / "send.err", "wb") as fe:
-            sender = subprocess.Popen([str(bins["send"]), "-m", MODES[mode], "-w", str(args.window),
-                                       "-s", str(args.size), "-t", str(args.client_timeout),
-                                       "-c", "bench-pub", "-l", "bench-pub",
-                                       "127.0.0.1", str(port), address, str(n)],
-                                      cwd=tmp, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+            sender = subprocess.Popen(
+                [
+                    str(bins["send"]),
+                    "-m",
+                    MODES[mode],
+                    "-w",
+                    str(args.window),
+                    "-s",
+                    str(args.size),
+                    "-t",
+                    str(args.client_timeout),
+                    "-c",
+                    "bench-pub",
+                    "-l",
+                    "bench-pub",
+                    "127.0.0.1",
+                    str(port),
+                    address,
+                    str(n),
+                ],
+                cwd=tmp,
+                stdout=fo,
+                stderr=fe,
+                stdin=subprocess.DEVNULL,
+            )
         procs.append(sender)
         wait_all(procs, args.run_timeout)
         problems = []
@@ -153,11 +200,13 @@ def one_run(mode: str, k: int, n: int, bins: dict, args: argparse.Namespace) -> 
             problems.append(f"router exit {code}: {_tail(log)}")
         if args.lines:
             import pickle
+
             counts = pickle.loads(out_file.read_bytes())
             calls = {f"{Path(f).parent.name}/{Path(f).name}:{fn}:{line}": c for (f, fn, line), c in counts.items()}
             return {"mode": mode, "k": k, "n": n, "ir": sum(calls.values()), "calls": calls, "problems": problems}
         if args.profile:
             import pstats
+
             stats = pstats.Stats(str(out_file)).stats
             calls = {f"{Path(f).name}:{line}:{name}": nc for (f, line, name), (cc, nc, tt, ct, callers) in stats.items()}
             result = {"mode": mode, "k": k, "n": n, "ir": sum(calls.values()), "calls": calls, "problems": problems}
@@ -202,15 +251,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--valgrind-opt", action="append", default=[], help="extra valgrind option (repeatable)")
     p.add_argument("--keep", action="store_true", help="keep the callgrind.out files in --out")
     p.add_argument("--out", type=Path, default=ROOT / "bench-out")
-    p.add_argument("--profile", action="store_true",
-                   help="instead of callgrind: the router under cProfile; function calls per message "
-                        "(the difference of the two runs), the most called first")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of callgrind: the router under cProfile; function calls per message "
+        "(the difference of the two runs), the most called first",
+    )
     p.add_argument("--lines", default=None, help=argparse.SUPPRESS)  # a line-tracer script (experiments)
     p.add_argument("--top", type=int, default=40, help="--profile: how many functions to list")
     p.add_argument("--json", action="store_true", help="print the results as one JSON document too")
-    p.add_argument("--root", type=Path, default=None,
-                   help="run the router/ found in this directory (e.g. an earlier commit's, from git archive, "
-                        "its fast path built with setup.py build_ext --inplace) instead of a copy of this tree's")
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="run the router/ found in this directory (e.g. an earlier commit's, from git archive, "
+        "its fast path built with setup.py build_ext --inplace) instead of a copy of this tree's",
+    )
     a = p.parse_args(argv)
     a.k_values = [int(x) for x in a.subscribers.split(",") if x.strip()]
     a.mode_list = [m.strip() for m in a.modes.split(",") if m.strip()]
@@ -258,9 +314,12 @@ def _measure(args: argparse.Namespace, bins: dict) -> int:
             r = one_run(mode, k, n, bins, args)
         except Exception as e:  # report and go on
             r = {"mode": mode, "k": k, "n": n, "ir": None, "problems": [f"error: {e}"]}
-        print(f"  {mode} K={k} N={n}: {r['ir'] if r['ir'] is not None else '—'} {'calls' if args.profile else 'Ir'}"
-              + ("" if not r["problems"] else "  PROBLEM: " + "; ".join(r["problems"])[:400]),
-              file=sys.stderr, flush=True)
+        print(
+            f"  {mode} K={k} N={n}: {r['ir'] if r['ir'] is not None else '—'} {'calls' if args.profile else 'Ir'}"
+            + ("" if not r["problems"] else "  PROBLEM: " + "; ".join(r["problems"])[:400]),
+            file=sys.stderr,
+            flush=True,
+        )
         return r
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -281,14 +340,18 @@ def _measure(args: argparse.Namespace, bins: dict) -> int:
                 a, b = results.get((mode, k, args.n1)), results.get((mode, k, args.n2))
                 if not (a and b and "calls" in a and "calls" in b):
                     continue
-                per_fn = {f: (b["calls"].get(f, 0) - a["calls"].get(f, 0)) / (args.n2 - args.n1)
-                          for f in set(a["calls"]) | set(b["calls"])}
+                per_fn = {
+                    f: (b["calls"].get(f, 0) - a["calls"].get(f, 0)) / (args.n2 - args.n1)
+                    for f in set(a["calls"]) | set(b["calls"])
+                }
                 print(f"\n{mode} K={k}: {per[(mode, k)]:.1f} Python-level calls per message (cProfile)")
-                for f, c in sorted(per_fn.items(), key=lambda kv: -kv[1])[:args.top]:
+                for f, c in sorted(per_fn.items(), key=lambda kv: -kv[1])[: args.top]:
                     print(f"  {c:7.2f}  {f}")
         return 0
-    print(f"\nrouter instructions per message (callgrind, (I(N2)-I(N1))/(N2-N1), N1={args.n1}, N2={args.n2}, "
-          f"C clients; {time.monotonic() - t0:.0f} s)")
+    print(
+        f"\nrouter instructions per message (callgrind, (I(N2)-I(N1))/(N2-N1), N1={args.n1}, N2={args.n2}, "
+        f"C clients; {time.monotonic() - t0:.0f} s)"
+    )
     print("| K | exactly-once Ir/msg | best-effort Ir/msg | exactly-once / best-effort |")
     print("|---|---|---|---|")
     for k in args.k_values:
@@ -296,8 +359,16 @@ def _measure(args: argparse.Namespace, bins: dict) -> int:
         ratio = f"{eo / be:.2f}x" if eo and be else "—"
         print(f"| {k} | {eo / 1000 if eo else 0:,.1f} k | {be / 1000 if be else 0:,.1f} k | {ratio} |")
     if args.json:
-        print(json.dumps({"n1": args.n1, "n2": args.n2, "runs": list(results.values()),
-                          "per_message": {f"{m}/K={k}": v for (m, k), v in per.items()}}))
+        print(
+            json.dumps(
+                {
+                    "n1": args.n1,
+                    "n2": args.n2,
+                    "runs": list(results.values()),
+                    "per_message": {f"{m}/K={k}": v for (m, k), v in per.items()},
+                }
+            )
+        )
     ok = all(not r["problems"] and r["ir"] is not None for r in results.values())
     return 0 if ok else 1
 

@@ -43,21 +43,46 @@ BATCH = 50  # answers per subscriber per adapter batch (~ one loop iteration's w
 
 def run(k: int, in_flight: int, n: int, best_effort: bool) -> float:
     # Bounds high enough that credit never limits this open-loop feed.
-    core = RouterCore(CoreSettings(router_id="A", max_in_flight_per_topic=10 * (n + in_flight),
-                                   publisher_credit_window=10 * (n + in_flight)), boot_id="b00t", epoch=1)
+    core = RouterCore(
+        CoreSettings(router_id="A", max_in_flight_per_topic=10 * (n + in_flight), publisher_credit_window=10 * (n + in_flight)),
+        boot_id="b00t",
+        epoch=1,
+    )
     if hasattr(getattr(core, "settled", None), "streams"):
         # The settled-delivery memory keeps max_in_flight_per_topic per stream: what a
         # router with the default bound keeps, not the open loop's bound.
         core.settled.keep = CoreSettings().max_in_flight_per_topic
     now = 1000.0
-    core.handle(LinkAttached(1, 1, "pub", "p1", PUBLISHER, "t",
-                             snd_settle_mode=SND_SETTLED if best_effort else SND_MIXED,
-                             rcv_settle_mode=RCV_FIRST), now)
+    core.handle(
+        LinkAttached(
+            1,
+            1,
+            "pub",
+            "p1",
+            PUBLISHER,
+            "t",
+            snd_settle_mode=SND_SETTLED if best_effort else SND_MIXED,
+            rcv_settle_mode=RCV_FIRST,
+        ),
+        now,
+    )
     for s in range(k):
         link = 100 + s
-        core.handle(LinkAttached(link, link, "sub", f"s{link}", SUBSCRIBER, "t", durable=DURABLE_NONE,
-                                 snd_settle_mode=SND_MIXED, rcv_settle_mode=RCV_FIRST), now)
-        core.handle(CreditChanged(link, 10 ** 9, False), now)
+        core.handle(
+            LinkAttached(
+                link,
+                link,
+                "sub",
+                f"s{link}",
+                SUBSCRIBER,
+                "t",
+                durable=DURABLE_NONE,
+                snd_settle_mode=SND_MIXED,
+                rcv_settle_mode=RCV_FIRST,
+            ),
+            now,
+        )
+        core.handle(CreditChanged(link, 10**9, False), now)
     payload = Message(body="x" * 100).encode()
     # Only each message's outgoing tag is kept (as the adapter keeps it): holding the
     # Forward commands themselves would add their memory to what is measured.
@@ -95,9 +120,11 @@ def main(argv: list[str] | None = None) -> None:
         be.append(run(args.subscribers, args.in_flight, args.messages, True))
         eo.append(run(args.subscribers, args.in_flight, args.messages, False))
     k = args.subscribers
-    print(f"core only, K={k}, {args.in_flight} in flight, {args.messages} messages, best of {args.repeat}: "
-          f"exactly-once {min(eo):.1f} µs/msg, best-effort {min(be):.1f} µs/msg "
-          f"({min(eo) / min(be):.2f}x); an exactly-once copy adds {(min(eo) - min(be)) / k:.2f} µs")
+    print(
+        f"core only, K={k}, {args.in_flight} in flight, {args.messages} messages, best of {args.repeat}: "
+        f"exactly-once {min(eo):.1f} µs/msg, best-effort {min(be):.1f} µs/msg "
+        f"({min(eo) / min(be):.2f}x); an exactly-once copy adds {(min(eo) - min(be)) / k:.2f} µs"
+    )
 
 
 if __name__ == "__main__":

@@ -70,8 +70,11 @@ def main(argv=None) -> int:
     for _ in range(a.repeat):
         for name, us in run(a.messages).items():
             best[name] = min(us, best.get(name, us))
-    print(f"A - B - C, {a.messages} messages, best of {a.repeat}: "
-          + ", ".join(f"{name} {us:.1f}" for name, us in best.items()) + " µs per message in RouterCore.handle")
+    print(
+        f"A - B - C, {a.messages} messages, best of {a.repeat}: "
+        + ", ".join(f"{name} {us:.1f}" for name, us in best.items())
+        + " µs per message in RouterCore.handle"
+    )
     return 0
 
 

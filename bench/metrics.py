@@ -48,31 +48,41 @@ def _rounds(args: argparse.Namespace, run_args: argparse.Namespace, bins: dict) 
     ks = [int(k) for k in args.subscribers.split(",")]
     for r in range(args.rounds):
         for k in ks:
-            for side in (["off", "on"] if r % 2 == 0 else ["on", "off"]):
+            for side in ["off", "on"] if r % 2 == 0 else ["on", "off"]:
                 run_args.metrics = side == "on"
                 res = run_one("eorouter", "c", k, "exactly-once", args.messages, run_args, bins)
                 cpu = res.get("cpu_us_per_msg")
                 if not res.get("ok") or cpu is None or (side == "on" and not res.get("scrapes")):
-                    print(f"round {r + 1} K={k} metrics {side}: failed: {res.get('problems')} "
-                          f"(scrapes {res.get('scrapes')}, failed {res.get('scrape_failures')})", file=sys.stderr)
+                    print(
+                        f"round {r + 1} K={k} metrics {side}: failed: {res.get('problems')} "
+                        f"(scrapes {res.get('scrapes')}, failed {res.get('scrape_failures')})",
+                        file=sys.stderr,
+                    )
                     continue
                 results.setdefault((side, k), []).append(cpu)
                 if side == "on":
                     scrapes.setdefault(k, []).append(res["scrapes"])
-                print(f"round {r + 1} K={k} metrics {side}: {cpu:.2f} µs/msg"
-                      + (f" ({res['scrapes']} scrapes)" if side == "on" else ""), flush=True)
-    print(f"\nrouter CPU per message, exactly-once, C clients, {args.messages} messages, {args.rounds} rounds; "
-          "metrics on = a [metrics] listener scraped every second")
+                print(
+                    f"round {r + 1} K={k} metrics {side}: {cpu:.2f} µs/msg"
+                    + (f" ({res['scrapes']} scrapes)" if side == "on" else ""),
+                    flush=True,
+                )
+    print(
+        f"\nrouter CPU per message, exactly-once, C clients, {args.messages} messages, {args.rounds} rounds; "
+        "metrics on = a [metrics] listener scraped every second"
+    )
     for k in ks:
         off, on = results.get(("off", k), []), results.get(("on", k), [])
         if not off or not on:
             print(f"K={k}: not enough runs")
             continue
         pairs = [a / b for a, b in zip(on, off)]
-        print(f"K={k}: off {statistics.median(off):.2f} µs, on {statistics.median(on):.2f} µs, "
-              f"on/off {statistics.median(on) / statistics.median(off):.3f} "
-              f"(round by round {', '.join(f'{x:.2f}' for x in pairs)}; scrapes per run "
-              f"{min(scrapes[k])}-{max(scrapes[k])})")
+        print(
+            f"K={k}: off {statistics.median(off):.2f} µs, on {statistics.median(on):.2f} µs, "
+            f"on/off {statistics.median(on) / statistics.median(off):.3f} "
+            f"(round by round {', '.join(f'{x:.2f}' for x in pairs)}; scrapes per run "
+            f"{min(scrapes[k])}-{max(scrapes[k])})"
+        )
     return 0
 
 

@@ -53,8 +53,7 @@ class Publisher(MessagingHandler):
         c = event.container
         c.container_id = self.a.container
         conn = c.connect(f"{self.a.host}:{self.a.port}", sasl_enabled=True, allowed_mechs="ANONYMOUS")
-        c.create_sender(conn, self.a.address, name=self.a.link,
-                        options=AtMostOnce() if self.presettled else AtLeastOnce())
+        c.create_sender(conn, self.a.address, name=self.a.link, options=AtMostOnce() if self.presettled else AtLeastOnce())
         c.schedule(1.0, self)
 
     def on_timer_task(self, event) -> None:
@@ -67,8 +66,10 @@ class Publisher(MessagingHandler):
             self._idle += 1
             if self._idle >= self.a.timeout:
                 self.timed_out = True
-                print(f"send: no progress for {self.a.timeout} s (sent {self.sent}, outcomes {self.outcomes}), "
-                      "giving up", file=sys.stderr)
+                print(
+                    f"send: no progress for {self.a.timeout} s (sent {self.sent}, outcomes {self.outcomes}), giving up",
+                    file=sys.stderr,
+                )
                 event.container.stop()
                 return
         event.container.schedule(1.0, self)
@@ -78,8 +79,7 @@ class Publisher(MessagingHandler):
 
     def _send(self, sender) -> None:
         a = self.a
-        while (sender.credit > 0 and self.sent < a.count
-               and (self.presettled or self.sent - self.outcomes < a.window)):
+        while sender.credit > 0 and self.sent < a.count and (self.presettled or self.sent - self.outcomes < a.window):
             self.sent += 1
             if not self.start_ns:
                 self.start_ns = time.monotonic_ns()
@@ -112,8 +112,10 @@ class Publisher(MessagingHandler):
 
     def on_settled(self, event) -> None:
         # settled by the peer without any of the outcomes above
-        if event.delivery.remote_state not in (Delivery.ACCEPTED, Delivery.REJECTED, Delivery.RELEASED,
-                                               Delivery.MODIFIED) and not self.presettled:
+        if (
+            event.delivery.remote_state not in (Delivery.ACCEPTED, Delivery.REJECTED, Delivery.RELEASED, Delivery.MODIFIED)
+            and not self.presettled
+        ):
             self._outcome(event, "other")
 
     def _err(self, event, cond) -> None:
@@ -134,9 +136,17 @@ class Publisher(MessagingHandler):
         event.container.stop()
 
     def summary(self) -> dict:
-        return {"role": "send", "mode": self.a.mode, "count": self.a.count, "sent": self.sent, **self.counts,
-                "start_ns": self.start_ns, "end_ns": self.end_ns, "timed_out": self.timed_out,
-                "error": self.error}
+        return {
+            "role": "send",
+            "mode": self.a.mode,
+            "count": self.a.count,
+            "sent": self.sent,
+            **self.counts,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "timed_out": self.timed_out,
+            "error": self.error,
+        }
 
 
 class Subscriber(MessagingHandler):
@@ -181,8 +191,10 @@ class Subscriber(MessagingHandler):
             self._idle += 1
             if self._idle >= (self.a.timeout if self.received else max(self.a.timeout, 60)):
                 self.timed_out = True
-                print(f"receive: no message for {self._idle} s (received {self.received} of {self.a.count}), "
-                      "giving up", file=sys.stderr)
+                print(
+                    f"receive: no message for {self._idle} s (received {self.received} of {self.a.count}), giving up",
+                    file=sys.stderr,
+                )
                 event.container.stop()
                 return
         event.container.schedule(1.0, self)
@@ -246,11 +258,26 @@ class Subscriber(MessagingHandler):
         def pct(p: float) -> int:
             return lat[int(p * (len(lat) - 1) + 0.5)] if lat else 0
 
-        return {"role": "receive", "expected": self.a.count, "count": self.received, "p50_us": pct(0.5),
-                "p90_us": pct(0.9), "p99_us": pct(0.99), "max_us": lat[-1] if lat else 0, "mean_us": round(mean, 1),
-                "first_ns": self.first_ns, "last_ns": self.last_ns, "presettled": self.presettled,
-                "dups": self.dups, "out_of_order": self.out_of_order, "unparsed": self.unparsed, "invalid": 0,
-                "aborted": 0, "timed_out": self.timed_out, "error": self.error}
+        return {
+            "role": "receive",
+            "expected": self.a.count,
+            "count": self.received,
+            "p50_us": pct(0.5),
+            "p90_us": pct(0.9),
+            "p99_us": pct(0.99),
+            "max_us": lat[-1] if lat else 0,
+            "mean_us": round(mean, 1),
+            "first_ns": self.first_ns,
+            "last_ns": self.last_ns,
+            "presettled": self.presettled,
+            "dups": self.dups,
+            "out_of_order": self.out_of_order,
+            "unparsed": self.unparsed,
+            "invalid": 0,
+            "aborted": 0,
+            "timed_out": self.timed_out,
+            "error": self.error,
+        }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,6 +61,8 @@ def normal_listener_port(listeners: str) -> int:
         if role in ("", "normal"):
             return int(addr.rsplit(":", 1)[1])
     raise StartError(f"no client listener in the ready line: {listeners}")
+
+
 LISTEN_RE = re.compile(r"listening on (\d+)")
 
 MODES = {"exactly-once": "unsettled", "best-effort": "presettled"}
@@ -73,11 +75,12 @@ TARGET_RSS_GROWTH_MIB = 5.0
 
 # ---------------------------------------------------------------------------------------------- /proc
 
+
 def proc_cpu_ticks(pid: int) -> int:
     """utime + stime of the whole process (all threads), in clock ticks."""
     with open(f"/proc/{pid}/stat") as f:
         s = f.read()
-    fields = s[s.rindex(")") + 2:].split()
+    fields = s[s.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])  # fields 14, 15 of proc(5)
 
 
@@ -90,6 +93,7 @@ def proc_rss_kib(pid: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- processes
+
 
 def wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
     """Wait for every process, killing those still running after ``timeout`` seconds in all."""
@@ -148,7 +152,7 @@ def stop_process(p: subprocess.Popen, grace: float) -> tuple[int | None, float]:
 
 @dataclass
 class Server:
-    kind: str              # "eorouter" | "baseline"
+    kind: str  # "eorouter" | "baseline"
     proc: subprocess.Popen
     port: int
     log: Path
@@ -168,8 +172,7 @@ def router_config(tmp: Path, args: argparse.Namespace) -> Path:
         f"max_in_flight_per_topic = {args.max_in_flight}\n"
         f"publisher_credit_window = {args.credit_window}\n"
         "\n[eventlog]\n"
-        f"fsync = {'true' if args.fsync else 'false'}\n"
-        + ("\n[metrics]\nport = 0\n" if getattr(args, "metrics", False) else "")
+        f"fsync = {'true' if args.fsync else 'false'}\n" + ("\n[metrics]\nport = 0\n" if getattr(args, "metrics", False) else "")
     )
     return cfg
 
@@ -189,6 +192,7 @@ class Scraper:
 
     def __init__(self, port: int, every: float = 1.0):
         import threading
+
         self.url = f"http://127.0.0.1:{port}/metrics"
         self.every = every
         self.scrapes = 0
@@ -206,6 +210,7 @@ class Scraper:
 
     def _run(self) -> None:
         import urllib.request
+
         while True:  # at once, then every ``every`` seconds
             try:
                 with urllib.request.urlopen(self.url, timeout=5) as r:
@@ -223,16 +228,25 @@ def start_server(kind: str, tmp: Path, args: argparse.Namespace, bins: dict[str,
         if kind == "eorouter":
             cfg = router_config(tmp, args)
             cmd = [sys.executable, "-m", "router", "run", "--config", str(cfg)]
-            p = subprocess.Popen(cmd, cwd=args.router_root, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
+            p = subprocess.Popen(cmd, cwd=args.router_root, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             try:
                 m = wait_for(log, READY_RE, p, args.server_timeout, "eorouter")
             except Exception:
                 stop_process(p, 2)
                 raise
-            return Server(kind, p, normal_listener_port(m.group(2)), log,
-                          {"router_id": m.group(1), "epoch": int(m.group(3)), "command": shlex.join(cmd),
-                           "config": cfg.read_text(), "metrics_port": metrics_port(m.group(2))})
+            return Server(
+                kind,
+                p,
+                normal_listener_port(m.group(2)),
+                log,
+                {
+                    "router_id": m.group(1),
+                    "epoch": int(m.group(3)),
+                    "command": shlex.join(cmd),
+                    "config": cfg.read_text(),
+                    "metrics_port": metrics_port(m.group(2)),
+                },
+            )
         cmd = [str(bins["broker"]), "127.0.0.1", "0", str(args.broker_threads)]
         p = subprocess.Popen(cmd, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
@@ -243,8 +257,7 @@ def start_server(kind: str, tmp: Path, args: argparse.Namespace, bins: dict[str,
         return Server(kind, p, int(m.group(1)), log, {"command": shlex.join(cmd)})
 
 
-def client_cmd(role: str, clients: str, bins: dict[str, Path], port: int, address: str, count: int,
-               opts: list[str]) -> list[str]:
+def client_cmd(role: str, clients: str, bins: dict[str, Path], port: int, address: str, count: int, opts: list[str]) -> list[str]:
     if clients == "c":
         return [str(bins[role]), *opts, "127.0.0.1", str(port), address, str(count)]
     return [sys.executable, "-m", "bench.pyclients", role, *opts, "127.0.0.1", str(port), address, str(count)]
@@ -263,8 +276,8 @@ def read_json_line(path: Path) -> dict | None:
 
 # ---------------------------------------------------------------------------------------------- one run
 
-def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.Namespace,
-            bins: dict[str, Path]) -> dict:
+
+def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"eobench-{kind}-"))
     result: dict = {"target": kind, "clients": clients, "k": k, "mode": mode, "messages": n}
     procs: list[subprocess.Popen] = []
@@ -282,10 +295,24 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
         receivers = []
         for i in range(k):
             out, err = tmp / f"recv{i}.out", tmp / f"recv{i}.err"
-            cmd = client_cmd("receive", clients, bins, server.port, address, n,
-                             ["-w", str(args.window),
-                              "-t", str(args.client_timeout if mode == "exactly-once" else args.be_idle),
-                              "-c", f"bench-sub-{i}", "-l", f"bench-sub-{i}"])
+            cmd = client_cmd(
+                "receive",
+                clients,
+                bins,
+                server.port,
+                address,
+                n,
+                [
+                    "-w",
+                    str(args.window),
+                    "-t",
+                    str(args.client_timeout if mode == "exactly-once" else args.be_idle),
+                    "-c",
+                    f"bench-sub-{i}",
+                    "-l",
+                    f"bench-sub-{i}",
+                ],
+            )
             with open(out, "wb") as fo, open(err, "wb") as fe:
                 p = subprocess.Popen(cmd, cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
             procs.append(p)
@@ -299,9 +326,28 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
         cpu0 = proc_cpu_ticks(pid)
         t0 = time.monotonic()
         s_out, s_err = tmp / "send.out", tmp / "send.err"
-        cmd = client_cmd("send", clients, bins, server.port, address, n,
-                         ["-m", MODES[mode], "-w", str(args.window), "-s", str(args.size),
-                          "-t", str(args.client_timeout), "-c", "bench-pub", "-l", "bench-pub"])
+        cmd = client_cmd(
+            "send",
+            clients,
+            bins,
+            server.port,
+            address,
+            n,
+            [
+                "-m",
+                MODES[mode],
+                "-w",
+                str(args.window),
+                "-s",
+                str(args.size),
+                "-t",
+                str(args.client_timeout),
+                "-c",
+                "bench-pub",
+                "-l",
+                "bench-pub",
+            ],
+        )
         with open(s_out, "wb") as fo, open(s_err, "wb") as fe:
             sender = subprocess.Popen(cmd, cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
         procs.append(sender)
@@ -332,8 +378,11 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
         result["server_exit"] = code
         result["server_stop_s"] = round(secs, 2)
         if kind == "eorouter" and code != 0:
-            result["problems"].append(f"router exit {code} on SIGTERM" if code is not None
-                                      else f"router did not exit {args.stop_grace:.0f} s after SIGTERM (killed)")
+            result["problems"].append(
+                f"router exit {code} on SIGTERM"
+                if code is not None
+                else f"router did not exit {args.stop_grace:.0f} s after SIGTERM (killed)"
+            )
         if result["problems"] or (kind == "eorouter" and code != 0):
             result["server_log_tail"] = tail(server.log, 30)
     except Exception as e:  # a failed run is a result, not the end of the benchmark
@@ -355,8 +404,18 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
     return result
 
 
-def collect(n: int, k: int, mode: str, send: dict, recvs: list[dict], cpu0: int, cpu1: int | None,
-            rss0: int, rss1: int | None, wall: float) -> dict:
+def collect(
+    n: int,
+    k: int,
+    mode: str,
+    send: dict,
+    recvs: list[dict],
+    cpu0: int,
+    cpu1: int | None,
+    rss0: int,
+    rss1: int | None,
+    wall: float,
+) -> dict:
     problems: list[str] = []
     sent = send.get("sent", 0)
     counts = [r.get("count", 0) for r in recvs]
@@ -428,9 +487,19 @@ def collect(n: int, k: int, mode: str, send: dict, recvs: list[dict], cpu0: int,
 
 # ---------------------------------------------------------------------------------------------- matrix
 
+
 def median_cell(runs: list[dict]) -> dict:
-    keys = ("msgs_per_s", "deliveries_per_s", "p50_us", "p99_us", "cpu_us_per_msg", "cpu_us_per_delivery",
-            "rss_before_kib", "rss_after_kib", "loss_pct")
+    keys = (
+        "msgs_per_s",
+        "deliveries_per_s",
+        "p50_us",
+        "p99_us",
+        "cpu_us_per_msg",
+        "cpu_us_per_delivery",
+        "rss_before_kib",
+        "rss_after_kib",
+        "loss_pct",
+    )
     cell = {k: runs[0][k] for k in ("target", "clients", "k", "mode", "messages")}
     for key in keys:
         vals = [r[key] for r in runs if r.get(key) is not None]
@@ -438,8 +507,9 @@ def median_cell(runs: list[dict]) -> dict:
     cell["runs"] = len(runs)
     # Each repeat's CPU: the repeats of two cells with the same index ran in the same
     # round of the interleaving, seconds apart, so their ratio shares the VM's state.
-    cell["cpu_by_repeat"] = {r["repeat"]: r["cpu_us_per_msg"] for r in runs
-                             if r.get("cpu_us_per_msg") and r.get("repeat") is not None}
+    cell["cpu_by_repeat"] = {
+        r["repeat"]: r["cpu_us_per_msg"] for r in runs if r.get("cpu_us_per_msg") and r.get("repeat") is not None
+    }
     cell["ok_runs"] = sum(1 for r in runs if r["ok"])
     cell["problems"] = sorted({p for r in runs for p in r.get("problems", [])})
     cpu_warn = sorted({w for r in runs for w in r.get("warnings", []) if w.startswith("CPU")})
@@ -494,19 +564,27 @@ def evaluate_targets(cells: dict[tuple, dict], memory: dict | None) -> list[dict
     t: list[dict] = []
     c = cells.get(("eorouter", "c", 1, "exactly-once"))
     v = c.get("cpu_us_per_msg") if c else None
-    t.append({"target": f"router CPU per message, K=1 exactly-once, C clients <= {TARGET_CPU_K1_EO_US:g} µs",
-              "value": f"{v:.1f} µs" if v is not None else "not measured",
-              "pass": None if v is None else (v <= TARGET_CPU_K1_EO_US and c["ok_runs"] == c["runs"])})
+    t.append(
+        {
+            "target": f"router CPU per message, K=1 exactly-once, C clients <= {TARGET_CPU_K1_EO_US:g} µs",
+            "value": f"{v:.1f} µs" if v is not None else "not measured",
+            "pass": None if v is None else (v <= TARGET_CPU_K1_EO_US and c["ok_runs"] == c["runs"]),
+        }
+    )
     for k in sorted({key[2] for key in cells if key[0] == "eorouter" and key[1] == "c"}):
         eo = cells.get(("eorouter", "c", k, "exactly-once"))
         be = cells.get(("eorouter", "c", k, "best-effort"))
         if eo and be and eo.get("cpu_us_per_msg") and be.get("cpu_us_per_msg"):
             ratio = eo["cpu_us_per_msg"] / be["cpu_us_per_msg"]
             pairs = pairs_text(paired_ratios(eo, be))
-            t.append({"target": f"exactly-once <= {TARGET_EO_OVER_BE:g}x best-effort CPU, K={k}, C clients",
-                      "value": f"{ratio:.2f}x ({eo['cpu_us_per_msg']:.1f} / {be['cpu_us_per_msg']:.1f} µs)"
-                               + (f"; round by round {pairs}" if pairs else ""),
-                      "pass": ratio <= TARGET_EO_OVER_BE})
+            t.append(
+                {
+                    "target": f"exactly-once <= {TARGET_EO_OVER_BE:g}x best-effort CPU, K={k}, C clients",
+                    "value": f"{ratio:.2f}x ({eo['cpu_us_per_msg']:.1f} / {be['cpu_us_per_msg']:.1f} µs)"
+                    + (f"; round by round {pairs}" if pairs else ""),
+                    "pass": ratio <= TARGET_EO_OVER_BE,
+                }
+            )
     if memory is not None:
         t.append(memory_target(memory))
     return t
@@ -514,32 +592,45 @@ def evaluate_targets(cells: dict[tuple, dict], memory: dict | None) -> list[dict
 
 def memory_target(m: dict) -> dict:
     g = m.get("growth_mib")
-    return {"target": f"no RSS growth over a {m['messages']:,}-message K=1 exactly-once run "
-                      f"(<= {TARGET_RSS_GROWTH_MIB:g} MiB after warm-up)",
-            "value": (f"{g:+.1f} MiB ({m['rss_warm_mib']:.1f} -> {m['rss_end_mib']:.1f} MiB, "
-                      f"peak {m['rss_peak_mib']:.1f})") if g is not None else "not measured",
-            "pass": None if g is None else (g <= TARGET_RSS_GROWTH_MIB and m.get("ok", False))}
+    return {
+        "target": f"no RSS growth over a {m['messages']:,}-message K=1 exactly-once run "
+        f"(<= {TARGET_RSS_GROWTH_MIB:g} MiB after warm-up)",
+        "value": (f"{g:+.1f} MiB ({m['rss_warm_mib']:.1f} -> {m['rss_end_mib']:.1f} MiB, peak {m['rss_peak_mib']:.1f})")
+        if g is not None
+        else "not measured",
+        "pass": None if g is None else (g <= TARGET_RSS_GROWTH_MIB and m.get("ok", False)),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- memory run
+
 
 def memory_run(n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
     kind = args.memory_target
     tmp = Path(tempfile.mkdtemp(prefix=f"eobench-mem-{kind}-"))
     procs: list[subprocess.Popen] = []
     server = None
-    res: dict = {"target": kind, "messages": n, "k": 1, "mode": "exactly-once", "clients": "c",
-                 "samples": [], "problems": []}
+    res: dict = {"target": kind, "messages": n, "k": 1, "mode": "exactly-once", "clients": "c", "samples": [], "problems": []}
     try:
         server = start_server(kind, tmp, args, bins)
         pid = server.proc.pid
         address = "bench/memory"
         r_out, r_err = tmp / "recv.out", tmp / "recv.err"
         with open(r_out, "wb") as fo, open(r_err, "wb") as fe:
-            rp = subprocess.Popen(client_cmd("receive", "c", bins, server.port, address, n,
-                                             ["-w", str(args.window), "-t", str(args.client_timeout),
-                                              "-c", "bench-sub-0", "-l", "bench-sub-0"]),
-                                  stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+            rp = subprocess.Popen(
+                client_cmd(
+                    "receive",
+                    "c",
+                    bins,
+                    server.port,
+                    address,
+                    n,
+                    ["-w", str(args.window), "-t", str(args.client_timeout), "-c", "bench-sub-0", "-l", "bench-sub-0"],
+                ),
+                stdout=fo,
+                stderr=fe,
+                stdin=subprocess.DEVNULL,
+            )
         procs.append(rp)
         wait_for(r_err, re.compile(r"^ready$", re.M), rp, args.server_timeout, "subscriber")
         time.sleep(0.1)
@@ -547,10 +638,33 @@ def memory_run(n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
         res["rss_idle_kib"] = rss0
         s_out = tmp / "send.out"
         with open(s_out, "wb") as fo, open(tmp / "send.err", "wb") as fe:
-            sp = subprocess.Popen(client_cmd("send", "c", bins, server.port, address, n,
-                                             ["-m", "unsettled", "-w", str(args.window), "-s", str(args.size),
-                                              "-t", str(args.client_timeout), "-c", "bench-pub", "-l", "bench-pub"]),
-                                  stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+            sp = subprocess.Popen(
+                client_cmd(
+                    "send",
+                    "c",
+                    bins,
+                    server.port,
+                    address,
+                    n,
+                    [
+                        "-m",
+                        "unsettled",
+                        "-w",
+                        str(args.window),
+                        "-s",
+                        str(args.size),
+                        "-t",
+                        str(args.client_timeout),
+                        "-c",
+                        "bench-pub",
+                        "-l",
+                        "bench-pub",
+                    ],
+                ),
+                stdout=fo,
+                stderr=fe,
+                stdin=subprocess.DEVNULL,
+            )
         procs.append(sp)
         next_t = t0 + 1.0
         print(f"memory run: {n:,} messages through {kind}, K=1 exactly-once; RSS every second", file=sys.stderr)
@@ -564,8 +678,10 @@ def memory_run(n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
                 cpu = proc_cpu_ticks(pid)
                 res["samples"].append([round(now - t0, 2), rss, round((cpu - cpu0) / CLK_TCK, 2)])
                 if len(res["samples"]) % 10 == 0:
-                    print(f"  t={now - t0:5.0f} s  RSS {rss / 1024:7.1f} MiB  router CPU {(cpu - cpu0) / CLK_TCK:6.1f} s",
-                          file=sys.stderr)
+                    print(
+                        f"  t={now - t0:5.0f} s  RSS {rss / 1024:7.1f} MiB  router CPU {(cpu - cpu0) / CLK_TCK:6.1f} s",
+                        file=sys.stderr,
+                    )
                 next_t += 1.0
             if now - t0 > args.memory_timeout:
                 res["problems"].append(f"not finished after {args.memory_timeout:.0f} s")
@@ -587,8 +703,13 @@ def memory_run(n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
         recv = read_json_line(r_out) or {}
         part = collect(n, 1, "exactly-once", send, [recv], cpu0, cpu1, rss0, res.get("rss_after_kib"), t1 - t0)
         res["problems"] += part.pop("problems")
-        res.update({k: part[k] for k in ("sent", "received", "outcomes", "msgs_per_s", "p50_us", "p99_us",
-                                         "cpu_us_per_msg", "active_s") if k in part})
+        res.update(
+            {
+                k: part[k]
+                for k in ("sent", "received", "outcomes", "msgs_per_s", "p50_us", "p99_us", "cpu_us_per_msg", "active_s")
+                if k in part
+            }
+        )
         # growth: RSS at the end of the warm-up (the first half of the samples) vs the last samples.
         # The router's bounded memories fill by message count, not time: the settled-tag
         # memory (per stream, max_in_flight_per_topic to twice that many tags) and the allocator's reuse of
@@ -637,6 +758,7 @@ def memory_run(n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
 
 # ---------------------------------------------------------------------------------------------- network paths
 
+
 def line_topology(routers: int) -> str:
     """A line of ``routers`` routers, A - B - C ..., as a eorouter_tools.topology file."""
     ids = [chr(ord("A") + i) for i in range(routers)]
@@ -651,13 +773,16 @@ def topology_module(args: argparse.Namespace):
     if root not in sys.path:
         sys.path.insert(0, root)
     from eorouter_tools import topology
+
     return topology
 
 
 def network_overrides(args: argparse.Namespace) -> dict:
     """The matrix's router settings, over eorouter_tools.launcher's defaults (RouterNetwork's configs)."""
-    return {"limits": {"max_in_flight_per_topic": args.max_in_flight, "publisher_credit_window": args.credit_window},
-            "eventlog": {"fsync": args.fsync}}
+    return {
+        "limits": {"max_in_flight_per_topic": args.max_in_flight, "publisher_credit_window": args.credit_window},
+        "eventlog": {"fsync": args.fsync},
+    }
 
 
 def run_network(hops: int, n: int, args: argparse.Namespace, bins: dict[str, Path]) -> dict:
@@ -665,13 +790,21 @@ def run_network(hops: int, n: int, args: argparse.Namespace, bins: dict[str, Pat
     exactly-once, C clients. CPU is measured per router over the same window as run_one's."""
     topology = topology_module(args)
     tmp = Path(tempfile.mkdtemp(prefix=f"eobench-net{hops}-"))
-    result: dict = {"target": "eorouter", "clients": "c", "k": 1, "mode": "exactly-once", "hops": hops,
-                    "routers": hops + 1, "messages": n}
+    result: dict = {
+        "target": "eorouter",
+        "clients": "c",
+        "k": 1,
+        "mode": "exactly-once",
+        "hops": hops,
+        "routers": hops + 1,
+        "messages": n,
+    }
     procs: list[subprocess.Popen] = []
     net = None
     try:
-        net = topology.RouterNetwork(tmp / "routers", topology.parse_topology(line_topology(hops + 1)),
-                                     overrides=network_overrides(args))
+        net = topology.RouterNetwork(
+            tmp / "routers", topology.parse_topology(line_topology(hops + 1)), overrides=network_overrides(args)
+        )
         net.start(timeout=args.server_timeout)
         ids = list(net.topology.routers)
         first, last = net.routers[ids[0]], net.routers[ids[-1]]
@@ -680,10 +813,20 @@ def run_network(hops: int, n: int, args: argparse.Namespace, bins: dict[str, Pat
         r_out, r_err = tmp / "recv0.out", tmp / "recv0.err"
         with open(r_out, "wb") as fo, open(r_err, "wb") as fe:
             receiver = subprocess.Popen(
-                client_cmd("receive", "c", bins, last.port, address, n,
-                           ["-w", str(args.window), "-t", str(args.client_timeout), "-c", "bench-sub-0",
-                            "-l", "bench-sub-0"]),
-                cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+                client_cmd(
+                    "receive",
+                    "c",
+                    bins,
+                    last.port,
+                    address,
+                    n,
+                    ["-w", str(args.window), "-t", str(args.client_timeout), "-c", "bench-sub-0", "-l", "bench-sub-0"],
+                ),
+                cwd=ROOT,
+                stdout=fo,
+                stderr=fe,
+                stdin=subprocess.DEVNULL,
+            )
         procs.append(receiver)
         # "ready": the last router answered the attach, i.e. every router knows the subscriber.
         wait_for(r_err, re.compile(r"^ready$", re.M), receiver, args.server_timeout, "subscriber")
@@ -695,10 +838,33 @@ def run_network(hops: int, n: int, args: argparse.Namespace, bins: dict[str, Pat
         s_out, s_err = tmp / "send.out", tmp / "send.err"
         with open(s_out, "wb") as fo, open(s_err, "wb") as fe:
             sender = subprocess.Popen(
-                client_cmd("send", "c", bins, first.port, address, n,
-                           ["-m", MODES["exactly-once"], "-w", str(args.window), "-s", str(args.size),
-                            "-t", str(args.client_timeout), "-c", "bench-pub", "-l", "bench-pub"]),
-                cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+                client_cmd(
+                    "send",
+                    "c",
+                    bins,
+                    first.port,
+                    address,
+                    n,
+                    [
+                        "-m",
+                        MODES["exactly-once"],
+                        "-w",
+                        str(args.window),
+                        "-s",
+                        str(args.size),
+                        "-t",
+                        str(args.client_timeout),
+                        "-c",
+                        "bench-pub",
+                        "-l",
+                        "bench-pub",
+                    ],
+                ),
+                cwd=ROOT,
+                stdout=fo,
+                stderr=fe,
+                stdin=subprocess.DEVNULL,
+            )
         procs.append(sender)
         wait_all(procs, args.run_timeout)
         t1 = time.monotonic()
@@ -709,8 +875,7 @@ def run_network(hops: int, n: int, args: argparse.Namespace, bins: dict[str, Pat
         recv = read_json_line(r_out) or {}
         total0 = sum(cpu0.values())
         total1 = sum(cpu1.values()) if len(cpu1) == len(ids) else None
-        result.update(collect(n, 1, "exactly-once", send, [recv], total0, total1, rss0[ids[0]],
-                              rss1.get(ids[0]), t1 - t0))
+        result.update(collect(n, 1, "exactly-once", send, [recv], total0, total1, rss0[ids[0]], rss1.get(ids[0]), t1 - t0))
         sent = send.get("sent", 0)
         if sent and len(cpu1) == len(ids):
             result["router_cpu_us_per_msg"] = {r: round((cpu1[r] - cpu0[r]) * 1e6 / CLK_TCK / sent, 2) for r in ids}
@@ -736,8 +901,7 @@ def run_network(hops: int, n: int, args: argparse.Namespace, bins: dict[str, Pat
                     try:
                         router.terminate(timeout=args.stop_grace)
                     except Exception as e:  # RouterError: a non-zero exit, or no exit in time (killed)
-                        result.setdefault("problems", []).append(
-                            f"router {router_id} stop: {' '.join(str(e).split())[:200]}")
+                        result.setdefault("problems", []).append(f"router {router_id} stop: {' '.join(str(e).split())[:200]}")
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -764,36 +928,45 @@ def median_network_cell(runs: list[dict]) -> dict:
 
 
 def network_markdown(cells: list[dict]) -> str:
-    lines = ["| path | hops | msgs/s | p50 ms | p99 ms | CPU µs/msg, each router (publisher's first) "
-             "| CPU µs/msg, all routers | runs ok | notes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| path | hops | msgs/s | p50 ms | p99 ms | CPU µs/msg, each router (publisher's first) "
+        "| CPU µs/msg, all routers | runs ok | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in sorted(cells, key=lambda x: x["hops"]):
         per = ", ".join(f"{rid} {v:.1f}" for rid, v in c["router_cpu_us_per_msg"].items()) or "—"
         notes = " ".join("; ".join(c["problems"] + c["warnings"]).split()).replace("|", "/")[:160]
-        lines.append(f"| {c['path'] or '—'} | {c['hops']} | {fmt(c['msgs_per_s'], ',.0f')} | {fmt_ms(c['p50_us'])} "
-                     f"| {fmt_ms(c['p99_us'])} | {per} | **{fmt(c['cpu_us_per_msg'])}** "
-                     f"| {c['ok_runs']}/{c['runs']} | {notes} |")
+        lines.append(
+            f"| {c['path'] or '—'} | {c['hops']} | {fmt(c['msgs_per_s'], ',.0f')} | {fmt_ms(c['p50_us'])} "
+            f"| {fmt_ms(c['p99_us'])} | {per} | **{fmt(c['cpu_us_per_msg'])}** "
+            f"| {c['ok_runs']}/{c['runs']} | {notes} |"
+        )
     return "\n".join(lines)
 
 
 def print_network(cells: list[dict]) -> None:
-    print("network paths: publisher on the first router of a line, K=1 subscriber on the last, exactly-once, "
-          "C clients")
-    hdr = (f"{'path':11} {'hops':>4} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/msg all':>14}  "
-           f"{'CPU µs/msg per router':28} {'ok':>4}  notes")
+    print("network paths: publisher on the first router of a line, K=1 subscriber on the last, exactly-once, C clients")
+    hdr = (
+        f"{'path':11} {'hops':>4} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/msg all':>14}  "
+        f"{'CPU µs/msg per router':28} {'ok':>4}  notes"
+    )
     print(hdr)
     print("-" * len(hdr))
     for c in sorted(cells, key=lambda x: x["hops"]):
         per = ", ".join(f"{rid} {v:.1f}" for rid, v in c["router_cpu_us_per_msg"].items()) or "—"
-        print(f"{c['path'] or '—':11} {c['hops']:>4} {fmt(c['msgs_per_s'], ',.0f'):>9} {fmt_ms(c['p50_us']):>8} "
-              f"{fmt_ms(c['p99_us']):>8} {fmt(c['cpu_us_per_msg']):>14}  {per:28} {c['ok_runs']}/{c['runs']}  "
-              f"{'; '.join(c['problems'] + c['warnings'])[:120]}")
+        print(
+            f"{c['path'] or '—':11} {c['hops']:>4} {fmt(c['msgs_per_s'], ',.0f'):>9} {fmt_ms(c['p50_us']):>8} "
+            f"{fmt_ms(c['p99_us']):>8} {fmt(c['cpu_us_per_msg']):>14}  {per:28} {c['ok_runs']}/{c['runs']}  "
+            f"{'; '.join(c['problems'] + c['warnings'])[:120]}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- output
 
+
 def router_source_hash(root: Path) -> str:
     import hashlib
+
     h = hashlib.sha256()
     for f in sorted([*(root / "router").rglob("*.py"), *(root / "router").rglob("*.c")]):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
@@ -822,8 +995,7 @@ def machine_facts(router_root: Path = ROOT) -> dict:
         for line in lscpu.splitlines():
             key, _, val = line.partition(":")
             key, val = key.strip(), val.strip()
-            if key in ("Model name", "Architecture", "Hypervisor vendor", "CPU(s)", "Thread(s) per core",
-                       "L2 cache", "L3 cache"):
+            if key in ("Model name", "Architecture", "Hypervisor vendor", "CPU(s)", "Thread(s) per core", "L2 cache", "L3 cache"):
                 facts[key] = val
     except Exception:
         pass
@@ -834,12 +1006,14 @@ def machine_facts(router_root: Path = ROOT) -> dict:
         pass
     try:
         import proton
+
         facts["python-qpid-proton"] = ".".join(map(str, proton.VERSION))
     except Exception:
         pass
     try:
         facts["proton-c (clients, baseline)"] = subprocess.run(
-            ["pkg-config", "--modversion", "libqpid-proton"], capture_output=True, text=True).stdout.strip()
+            ["pkg-config", "--modversion", "libqpid-proton"], capture_output=True, text=True
+        ).stdout.strip()
     except Exception:
         pass
     try:
@@ -847,16 +1021,23 @@ def machine_facts(router_root: Path = ROOT) -> dict:
     except Exception:
         pass
     try:  # compiled or Python, as the routers under test will run it (router/adapter/fastpath.py)
-        facts["adapter fast path"] = subprocess.run(
-            [sys.executable, "-c", "from router.adapter import fastpath; print(fastpath.status)"],
-            cwd=router_root, capture_output=True, text=True, timeout=60).stdout.strip() or "unknown"
+        facts["adapter fast path"] = (
+            subprocess.run(
+                [sys.executable, "-c", "from router.adapter import fastpath; print(fastpath.status)"],
+                cwd=router_root,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout.strip()
+            or "unknown"
+        )
     except Exception:
         pass
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "router"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "router"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
         facts["git"] = rev + (" + uncommitted router changes" if dirty else "")
     except Exception:
         pass
@@ -880,9 +1061,11 @@ def passfail(p) -> str:
 
 
 def matrix_markdown(cells: dict[tuple, dict], ratios: list[dict], targets: list[dict]) -> str:
-    lines = ["| server | clients | mode | K | msgs/s | deliveries/s | p50 ms | p99 ms | server CPU µs/msg "
-             "| µs/delivery | RSS before → after MiB | runs ok | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| server | clients | mode | K | msgs/s | deliveries/s | p50 ms | p99 ms | server CPU µs/msg "
+        "| µs/delivery | RSS before → after MiB | runs ok | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     order = {"eorouter": 0, "baseline": 1}
     for key in sorted(cells, key=lambda x: (x[1] != "c", order.get(x[0], 9), x[3] != "exactly-once", x[2])):
         c = cells[key]
@@ -892,12 +1075,17 @@ def matrix_markdown(cells: dict[tuple, dict], ratios: list[dict], targets: list[
             f"| {fmt(c['msgs_per_s'], ',.0f')} | {fmt(c['deliveries_per_s'], ',.0f')} | {fmt_ms(c['p50_us'])} "
             f"| {fmt_ms(c['p99_us'])} | **{fmt(c['cpu_us_per_msg'])}** | {fmt(c['cpu_us_per_delivery'])} "
             f"| {fmt_mib(c['rss_before_kib'])} → {fmt_mib(c['rss_after_kib'])} | {c['ok_runs']}/{c['runs']} "
-            f"| {notes} |")
-    lines += ["", "Ratios (server CPU per message, same run):", "",
-              "| server | clients | K | exactly-once / best-effort | the same, round by round "
-              "| eorouter / baseline, exactly-once | eorouter / baseline, best-effort "
-              "| exactly-once µs per extra subscriber |",
-              "|---|---|---|---|---|---|---|---|"]
+            f"| {notes} |"
+        )
+    lines += [
+        "",
+        "Ratios (server CPU per message, same run):",
+        "",
+        "| server | clients | K | exactly-once / best-effort | the same, round by round "
+        "| eorouter / baseline, exactly-once | eorouter / baseline, best-effort "
+        "| exactly-once µs per extra subscriber |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     star = lambda r, key: "*" if r.get(key) else ""  # noqa: E731
     for r in sorted(ratios, key=lambda x: (x["clients"] != "c", order.get(x["target"], 9), x["k"])):
         lines.append(
@@ -909,12 +1097,20 @@ def matrix_markdown(cells: dict[tuple, dict], ratios: list[dict], targets: list[
             f"| {fmt(r.get('eorouter_over_baseline_cpu_best-effort'), '.1f')}×"
             f"{star(r, 'eorouter_over_baseline_low_res_best-effort')} "
             f"| {fmt(r.get('eo_us_per_extra_copy'), '.1f')} |"
-            if r["target"] == "eorouter" else
-            f"| {r['target']} | {'C' if r['clients'] == 'c' else 'Python'} | {r['k']} "
+            if r["target"] == "eorouter"
+            else f"| {r['target']} | {'C' if r['clients'] == 'c' else 'Python'} | {r['k']} "
             f"| {fmt(r.get('eo_over_be_cpu'), '.2f')}×{star(r, 'eo_over_be_low_res')} "
-            f"| {pairs_text(r.get('eo_over_be_pairs'))} | | | |")
-    lines += ["", "\\* from a cell measured with fewer than 20 CPU clock ticks (±5 % or worse, see its notes): indicative only.",
-              "", "Targets:", "", "| target | measured | result |", "|---|---|---|"]
+            f"| {pairs_text(r.get('eo_over_be_pairs'))} | | | |"
+        )
+    lines += [
+        "",
+        "\\* from a cell measured with fewer than 20 CPU clock ticks (±5 % or worse, see its notes): indicative only.",
+        "",
+        "Targets:",
+        "",
+        "| target | measured | result |",
+        "|---|---|---|",
+    ]
     for t in targets:
         lines.append(f"| {t['target']} | {t['value']} | **{passfail(t['pass'])}** |")
     return "\n".join(lines)
@@ -943,18 +1139,22 @@ def memory_markdown(m: dict) -> str:
 
 
 def print_matrix(cells, ratios, targets) -> None:
-    hdr = (f"{'server':9} {'cl':2} {'mode':12} {'K':>2} {'msgs/s':>9} {'deliv/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-           f"{'CPU µs/msg':>10} {'µs/deliv':>8} {'RSS MiB':>13} {'ok':>4}  notes")
+    hdr = (
+        f"{'server':9} {'cl':2} {'mode':12} {'K':>2} {'msgs/s':>9} {'deliv/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'CPU µs/msg':>10} {'µs/deliv':>8} {'RSS MiB':>13} {'ok':>4}  notes"
+    )
     print(hdr)
     print("-" * len(hdr))
     order = {"eorouter": 0, "baseline": 1}
     for key in sorted(cells, key=lambda x: (x[1] != "c", order.get(x[0], 9), x[3] != "exactly-once", x[2])):
         c = cells[key]
         rss = f"{fmt_mib(c['rss_before_kib'])}→{fmt_mib(c['rss_after_kib'])}"
-        print(f"{c['target']:9} {'C' if c['clients'] == 'c' else 'Py':2} {c['mode']:12} {c['k']:>2} "
-              f"{fmt(c['msgs_per_s'], ',.0f'):>9} {fmt(c['deliveries_per_s'], ',.0f'):>9} {fmt_ms(c['p50_us']):>8} "
-              f"{fmt_ms(c['p99_us']):>8} {fmt(c['cpu_us_per_msg']):>10} {fmt(c['cpu_us_per_delivery']):>8} "
-              f"{rss:>13} {c['ok_runs']}/{c['runs']}  {'; '.join(c['problems'] + c['warnings'])[:120]}")
+        print(
+            f"{c['target']:9} {'C' if c['clients'] == 'c' else 'Py':2} {c['mode']:12} {c['k']:>2} "
+            f"{fmt(c['msgs_per_s'], ',.0f'):>9} {fmt(c['deliveries_per_s'], ',.0f'):>9} {fmt_ms(c['p50_us']):>8} "
+            f"{fmt_ms(c['p99_us']):>8} {fmt(c['cpu_us_per_msg']):>10} {fmt(c['cpu_us_per_delivery']):>8} "
+            f"{rss:>13} {c['ok_runs']}/{c['runs']}  {'; '.join(c['problems'] + c['warnings'])[:120]}"
+        )
     print()
     for r in sorted(ratios, key=lambda x: (x["clients"] != "c", order.get(x["target"], 9), x["k"])):
         parts = [f"eo/be {fmt(r.get('eo_over_be_cpu'), '.2f')}x"]
@@ -975,14 +1175,23 @@ def replace_block(text: str, name: str, body: str) -> str:
     begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
     block = f"{begin}\n{body}\n{end}"
     if begin in text and end in text:
-        pre = text[:text.index(begin)]
-        post = text[text.index(end) + len(end):]
+        pre = text[: text.index(begin)]
+        post = text[text.index(end) + len(end) :]
         return pre + block + post
     return text.rstrip("\n") + "\n\n" + block + "\n"
 
 
-MACHINE_KEYS = ("nproc", "Model name", "Architecture", "Hypervisor vendor", "Thread(s) per core", "L2 cache",
-                "L3 cache", "MemTotal", "kernel")
+MACHINE_KEYS = (
+    "nproc",
+    "Model name",
+    "Architecture",
+    "Hypervisor vendor",
+    "Thread(s) per core",
+    "L2 cache",
+    "L3 cache",
+    "MemTotal",
+    "kernel",
+)
 
 
 def run_header(doc: dict) -> str:
@@ -991,27 +1200,35 @@ def run_header(doc: dict) -> str:
     facts = doc["machine"]
     machine = ", ".join(f"{k}: {facts[k]}" for k in MACHINE_KEYS if k in facts)
     software = ", ".join(f"{k}: {v}" for k, v in facts.items() if k not in MACHINE_KEYS and k != "CPU(s)")
-    return (f"Command: `{doc['command']}` — {when}.\n\nMachine (`nproc`, `lscpu`, /proc/meminfo): {machine}.\n\n"
-            f"Software: {software}.\n")
+    return (
+        f"Command: `{doc['command']}` — {when}.\n\nMachine (`nproc`, `lscpu`, /proc/meminfo): {machine}.\n\n"
+        f"Software: {software}.\n"
+    )
 
 
 def settings_text(st: dict) -> str:
-    return (f"Settings: {st['messages_c']:,} messages per run with C clients, {st['messages_python']:,} with Python "
-            f"clients, body {st['size']} bytes, client window {st['window']}, router "
-            f"publisher_credit_window {st['credit_window']}, max_in_flight_per_topic {st['max_in_flight']}, "
-            f"event log fsync {'on' if st['fsync'] else 'off'}; medians of {st['repeat']} interleaved "
-            f"run(s) per cell; baseline broker with {st['broker_threads']} thread(s), relaying "
-            f"{st['baseline_factor']}× the messages with C clients (its CPU per message is too small to "
-            f"measure in clock ticks otherwise).\n")
+    return (
+        f"Settings: {st['messages_c']:,} messages per run with C clients, {st['messages_python']:,} with Python "
+        f"clients, body {st['size']} bytes, client window {st['window']}, router "
+        f"publisher_credit_window {st['credit_window']}, max_in_flight_per_topic {st['max_in_flight']}, "
+        f"event log fsync {'on' if st['fsync'] else 'off'}; medians of {st['repeat']} interleaved "
+        f"run(s) per cell; baseline broker with {st['broker_threads']} thread(s), relaying "
+        f"{st['baseline_factor']}× the messages with C clients (its CPU per message is too small to "
+        f"measure in clock ticks otherwise).\n"
+    )
 
 
 def report_matrix(doc: dict, write: bool) -> None:
     cells = {(c["target"], c["clients"], c["k"], c["mode"]): c for c in doc["cells"]}
     for key, c in cells.items():  # a result file written before cells kept their repeats
         if "cpu_by_repeat" not in c:
-            c["cpu_by_repeat"] = {r["repeat"]: r["cpu_us_per_msg"] for r in doc.get("runs", [])
-                                  if (r["target"], r["clients"], r["k"], r["mode"]) == key
-                                  and r.get("cpu_us_per_msg") and r.get("repeat") is not None}
+            c["cpu_by_repeat"] = {
+                r["repeat"]: r["cpu_us_per_msg"]
+                for r in doc.get("runs", [])
+                if (r["target"], r["clients"], r["k"], r["mode"]) == key
+                and r.get("cpu_us_per_msg")
+                and r.get("repeat") is not None
+            }
     ratios = compute_ratios(cells)
     targets = evaluate_targets(cells, None)
     network = doc.get("network_cells") or []
@@ -1023,19 +1240,23 @@ def report_matrix(doc: dict, write: bool) -> None:
         print_network(network)
     if write:
         if cells:
-            write_docs("matrix", run_header(doc) + "\n" + settings_text(doc["settings"]) + "\n"
-                       + matrix_markdown(cells, ratios, targets))
+            write_docs(
+                "matrix", run_header(doc) + "\n" + settings_text(doc["settings"]) + "\n" + matrix_markdown(cells, ratios, targets)
+            )
         if network:
-            write_docs("network", run_header(doc) + "\n" + network_settings_text(doc["settings"]) + "\n"
-                       + network_markdown(network))
+            write_docs(
+                "network", run_header(doc) + "\n" + network_settings_text(doc["settings"]) + "\n" + network_markdown(network)
+            )
 
 
 def network_settings_text(st: dict) -> str:
-    return (f"Settings: {st.get('messages_network', st['messages_c']):,} messages per run, body {st['size']} bytes, "
-            f"client window {st['window']}, exactly-once, K=1, C clients; every router: "
-            f"publisher_credit_window {st['credit_window']}, max_in_flight_per_topic {st['max_in_flight']}, "
-            f"event log fsync {'on' if st['fsync'] else 'off'}, otherwise eorouter_tools.launcher's defaults; medians of "
-            f"{st['repeat']} run(s) per path (interleaved with the matrix's runs when both ran).\n")
+    return (
+        f"Settings: {st.get('messages_network', st['messages_c']):,} messages per run, body {st['size']} bytes, "
+        f"client window {st['window']}, exactly-once, K=1, C clients; every router: "
+        f"publisher_credit_window {st['credit_window']}, max_in_flight_per_topic {st['max_in_flight']}, "
+        f"event log fsync {'on' if st['fsync'] else 'off'}, otherwise eorouter_tools.launcher's defaults; medians of "
+        f"{st['repeat']} run(s) per path (interleaved with the matrix's runs when both ran).\n"
+    )
 
 
 def report_memory(doc: dict, write: bool) -> None:
@@ -1081,28 +1302,45 @@ Generated blocks below are rewritten by `scripts/bench --write-docs` (matrix) an
 
 # ---------------------------------------------------------------------------------------------- main
 
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="scripts/bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--messages", type=int, default=None, help="messages per run with C clients (default 50000)")
-    p.add_argument("--py-messages", type=int, default=None,
-                   help="messages per run with Python clients (default: --messages, at most 20000)")
+    p.add_argument(
+        "--py-messages", type=int, default=None, help="messages per run with Python clients (default: --messages, at most 20000)"
+    )
     p.add_argument("--quick", action="store_true", help="5000 C / 2000 Python messages, one repeat")
-    p.add_argument("--baseline-factor", type=int, default=10,
-                   help="the baseline relays this many times --messages with C clients (default 10): it costs so "
-                        "little CPU that 50k messages is only a few clock ticks")
+    p.add_argument(
+        "--baseline-factor",
+        type=int,
+        default=10,
+        help="the baseline relays this many times --messages with C clients (default 10): it costs so "
+        "little CPU that 50k messages is only a few clock ticks",
+    )
     p.add_argument("--repeat", type=int, default=None, help="interleaved repeats per cell; medians (default 3)")
     p.add_argument("--subscribers", default="1,4,16", help="comma-separated K values (default 1,4,16)")
     p.add_argument("--modes", default="exactly-once,best-effort")
     p.add_argument("--clients", default="c,python", help="c, python or both (default c,python)")
     p.add_argument("--targets", default="eorouter,baseline", help="eorouter, baseline or both")
-    p.add_argument("--hops", default="0,1,2",
-                   help="network paths to measure: a line of hops+1 routers, publisher on the first, K=1 "
-                        "subscriber on the last, exactly-once, C clients (default 0,1,2; '' for none)")
+    p.add_argument(
+        "--hops",
+        default="0,1,2",
+        help="network paths to measure: a line of hops+1 routers, publisher on the first, K=1 "
+        "subscriber on the last, exactly-once, C clients (default 0,1,2; '' for none)",
+    )
     p.add_argument("--network-only", action="store_true", help="only the network paths (no matrix)")
-    p.add_argument("--memory-run", type=int, default=None, metavar="N",
-                   help="only the memory run: N messages, K=1 exactly-once, RSS sampled every second")
+    p.add_argument(
+        "--memory-run",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only the memory run: N messages, K=1 exactly-once, RSS sampled every second",
+    )
     p.add_argument("--memory-target", default="eorouter", choices=["eorouter", "baseline"])
     p.add_argument("--write-docs", action="store_true", help="regenerate the tables in docs/benchmarks.md")
     p.add_argument("--window", type=int, default=1000, help="client credit / unsettled window (default 1000)")
@@ -1112,19 +1350,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=100, help="message body bytes (default 100)")
     p.add_argument("--broker-threads", type=int, default=1, help="baseline broker threads (default 1)")
     p.add_argument("--client-timeout", type=int, default=20, help="a client gives up after this many idle s")
-    p.add_argument("--be-idle", type=int, default=3,
-                   help="best-effort runs: a subscriber stops after this many idle s (it may never get all)")
+    p.add_argument(
+        "--be-idle",
+        type=int,
+        default=3,
+        help="best-effort runs: a subscriber stops after this many idle s (it may never get all)",
+    )
     p.add_argument("--run-timeout", type=float, default=600, help="one run's wall-clock limit, s")
     p.add_argument("--memory-timeout", type=float, default=3600, help="the memory run's wall-clock limit, s")
     p.add_argument("--server-timeout", type=float, default=30, help="seconds to wait for ready lines")
     p.add_argument("--stop-grace", type=float, default=15, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--out", type=Path, default=OUT_DIR, help="JSON results directory (default bench-out/)")
     p.add_argument("--keep", action="store_true", help="keep each run's temporary directory (logs, data)")
-    p.add_argument("--from-json", type=Path, default=None, metavar="PATH",
-                   help="run nothing: print (and with --write-docs, write) the tables of a saved result file")
-    p.add_argument("--no-snapshot", action="store_true",
-                   help="run the live router/ code (default: a copy taken at start, so edits during a long "
-                        "run do not mix versions)")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="run nothing: print (and with --write-docs, write) the tables of a saved result file",
+    )
+    p.add_argument(
+        "--no-snapshot",
+        action="store_true",
+        help="run the live router/ code (default: a copy taken at start, so edits during a long run do not mix versions)",
+    )
     a = p.parse_args(argv)
     a.argv = argv
     a.broken_targets = {}
@@ -1187,8 +1436,13 @@ def _main(args: argparse.Namespace, argv: list[str], bins: dict[str, Path]) -> i
 
     if args.memory_run:
         m = memory_run(args.memory_run, args, bins)
-        doc = {"kind": "memory", "command": "scripts/bench " + shlex.join(argv), "date": now.isoformat(),
-               "machine": facts, "result": m}
+        doc = {
+            "kind": "memory",
+            "command": "scripts/bench " + shlex.join(argv),
+            "date": now.isoformat(),
+            "machine": facts,
+            "result": m,
+        }
         path = args.out / f"memory-{stamp}.json"
         path.write_text(json.dumps(doc, indent=1))
         report_memory(doc, args.write_docs)
@@ -1215,20 +1469,29 @@ def _main(args: argparse.Namespace, argv: list[str], bins: dict[str, Path]) -> i
         for target, clients, k, mode, n, *hops in plan:
             i += 1
             if target == "network":
-                print(f"[{i}/{total}] network {hops[0]} hop(s), {hops[0] + 1} router(s), K=1 {mode} {n} msgs ... ",
-                      end="", file=sys.stderr, flush=True)
+                print(
+                    f"[{i}/{total}] network {hops[0]} hop(s), {hops[0] + 1} router(s), K=1 {mode} {n} msgs ... ",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 r = run_network(hops[0], n, args, bins)
                 network_runs.append(r)
                 per = ", ".join(f"{rid} {v:.1f}" for rid, v in (r.get("router_cpu_us_per_msg") or {}).items())
-                print(f"{fmt(r.get('msgs_per_s'), ',.0f')} msgs/s, {fmt(r.get('cpu_us_per_msg'))} µs/msg ({per})"
-                      + ("" if r["ok"] else "  PROBLEM: " + "; ".join(r["problems"])), file=sys.stderr)
+                print(
+                    f"{fmt(r.get('msgs_per_s'), ',.0f')} msgs/s, {fmt(r.get('cpu_us_per_msg'))} µs/msg ({per})"
+                    + ("" if r["ok"] else "  PROBLEM: " + "; ".join(r["problems"])),
+                    file=sys.stderr,
+                )
             else:
-                print(f"[{i}/{total}] {target} {clients} K={k} {mode} {n} msgs ... ", end="", file=sys.stderr,
-                      flush=True)
+                print(f"[{i}/{total}] {target} {clients} K={k} {mode} {n} msgs ... ", end="", file=sys.stderr, flush=True)
                 r = run_one(target, clients, k, mode, n, args, bins)
                 runs.append(r)
-                print(f"{fmt(r.get('msgs_per_s'), ',.0f')} msgs/s, {fmt(r.get('cpu_us_per_msg'))} µs/msg"
-                      + ("" if r["ok"] else "  PROBLEM: " + "; ".join(r["problems"])), file=sys.stderr)
+                print(
+                    f"{fmt(r.get('msgs_per_s'), ',.0f')} msgs/s, {fmt(r.get('cpu_us_per_msg'))} µs/msg"
+                    + ("" if r["ok"] else "  PROBLEM: " + "; ".join(r["problems"])),
+                    file=sys.stderr,
+                )
             r["repeat"] = rep
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
@@ -1238,16 +1501,33 @@ def _main(args: argparse.Namespace, argv: list[str], bins: dict[str, Path]) -> i
     for r in network_runs:
         network_groups.setdefault(r["hops"], []).append(r)
     network_cells = [median_network_cell(rs) for _, rs in sorted(network_groups.items())]
-    doc = {"kind": "matrix", "command": "scripts/bench " + shlex.join(argv), "date": now.isoformat(),
-           "duration_s": round(time.monotonic() - t_start, 1), "machine": facts,
-           "settings": {"messages_c": args.messages, "messages_python": args.py_messages, "repeat": args.repeat,
-                        "window": args.window, "credit_window": args.credit_window,
-                        "max_in_flight": args.max_in_flight, "size": args.size, "fsync": args.fsync,
-                        "broker_threads": args.broker_threads, "baseline_factor": args.baseline_factor,
-                        "messages_network": args.messages, "hops": args.hop_list},
-           "cells": list(cells.values()), "ratios": compute_ratios(cells),
-           "targets": evaluate_targets(cells, None), "runs": runs,
-           "network_cells": network_cells, "network_runs": network_runs}
+    doc = {
+        "kind": "matrix",
+        "command": "scripts/bench " + shlex.join(argv),
+        "date": now.isoformat(),
+        "duration_s": round(time.monotonic() - t_start, 1),
+        "machine": facts,
+        "settings": {
+            "messages_c": args.messages,
+            "messages_python": args.py_messages,
+            "repeat": args.repeat,
+            "window": args.window,
+            "credit_window": args.credit_window,
+            "max_in_flight": args.max_in_flight,
+            "size": args.size,
+            "fsync": args.fsync,
+            "broker_threads": args.broker_threads,
+            "baseline_factor": args.baseline_factor,
+            "messages_network": args.messages,
+            "hops": args.hop_list,
+        },
+        "cells": list(cells.values()),
+        "ratios": compute_ratios(cells),
+        "targets": evaluate_targets(cells, None),
+        "runs": runs,
+        "network_cells": network_cells,
+        "network_runs": network_runs,
+    }
     path = args.out / f"bench-{stamp}.json"
     path.write_text(json.dumps(doc, indent=1))
     report_matrix(doc, args.write_docs)

@@ -42,13 +42,14 @@ def _core() -> tuple[RouterCore, float]:
     core = RouterCore(CoreSettings(router_id="A"), boot_id="b00t", epoch=1)
     now = 1000.0
     core.handle(LinkAttached(SUB, SUB, "sub", "s", SUBSCRIBER, "t", rcv_settle_mode=RCV_FIRST), now)
-    core.handle(CreditChanged(SUB, 10 ** 9, False), now)
+    core.handle(CreditChanged(SUB, 10**9, False), now)
     return core, now
 
 
 def _stream(core: RouterCore, now: float, link: int, messages: int, payload: bytes, delivery: int) -> int:
-    core.handle(LinkAttached(link, link, "pub", f"p{link}", PUBLISHER, "t", snd_settle_mode=SND_MIXED,
-                             rcv_settle_mode=RCV_FIRST), now)
+    core.handle(
+        LinkAttached(link, link, "pub", f"p{link}", PUBLISHER, "t", snd_settle_mode=SND_MIXED, rcv_settle_mode=RCV_FIRST), now
+    )
     for n in range(messages):
         delivery += 1
         for c in core.handle(MessageReceived(link, delivery, str(n).encode(), payload, False), now):
@@ -107,8 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     gone = measure_forgotten(n)
     print(f"per stream, {n} streams, 1 settled delivery each: {one:.0f} B ({one * n / 2**20:.1f} MiB for all)")
     print(f"per stream, {n} streams, 10 settled deliveries each: {ten:.0f} B ({ten * n / 2**20:.1f} MiB for all)")
-    print(f"one stream that settled 20,000 deliveries: {busy / 1024:.0f} KiB ({tags} settled tags kept; "
-          f"max_in_flight_per_topic {CoreSettings().max_in_flight_per_topic})")
+    print(
+        f"one stream that settled 20,000 deliveries: {busy / 1024:.0f} KiB ({tags} settled tags kept; "
+        f"max_in_flight_per_topic {CoreSettings().max_in_flight_per_topic})"
+    )
     print(f"a stream forgotten after the resume horizon: {gone:+.0f} B each (its id kept, its tags freed)")
 
 

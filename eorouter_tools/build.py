@@ -44,21 +44,23 @@ class BuildError(RuntimeError):
 
 def _pkg_config() -> tuple[list[str], list[str]]:
     if shutil.which("pkg-config") is None:
-        raise BuildError("pkg-config not found: run `sudo scripts/setup-root` (installs pkg-config, gcc, "
-                         "libqpid-proton11-dev)")
+        raise BuildError("pkg-config not found: run `sudo scripts/setup-root` (installs pkg-config, gcc, libqpid-proton11-dev)")
     try:
-        cflags = subprocess.run(["pkg-config", "--cflags", "libqpid-proton"], check=True,
-                                capture_output=True, text=True).stdout.split()
-        libs = subprocess.run(["pkg-config", "--libs", "libqpid-proton"], check=True,
-                              capture_output=True, text=True).stdout.split()
+        cflags = subprocess.run(
+            ["pkg-config", "--cflags", "libqpid-proton"], check=True, capture_output=True, text=True
+        ).stdout.split()
+        libs = subprocess.run(
+            ["pkg-config", "--libs", "libqpid-proton"], check=True, capture_output=True, text=True
+        ).stdout.split()
     except subprocess.CalledProcessError as e:
-        raise BuildError("pkg-config does not know libqpid-proton: run `sudo scripts/setup-root` "
-                         f"(installs libqpid-proton11-dev): {e.stderr.strip()}") from None
+        raise BuildError(
+            "pkg-config does not know libqpid-proton: run `sudo scripts/setup-root` "
+            f"(installs libqpid-proton11-dev): {e.stderr.strip()}"
+        ) from None
     return cflags, libs
 
 
-def _command(name: str, out: Path, cflags: list[str], libs: list[str], programs=CLIENTS,
-             src_dir: Path = SRC_DIR) -> list[str]:
+def _command(name: str, out: Path, cflags: list[str], libs: list[str], programs=CLIENTS, src_dir: Path = SRC_DIR) -> list[str]:
     main, _extra, ldflags = programs[name]
     return ["gcc", *CFLAGS, "-I", str(C_INCLUDE), "-o", str(out), str(src_dir / main), *cflags, *libs, *ldflags]
 
@@ -76,12 +78,19 @@ def _fingerprint(name: str, cmd: list[str], programs=CLIENTS, src_dir: Path = SR
 
 def build_c_clients(build_dir: Path | None = None, *, force: bool = False, verbose: bool = False) -> dict[str, Path]:
     """Build (when missing or stale) and return {"send", "receive", "broker"} -> executable path."""
-    return build_c_programs(CLIENTS, SRC_DIR, Path(build_dir) if build_dir is not None else BUILD_DIR,
-                            force=force, verbose=verbose)
+    return build_c_programs(
+        CLIENTS, SRC_DIR, Path(build_dir) if build_dir is not None else BUILD_DIR, force=force, verbose=verbose
+    )
 
 
-def build_c_programs(programs: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]], src_dir: Path,
-                     build_dir: Path, *, force: bool = False, verbose: bool = False) -> dict[str, Path]:
+def build_c_programs(
+    programs: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]],
+    src_dir: Path,
+    build_dir: Path,
+    *,
+    force: bool = False,
+    verbose: bool = False,
+) -> dict[str, Path]:
     """Build other Proton C programs the same way (the interop peers use it): ``programs`` maps
     name -> (main source, #included sources, extra link flags), sources in ``src_dir``."""
     bdir = Path(build_dir)

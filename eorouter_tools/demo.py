@@ -190,25 +190,36 @@ def run(messages: int = 10, hold: float = 0.05, workdir: str | None = None, topo
     print("what each subscriber received:")
     for name in ("alice", "bob", "carol"):
         bodies = demo.received[name]
-        note = {"alice": "accepts at once", "bob": f"holds each delivery {hold * 1000:.0f} ms, then accepts",
-                "carol": f"durable; rejects {POISON!r}"}[name]
+        note = {
+            "alice": "accepts at once",
+            "bob": f"holds each delivery {hold * 1000:.0f} ms, then accepts",
+            "carol": f"durable; rejects {POISON!r}",
+        }[name]
         print(f"  {name:6} on {placement[name]}: {len(bodies):3} messages ({note})")
     print("\nwhat each publisher was told:")
     for name in ("sensor-1", "sensor-2"):
         counts = ", ".join(f"{k} {v}" for k, v in sorted(demo.outcomes[name].items()))
         rejected = f"  (rejected: {', '.join(map(repr, demo.rejected[name]))})" if demo.rejected[name] else ""
         print(f"  {name} on {placement[name]}: {counts}{rejected}")
-    print(f"  fastest outcome came {min(demo.waited) * 1000:.0f} ms after its send: bob holds each "
-          f"delivery {hold * 1000:.0f} ms, and no publisher heard anything before all three answered")
+    print(
+        f"  fastest outcome came {min(demo.waited) * 1000:.0f} ms after its send: bob holds each "
+        f"delivery {hold * 1000:.0f} ms, and no publisher heard anything before all three answered"
+    )
     summary = _summarise_logs([router.data_dir for router in network.routers.values()])
-    print(f"\nevent logs: {summary['deliveries']} deliveries, records left on all routers at the end: "
-          f"{summary['left']}")
+    print(f"\nevent logs: {summary['deliveries']} deliveries, records left on all routers at the end: {summary['left']}")
     print("  " + ", ".join(f"{k} {v}" for k, v in sorted(summary["kinds"].items())))
-    ok = (all(len(demo.received[n]) == 2 * messages for n in ("alice", "bob", "carol"))
-          and demo.outcomes["sensor-2"]["rejected"] == 1 and summary["left"] == 0
-          and min(demo.waited) >= hold)
-    print("\nthe delivery rule held across the network: every subscriber got every message once; a "
-          "publisher heard 'accepted' only when all three accepted" if ok else "\nUNEXPECTED RESULT: see above")
+    ok = (
+        all(len(demo.received[n]) == 2 * messages for n in ("alice", "bob", "carol"))
+        and demo.outcomes["sensor-2"]["rejected"] == 1
+        and summary["left"] == 0
+        and min(demo.waited) >= hold
+    )
+    print(
+        "\nthe delivery rule held across the network: every subscriber got every message once; a "
+        "publisher heard 'accepted' only when all three accepted"
+        if ok
+        else "\nUNEXPECTED RESULT: see above"
+    )
     return 0 if ok else 1
 
 

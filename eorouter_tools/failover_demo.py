@@ -31,8 +31,9 @@ def _progress(line: str) -> None:
     sys.stdout.flush()
 
 
-def run(messages: int, rate: float, topology: str | None, victim: str | None, workdir: str | None,
-        restart_after: float, master: str) -> int:
+def run(
+    messages: int, rate: float, topology: str | None, victim: str | None, workdir: str | None, restart_after: float, master: str
+) -> int:
     try:
         layout = load_topology(topology)
     except TopologyError as err:
@@ -47,9 +48,11 @@ def run(messages: int, rate: float, topology: str | None, victim: str | None, wo
     stream(layout, victim, base, messages, rate, restart_after)
     print("\nreconciling every router's event log and every client's ledger with Spark ...\n", flush=True)
     from spark.cli import reconcile_main
+
     # Its last line says where report.html and report.json are.
-    return reconcile_main([str(base / "routers"), "--clients", str(base / "clients"), "--out", str(base / "report"),
-                           "--master", master])
+    return reconcile_main(
+        [str(base / "routers"), "--clients", str(base / "clients"), "--out", str(base / "report"), "--master", master]
+    )
 
 
 def stream(layout, victim: str, base: Path, messages: int, rate: float, restart_after: float) -> dict:
@@ -69,23 +72,38 @@ def stream(layout, victim: str, base: Path, messages: int, rate: float, restart_
 
         def urls(first):
             return [network.routers[first].url] + [network.routers[r].url for r in routers if r != first]
+
         for where in routers:
             name = f"sub-{where}"
             subs[name] = ResumableSubscriber(
-                urls(where), TOPIC, container_id=name, link_name=name, state_path=clients_dir / f"{name}.state",
-                ledger_path=clients_dir / f"{name}.jsonl", on_message=lambda m, n=name: received.update([n]),
-                heartbeat=1.0)
+                urls(where),
+                TOPIC,
+                container_id=name,
+                link_name=name,
+                state_path=clients_dir / f"{name}.state",
+                ledger_path=clients_dir / f"{name}.jsonl",
+                on_message=lambda m, n=name: received.update([n]),
+                heartbeat=1.0,
+            )
             subs[name].start()
             subs[name].wait_attached(20)
         for where in routers[:2]:
             name = f"pub-{where}"
-            pubs[name] = ResumablePublisher(urls(where), TOPIC, container_id=name, link_name=name,
-                                            state_path=clients_dir / f"{name}.state",
-                                            ledger_path=clients_dir / f"{name}.jsonl", heartbeat=1.0)
+            pubs[name] = ResumablePublisher(
+                urls(where),
+                TOPIC,
+                container_id=name,
+                link_name=name,
+                state_path=clients_dir / f"{name}.state",
+                ledger_path=clients_dir / f"{name}.jsonl",
+                heartbeat=1.0,
+            )
             pubs[name].start()
             pubs[name].wait_attached(20)
-        print(f"\npublishers on {', '.join(routers[:2])}; durable subscribers on {', '.join(routers)}; "
-              f"{messages} messages each at ~{rate:.0f}/s; router {victim} will be killed\n")
+        print(
+            f"\npublishers on {', '.join(routers[:2])}; durable subscribers on {', '.join(routers)}; "
+            f"{messages} messages each at ~{rate:.0f}/s; router {victim} will be killed\n"
+        )
         outcomes: dict[str, list] = {}
 
         def publish(name, pub):
@@ -94,6 +112,7 @@ def stream(layout, victim: str, base: Path, messages: int, rate: float, restart_
                 futures.append(pub.send_async(f"{name}:{n + 1}"))
                 time.sleep(1.0 / rate)
             outcomes[name] = [f.result(300) for f in futures]
+
         threads = [threading.Thread(target=publish, args=item, daemon=True) for item in pubs.items()]
         started = time.monotonic()
         for t in threads:
@@ -111,15 +130,18 @@ def stream(layout, victim: str, base: Path, messages: int, rate: float, restart_
             if killed is not None and restarted is None and time.monotonic() - killed >= restart_after:
                 network.restart(victim)
                 restarted = time.monotonic()
-                print(f"\n*** restarted router {victim} at {restarted - started:.1f} s "
-                      f"(epoch {network.routers[victim].epoch}) ***")
+                print(
+                    f"\n*** restarted router {victim} at {restarted - started:.1f} s (epoch {network.routers[victim].epoch}) ***"
+                )
             state = "  ".join(f"{n}:{c}" for n, c in sorted(received.items()))
             _progress(f"{time.monotonic() - started:5.1f} s  delivered to applications  {state}")
             time.sleep(0.2)
         for pub in pubs.values():
             pub.wait_settled(60)
-        _progress(f"{time.monotonic() - started:5.1f} s  all outcomes in: "
-                  + ", ".join(f"{n} {dict(Counter(o.state for o in outs))}" for n, outs in sorted(outcomes.items())))
+        _progress(
+            f"{time.monotonic() - started:5.1f} s  all outcomes in: "
+            + ", ".join(f"{n} {dict(Counter(o.state for o in outs))}" for n, outs in sorted(outcomes.items()))
+        )
         print()
         time.sleep(1.5)  # record_linger: the last settled records are deleted before the routers stop
     finally:
@@ -135,21 +157,24 @@ def stream(layout, victim: str, base: Path, messages: int, rate: float, restart_
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eorouter demo", description=__doc__.splitlines()[0])
     # router/cli.py hands `--rule` to eorouter_tools/demo.py before this parser runs: listed for --help.
-    parser.add_argument("--rule", action="store_true",
-                        help="instead: the delivery rule at work across the network, without a failure "
-                             "(its options: eorouter demo --rule --help)")
+    parser.add_argument(
+        "--rule",
+        action="store_true",
+        help="instead: the delivery rule at work across the network, without a failure "
+        "(its options: eorouter demo --rule --help)",
+    )
     parser.add_argument("--messages", type=int, default=300, help="messages per publisher (default 300)")
     parser.add_argument("--rate", type=float, default=100.0, help="messages per second per publisher (default 100)")
     parser.add_argument("--topology", help="topology TOML file (default: three routers, fully linked)")
     parser.add_argument("--kill", metavar="ROUTER", help="the router to kill (default: the first one)")
-    parser.add_argument("--restart-after", type=float, default=3.0, metavar="SECONDS",
-                        help="seconds between the kill and the restart (default 3)")
+    parser.add_argument(
+        "--restart-after", type=float, default=3.0, metavar="SECONDS", help="seconds between the kill and the restart (default 3)"
+    )
     parser.add_argument("--workdir", help="where routers' and clients' files go (default: a temp dir)")
     parser.add_argument("--master", default="local[2]", help="Spark master for the reconciliation")
     args = parser.parse_args(argv)
     try:
-        return run(args.messages, args.rate, args.topology, args.kill, args.workdir, args.restart_after,
-                   args.master)
+        return run(args.messages, args.rate, args.topology, args.kill, args.workdir, args.restart_after, args.master)
     except LAUNCH_ERRORS as err:
         print(f"eorouter demo: {launch_failure(err)}", file=sys.stderr)
         return 1

@@ -47,6 +47,7 @@ def parse_listeners(text: str) -> list[tuple[str, str, int]]:
         out.append((role, host.strip("[]"), int(port)))
     return out
 
+
 # After a ``prelude``: run the `router` package's __main__ as `python -m router` would.
 _RUN_ROUTER_MAIN = "import runpy\nrunpy.run_module('router', run_name='__main__', alter_sys=True)"
 
@@ -181,8 +182,14 @@ class RouterProcess:
     (``python -c PRELUDE+runpy`` instead of ``python -m router``), on every start: for
     tests that patch the router in its own process (e.g. inject a core failure)."""
 
-    def __init__(self, workdir: Path, router_id: str = "A", overrides: dict | None = None,
-                 ready_timeout: float = 20.0, prelude: str | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        router_id: str = "A",
+        overrides: dict | None = None,
+        ready_timeout: float = 20.0,
+        prelude: str | None = None,
+    ):
         self.id = router_id
         # Absolute: the child runs with cwd=workdir, so a relative config path (or
         # data_dir) would be resolved a second time, inside workdir (issue 14).
@@ -234,7 +241,11 @@ class RouterProcess:
                 command = [sys.executable, "-c", f"{self.prelude}\n{_RUN_ROUTER_MAIN}", *args]
             self.proc = subprocess.Popen(
                 command,
-                cwd=str(self.workdir), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                cwd=str(self.workdir),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
                 start_new_session=True,  # a ^C in the terminal reaches pytest, not the router
             )
         self.expected_exit = None
@@ -273,14 +284,16 @@ class RouterProcess:
                 raise RouterError(
                     f"router {self.id} exited with {self.proc.returncode} before it was ready; stderr:\n{stderr}",
                     brief=f"router {self.id} exited with {self.proc.returncode} before it was ready: "
-                          f"{_last_line(stderr)} (its output: {self.stderr_path})")
+                    f"{_last_line(stderr)} (its output: {self.stderr_path})",
+                )
             if time.monotonic() > deadline:
                 self.kill()
                 stderr = self.stderr_since_start()
                 raise RouterError(
                     f"router {self.id} not ready after {timeout or self.ready_timeout}s; stderr:\n{stderr}",
                     brief=f"router {self.id} not ready after {timeout or self.ready_timeout} s; killed it "
-                          f"(its output: {self.stderr_path})")
+                    f"(its output: {self.stderr_path})",
+                )
             time.sleep(delay)  # polling a file for the ready line, under the deadline above
             delay = min(delay * 2, 0.1)
 
@@ -312,14 +325,14 @@ class RouterProcess:
         if code is None:
             self.kill()
             what = f"router {self.id} did not exit within {timeout}s of {signal.Signals(signum).name}; killed it"
-            raise RouterError(f"{what}. stderr:\n{self.stderr_tail()}",
-                              brief=f"{what} (its output: {self.stderr_path})")
+            raise RouterError(f"{what}. stderr:\n{self.stderr_tail()}", brief=f"{what} (its output: {self.stderr_path})")
         self._reaped()
         if code != expect:
             what = f"router {self.id} exited with {code} after {signal.Signals(signum).name}, expected {expect}"
-            raise RouterError(f"{what}; stderr:\n{self.stderr_tail()}",
-                              brief=f"{what}: {_last_line(self.stderr_since_start())} "
-                                    f"(its output: {self.stderr_path})")
+            raise RouterError(
+                f"{what}; stderr:\n{self.stderr_tail()}",
+                brief=f"{what}: {_last_line(self.stderr_since_start())} (its output: {self.stderr_path})",
+            )
         return code
 
     def kill(self) -> None:
@@ -356,10 +369,10 @@ class RouterProcess:
         if not self.is_running():
             where = f" ({context})" if context else ""
             raise RouterError(
-                f"router {self.id} is not running{where}: exit code {self.returncode}; "
-                f"stderr:\n{self.stderr_tail()}",
+                f"router {self.id} is not running{where}: exit code {self.returncode}; stderr:\n{self.stderr_tail()}",
                 brief=f"router {self.id} is not running{where}: exit code {self.returncode}: "
-                      f"{_last_line(self.stderr_since_start())} (its output: {self.stderr_path})")
+                f"{_last_line(self.stderr_since_start())} (its output: {self.stderr_path})",
+            )
 
     @property
     def ports_by_role(self) -> dict[str, list[int]]:
@@ -422,17 +435,23 @@ class RouterSet:
         self.workdir = Path(workdir)
         self.routers: list[RouterProcess] = []
 
-    def __call__(self, router_id: str | None = None, *, start: bool = True,
-                 ready_timeout: float = 20.0, prelude: str | None = None,
-                 **overrides) -> RouterProcess:
+    def __call__(
+        self,
+        router_id: str | None = None,
+        *,
+        start: bool = True,
+        ready_timeout: float = 20.0,
+        prelude: str | None = None,
+        **overrides,
+    ) -> RouterProcess:
         """``routers("A", delivery={"no_subscribers": "rejected"})`` -> a started router.
         ``prelude``: see ``RouterProcess``."""
         router_id = router_id or "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[len(self.routers) % 26] + (
-            str(len(self.routers) // 26) if len(self.routers) >= 26 else "")
+            str(len(self.routers) // 26) if len(self.routers) >= 26 else ""
+        )
         if any(r.id == router_id for r in self.routers):
             raise ValueError(f"router id {router_id!r} already used in {self.workdir}")
-        router = RouterProcess(self.workdir, router_id, overrides, ready_timeout=ready_timeout,
-                               prelude=prelude)
+        router = RouterProcess(self.workdir, router_id, overrides, ready_timeout=ready_timeout, prelude=prelude)
         self.routers.append(router)
         if start:
             router.start()
@@ -444,8 +463,10 @@ class RouterSet:
             try:
                 if router.died_unexpectedly():
                     expected = "no exit" if router.expected_exit is None else f"exit {router.expected_exit}"
-                    problems.append(f"router {router.id} exited with code {router.returncode} "
-                                    f"({expected} expected); stderr:\n{router.stderr_tail()}")
+                    problems.append(
+                        f"router {router.id} exited with code {router.returncode} "
+                        f"({expected} expected); stderr:\n{router.stderr_tail()}"
+                    )
                     router._reaped()
                 elif router.is_running():
                     router.terminate(timeout=20.0)

@@ -89,8 +89,7 @@ def _suggest(word: str, known) -> str:
 def _array_of_tables(data: dict, name: str, source: str) -> list:
     raw = data.get(name, [])
     if isinstance(raw, dict):
-        raise TopologyError(f"{source}: {name}: expected an array of tables (write [[{name}]], not [{name}]), "
-                            f"found a table")
+        raise TopologyError(f"{source}: {name}: expected an array of tables (write [[{name}]], not [{name}]), found a table")
     if not isinstance(raw, list) or not all(isinstance(entry, dict) for entry in raw):
         raise TopologyError(f"{source}: {name}: expected an array of tables ([[{name}]]), found {_found(raw)}")
     return raw
@@ -100,15 +99,19 @@ def _check_keys(entry: dict, where: str, table: str, source: str) -> None:
     for key in entry:
         if key not in _TABLE_KEYS[table]:
             if key in _TOP_KEYS:  # TOML puts every key after a [[table]] header into that table
-                hint = (f" ('{key}' is a top-level key: put it before the first [[...]] header)" if key == "secret"
-                        else f" ('{key}' is a table of its own: write [[{key}]])")
+                hint = (
+                    f" ('{key}' is a top-level key: put it before the first [[...]] header)"
+                    if key == "secret"
+                    else f" ('{key}' is a table of its own: write [[{key}]])"
+                )
             else:
                 hint = _suggest(key, _TABLE_KEYS[table])
                 elsewhere = [other for other, keys in _TABLE_KEYS.items() if other != table and key in keys]
                 if not hint and elsewhere:  # "id" under [[link]]: a [[router]] header went missing
                     hint = f" ('{key}' belongs in a [[{elsewhere[0]}]] table)"
-            raise TopologyError(f"{source}: {where}.{key}: unknown key{hint}; known keys in [[{table}]]: "
-                                + ", ".join(_TABLE_KEYS[table]))
+            raise TopologyError(
+                f"{source}: {where}.{key}: unknown key{hint}; known keys in [[{table}]]: " + ", ".join(_TABLE_KEYS[table])
+            )
 
 
 def parse_topology(text: str, source: str = "<topology>") -> Topology:
@@ -121,8 +124,7 @@ def parse_topology(text: str, source: str = "<topology>") -> Topology:
         raise TopologyError(str(_syntax_error(err, text, source))) from None
     for key in data:
         if key not in _TOP_KEYS:
-            raise TopologyError(f"{source}: unknown key '{key}'{_suggest(key, _TOP_KEYS)}; known keys: "
-                                + ", ".join(_TOP_KEYS))
+            raise TopologyError(f"{source}: unknown key '{key}'{_suggest(key, _TOP_KEYS)}; known keys: " + ", ".join(_TOP_KEYS))
     routers: list[str] = []
     for index, entry in enumerate(_array_of_tables(data, "router", source)):
         _check_keys(entry, f"router[{index}]", "router", source)
@@ -130,15 +132,15 @@ def parse_topology(text: str, source: str = "<topology>") -> Topology:
             raise TopologyError(f"{source}: router[{index}].id: required key is missing")
         router_id = entry["id"]
         if not isinstance(router_id, str) or not ROUTER_ID_RE.fullmatch(router_id):
-            raise TopologyError(f"{source}: router[{index}].id: expected a router id of 1 to 64 characters from "
-                                f"A-Z a-z 0-9 . _ -, found {_found(router_id)}")
+            raise TopologyError(
+                f"{source}: router[{index}].id: expected a router id of 1 to 64 characters from "
+                f"A-Z a-z 0-9 . _ -, found {_found(router_id)}"
+            )
         if router_id in routers:
-            raise TopologyError(f"{source}: router[{index}].id: {router_id!r} is already "
-                                f"router[{routers.index(router_id)}]'s id")
+            raise TopologyError(f"{source}: router[{index}].id: {router_id!r} is already router[{routers.index(router_id)}]'s id")
         routers.append(router_id)
     if not routers:
-        raise TopologyError(f"{source}: router: required key is missing (add one [[router]] table with "
-                            f"id = \"...\" per router)")
+        raise TopologyError(f'{source}: router: required key is missing (add one [[router]] table with id = "..." per router)')
     links: list[tuple[str, str]] = []
     for index, entry in enumerate(_array_of_tables(data, "link", source)):
         where = f"link[{index}].between"
@@ -146,23 +148,31 @@ def parse_topology(text: str, source: str = "<topology>") -> Topology:
         if "between" not in entry:
             raise TopologyError(f"{source}: {where}: required key is missing")
         between = entry["between"]
-        if (not isinstance(between, list) or len(between) != 2 or not all(isinstance(r, str) for r in between)
-                or between[0] == between[1]):
-            raise TopologyError(f"{source}: {where}: expected two different router ids, as in "
-                                f"[\"A\", \"B\"], found {_found(between)}")
+        if (
+            not isinstance(between, list)
+            or len(between) != 2
+            or not all(isinstance(r, str) for r in between)
+            or between[0] == between[1]
+        ):
+            raise TopologyError(
+                f'{source}: {where}: expected two different router ids, as in ["A", "B"], found {_found(between)}'
+            )
         for router_id in between:
             if router_id not in routers:
-                raise TopologyError(f"{source}: {where}: {router_id!r} is not a router of this file"
-                                    f"{_suggest(router_id, routers)}; routers: {', '.join(routers)}")
+                raise TopologyError(
+                    f"{source}: {where}: {router_id!r} is not a router of this file"
+                    f"{_suggest(router_id, routers)}; routers: {', '.join(routers)}"
+                )
         pair = tuple(sorted(between, key=routers.index))
         if pair in links:
-            raise TopologyError(f"{source}: {where}: the link {pair[0]} - {pair[1]} is already "
-                                f"link[{links.index(pair)}]")
+            raise TopologyError(f"{source}: {where}: the link {pair[0]} - {pair[1]} is already link[{links.index(pair)}]")
         links.append(pair)
     unreachable = _unreachable(routers, links)
     if unreachable:
-        raise TopologyError(f"{source}: link: no path of links from {routers[0]} to {', '.join(unreachable)} "
-                            f"(every router must reach every other one)")
+        raise TopologyError(
+            f"{source}: link: no path of links from {routers[0]} to {', '.join(unreachable)} "
+            f"(every router must reach every other one)"
+        )
     secret = data.get("secret")
     if secret is not None and (not isinstance(secret, str) or not secret.strip()):
         raise TopologyError(f"{source}: secret: expected a non-empty string, found {_found(secret)}")
@@ -176,7 +186,7 @@ def _unreachable(routers: list[str], links: list[tuple[str, str]]) -> list[str]:
     while todo:
         here = todo.pop()
         for a, b in links:
-            for other in ((b,) if a == here else (a,) if b == here else ()):
+            for other in (b,) if a == here else (a,) if b == here else ():
                 if other not in seen:
                     seen.add(other)
                     todo.append(other)
@@ -220,11 +230,14 @@ class RouterNetwork:
             if router_id in (a, b):
                 other = b if a == router_id else a
                 if order.index(other) < order.index(router_id):
-                    connectors.append({"host": "127.0.0.1", "port": self.routers[other].inter_router_port,
-                                       "role": "inter-router"})
+                    connectors.append(
+                        {"host": "127.0.0.1", "port": self.routers[other].inter_router_port, "role": "inter-router"}
+                    )
         config = {
-            "listener": [{"host": "127.0.0.1", "port": 0, "role": "normal", **self.client_listener},
-                         {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
+            "listener": [
+                {"host": "127.0.0.1", "port": 0, "role": "normal", **self.client_listener},
+                {"host": "127.0.0.1", "port": 0, "role": "inter-router"},
+            ],
             "network": {"secret": self.secret},
         }
         if connectors:
@@ -246,9 +259,11 @@ class RouterNetwork:
         so its neighbours' connectors and the clients' failover lists find it."""
         router = self.routers[router_id]
         if router.listeners:
-            router.config["listener"] = [{"host": host, "port": port, "role": role,
-                                          **(self.client_listener if role == "normal" else {})}
-                                         for role, host, port in router.listeners if role != "metrics"]
+            router.config["listener"] = [
+                {"host": host, "port": port, "role": role, **(self.client_listener if role == "normal" else {})}
+                for role, host, port in router.listeners
+                if role != "metrics"
+            ]
         router.start()
         self.wait_converged(timeout)
         return router
@@ -273,8 +288,9 @@ class RouterNetwork:
             for r in live:
                 self.routers[r].check_alive("waiting for routes to converge")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"routes did not converge in {timeout} s; unreachable: "
-                                   f"{ {r: sorted(m) for r, m in missing.items() if m} }")
+                raise TimeoutError(
+                    f"routes did not converge in {timeout} s; unreachable: { {r: sorted(m) for r, m in missing.items() if m} }"
+                )
             time.sleep(0.05)
 
     def stop(self) -> None:
@@ -296,8 +312,10 @@ class RouterNetwork:
     def describe(self) -> str:
         lines = []
         for router_id, router in self.routers.items():
-            lines.append(f"  router {router_id}: clients {router.url}, routers 127.0.0.1:{router.inter_router_port}, "
-                         f"neighbours {', '.join(self.topology.neighbours(router_id)) or '-'}")
+            lines.append(
+                f"  router {router_id}: clients {router.url}, routers 127.0.0.1:{router.inter_router_port}, "
+                f"neighbours {', '.join(self.topology.neighbours(router_id)) or '-'}"
+            )
         return "\n".join(lines)
 
 
@@ -335,16 +353,21 @@ def main(args) -> int:
     failure = None
     try:
         network.start()
-        print(f"eorouter network: {len(topology.routers)} routers converged (data in {workdir})\n"
-              f"{network.describe()}\nCtrl-C stops them all.", flush=True)
+        print(
+            f"eorouter network: {len(topology.routers)} routers converged (data in {workdir})\n"
+            f"{network.describe()}\nCtrl-C stops them all.",
+            flush=True,
+        )
         while not stop:
             time.sleep(0.2)
             for router_id, router in network.routers.items():
                 if router.died_unexpectedly():
-                    failure = RouterError(f"router {router_id} exited with {router.returncode}",
-                                          brief=f"router {router_id} exited with {router.returncode}: "
-                                                f"{router.stderr_tail(1).strip() or '(no output)'} "
-                                                f"(its output: {router.stderr_path})")
+                    failure = RouterError(
+                        f"router {router_id} exited with {router.returncode}",
+                        brief=f"router {router_id} exited with {router.returncode}: "
+                        f"{router.stderr_tail(1).strip() or '(no output)'} "
+                        f"(its output: {router.stderr_path})",
+                    )
                     stop.append(True)
     except KeyboardInterrupt:
         pass

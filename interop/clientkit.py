@@ -84,8 +84,7 @@ def parse(role: str, argv: list[str] | None = None, stack: str = "python", extra
     return a
 
 
-OUTCOME_WORD = {"accept": "accepted", "reject": "rejected", "release": "released", "modify": "modified",
-                "hold": "held"}
+OUTCOME_WORD = {"accept": "accepted", "reject": "rejected", "release": "released", "modify": "modified", "hold": "held"}
 
 
 def body(topic: str, seq: int, size: int) -> str:
@@ -142,16 +141,36 @@ class Ledger:
         self.incarnation: str | None = None
         self.f = open(args.ledger, "a", buffering=1)
 
-    def write(self, event: str, *, seq=None, delivery: bytes | None = None, pub_tag: bytes | None = None,
-              outcome: str | None = None, digest: str | None = None, ts: float | None = None, **extra) -> None:
+    def write(
+        self,
+        event: str,
+        *,
+        seq=None,
+        delivery: bytes | None = None,
+        pub_tag: bytes | None = None,
+        outcome: str | None = None,
+        digest: str | None = None,
+        ts: float | None = None,
+        **extra,
+    ) -> None:
         if pub_tag is None and event == "delivered":
             pub_tag = inline_pub_tag(delivery)
-        line = {"ts": time.time() if ts is None else ts, "client": self.args.container_id, "link": self.args.link,
-                "role": self.args.role, "event": event, "topic": self.args.topic,
-                "delivery": delivery.hex() if delivery is not None else None,
-                "pub_tag": pub_tag.hex() if pub_tag is not None else None, "seq": seq, "outcome": outcome,
-                "router": self.router, "incarnation": self.incarnation if self.args.role == "publisher" else None,
-                "digest": digest, "message_id": None}
+        line = {
+            "ts": time.time() if ts is None else ts,
+            "client": self.args.container_id,
+            "link": self.args.link,
+            "role": self.args.role,
+            "event": event,
+            "topic": self.args.topic,
+            "delivery": delivery.hex() if delivery is not None else None,
+            "pub_tag": pub_tag.hex() if pub_tag is not None else None,
+            "seq": seq,
+            "outcome": outcome,
+            "router": self.router,
+            "incarnation": self.incarnation if self.args.role == "publisher" else None,
+            "digest": digest,
+            "message_id": None,
+        }
         line.update(extra)
         self.f.write(json.dumps(line) + "\n")
         self.f.flush()

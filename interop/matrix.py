@@ -44,16 +44,17 @@ STACKS = peers.STACKS
 REFERENCE = "python"
 IN_FLIGHT_LIMIT = 50
 MAX_MESSAGE_SIZE = 1048576
-ROUTER_OVERRIDES = {"limits": {"max_in_flight_per_topic": IN_FLIGHT_LIMIT, "publisher_credit_window": 25,
-                               "max_message_size": MAX_MESSAGE_SIZE}}
+ROUTER_OVERRIDES = {
+    "limits": {"max_in_flight_per_topic": IN_FLIGHT_LIMIT, "publisher_credit_window": 25, "max_message_size": MAX_MESSAGE_SIZE}
+}
 
-N = 10                # messages per publisher in most scenarios
+N = 10  # messages per publisher in most scenarios
 BYSTANDER_FIRST = 1001  # the bystander publisher's seqs: 1001, 1002, ...
 BYSTANDER_N = 5
-PUB_TIMEOUT = 4.0     # a publisher gives up after this long without progress
+PUB_TIMEOUT = 4.0  # a publisher gives up after this long without progress
 SUB_TIMEOUT = 10.0
 HOLD_LINGER = 1.0
-TS_SLACK = 0.0015     # clock-read slack between processes (node's ledger clock has millisecond resolution)
+TS_SLACK = 0.0015  # clock-read slack between processes (node's ledger clock has millisecond resolution)
 
 # scenario -> one line for the README / the matrix legend
 SCENARIOS: dict[str, str] = {
@@ -64,31 +65,39 @@ SCENARIOS: dict[str, str] = {
     "hold": "S holds every delivery unsettled, then detaches: P hears nothing until then, then accepted",
     "sub-disconnect": "S drops its connection mid-stream: P still gets accepted for all, the bystander all",
     "pub-disconnect": "P drops its connection mid-stream: both subscribers get the same messages, then a "
-                      "bystander publisher loses nothing",
+    "bystander publisher loses nothing",
     "presettled": "P sends pre-settled (snd-settle-mode=settled): both subscribers get every message",
     "at-most-once": "S attaches snd-settle-mode=settled: it gets pre-settled copies; P accepted",
     "large": f"messages just under the {MAX_MESSAGE_SIZE}-byte limit arrive intact",
-    "oversize": "messages over the limit: P gets rejected amqp:link:message-size-exceeded; a bystander "
-                "publisher loses nothing",
+    "oversize": "messages over the limit: P gets rejected amqp:link:message-size-exceeded; a bystander publisher loses nothing",
 }
 # publisher-only scenarios (the subscriber is the reference)
 PUBLISHER_SCENARIOS: dict[str, str] = {
     "default-settlement": f"P settles the way its stack does by default, {IN_FLIGHT_LIMIT + 10} messages on a "
-                          f"topic limited to {IN_FLIGHT_LIMIT} in flight: P gets every outcome",
+    f"topic limited to {IN_FLIGHT_LIMIT} in flight: P gets every outcome",
 }
 FAST_SCENARIOS = ("accept",)
 
 # (stack, role, scenario) -> why it cannot be run (a limitation of the client, not of the router)
 NOT_APPLICABLE = {
-    ("azure", "publisher", "presettled"):
-        "pyamqp cannot publish pre-settled: send_message never returns (PendingDelivery is created settled, "
-        "so its on_send_complete never fires)",
-    ("azure", "publisher", "release"):
-        "pyamqp cannot take a released outcome: its _on_send_complete looks the state up as 'rejected' once it "
-        "is not 'accepted', raises KeyError('rejected') inside the callback, and send_message never returns",
-    ("azure", "publisher", "hold"):
-        "pyamqp's send_message is synchronous (the next message leaves only after the previous one's outcome), "
-        "while this scenario's subscriber answers nothing until it holds every message",
+    (
+        "azure",
+        "publisher",
+        "presettled",
+    ): "pyamqp cannot publish pre-settled: send_message never returns (PendingDelivery is created settled, "
+    "so its on_send_complete never fires)",
+    (
+        "azure",
+        "publisher",
+        "release",
+    ): "pyamqp cannot take a released outcome: its _on_send_complete looks the state up as 'rejected' once it "
+    "is not 'accepted', raises KeyError('rejected') inside the callback, and send_message never returns",
+    (
+        "azure",
+        "publisher",
+        "hold",
+    ): "pyamqp's send_message is synchronous (the next message leaves only after the previous one's outcome), "
+    "while this scenario's subscriber answers nothing until it holds every message",
 }
 # Failures whose cause is known: key -> (cause, a text every such failure's problems contain). A
 # failure matching the text is shown (and xfailed by the tests) with the cause; it stays a failure.
@@ -104,8 +113,8 @@ KNOWN_CAUSES: dict[str, tuple[str, str]] = {
 @dataclass(frozen=True)
 class Topology:
     name: str
-    pub: tuple[str, int]   # where publishers (and the bystander subscriber) attach
-    sub: tuple[str, int]   # where the subscriber under test attaches
+    pub: tuple[str, int]  # where publishers (and the bystander subscriber) attach
+    sub: tuple[str, int]  # where the subscriber under test attaches
 
 
 @dataclass
@@ -114,7 +123,7 @@ class Result:
     topology: str
     pub: str
     sub: str
-    status: str = "pass"   # pass / fail / skip
+    status: str = "pass"  # pass / fail / skip
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
     diagnostics: str = ""  # peers' stderr/stdout tails on failure
@@ -131,22 +140,30 @@ class Result:
 class Peer:
     """One peer program run: its process, ledger, stdout and stderr."""
 
-    def __init__(self, workdir: Path, label: str, stack: str, role: str, where: tuple[str, int], topic: str,
-                 count: int, options: dict):
+    def __init__(
+        self, workdir: Path, label: str, stack: str, role: str, where: tuple[str, int], topic: str, count: int, options: dict
+    ):
         self.label, self.stack, self.role = label, stack, role
         self.ledger = workdir / f"{label}.jsonl"
         self.stdout_path = workdir / f"{label}.stdout"
         self.stderr_path = workdir / f"{label}.stderr"
         self.container_id = f"{label}-{uuid.uuid4().hex[:6]}"
-        argv = peers.command(stack, role) + [where[0], str(where[1]), topic, str(count), "--ledger", str(self.ledger),
-                                             "--container-id", self.container_id]
+        argv = peers.command(stack, role) + [
+            where[0],
+            str(where[1]),
+            topic,
+            str(count),
+            "--ledger",
+            str(self.ledger),
+            "--container-id",
+            self.container_id,
+        ]
         for key, value in options.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
         self.argv = argv
         self.started = time.time()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
         self.ended: float | None = None
         self.killed = False  # by the harness, while still running
 
@@ -245,8 +262,9 @@ class Run:
         while not all(s.is_ready() for s in subs):
             for s in subs:
                 if s.poll() is not None and not s.is_ready():
-                    raise ScenarioError(f"subscriber {s.describe()} exited before its link was attached; "
-                                        f"stderr: {s.stderr_tail(3)}")
+                    raise ScenarioError(
+                        f"subscriber {s.describe()} exited before its link was attached; stderr: {s.stderr_tail(3)}"
+                    )
             if time.monotonic() > deadline:
                 late = [s.label for s in subs if not s.is_ready()]
                 raise ScenarioError(f"subscribers {late} not attached within 20 s")
@@ -291,8 +309,10 @@ class Run:
     def diagnostics(self) -> str:
         parts = []
         for p in self.peers:
-            parts.append(f"--- {p.label} ({p.stack} {p.role}) exit {p.proc.poll()}: {' '.join(p.argv)}\n"
-                         f"stdout: {p.stdout().strip()[-600:]}\nstderr: {p.stderr_tail(6)}")
+            parts.append(
+                f"--- {p.label} ({p.stack} {p.role}) exit {p.proc.poll()}: {' '.join(p.argv)}\n"
+                f"stdout: {p.stdout().strip()[-600:]}\nstderr: {p.stderr_tail(6)}"
+            )
         return "\n".join(parts)
 
 
@@ -319,8 +339,7 @@ def _seq_ranges(seqs) -> str:
 
 
 def delivered(peer: Peer, lo: int = 1, hi: int = 10**9) -> list[dict]:
-    return [e for e in peer.events() if e.get("event") == "delivered" and e.get("seq") is not None
-            and lo <= e["seq"] <= hi]
+    return [e for e in peer.events() if e.get("event") == "delivered" and e.get("seq") is not None and lo <= e["seq"] <= hi]
 
 
 def outcomes(peer: Peer) -> dict[int, list[dict]]:
@@ -369,11 +388,13 @@ def check_outcomes(run: Run, pub: Peer, expected: str, seqs: set[int], condition
     if wrong:
         run.problems.append(f"{what}: expected {expected}, got " + ", ".join(f"{o} x{n}" for o, n in wrong.items()))
     if condition is not None:
-        bad = Counter(evs[0].get("condition") for s, evs in got.items() if s in seqs and evs[0]["outcome"] == expected
-                      and evs[0].get("condition") != condition)
+        bad = Counter(
+            evs[0].get("condition")
+            for s, evs in got.items()
+            if s in seqs and evs[0]["outcome"] == expected and evs[0].get("condition") != condition
+        )
         if bad:
-            run.problems.append(f"{what}: expected condition {condition}, got " +
-                                ", ".join(f"{c} x{n}" for c, n in bad.items()))
+            run.problems.append(f"{what}: expected condition {condition}, got " + ", ".join(f"{c} x{n}" for c, n in bad.items()))
 
 
 def check_no_outcomes(run: Run, pub: Peer) -> None:
@@ -395,21 +416,38 @@ def check_after(run: Run, pub: Peer, subs: list[Peer]) -> None:
                 early.append((e["seq"], sub.label, e["ts"] - out[0]["ts"]))
     if early:
         seq, label, dt = early[0]
-        run.problems.append(f"pub {pub.label}: outcome before every subscriber answered ({len(early)} times; "
-                            f"seq {seq}: {dt * 1000:.1f} ms before {label}'s answer)")
+        run.problems.append(
+            f"pub {pub.label}: outcome before every subscriber answered ({len(early)} times; "
+            f"seq {seq}: {dt * 1000:.1f} ms before {label}'s answer)"
+        )
 
 
-LEDGER_FIELDS = ("ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",
-                 "incarnation", "digest", "message_id")
+LEDGER_FIELDS = (
+    "ts",
+    "client",
+    "link",
+    "role",
+    "event",
+    "topic",
+    "delivery",
+    "pub_tag",
+    "seq",
+    "outcome",
+    "router",
+    "incarnation",
+    "digest",
+    "message_id",
+)
 
 
 def check_format(run: Run) -> None:
     """Every ledger line starts with docs/ledger.md's fields, in order."""
     for peer in run.peers:
         for e in peer.events():
-            if tuple(e)[:len(LEDGER_FIELDS)] != LEDGER_FIELDS:
-                run.problems.append(f"{peer.label} ({peer.stack}): ledger line not in docs/ledger.md's format: "
-                                    f"{list(e)[:len(LEDGER_FIELDS)]}")
+            if tuple(e)[: len(LEDGER_FIELDS)] != LEDGER_FIELDS:
+                run.problems.append(
+                    f"{peer.label} ({peer.stack}): ledger line not in docs/ledger.md's format: {list(e)[: len(LEDGER_FIELDS)]}"
+                )
                 break
 
 
@@ -430,8 +468,9 @@ def check_integrity(run: Run, pub: Peer, subs: list[Peer]) -> None:
             if e.get("size") != s.get("size"):
                 bad_size.append(e["seq"])
         if bad_digest:
-            run.problems.append(f"sub {sub.label} ({sub.stack}): body digest differs from the publisher's for seq "
-                                f"{_seq_ranges(bad_digest)}")
+            run.problems.append(
+                f"sub {sub.label} ({sub.stack}): body digest differs from the publisher's for seq {_seq_ranges(bad_digest)}"
+            )
         if bad_tag:
             run.problems.append(f"sub {sub.label} ({sub.stack}): publisher tag differs for seq {_seq_ranges(bad_tag)}")
         if bad_size:
@@ -449,8 +488,18 @@ def check_exit(run: Run, peer: Peer, codes=(0,)) -> None:
 # --------------------------------------------------------------------------- scenarios
 
 
-def _pair(run: Run, P: str, S: str, *, s_opts: dict | None = None, s_count: int = N, p_opts: dict | None = None,
-          p_count: int = N, ref_count: int = N, subs_exit: bool = True):
+def _pair(
+    run: Run,
+    P: str,
+    S: str,
+    *,
+    s_opts: dict | None = None,
+    s_count: int = N,
+    p_opts: dict | None = None,
+    p_count: int = N,
+    ref_count: int = N,
+    subs_exit: bool = True,
+):
     subs = run.subscribers(("sub", S, "sub", s_count, s_opts or {}), ("ref", REFERENCE, "pub", ref_count, {}))
     pub = run.start("pub", P, "publisher", "pub", p_count, **(p_opts or {}))
     code = run.finish_publisher(pub)
@@ -515,12 +564,12 @@ def sc_two_step(run, P, S):
     settled = {e["seq"]: e for e in sub.events() if e.get("event") == "settled"}
     missing = seqs - set(settled)
     if missing:
-        run.problems.append(f"sub {sub.label} ({S}): the router's settlement never reached it for seq "
-                            f"{_seq_ranges(missing)}")
+        run.problems.append(f"sub {sub.label} ({S}): the router's settlement never reached it for seq {_seq_ranges(missing)}")
     errors = [e for e in settled.values() if e.get("error")]
     if errors:
-        run.problems.append(f"sub {sub.label} ({S}): settlement not confirmed to the application "
-                            f"({len(errors)}x): {errors[0]['error']}")
+        run.problems.append(
+            f"sub {sub.label} ({S}): settlement not confirmed to the application ({len(errors)}x): {errors[0]['error']}"
+        )
     # The router settles the publisher's delivery with its final outcome, and relays that
     # settlement in the same write: the subscriber's settlement and the publisher's outcome
     # race between processes. What must hold (causally, so without a race): it is never
@@ -532,8 +581,7 @@ def sc_two_step(run, P, S):
                 answered[e["seq"]] = max(answered.get(e["seq"], 0.0), e["ts"])
     early = [s for s, e in settled.items() if s in answered and e["ts"] + TS_SLACK < answered[s]]
     if early:
-        run.problems.append(f"sub {sub.label}: settled before every subscriber had answered "
-                            f"(seq {_seq_ranges(early)})")
+        run.problems.append(f"sub {sub.label}: settled before every subscriber had answered (seq {_seq_ranges(early)})")
     check_integrity(run, pub, [sub, ref])
     for p in (pub, sub, ref):
         check_exit(run, p)
@@ -577,8 +625,10 @@ def sc_pub_disconnect(run, P, S):
     got = outcomes(pub)
     accepted = {s for s, evs in got.items() if evs[0]["outcome"] == "accepted"}
     if len(got) < k or accepted != set(got):
-        run.problems.append(f"pub {pub.label} ({P}): expected {k} accepted outcomes before it dropped, got "
-                            f"{dict(Counter(evs[0]['outcome'] for evs in got.values()))}")
+        run.problems.append(
+            f"pub {pub.label} ({P}): expected {k} accepted outcomes before it dropped, got "
+            f"{dict(Counter(evs[0]['outcome'] for evs in got.values()))}"
+        )
     have = {s.label: {e["seq"] for e in delivered(s, 1, N)} for s in subs}
     for s in subs:
         check_once(run, s, have[s.label], hi=N)  # duplicates only
@@ -587,8 +637,9 @@ def sc_pub_disconnect(run, P, S):
         if not have[s.label] <= sent(pub):
             run.problems.append(f"sub {s.label}: got seq never sent {_seq_ranges(have[s.label] - sent(pub))}")
     if have["sub"] != have["ref"]:
-        run.problems.append(f"subscribers disagree on P's in-flight messages: sub {_seq_ranges(have['sub'])}, "
-                            f"ref {_seq_ranges(have['ref'])}")
+        run.problems.append(
+            f"subscribers disagree on P's in-flight messages: sub {_seq_ranges(have['sub'])}, ref {_seq_ranges(have['ref'])}"
+        )
     check_integrity(run, pub, subs)
     _bystander(run, subs)
 
@@ -615,8 +666,7 @@ def sc_at_most_once(run, P, S):
     check_once(run, ref, seqs)
     not_pre = [e["seq"] for e in delivered(sub) if not e.get("presettled")]
     if not_pre:
-        run.problems.append(f"sub {sub.label} ({S}): seq {_seq_ranges(not_pre)} arrived unsettled on an "
-                            f"at-most-once link")
+        run.problems.append(f"sub {sub.label} ({S}): seq {_seq_ranges(not_pre)} arrived unsettled on an at-most-once link")
     check_after(run, pub, [ref])
     check_integrity(run, pub, [sub, ref])
     for p in (pub, sub, ref):
@@ -664,9 +714,17 @@ def sc_default_settlement(run, P, S):
 
 
 RUNNERS = {
-    "accept": sc_accept, "reject": sc_reject, "release": sc_release, "two-step": sc_two_step, "hold": sc_hold,
-    "sub-disconnect": sc_sub_disconnect, "pub-disconnect": sc_pub_disconnect, "presettled": sc_presettled,
-    "at-most-once": sc_at_most_once, "large": sc_large, "oversize": sc_oversize,
+    "accept": sc_accept,
+    "reject": sc_reject,
+    "release": sc_release,
+    "two-step": sc_two_step,
+    "hold": sc_hold,
+    "sub-disconnect": sc_sub_disconnect,
+    "pub-disconnect": sc_pub_disconnect,
+    "presettled": sc_presettled,
+    "at-most-once": sc_at_most_once,
+    "large": sc_large,
+    "oversize": sc_oversize,
     "default-settlement": sc_default_settlement,
 }
 
@@ -717,25 +775,25 @@ def run_scenario(scenario: str, pub: str, sub: str, topo: Topology, workdir: Pat
 # links on another router when theirs dies (docs/resumption.md, docs/client.md "Other stacks"). They are
 # given only their own router: the others they learn from its failover-server-list. stack -> role -> argv.
 RESUMABLE = {
-    "rhea": {role: ["node", str(peers.INTEROP / "rhea" / f"resumable-{role}.js")]
-             for role in ("publisher", "subscriber")},
+    "rhea": {role: ["node", str(peers.INTEROP / "rhea" / f"resumable-{role}.js")] for role in ("publisher", "subscriber")},
     # the reference: router.client (python -m router.client publish|subscribe; its own command line)
-    "python": {"publisher": [sys.executable, "-m", "router.client", "publish"],
-               "subscriber": [sys.executable, "-m", "router.client", "subscribe"]},
+    "python": {
+        "publisher": [sys.executable, "-m", "router.client", "publish"],
+        "subscriber": [sys.executable, "-m", "router.client", "subscribe"],
+    },
 }
 FAILOVER_SCENARIOS: dict[str, str] = {
     "resume-kill": "P and S on router A of three (A, B, C), a router.client subscriber (the bystander) on C; A is "
-                   "SIGKILLed mid-stream; P and S resume on another router: every message P got accepted is handed "
-                   "to each application exactly once, in P's order, nothing else; no router keeps a record",
+    "SIGKILLed mid-stream; P and S resume on another router: every message P got accepted is handed "
+    "to each application exactly once, in P's order, nothing else; no router keeps a record",
     "resume-kill-sub": "S on A, P on B; A is SIGKILLed mid-stream; S resumes elsewhere; the same verdict",
     "resume-kill-pub": "P on A, S on B; A is SIGKILLed mid-stream; P resumes elsewhere and resends; the same verdict",
 }
 # scenario -> (P's router, S's router, the bystander's router or None); "A" is the one killed
-FAILOVER_PLACEMENT = {"resume-kill": ("A", "A", "C"), "resume-kill-sub": ("B", "A", None),
-                      "resume-kill-pub": ("A", "B", None)}
+FAILOVER_PLACEMENT = {"resume-kill": ("A", "A", "C"), "resume-kill-sub": ("B", "A", None), "resume-kill-pub": ("A", "B", None)}
 FAILOVER_KILLED = "A"
-FAILOVER_N = 600          # messages
-FAILOVER_WINDOW = 40      # P's unanswered messages at most: that many are in flight when A dies
+FAILOVER_N = 600  # messages
+FAILOVER_WINDOW = 40  # P's unanswered messages at most: that many are in flight when A dies
 FAILOVER_SUB_DELAY_MS = 3  # S's application time per message: steady traffic, deliveries in flight at S
 FAILOVER_KILL_AFTER = 100  # A dies once S handed this many messages to its application
 
@@ -746,6 +804,7 @@ class FailoverTopology:
     ``leftovers(dead)`` -> {router: records it still holds} for the live routers (optional);
     ``events(dead)`` -> {router: its event log (docs/event-log.md) as dicts} for the live routers (optional:
     the placeholder events behind a failure are then named in the result)."""
+
     name: str
     routers: dict[str, tuple[str, int]]
     kill: object
@@ -756,8 +815,9 @@ class FailoverTopology:
 class ResumablePeer(Peer):
     """A resumable peer (RESUMABLE): interop/rhea's, or router.client's (stack "python")."""
 
-    def __init__(self, workdir: Path, label: str, stack: str, role: str, urls: list[tuple[str, int]], topic: str,
-                 count: int, options: dict):
+    def __init__(
+        self, workdir: Path, label: str, stack: str, role: str, urls: list[tuple[str, int]], topic: str, count: int, options: dict
+    ):
         self.label, self.stack, self.role = label, stack, role
         self.ledger = workdir / f"{label}.jsonl"
         self.state = workdir / f"{label}.state"
@@ -766,9 +826,19 @@ class ResumablePeer(Peer):
         self.container_id = f"{label}-{uuid.uuid4().hex[:6]}"
         if stack == "python":
             argv = RESUMABLE[stack][role] + [
-                "--topic", topic, "--container-id", self.container_id, "--link", f"{self.container_id}-link",
-                "--state", str(self.state), "--ledger", str(self.ledger),
-                "--count" if role == "publisher" else "--expect", str(count)]
+                "--topic",
+                topic,
+                "--container-id",
+                self.container_id,
+                "--link",
+                f"{self.container_id}-link",
+                "--state",
+                str(self.state),
+                "--ledger",
+                str(self.ledger),
+                "--count" if role == "publisher" else "--expect",
+                str(count),
+            ]
             for host, port in urls:
                 argv += ["--url", f"{host}:{port}"]
             options = dict(options)
@@ -776,8 +846,18 @@ class ResumablePeer(Peer):
                 options["delay"] = options.pop("delay_ms") / 1000.0
         else:
             host, port = urls[0]
-            argv = RESUMABLE[stack][role] + [host, str(port), topic, str(count), "--ledger", str(self.ledger),
-                                             "--state", str(self.state), "--container-id", self.container_id]
+            argv = RESUMABLE[stack][role] + [
+                host,
+                str(port),
+                topic,
+                str(count),
+                "--ledger",
+                str(self.ledger),
+                "--state",
+                str(self.state),
+                "--container-id",
+                self.container_id,
+            ]
             for host, port in urls[1:]:
                 argv += ["--url", f"{host}:{port}"]
         for key, value in options.items():
@@ -785,8 +865,9 @@ class ResumablePeer(Peer):
         self.argv = argv
         self.started = time.time()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=str(peers.ROOT),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=str(peers.ROOT), start_new_session=True
+            )
         self.ended = None
         self.killed = False
 
@@ -852,11 +933,16 @@ def check_resumed_stream(run: Run, pub: Peer, subs: list[Peer], n: int) -> list[
                 parts.append(f"seq P never got accepted {_seq_ranges(s for s in extra if s is not None)}")
             if not parts:
                 first = next(i for i, (a, b) in enumerate(zip(seqs, sorted(seqs))) if a != b)
-                parts.append(f"out of P's order at position {first} (seq {seqs[max(0, first - 2):first + 3]})")
+                parts.append(f"out of P's order at position {first} (seq {seqs[max(0, first - 2) : first + 3]})")
             run.problems.append(f"{swhat}: " + "; ".join(parts))
-        bad = [e.get("seq") for e in evs if e.get("seq") in sent_by_seq and
-               (e.get("digest") != sent_by_seq[e["seq"]].get("digest")
-                or e.get("pub_tag") != sent_by_seq[e["seq"]].get("pub_tag"))]
+        bad = [
+            e.get("seq")
+            for e in evs
+            if e.get("seq") in sent_by_seq
+            and (
+                e.get("digest") != sent_by_seq[e["seq"]].get("digest") or e.get("pub_tag") != sent_by_seq[e["seq"]].get("pub_tag")
+            )
+        ]
         if bad:
             run.problems.append(f"{swhat}: body digest or publisher tag differs from P's for seq {_seq_ranges(bad)}")
     return accepted
@@ -874,8 +960,7 @@ def _pub_tag_text(delivery) -> str:
     return tag.hex()
 
 
-def run_failover_scenario(scenario: str, pub_stack: str, sub_stack: str, topo: FailoverTopology,
-                          workdir: Path) -> Result:
+def run_failover_scenario(scenario: str, pub_stack: str, sub_stack: str, topo: FailoverTopology, workdir: Path) -> Result:
     """Resumable P and S (and, in resume-kill, a router.client bystander subscriber) on the routers
     FAILOVER_PLACEMENT says; router A is killed mid-stream; the ledgers decide (check_resumed_stream), and
     ``topo.leftovers`` must empty. The recovery time (kill -> traffic flowing again) goes into ``notes``."""
@@ -898,30 +983,52 @@ def run_failover_scenario(scenario: str, pub_stack: str, sub_stack: str, topo: F
         common = {"heartbeat": 1, "timeout": 90}
         # Subscribers stay until P is done and their ledgers are quiet (count 0), then are told to go (SIGTERM:
         # detach): like applications that outlive one publisher, they are there when a router owes them a resend.
-        subs = [ResumablePeer(run.dir, "sub", sub_stack, "subscriber", [topo.routers[s_at]], run.topic, 0,
-                              dict(common, delay_ms=FAILOVER_SUB_DELAY_MS))]
+        subs = [
+            ResumablePeer(
+                run.dir,
+                "sub",
+                sub_stack,
+                "subscriber",
+                [topo.routers[s_at]],
+                run.topic,
+                0,
+                dict(common, delay_ms=FAILOVER_SUB_DELAY_MS),
+            )
+        ]
         if b_at is not None:
             order = [b_at] + sorted(r for r in topo.routers if r != b_at)
-            subs.append(ResumablePeer(run.dir, "bystander", REFERENCE, "subscriber",
-                                      [topo.routers[r] for r in order], run.topic, 0, dict(common)))
+            subs.append(
+                ResumablePeer(
+                    run.dir, "bystander", REFERENCE, "subscriber", [topo.routers[r] for r in order], run.topic, 0, dict(common)
+                )
+            )
         run.peers.extend(subs)
         deadline = time.monotonic() + 30
         while not all(s.is_ready() for s in subs):
             for s in subs:
                 if s.poll() is not None and not s.is_ready():
-                    raise ScenarioError(f"subscriber {s.describe()} exited before attaching; "
-                                        f"stderr: {s.stderr_tail(3)}")
+                    raise ScenarioError(f"subscriber {s.describe()} exited before attaching; stderr: {s.stderr_tail(3)}")
             if time.monotonic() > deadline:
                 raise ScenarioError(f"subscribers {[s.label for s in subs if not s.is_ready()]} not attached in 30 s")
             time.sleep(0.02)
-        pub = ResumablePeer(run.dir, "pub", pub_stack, "publisher", [topo.routers[p_at]], run.topic, FAILOVER_N,
-                            dict(common, window=FAILOVER_WINDOW))
+        pub = ResumablePeer(
+            run.dir,
+            "pub",
+            pub_stack,
+            "publisher",
+            [topo.routers[p_at]],
+            run.topic,
+            FAILOVER_N,
+            dict(common, window=FAILOVER_WINDOW),
+        )
         run.peers.append(pub)
         deadline = time.monotonic() + 30
         while len(delivered(subs[0])) < FAILOVER_KILL_AFTER:
             if pub.poll() is not None or subs[0].poll() is not None:
-                raise ScenarioError(f"a peer exited before the kill: {pub.describe()}, {subs[0].describe()}; "
-                                    f"stderr: {pub.stderr_tail(3)} {subs[0].stderr_tail(3)}")
+                raise ScenarioError(
+                    f"a peer exited before the kill: {pub.describe()}, {subs[0].describe()}; "
+                    f"stderr: {pub.stderr_tail(3)} {subs[0].stderr_tail(3)}"
+                )
             if time.monotonic() > deadline:
                 raise ScenarioError(f"traffic did not reach {FAILOVER_KILL_AFTER} messages at S within 30 s")
             time.sleep(0.01)
@@ -947,37 +1054,40 @@ def run_failover_scenario(scenario: str, pub_stack: str, sub_stack: str, topo: F
                 run.problems.append(f"{p.label} ({p.stack}): no resumed line after its router was killed")
             for e in resumed[:1]:
                 keys = ("reported", "known", "resend") if p is pub else ("reported", "known", "settled")
-                result.notes.append(f"{p.label} resumed on {e.get('router')}: " +
-                                    ", ".join(f"{k} {e.get(k)}" for k in keys))
+                result.notes.append(f"{p.label} resumed on {e.get('router')}: " + ", ".join(f"{k} {e.get(k)}" for k in keys))
             if p is pub and home == killed and resumed and not resumed[0].get("reported"):
-                run.problems.append(f"{p.label}: resumed with nothing unsettled: the kill did not catch a delivery "
-                                    f"in flight (the scenario tests less than it should)")
+                run.problems.append(
+                    f"{p.label}: resumed with nothing unsettled: the kill did not catch a delivery "
+                    f"in flight (the scenario tests less than it should)"
+                )
         out_after = [e["ts"] for e in _after(pub.events(), "outcome", killed_at) if e.get("router") != killed_url]
         if out_after:
             result.notes.append(f"P's last outcome {max(out_after) - killed_at:.2f} s after the kill")
         got_after = [e["ts"] for e in _after(subs[0].events(), "delivered", killed_at) if e.get("router") != killed_url]
         if out_after:
-            result.notes.append(f"recovery: P's outcomes flowing again {min(out_after) - killed_at:.2f} s after "
-                                f"the kill")
+            result.notes.append(f"recovery: P's outcomes flowing again {min(out_after) - killed_at:.2f} s after the kill")
         if got_after:
             result.notes.append(f"recovery: S handed messages again {min(got_after) - killed_at:.2f} s after the kill")
         summary = subs[0].summary()
         if summary.get("duplicates_suppressed"):
-            result.notes.append(f"S recognised {summary['duplicates_suppressed']} redelivered tags (not handed "
-                                f"over again)")
+            result.notes.append(f"S recognised {summary['duplicates_suppressed']} redelivered tags (not handed over again)")
         if summary.get("unsettled"):
-            result.notes.append(f"S ended with {summary['unsettled']} deliveries the router never settled on its "
-                                f"resumed link")
+            result.notes.append(f"S ended with {summary['unsettled']} deliveries the router never settled on its resumed link")
         if topo.events is not None:
             for rid, events in topo.events({killed}).items():
-                expired = [e for e in events if e.get("event") == "placeholder-expired"
-                           and str(e.get("subscriber", "")).startswith(subs[0].container_id + "/")]
+                expired = [
+                    e
+                    for e in events
+                    if e.get("event") == "placeholder-expired"
+                    and str(e.get("subscriber", "")).startswith(subs[0].container_id + "/")
+                ]
                 if expired:
                     result.notes.append(
                         f"router {rid}: {len(expired)} placeholder-expired for S (publisher tags "
                         f"{', '.join(_pub_tag_text(e.get('delivery')) for e in expired[:8])}"
                         f"{', ...' if len(expired) > 8 else ''}): S reported them unsettled on resuming, the router "
-                        f"did not know them and held S's stream for them")
+                        f"did not know them and held S's stream for them"
+                    )
         if topo.leftovers is not None and not run.problems:
             deadline = time.monotonic() + 20
             while True:
@@ -1053,21 +1163,27 @@ def render(results: list[Result], header: str = "") -> str:
                     cells.append(f"{p} {text}" + (f" [{note(r)}]" if r.status != "pass" else ""))
             if cells:
                 lines.append(f"  {sc} (publisher only): " + ", ".join(cells))
-        for i, sc in enumerate([s for s in FAILOVER_SCENARIOS
-                                if any(r.scenario == s and r.topology == topo for r in results)]):
+        for i, sc in enumerate([s for s in FAILOVER_SCENARIOS if any(r.scenario == s and r.topology == topo for r in results)]):
             if i == 0 and not rs and not ps:
                 lines.append(f"{topo}:")
             cells = []
             for r in [r for r in results if r.topology == topo and r.scenario == sc]:
                 text = {"pass": "pass", "fail": "FAIL", "skip": "skip"}[r.status]
-                cells.append(f"{r.pub}->{r.sub} {text}" + (f" [{note(r)}]" if r.status != "pass" else "")
-                             + (f" ({'; '.join(n for n in r.notes if n.startswith('recovery'))})"
-                                if r.status == "pass" and r.notes else ""))
+                cells.append(
+                    f"{r.pub}->{r.sub} {text}"
+                    + (f" [{note(r)}]" if r.status != "pass" else "")
+                    + (
+                        f" ({'; '.join(n for n in r.notes if n.startswith('recovery'))})"
+                        if r.status == "pass" and r.notes
+                        else ""
+                    )
+                )
             lines.append(f"  {sc} (resumable clients): " + ", ".join(cells))
-    lines.append("scenarios (P publisher, S subscriber under test, bystander: a python-qpid-proton subscriber "
-                 "on P's router):")
-    lines.extend(f"  {s}: {SCENARIOS.get(s) or PUBLISHER_SCENARIOS.get(s) or FAILOVER_SCENARIOS.get(s)}"
-                 for s in pair_scenarios + pub_scenarios + failover_scenarios)
+    lines.append("scenarios (P publisher, S subscriber under test, bystander: a python-qpid-proton subscriber on P's router):")
+    lines.extend(
+        f"  {s}: {SCENARIOS.get(s) or PUBLISHER_SCENARIOS.get(s) or FAILOVER_SCENARIOS.get(s)}"
+        for s in pair_scenarios + pub_scenarios + failover_scenarios
+    )
     if notes:
         lines.append("notes (s = skipped):")
         for n, (text, rs) in enumerate(notes.items(), 1):
@@ -1085,6 +1201,7 @@ def _cells(rs: list[Result]) -> str:
 
     def stacks(names: list[str], role: str) -> str:
         return f"any {role}" if len(names) == len(STACKS) else f"{role} {', '.join(names)}"
+
     if scen[0] in PUBLISHER_SCENARIOS:
         who = stacks(pubs, "publisher")
     elif len(pairs) == len(pubs) * len(subs) and len(pairs) > 1:
@@ -1103,8 +1220,9 @@ def _note_text(r: Result) -> str:
 
 def save(results: list[Result], path: Path) -> None:
     """The cells as JSON (``render`` them again with ``python -m interop.matrix PATH``)."""
-    Path(path).write_text(json.dumps([{k: v for k, v in vars(r).items() if k != "diagnostics"} for r in results],
-                                     indent=1) + "\n")
+    Path(path).write_text(
+        json.dumps([{k: v for k, v in vars(r).items() if k != "diagnostics"} for r in results], indent=1) + "\n"
+    )
 
 
 def load(path: Path) -> list[Result]:
@@ -1113,10 +1231,12 @@ def load(path: Path) -> list[Result]:
 
 def main(argv: list[str] | None = None) -> int:
     import sys
+
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m interop.matrix RESULTS.json   (prints the matrix; scripts/interop writes the file)",
-              file=sys.stderr)
+        print(
+            "usage: python -m interop.matrix RESULTS.json   (prints the matrix; scripts/interop writes the file)", file=sys.stderr
+        )
         return 2
     print(render(load(Path(args[0]))))
     return 0

@@ -55,13 +55,11 @@ def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 600) -> None:
 
 def _setup_python() -> None:
     if importlib.util.find_spec("proton") is None:
-        raise SetupError("python-qpid-proton does not import (the project's own dependency: "
-                         "pip install -e .)")
+        raise SetupError("python-qpid-proton does not import (the project's own dependency: pip install -e .)")
 
 
 def _azure_importable() -> bool:
-    r = subprocess.run([sys.executable, "-c", "import azure.servicebus._pyamqp.client"],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", "import azure.servicebus._pyamqp.client"], capture_output=True, text=True)
     return r.returncode == 0
 
 
@@ -92,8 +90,11 @@ def _setup_rhea() -> None:
     rhea_dir = INTEROP / "rhea"
     lock = rhea_dir / "package-lock.json"
     stamp = rhea_dir / "node_modules" / ".package-lock.json"  # npm writes it on every install
-    if (rhea_dir / "node_modules" / "rhea" / "package.json").exists() and stamp.exists() \
-            and stamp.stat().st_mtime >= lock.stat().st_mtime:
+    if (
+        (rhea_dir / "node_modules" / "rhea" / "package.json").exists()
+        and stamp.exists()
+        and stamp.stat().st_mtime >= lock.stat().st_mtime
+    ):
         return
     print("interop setup: npm ci in interop/rhea", file=sys.stderr)
     _run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=rhea_dir)
@@ -104,11 +105,13 @@ def build_protonc(force: bool = False, verbose: bool = False) -> dict[str, Path]
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from eorouter_tools.build import build_c_programs
+
     return build_c_programs(PROTONC_PROGRAMS, INTEROP / "protonc", PROTONC_BUILD, force=force, verbose=verbose)
 
 
 def _setup_protonc() -> None:
     from eorouter_tools.build import BuildError
+
     try:
         build_protonc()
         return

@@ -11,8 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 
 #: Seconds, from 10 µs (one iteration of an idle loop) to 10 s (a stalled disk).
-LATENCY_BOUNDS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
-                  0.5, 1.0, 2.5, 10.0)
+LATENCY_BOUNDS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
 class Buckets:

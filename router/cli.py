@@ -24,19 +24,21 @@ log = logging.getLogger("eorouter")
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eorouter",
-                                     description="Exactly-once AMQP 1.0 topic router.")
+    parser = argparse.ArgumentParser(prog="eorouter", description="Exactly-once AMQP 1.0 topic router.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
-    run = commands.add_parser("run", help="run one router process",
-                              description="Run one router until SIGTERM/SIGINT.")
-    run.add_argument("--config", "-c", required=True, metavar="PATH",
-                     help="the router's TOML configuration file")
-    run.add_argument("--log-level", default=None, type=str.upper,  # debug and DEBUG alike
-                     choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                     help="operational log level on stderr, in any case (default: [logging] level, else INFO)")
+    run = commands.add_parser("run", help="run one router process", description="Run one router until SIGTERM/SIGINT.")
+    run.add_argument("--config", "-c", required=True, metavar="PATH", help="the router's TOML configuration file")
+    run.add_argument(
+        "--log-level",
+        default=None,
+        type=str.upper,  # debug and DEBUG alike
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="operational log level on stderr, in any case (default: [logging] level, else INFO)",
+    )
     run.set_defaults(func=cmd_run)
     from router import manage, stat
+
     stat.register(commands)
     manage.register(commands)
     for register in _plugged_commands():
@@ -52,6 +54,7 @@ COMMANDS_GROUP = "eorouter.commands"
 
 def _plugged_commands():
     from importlib.metadata import entry_points
+
     for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
         try:
             yield entry.load()
@@ -70,8 +73,11 @@ def configure_logging(settings, level: str | None = None) -> None:
     root = logging.getLogger()
     if settings.format == "json":
         from pythonjsonlogger.json import JsonFormatter
-        formatter = JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
-                                  rename_fields={"asctime": "ts", "levelname": "level", "name": "logger"})
+
+        formatter = JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={"asctime": "ts", "levelname": "level", "name": "logger"},
+        )
         for handler in root.handlers:
             handler.setFormatter(formatter)
     root.setLevel(level or settings.level)
@@ -89,17 +95,21 @@ def _warn_if_open(config) -> None:
             continue
         authenticated = lst.tls is not None and lst.tls.require_client_cert
         if not authenticated or config.policy is None:
-            log.warning("listener %s:%d is reachable from other machines and %s: anyone who reaches it may "
-                        "publish and subscribe to any topic (docs/security.md)", lst.host, lst.port,
-                        "authenticates no one (no TLS client certificates)" if not authenticated
-                        else "has no [policy]")
+            log.warning(
+                "listener %s:%d is reachable from other machines and %s: anyone who reaches it may "
+                "publish and subscribe to any topic (docs/security.md)",
+                lst.host,
+                lst.port,
+                "authenticates no one (no TLS client certificates)" if not authenticated else "has no [policy]",
+            )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from router.config import ConfigError, load_config
 
-    logging.basicConfig(level=args.log_level or "INFO", stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level or "INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -114,21 +124,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     from router.serving import tune_gc_for_serving
 
     try:
-        eventlog = EventLog(config.data_dir, config.router_id,
-                            max_bytes=config.eventlog.max_bytes,
-                            retention=config.eventlog.retention,
-                            fsync=config.eventlog.fsync)
+        eventlog = EventLog(
+            config.data_dir,
+            config.router_id,
+            max_bytes=config.eventlog.max_bytes,
+            retention=config.eventlog.retention,
+            fsync=config.eventlog.fsync,
+        )
     except (EventLogError, OSError) as exc:
         return _fail(f"cannot open the event log in {config.data_dir}: {exc}", 1)
     server = metrics = None
     try:
         core = RouterCore(config.core, boot_id=eventlog.boot_id, epoch=eventlog.epoch)
         try:
-            server = Server(router_id=config.router_id, core=core, eventlog=eventlog,
-                            listeners=config.listeners, max_message_size=config.core.max_message_size,
-                            idle_timeout=config.idle_timeout, drain_grace=config.drain_grace,
-                            connectors=config.connectors, network=config.network,
-                            slow_subscriber_age=config.logging.slow_subscriber_age, policy=config.policy)
+            server = Server(
+                router_id=config.router_id,
+                core=core,
+                eventlog=eventlog,
+                listeners=config.listeners,
+                max_message_size=config.core.max_message_size,
+                idle_timeout=config.idle_timeout,
+                drain_grace=config.drain_grace,
+                connectors=config.connectors,
+                network=config.network,
+                slow_subscriber_age=config.logging.slow_subscriber_age,
+                policy=config.policy,
+            )
         except TlsError as exc:
             return _fail(str(exc), 2)
         try:
@@ -138,11 +159,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         _warn_if_open(config)
         if config.metrics is not None:
             from router.adapter.metrics import MetricsServer
+
             try:
                 metrics = MetricsServer(server, config.metrics.host, config.metrics.port)
             except OSError as exc:
-                return _fail(f"cannot listen on {config.metrics.host}:{config.metrics.port} (metrics listener): "
-                             f"{exc.strerror or exc}", 1)
+                return _fail(
+                    f"cannot listen on {config.metrics.host}:{config.metrics.port} (metrics listener): {exc.strerror or exc}", 1
+                )
             metrics.start()
 
         def on_signal(signum, frame):
@@ -159,10 +182,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return_large_buffers_to_the_os()
         log.info("subscribers' accepted dispositions: %s path", fastpath.status)
         eventlog.flush()  # router-started is on disk before anyone can connect
-        addresses = ",".join([f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners]
-                             + ([f"metrics={metrics.host}:{metrics.port}"] if metrics is not None else []))
-        print(f"eorouter: router {config.router_id} ready on {addresses} epoch {eventlog.epoch}",
-              file=sys.stderr, flush=True)
+        addresses = ",".join(
+            [f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners]
+            + ([f"metrics={metrics.host}:{metrics.port}"] if metrics is not None else [])
+        )
+        print(f"eorouter: router {config.router_id} ready on {addresses} epoch {eventlog.epoch}", file=sys.stderr, flush=True)
         return server.run()
     finally:
         # From here on a signal must not kill the process half-way through its exit

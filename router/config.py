@@ -51,8 +51,9 @@ class ConfigError(ValueError):
     path (None for file-level problems), ``line``/``column`` are set for TOML
     syntax errors."""
 
-    def __init__(self, message: str, *, source: str, key: str | None = None,
-                 line: int | None = None, column: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, source: str, key: str | None = None, line: int | None = None, column: int | None = None
+    ) -> None:
         super().__init__(message)
         self.source = source
         self.key = key
@@ -114,6 +115,7 @@ class EventLogSettings:
 @dataclass(frozen=True, slots=True)
 class MetricsSettings:
     """``[metrics]``: the HTTP listener of /metrics, /healthz and /readyz (docs/operations.md)."""
+
     host: str = "127.0.0.1"
     port: int = 0
 
@@ -121,6 +123,7 @@ class MetricsSettings:
 @dataclass(frozen=True, slots=True)
 class LoggingSettings:
     """``[logging]`` (docs/operations.md, "Logging")."""
+
     level: str = "INFO"
     format: str = "text"  # or "json": one object per line
     modules: dict[str, str] = field(default_factory=dict)  # logger name -> level
@@ -239,7 +242,7 @@ def _level(value: Any) -> str:
 def _module_levels(value: Any) -> dict[str, str]:
     """``[logging.modules]``: logger name -> level."""
     if not isinstance(value, dict):
-        raise _Invalid("a table of logger names to levels, e.g. [logging.modules] \"eorouter.server\" = \"DEBUG\"")
+        raise _Invalid('a table of logger names to levels, e.g. [logging.modules] "eorouter.server" = "DEBUG"')
     out = {}
     for name, level in value.items():
         if not name.strip():
@@ -247,8 +250,9 @@ def _module_levels(value: Any) -> dict[str, str]:
         try:
             out[name] = _level(level)
         except _Invalid:
-            raise _Invalid("", f"logger {name!r}: expected a log level ({', '.join(LOG_LEVELS)}), "
-                               f"found {_describe(level)}") from None
+            raise _Invalid(
+                "", f"logger {name!r}: expected a log level ({', '.join(LOG_LEVELS)}), found {_describe(level)}"
+            ) from None
     return out
 
 
@@ -261,16 +265,31 @@ _remote_port = _int(1, 65535, "a port number from 1 to 65535")
 # section -> key -> check; a section's keys are all optional unless listed in _REQUIRED.
 _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "router": {"id": _router_id, "data_dir": _nonempty_string, "idle_timeout": _seconds(positive=True)},
-    "listener": {"host": _host, "port": _port, "role": _choice(LISTENER_ROLES),
-                 "tls_cert_file": _nonempty_string, "tls_key_file": _nonempty_string,
-                 "tls_key_password_file": _nonempty_string, "tls_ca_file": _nonempty_string,
-                 "tls_require_client_cert": _bool, "tls_min_protocol": _choice(TLS_PROTOCOLS),
-                 "tls_allow_plain": _bool},
-    "connector": {"host": _host, "port": _remote_port, "role": _choice(CONNECTOR_ROLES),
-                  "name": _nonempty_string, "tls": _bool, "tls_cert_file": _nonempty_string,
-                  "tls_key_file": _nonempty_string, "tls_key_password_file": _nonempty_string,
-                  "tls_ca_file": _nonempty_string, "tls_min_protocol": _choice(TLS_PROTOCOLS),
-                  "tls_server_name": _nonempty_string},
+    "listener": {
+        "host": _host,
+        "port": _port,
+        "role": _choice(LISTENER_ROLES),
+        "tls_cert_file": _nonempty_string,
+        "tls_key_file": _nonempty_string,
+        "tls_key_password_file": _nonempty_string,
+        "tls_ca_file": _nonempty_string,
+        "tls_require_client_cert": _bool,
+        "tls_min_protocol": _choice(TLS_PROTOCOLS),
+        "tls_allow_plain": _bool,
+    },
+    "connector": {
+        "host": _host,
+        "port": _remote_port,
+        "role": _choice(CONNECTOR_ROLES),
+        "name": _nonempty_string,
+        "tls": _bool,
+        "tls_cert_file": _nonempty_string,
+        "tls_key_file": _nonempty_string,
+        "tls_key_password_file": _nonempty_string,
+        "tls_ca_file": _nonempty_string,
+        "tls_min_protocol": _choice(TLS_PROTOCOLS),
+        "tls_server_name": _nonempty_string,
+    },
     "network": {
         "secret": _secret,
         "secret_file": _nonempty_string,
@@ -294,10 +313,17 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "eventlog": {"max_bytes": _positive, "retention": _positive, "fsync": _bool},
     "metrics": {"host": _host, "port": _port},
-    "policy": {"default_group": _nonempty_string, "users": lambda v: _table_of("users", v),
-               "groups": lambda v: _table_of("groups", v)},
-    "logging": {"level": _level, "format": _choice(("text", "json")), "modules": _module_levels,
-                "slow_subscriber_age": _seconds(positive=False)},
+    "policy": {
+        "default_group": _nonempty_string,
+        "users": lambda v: _table_of("users", v),
+        "groups": lambda v: _table_of("groups", v),
+    },
+    "logging": {
+        "level": _level,
+        "format": _choice(("text", "json")),
+        "modules": _module_levels,
+        "slow_subscriber_age": _seconds(positive=False),
+    },
     "failover": {
         "placeholder_timeout": _seconds(positive=True),
         "publisher_resume_timeout": _seconds(positive=False),
@@ -355,8 +381,9 @@ class _Parser:
         hint = f" (did you mean '{suggestion}'?)" if suggestion else ""
         if section is not None and leaf in _SECTIONS:
             # TOML puts every key after a [table] header into that table.
-            hint = (f" ('{leaf}' is a table of its own: write [{leaf}] or [[{leaf}]], or put the key "
-                    f"before the first [table] header)")
+            hint = (
+                f" ('{leaf}' is a table of its own: write [{leaf}] or [[{leaf}]], or put the key before the first [table] header)"
+            )
         if section is None:
             return self.error(None, f"unknown section '{key_path}'{hint}; known sections: " + ", ".join(_SECTIONS))
         return self.error(key_path, f"unknown key{hint}; known keys in [{section}]: " + ", ".join(known))
@@ -394,7 +421,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
             raise p.unknown(section, list(_SECTIONS), None)
 
     if "router" not in data:
-        raise p.error("router.id", "required key is missing (add a [router] table with id = \"...\")")
+        raise p.error("router.id", 'required key is missing (add a [router] table with id = "...")')
     router = p.table(data["router"], "router", "router")
     limits = p.table(data.get("limits", {}), "limits", "limits")
     delivery = p.table(data.get("delivery", {}), "delivery", "delivery")
@@ -412,17 +439,20 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
     max_timeout = limits.get("max_terminus_timeout", _CORE_DEFAULTS.max_terminus_timeout)
     if default_timeout > max_timeout:
         key = "limits.default_terminus_timeout" if "default_terminus_timeout" in limits else "limits.max_terminus_timeout"
-        raise p.error(key, f"expected default_terminus_timeout ({default_timeout}) to be at most "
-                           f"max_terminus_timeout ({max_timeout})")
+        raise p.error(
+            key, f"expected default_terminus_timeout ({default_timeout}) to be at most max_terminus_timeout ({max_timeout})"
+        )
 
     max_size = limits.get("max_message_size", _CORE_DEFAULTS.max_message_size)
     topic_bytes = limits.get("max_bytes_in_flight_per_topic", _CORE_DEFAULTS.max_bytes_in_flight_per_topic)
     router_bytes = limits.get("max_bytes_in_flight", _CORE_DEFAULTS.max_bytes_in_flight)
     for key, budget in (("max_bytes_in_flight_per_topic", topic_bytes), ("max_bytes_in_flight", router_bytes)):
         if budget < max_size:
-            raise p.error(f"limits.{key}" if key in limits else "limits.max_message_size",
-                          f"expected {key} ({budget}) to be at least max_message_size ({max_size}): "
-                          "a largest message must fit in the budget")
+            raise p.error(
+                f"limits.{key}" if key in limits else "limits.max_message_size",
+                f"expected {key} ({budget}) to be at least max_message_size ({max_size}): "
+                "a largest message must fit in the budget",
+            )
 
     router_id = router["id"]
     network = _network(p, data, listeners, connectors, Path(base_dir))
@@ -435,20 +465,18 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         router_id=router_id,
         max_in_flight_per_topic=limits.get("max_in_flight_per_topic", _CORE_DEFAULTS.max_in_flight_per_topic),
         max_bytes_in_flight=limits.get("max_bytes_in_flight", _CORE_DEFAULTS.max_bytes_in_flight),
-        max_bytes_in_flight_per_topic=limits.get("max_bytes_in_flight_per_topic",
-                                                 _CORE_DEFAULTS.max_bytes_in_flight_per_topic),
+        max_bytes_in_flight_per_topic=limits.get("max_bytes_in_flight_per_topic", _CORE_DEFAULTS.max_bytes_in_flight_per_topic),
         publisher_credit_window=limits.get("publisher_credit_window", _CORE_DEFAULTS.publisher_credit_window),
         max_message_size=limits.get("max_message_size", _CORE_DEFAULTS.max_message_size),
         default_terminus_timeout=default_timeout,
         max_terminus_timeout=max_timeout,
-        no_subscribers=outcomes.BY_NAME[delivery["no_subscribers"]] if "no_subscribers" in delivery
+        no_subscribers=outcomes.BY_NAME[delivery["no_subscribers"]]
+        if "no_subscribers" in delivery
         else _CORE_DEFAULTS.no_subscribers,
         record_linger=delivery.get("record_linger", _CORE_DEFAULTS.record_linger),
-        publisher_rcv_settle_mode=delivery.get("publisher_rcv_settle_mode",
-                                               _CORE_DEFAULTS.publisher_rcv_settle_mode),
+        publisher_rcv_settle_mode=delivery.get("publisher_rcv_settle_mode", _CORE_DEFAULTS.publisher_rcv_settle_mode),
         placeholder_timeout=failover.get("placeholder_timeout", _CORE_DEFAULTS.placeholder_timeout),
-        publisher_resume_timeout=failover.get("publisher_resume_timeout",
-                                              _CORE_DEFAULTS.publisher_resume_timeout),
+        publisher_resume_timeout=failover.get("publisher_resume_timeout", _CORE_DEFAULTS.publisher_resume_timeout),
         stream_seq_timeout=failover.get("stream_seq_timeout", _CORE_DEFAULTS.stream_seq_timeout),
         resume_horizon=failover.get("resume_horizon", _CORE_DEFAULTS.resume_horizon),
         remembered_streams=failover.get("remembered_streams", _CORE_DEFAULTS.remembered_streams),
@@ -490,8 +518,7 @@ def _listeners(p: _Parser, data: dict, base_dir: Path) -> tuple[Listener, ...]:
         listener = Listener(**values)
         endpoint = (listener.host, listener.port)
         if listener.port and endpoint in seen:
-            raise p.error(f"listener[{i}]", f"duplicates listener[{seen[endpoint]}] "
-                                            f"({listener.host}:{listener.port})")
+            raise p.error(f"listener[{i}]", f"duplicates listener[{seen[endpoint]}] ({listener.host}:{listener.port})")
         seen[endpoint] = i
         listeners.append(listener)
     return tuple(listeners)
@@ -515,12 +542,13 @@ def _connectors(p: _Parser, data: dict, base_dir: Path) -> tuple[Connector, ...]
         connector = Connector(**values)
         endpoint = (connector.host, connector.port)
         if endpoint in by_endpoint:
-            raise p.error(f"connector[{i}]", f"duplicates connector[{by_endpoint[endpoint]}] "
-                                             f"({connector.host}:{connector.port})")
+            raise p.error(f"connector[{i}]", f"duplicates connector[{by_endpoint[endpoint]}] ({connector.host}:{connector.port})")
         if connector.name in by_name:
-            raise p.error(f"connector[{i}].name",
-                          f"expected a name no other connector has, found {_describe(connector.name)} "
-                          f"(also connector[{by_name[connector.name]}])")
+            raise p.error(
+                f"connector[{i}].name",
+                f"expected a name no other connector has, found {_describe(connector.name)} "
+                f"(also connector[{by_name[connector.name]}])",
+            )
         by_endpoint[endpoint] = i
         by_name[connector.name] = i
         connectors.append(connector)
@@ -545,26 +573,37 @@ def _tls(p: _Parser, values: dict, where: str, base_dir: Path, *, listener: bool
             path = path if path.is_absolute() else (base_dir / path).absolute()
             if not path.is_file():
                 raise p.error(f"{where}.{key}", f"no such file: {path}")
-            paths[key[len("tls_"):]] = path
+            paths[key[len("tls_") :]] = path
     if ("cert_file" in paths) != ("key_file" in paths):
         missing = "tls_key_file" if "cert_file" in paths else "tls_cert_file"
         raise p.error(f"{where}.{missing}", "required key is missing (a certificate goes with its key)")
     if keys.get("tls_require_client_cert") and "ca_file" not in paths:
-        raise p.error(f"{where}.tls_ca_file", "required key is missing: tls_require_client_cert needs the CAs "
-                                              "that client certificates must come from")
+        raise p.error(
+            f"{where}.tls_ca_file",
+            "required key is missing: tls_require_client_cert needs the CAs that client certificates must come from",
+        )
     if not listener and "ca_file" not in paths:
-        raise p.error(f"{where}.tls_ca_file", "required key is missing: a TLS connector verifies the server's "
-                                              "certificate against these CAs")
+        raise p.error(
+            f"{where}.tls_ca_file", "required key is missing: a TLS connector verifies the server's certificate against these CAs"
+        )
     # Between routers TLS is mutual: each side's certificate names the router it is.
     if not listener and "cert_file" not in paths:
-        raise p.error(f"{where}.tls_cert_file", "required key is missing: over TLS a router presents its own "
-                                                "certificate, whose common name is its router id")
+        raise p.error(
+            f"{where}.tls_cert_file",
+            "required key is missing: over TLS a router presents its own certificate, whose common name is its router id",
+        )
     if listener and values.get("role") == "inter-router" and not keys.get("tls_require_client_cert"):
-        raise p.error(f"{where}.tls_require_client_cert", "expected true on a TLS inter-router listener: the "
-                                                          "routers dialling it must present certificates naming them")
-    return TlsSettings(**paths, require_client_cert=keys.get("tls_require_client_cert", False),
-                       min_protocol=keys.get("tls_min_protocol", "TLSv1.2"),
-                       allow_plain=keys.get("tls_allow_plain", False), server_name=keys.get("tls_server_name"))
+        raise p.error(
+            f"{where}.tls_require_client_cert",
+            "expected true on a TLS inter-router listener: the routers dialling it must present certificates naming them",
+        )
+    return TlsSettings(
+        **paths,
+        require_client_cert=keys.get("tls_require_client_cert", False),
+        min_protocol=keys.get("tls_min_protocol", "TLSv1.2"),
+        allow_plain=keys.get("tls_allow_plain", False),
+        server_name=keys.get("tls_server_name"),
+    )
 
 
 _GROUP_KEYS = {"publish", "subscribe", "max_connections", "admin"}
@@ -607,8 +646,9 @@ def _policy(p: _Parser, values: dict) -> Policy:
             raise p.error(where, f"expected a list of group names, found {_describe(names)}")
         for name in names:
             if name not in groups:
-                raise p.error(where, f"expected groups of [policy.groups], found {name!r} "
-                                     f"(groups: {', '.join(sorted(groups)) or 'none'})")
+                raise p.error(
+                    where, f"expected groups of [policy.groups], found {name!r} (groups: {', '.join(sorted(groups)) or 'none'})"
+                )
         users[user] = tuple(names)
     default = values.get("default_group")
     if default is not None and default not in groups:
@@ -616,8 +656,9 @@ def _policy(p: _Parser, values: dict) -> Policy:
     return Policy(groups, users, default)
 
 
-def _network(p: _Parser, data: dict, listeners: tuple[Listener, ...], connectors: tuple[Connector, ...],
-             base_dir: Path) -> NetworkSettings:
+def _network(
+    p: _Parser, data: dict, listeners: tuple[Listener, ...], connectors: tuple[Connector, ...], base_dir: Path
+) -> NetworkSettings:
     """``[network]``; the secret is required as soon as anything speaks inter-router."""
     values = p.table(data.get("network", {}), "network", "network")
     defaults = NetworkSettings()
@@ -638,8 +679,9 @@ def _network(p: _Parser, data: dict, listeners: tuple[Listener, ...], connectors
         except OSError as exc:
             raise p.error("network.secret_file", f"cannot read {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
-            raise p.error("network.secret_file", f"expected a UTF-8 text file, found bytes that are not UTF-8 "
-                                                 f"in {path}") from None
+            raise p.error(
+                "network.secret_file", f"expected a UTF-8 text file, found bytes that are not UTF-8 in {path}"
+            ) from None
         secret = text.strip()
         if not secret:
             raise p.error("network.secret_file", f"expected a non-empty secret, found an empty file ({path})")
@@ -647,9 +689,13 @@ def _network(p: _Parser, data: dict, listeners: tuple[Listener, ...], connectors
         needs = [f"listener[{i}]" for i, lst in enumerate(listeners) if lst.role == "inter-router"]
         needs += [f"connector[{i}]" for i in range(len(connectors))]
         if needs:
-            raise p.error("network.secret", "required key is missing (needed by the inter-router "
-                          + ", ".join(needs) + ": routers prove a shared secret when they connect; "
-                            "set network.secret or network.secret_file)")
+            raise p.error(
+                "network.secret",
+                "required key is missing (needed by the inter-router "
+                + ", ".join(needs)
+                + ": routers prove a shared secret when they connect; "
+                "set network.secret or network.secret_file)",
+            )
     return NetworkSettings(secret=secret, reconnect_delay=delay, reconnect_max=ceiling)
 
 
@@ -669,8 +715,9 @@ def _syntax_error(exc: tomllib.TOMLDecodeError, text: str, source: str) -> Confi
         lines = text.split("\n")
         line, column = len(lines), len(lines[-1]) + 1
     detail = message[: match.start()]
-    return ConfigError(f"{source}, line {line}, column {column}: TOML syntax error: {detail}",
-                       source=source, line=line, column=column)
+    return ConfigError(
+        f"{source}, line {line}, column {column}: TOML syntax error: {detail}", source=source, line=line, column=column
+    )
 
 
 def load_config(path: str | os.PathLike) -> RouterConfig:
@@ -686,8 +733,7 @@ def load_config(path: str | os.PathLike) -> RouterConfig:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{source}, line {line}: not valid UTF-8 (TOML files are UTF-8)",
-                          source=source, line=line) from None
+        raise ConfigError(f"{source}, line {line}: not valid UTF-8 (TOML files are UTF-8)", source=source, line=line) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

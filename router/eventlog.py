@@ -62,6 +62,7 @@ DEFAULT_RETENTION = 10
 # Writing.
 # ---------------------------------------------------------------------------
 
+
 class EventLogError(Exception):
     """A problem with the event log's files (lock held, bad epoch file, bad line)."""
 
@@ -78,6 +79,8 @@ def _log_files(directory: Path) -> list[str]:
         if m:
             found.append(((int(m.group(1)), int(m.group(2))), name))
     return [name for _, name in sorted(found)]
+
+
 _dumps = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 
@@ -97,7 +100,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -216,7 +219,7 @@ class EventLog:
         write left half-written counts as pending; an open run of sub-outcomes as
         the one line it will be)."""
         with self._out.getbuffer() as view:
-            return bytes(view[:self._out.tell()]).count(b"\n") + (1 if self._run else 0)
+            return bytes(view[: self._out.tell()]).count(b"\n") + (1 if self._run else 0)
 
     @property
     def closed(self) -> bool:
@@ -270,8 +273,12 @@ class EventLog:
         delivery id is hex digits and a ".": JSON needs no escaping for it."""
         run = self._run
         if run:
-            if (subscriber == self._run_subscriber and settled is self._run_settled and outcome == self._run_outcome
-                    and ts is self._run_ts):
+            if (
+                subscriber == self._run_subscriber
+                and settled is self._run_settled
+                and outcome == self._run_outcome
+                and ts is self._run_ts
+            ):
                 run.append(delivery)
                 return
             self._close_run()
@@ -282,13 +289,16 @@ class EventLog:
         self._run_settled = settled
         self._run_ts = ts
 
-    def append_sub_outcomes(self, ts: float, deliveries: list, subscriber: str, outcome: str,
-                            settled: bool) -> None:
+    def append_sub_outcomes(self, ts: float, deliveries: list, subscriber: str, outcome: str, settled: bool) -> None:
         """``append_sub_outcome`` for each of ``deliveries``, in order."""
         run = self._run
         if run:
-            if (subscriber == self._run_subscriber and settled is self._run_settled and outcome == self._run_outcome
-                    and ts is self._run_ts):
+            if (
+                subscriber == self._run_subscriber
+                and settled is self._run_settled
+                and outcome == self._run_outcome
+                and ts is self._run_ts
+            ):
                 run += deliveries
                 return
             self._close_run()
@@ -321,8 +331,14 @@ class EventLog:
             piece = self._pieces.get("sub-outcomes")
             if piece is None:
                 piece = self._piece("sub-outcomes")
-            body = _dumps({"deliveries": run, "subscriber": self._run_subscriber, "outcome": self._run_outcome,
-                           "settled": self._run_settled})
+            body = _dumps(
+                {
+                    "deliveries": run,
+                    "subscriber": self._run_subscriber,
+                    "outcome": self._run_outcome,
+                    "settled": self._run_settled,
+                }
+            )
             self._write(b'{"seq":%d%b%b\n' % (seq, piece, body[1:]))
         self._seq = seq
         self._run = []
@@ -341,8 +357,7 @@ class EventLog:
         timestamp (cached per timestamp; the "router" to "event" part per kind)."""
         head = self._heads.get(kind)
         if head is None:
-            encoded = _dumps({"router": self._router_id, "epoch": self._epoch, "boot": self._boot_id,
-                              "event": kind})
+            encoded = _dumps({"router": self._router_id, "epoch": self._epoch, "boot": self._boot_id, "event": kind})
             head = self._heads[kind] = b"," + encoded[1:-1] + b","
         piece = self._pieces[kind] = self._ts_piece + head
         return piece
@@ -437,8 +452,7 @@ class EventLog:
             if not text.isdigit():
                 raise EventLogError(f"{epoch_file}: expected a non-negative integer, found {text[:40]!r}")
             stored = int(text)
-        from_files = max((int(m.group(1)) for n in _log_files(self._events_dir) if (m := _FILE_RE.match(n))),
-                         default=0)
+        from_files = max((int(m.group(1)) for n in _log_files(self._events_dir) if (m := _FILE_RE.match(n))), default=0)
         epoch = max(stored, from_files) + 1
         _write_atomic(epoch_file, f"{epoch}\n".encode("ascii"))
         return epoch

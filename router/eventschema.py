@@ -86,26 +86,31 @@ EVENTS: dict[str, dict[str, str]] = {
     # ("pub-outcome": pub_outcome, condition, reason) and, when ``by`` is set, the
     # settlement in the same step ("settled": by, deleted), in that order. Readers
     # unfold it (unfold(), read_events(); spark/reconcile.py).
-    "completed": {"delivery": "string", "subscriber": "string", "outcome": "string", "settled": "boolean",
-                  "pub_outcome": "string", "condition": "string", "reason": "string", "by": "string",
-                  "deleted": "boolean"},
+    "completed": {
+        "delivery": "string",
+        "subscriber": "string",
+        "outcome": "string",
+        "settled": "boolean",
+        "pub_outcome": "string",
+        "condition": "string",
+        "reason": "string",
+        "by": "string",
+        "deleted": "boolean",
+    },
     # One line standing for consecutive "sub-outcome" events of one subscriber with the
     # same outcome and settled flag, one per delivery in ``deliveries``, in that order
     # (the router writes it for a run of two or more within one loop iteration).
-    "sub-outcomes": {"deliveries": "array<string>", "subscriber": "string", "outcome": "string",
-                     "settled": "boolean"},
+    "sub-outcomes": {"deliveries": "array<string>", "subscriber": "string", "outcome": "string", "settled": "boolean"},
     "record-deleted": {"delivery": "string", "reason": "string"},
     "expired": {"delivery": "string", "subscriber": "string"},
     "router-stopping": {"reason": "string"},
     # Not in the original list; the core emits them (router/core/router.py).
-    "tag-collision": {"delivery": "string", "link": "long", "container": "string", "name": "string",
-                      "incarnation": "string"},
+    "tag-collision": {"delivery": "string", "link": "long", "container": "string", "name": "string", "incarnation": "string"},
     "dropped": {"delivery": "string", "reason": "string"},
     # Inter-router connections, written by the adapter (docs/inter-router.md).
     # peer: the neighbour's router id (as it claimed it, for a refusal; null when it
     # never said); conn: the adapter's connection id.
-    "peer-connected": {"peer": "string", "conn": "long", "peer_epoch": "long", "peer_boot": "string",
-                       "role": "string"},
+    "peer-connected": {"peer": "string", "conn": "long", "peer_epoch": "long", "peer_boot": "string", "role": "string"},
     "peer-lost": {"peer": "string", "conn": "long", "reason": "string"},
     "peer-refused": {"peer": "string", "conn": "long", "reason": "string"},
     # The router network, written by the core (docs/inter-router.md): a delivery
@@ -121,8 +126,7 @@ EVENTS: dict[str, dict[str, str]] = {
     "routes": {"reachable": "array<string>", "next_hops": "array<string>"},
     # Failover (docs/resumption.md): every resumption step, so a replay can account
     # for every delivery across a router's death.
-    "resume-requested": {"link": "long", "role": "string", "reported": "long", "known": "long",
-                         "incomplete": "boolean"},
+    "resume-requested": {"link": "long", "role": "string", "reported": "long", "known": "long", "incomplete": "boolean"},
     "resend-matched": {"delivery": "string", "link": "long"},
     # A resumed publisher link's numbering: where it continues (after every router
     # said how far it saw the stream numbered), or which routers never said.
@@ -133,8 +137,7 @@ EVENTS: dict[str, dict[str, str]] = {
     # The byte budget (docs/configuration.md, [limits]): a topic's publishers get no
     # more credit ("reached": by the topic's own budget or the router's, ``limit``)
     # or get it again ("below"); bytes: the topic's message bytes held then.
-    "budget": {"topic": "string", "state": "string", "bytes": "long", "router_bytes": "long",
-               "limit": "string"},
+    "budget": {"topic": "string", "state": "string", "bytes": "long", "router_bytes": "long", "limit": "string"},
     # A sweep of the settled-delivery memory forgot ``count`` quiet streams.
     "streams-forgotten": {"count": "long", "remembered": "long"},
     "stream-seq-timeout": {"link": "long", "routers": "array<string>"},
@@ -152,6 +155,7 @@ class Kind(StrEnum):
     """The event kinds by name, for code that writes them (``Kind.RECEIVED`` is
     ``"received"``): a misspelt kind is an AttributeError, not a line the proof
     calls malformed. Checked equal to ``EVENTS`` at import."""
+
     ROUTER_STARTED = "router-started"
     LINK_ATTACHED = "link-attached"
     LINK_DETACHED = "link-detached"
@@ -211,10 +215,16 @@ if set(Kind) != set(EVENTS):  # pragma: no cover - a kind added to one and not t
 # per delivery, in order.
 _SUB_OUTCOME_FIELDS = {"subscriber": "subscriber", "outcome": "outcome", "settled": "settled"}
 FOLDS: dict[str, tuple[tuple[str, ...], tuple[dict[str, str], ...], str | None, str | None]] = {
-    "completed": (("sub-outcome", "pub-outcome", "settled"),
-                  (_SUB_OUTCOME_FIELDS, {"outcome": "pub_outcome", "condition": "condition", "reason": "reason"},
-                   {"by": "by", "deleted": "deleted"}),
-                  "by", None),
+    "completed": (
+        ("sub-outcome", "pub-outcome", "settled"),
+        (
+            _SUB_OUTCOME_FIELDS,
+            {"outcome": "pub_outcome", "condition": "condition", "reason": "reason"},
+            {"by": "by", "deleted": "deleted"},
+        ),
+        "by",
+        None,
+    ),
     "sub-outcomes": (("sub-outcome",), (_SUB_OUTCOME_FIELDS,), None, "deliveries"),
 }
 # kind -> what unfold() makes of it.
@@ -236,12 +246,13 @@ def unfold(record: dict[str, Any]) -> list[dict[str, Any]]:
     common = {name: record[name] for name in _COMMON if name in record}
     if run_field is not None:
         rest = {name: record.get(line) for name, line in fields[0].items()}
-        return [{**common, "event": events[0], "delivery": delivery, **rest}
-                for delivery in record.get(run_field) or ()]
+        return [{**common, "event": events[0], "delivery": delivery, **rest} for delivery in record.get(run_field) or ()]
     n = len(events) - 1 if optional_last is not None and record.get(optional_last) is None else len(events)
     delivery = record.get("delivery")
-    return [{**common, "event": events[i], "delivery": delivery,
-             **{name: record.get(line) for name, line in fields[i].items()}} for i in range(n)]
+    return [
+        {**common, "event": events[i], "delivery": delivery, **{name: record.get(line) for name, line in fields[i].items()}}
+        for i in range(n)
+    ]
 
 
 def fold(kind: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -252,8 +263,10 @@ def fold(kind: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     _, fields, _, run_field = FOLDS[kind]
     if run_field is not None:
         first = parts[0]
-        return {run_field: [p["delivery"] for p in parts],
-                **{line: first[name] for name, line in fields[0].items() if first.get(name) is not None}}
+        return {
+            run_field: [p["delivery"] for p in parts],
+            **{line: first[name] for name, line in fields[0].items() if first.get(name) is not None},
+        }
     out: dict[str, Any] = {"delivery": parts[0]["delivery"]}
     for i, part in enumerate(parts):
         out.update({line: part[name] for name, line in fields[i].items() if part.get(name) is not None})

@@ -146,20 +146,16 @@ def parse_hello(props: dict | None, *, expect_auth: bool) -> Hello:
         raise CodecError(f"{KEY_EPOCH}: expected a non-negative integer, found {epoch!r:.40}", UNAUTHORIZED)
     boot = props.get(KEY_BOOT)
     if not isinstance(boot, str) or not 0 < len(boot) <= MAX_BOOT:
-        raise CodecError(f"{KEY_BOOT}: expected a string of 1 to {MAX_BOOT} characters, found {boot!r:.80}",
-                         UNAUTHORIZED)
+        raise CodecError(f"{KEY_BOOT}: expected a string of 1 to {MAX_BOOT} characters, found {boot!r:.80}", UNAUTHORIZED)
     nonce = props.get(KEY_NONCE)
     if not isinstance(nonce, str) or len(nonce) != 2 * NONCE_BYTES or not _HEX.fullmatch(nonce):
-        raise CodecError(f"{KEY_NONCE}: expected {NONCE_BYTES} bytes as lowercase hex, found {nonce!r:.80}",
-                         UNAUTHORIZED)
+        raise CodecError(f"{KEY_NONCE}: expected {NONCE_BYTES} bytes as lowercase hex, found {nonce!r:.80}", UNAUTHORIZED)
     auth = props.get(KEY_AUTH)
     if expect_auth:
         if not isinstance(auth, str) or len(auth) != MAC_HEX or not _HEX.fullmatch(auth):
-            raise CodecError(f"{KEY_AUTH}: expected an HMAC-SHA256 as lowercase hex, found {auth!r:.80}",
-                             UNAUTHORIZED)
+            raise CodecError(f"{KEY_AUTH}: expected an HMAC-SHA256 as lowercase hex, found {auth!r:.80}", UNAUTHORIZED)
     elif auth is not None:
-        raise CodecError(f"{KEY_AUTH} in a connector's open (only the acceptor proves itself in its open)",
-                         UNAUTHORIZED)
+        raise CodecError(f"{KEY_AUTH} in a connector's open (only the acceptor proves itself in its open)", UNAUTHORIZED)
     return Hello(router_id, epoch, boot, nonce, auth)
 
 
@@ -170,18 +166,20 @@ def _mac(secret: str, text: str) -> str:
     return hmac.new(secret.encode("utf-8"), text.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-def acceptor_proof(secret: str, acceptor_id: str, acceptor_epoch: int, acceptor_boot: str,
-                   connector_nonce: str, acceptor_nonce: str) -> str:
+def acceptor_proof(
+    secret: str, acceptor_id: str, acceptor_epoch: int, acceptor_boot: str, connector_nonce: str, acceptor_nonce: str
+) -> str:
     """The acceptor's ``eorouter:auth`` (hex)."""
-    return _mac(secret, f"eorouter-v1|acceptor|{acceptor_id}|{acceptor_epoch}|{acceptor_boot}|"
-                        f"{connector_nonce}|{acceptor_nonce}")
+    return _mac(secret, f"eorouter-v1|acceptor|{acceptor_id}|{acceptor_epoch}|{acceptor_boot}|{connector_nonce}|{acceptor_nonce}")
 
 
-def connector_proof(secret: str, connector_id: str, connector_epoch: int, connector_boot: str,
-                    acceptor_nonce: str, connector_nonce: str) -> str:
+def connector_proof(
+    secret: str, connector_id: str, connector_epoch: int, connector_boot: str, acceptor_nonce: str, connector_nonce: str
+) -> str:
     """The ``mac`` of the connector's ``auth`` control message (hex)."""
-    return _mac(secret, f"eorouter-v1|connector|{connector_id}|{connector_epoch}|{connector_boot}|"
-                        f"{acceptor_nonce}|{connector_nonce}")
+    return _mac(
+        secret, f"eorouter-v1|connector|{connector_id}|{connector_epoch}|{connector_boot}|{acceptor_nonce}|{connector_nonce}"
+    )
 
 
 def proof_matches(expected: str, got) -> bool:

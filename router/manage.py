@@ -27,10 +27,10 @@ ACTIONS = {  # sub-command -> (entity type, what the argument is, what it does)
 
 
 def register(commands: Any) -> None:
-    p = commands.add_parser("manage", help="change a running router (over AMQP management)",
-                            description=__doc__.split("\n\n")[0])
-    p.add_argument("-b", "--bus", default="127.0.0.1:5672", metavar="HOST:PORT",
-                   help="the router's client listener (default %(default)s)")
+    p = commands.add_parser("manage", help="change a running router (over AMQP management)", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "-b", "--bus", default="127.0.0.1:5672", metavar="HOST:PORT", help="the router's client listener (default %(default)s)"
+    )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the router (default 5)")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
@@ -43,8 +43,9 @@ def register(commands: Any) -> None:
 def cmd_manage(args: argparse.Namespace) -> int:
     entity, _, _ = ACTIONS[args.action]
     try:
-        status, description, _ = request(args.bus, {"operation": "DELETE", "type": TYPE + entity,
-                                                    "identity": args.target}, args.timeout)
+        status, description, _ = request(
+            args.bus, {"operation": "DELETE", "type": TYPE + entity, "identity": args.target}, args.timeout
+        )
     except StatError as exc:
         print(f"eorouter manage: {exc}", file=sys.stderr)
         return 1

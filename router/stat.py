@@ -18,30 +18,36 @@ from typing import Any
 
 TYPE = "org.eorouter."
 VIEWS = {  # flag -> (entity type, columns shown in the table, title)
-    "router": ("router", ["name", "epoch", "version", "connections", "publishers", "subscribers", "topics",
-                          "records"], "Router"),
+    "router": ("router", ["name", "epoch", "version", "connections", "publishers", "subscribers", "topics", "records"], "Router"),
     "connections": ("connection", ["identity", "host", "container", "role", "router", "links"], "Connections"),
-    "links": ("link", ["identity", "connection", "container", "name", "role", "address", "queued", "credit"],
-              "Links"),
-    "topics": ("topic", ["name", "publishers", "subscriptions", "records", "unsettled", "oldest_age", "published",
-                         "copies", "outcomes"], "Topics"),
+    "links": ("link", ["identity", "connection", "container", "name", "role", "address", "queued", "credit"], "Links"),
+    "topics": (
+        "topic",
+        ["name", "publishers", "subscriptions", "records", "unsettled", "oldest_age", "published", "copies", "outcomes"],
+        "Topics",
+    ),
     "network": ("peer", ["name", "up", "next_hop", "cost", "subscribers"], "Network (other routers)"),
-    "inflight": ("inflight", ["identity", "topic", "publisher", "pub_tag", "age", "told", "waiting_on"],
-                 "In-flight deliveries, oldest first"),
-    "subscriptions": ("subscription", ["name", "topic", "durable", "attached", "link", "expires_in"],
-                      "Subscriptions (attached, or durable and away)"),
+    "inflight": (
+        "inflight",
+        ["identity", "topic", "publisher", "pub_tag", "age", "told", "waiting_on"],
+        "In-flight deliveries, oldest first",
+    ),
+    "subscriptions": (
+        "subscription",
+        ["name", "topic", "durable", "attached", "link", "expires_in"],
+        "Subscriptions (attached, or durable and away)",
+    ),
 }
 
 
 def register(commands: Any) -> None:
-    p = commands.add_parser("stat", help="show what a router holds (over AMQP management)",
-                            description=__doc__.split("\n\n")[0])
-    p.add_argument("-b", "--bus", default="127.0.0.1:5672", metavar="HOST:PORT",
-                   help="the router's client listener (default %(default)s)")
+    p = commands.add_parser("stat", help="show what a router holds (over AMQP management)", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "-b", "--bus", default="127.0.0.1:5672", metavar="HOST:PORT", help="the router's client listener (default %(default)s)"
+    )
     views = p.add_mutually_exclusive_group()
     for flag in VIEWS:
-        views.add_argument(f"--{flag}", dest="view", action="store_const", const=flag,
-                           help=f"{VIEWS[flag][2].lower()}")
+        views.add_argument(f"--{flag}", dest="view", action="store_const", const=flag, help=f"{VIEWS[flag][2].lower()}")
     p.add_argument("--topic", help="with --inflight or --topics: only this topic")
     p.add_argument("--json", action="store_true", help="the rows as JSON, one object per row")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the router (default 5)")
@@ -56,6 +62,7 @@ def request(bus: str, properties: dict, timeout: float = 5.0) -> tuple[int, str,
     """One management request to the router at ``bus``: (status code, description, body)."""
     from proton import Message
     from proton.utils import BlockingConnection, SyncRequestResponse
+
     url = bus if "://" in bus else f"amqp://{bus}"
     try:
         conn = BlockingConnection(url, timeout=timeout)
@@ -89,8 +96,7 @@ def query(bus: str, entity: str, timeout: float = 5.0) -> list[dict]:
 def table(rows: list[dict], columns: list[str]) -> str:
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
-             "  ".join("=" * w for w in widths)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)), "  ".join("=" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join(lines)
 

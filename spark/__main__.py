@@ -15,14 +15,18 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "reconcile":
         from spark.cli import reconcile_main
+
         return reconcile_main(rest)
     if command == "compact":
         from spark.cli import compact_main
+
         return compact_main(rest)
     if command == "generate":
         from spark.generate import main as generate_main
+
         return generate_main(rest)
     from spark.bench import main as bench_main
+
     return bench_main(rest)
 
 

@@ -123,13 +123,20 @@ def _measure(cmd: list[str], log: Path) -> dict:
                 for pid in pids:
                     cpu[pid] = max(cpu.get(pid, 0.0), _cpu(pid))
                 done.wait(0.2)
+
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         rc = proc.wait()
         done.set()
         sampler.join()
-    return {"cmd": cmd, "rc": rc, "seconds": time.monotonic() - started, "peak_rss": peak,
-            "cpu_seconds": round(sum(cpu.values()), 1), "load_before": os.getloadavg()[0]}
+    return {
+        "cmd": cmd,
+        "rc": rc,
+        "seconds": time.monotonic() - started,
+        "peak_rss": peak,
+        "cpu_seconds": round(sum(cpu.values()), 1),
+        "load_before": os.getloadavg()[0],
+    }
 
 
 def _size(path: Path, pattern: str) -> int:
@@ -146,14 +153,40 @@ def run(args) -> dict:
     work = Path(args.workdir or f"/tmp/eorouter-bench-{args.events}")
     logs = work / "logs"
     py = sys.executable
-    results: dict = {"events_requested": args.events, "master": args.master, "conf": args.conf,
-                     "command": "python -m spark bench " + " ".join(args.argv),
-                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    results: dict = {
+        "events_requested": args.events,
+        "master": args.master,
+        "conf": args.conf,
+        "command": "python -m spark bench " + " ".join(args.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     if not (logs / "truth.json").exists():
         logs.parent.mkdir(parents=True, exist_ok=True)
-        results["generate"] = measure([py, "-m", "spark", "generate", str(logs), "--events", str(args.events),
-                                       "--routers", "3", "--publishers", "6", "--subscribers", "6", "--topics", "2",
-                                       "--restart", "0.002", "--round", "500"], work / "generate.log", args.lock)
+        results["generate"] = measure(
+            [
+                py,
+                "-m",
+                "spark",
+                "generate",
+                str(logs),
+                "--events",
+                str(args.events),
+                "--routers",
+                "3",
+                "--publishers",
+                "6",
+                "--subscribers",
+                "6",
+                "--topics",
+                "2",
+                "--restart",
+                "0.002",
+                "--round",
+                "500",
+            ],
+            work / "generate.log",
+            args.lock,
+        )
         if results["generate"]["rc"] != 0:
             raise SystemExit(f"bench: generating the logs failed, see {work / 'generate.log'}")
         (work / "generate.json").write_text(json.dumps(results["generate"], indent=2) + "\n")
@@ -167,8 +200,11 @@ def run(args) -> dict:
     routers = [str(logs / r) for r in truth["routers"]]
     conf = sum((["--conf", c] for c in args.conf), [])
     parquet = work / "parquet"
-    results["compact"] = measure([py, "-m", "spark", "compact", *routers, "--out", str(parquet), "--overwrite",
-                                  "--master", args.master, *conf], work / "compact.log", args.lock)
+    results["compact"] = measure(
+        [py, "-m", "spark", "compact", *routers, "--out", str(parquet), "--overwrite", "--master", args.master, *conf],
+        work / "compact.log",
+        args.lock,
+    )
     results["json_bytes"] = _size(logs, "events-*.jsonl")
     results["json_files"] = sum(1 for _ in logs.rglob("events-*.jsonl"))
     results["ledger_bytes"] = _size(logs / "clients", "*.jsonl")
@@ -177,8 +213,24 @@ def run(args) -> dict:
     for form, inputs in (("json", routers), ("parquet", [str(parquet)])):
         out = work / f"report-{form}"
         (out / "report.json").unlink(missing_ok=True)  # a failed run must not leave the last run's verdict
-        r = measure([py, "-m", "spark", "reconcile", *inputs, "--clients", str(logs / "clients"), "--out", str(out),
-                     "--master", args.master, *conf], work / f"reconcile-{form}.log", args.lock)
+        r = measure(
+            [
+                py,
+                "-m",
+                "spark",
+                "reconcile",
+                *inputs,
+                "--clients",
+                str(logs / "clients"),
+                "--out",
+                str(out),
+                "--master",
+                args.master,
+                *conf,
+            ],
+            work / f"reconcile-{form}.log",
+            args.lock,
+        )
         report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
         r["job_seconds"] = report.get("elapsed_s")
         r["phases_s"] = report.get("phases_s")
@@ -194,6 +246,7 @@ def run(args) -> dict:
 
 def _class_archive() -> bool:
     from spark import jvm
+
     path = jvm.archive_path()
     return path is not None and path.is_file()
 
@@ -204,19 +257,57 @@ def _small_run(work: Path, args, conf: list[str]) -> dict:
     py = sys.executable
     logs = work / "small"
     if not (logs / "truth.json").exists():
-        r = measure([py, "-m", "spark", "generate", str(logs), "--events", "40000", "--routers", "3",
-                     "--publishers", "2", "--subscribers", "4", "--topics", "1"], work / "generate-small.log")
+        r = measure(
+            [
+                py,
+                "-m",
+                "spark",
+                "generate",
+                str(logs),
+                "--events",
+                "40000",
+                "--routers",
+                "3",
+                "--publishers",
+                "2",
+                "--subscribers",
+                "4",
+                "--topics",
+                "1",
+            ],
+            work / "generate-small.log",
+        )
         if r["rc"] != 0:
             raise SystemExit(f"bench: generating the small logs failed, see {work / 'generate-small.log'}")
     truth = json.loads((logs / "truth.json").read_text())
     out = work / "report-small"
     (out / "report.json").unlink(missing_ok=True)
-    r = measure([py, "-m", "spark", "reconcile", *[str(logs / x) for x in truth["routers"]], "--clients",
-                 str(logs / "clients"), "--out", str(out), "--master", args.master, *conf],
-                work / "reconcile-small.log", args.lock)
+    r = measure(
+        [
+            py,
+            "-m",
+            "spark",
+            "reconcile",
+            *[str(logs / x) for x in truth["routers"]],
+            "--clients",
+            str(logs / "clients"),
+            "--out",
+            str(out),
+            "--master",
+            args.master,
+            *conf,
+        ],
+        work / "reconcile-small.log",
+        args.lock,
+    )
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
-    r.update(events=truth["events"], deliveries=truth["deliveries"], job_seconds=report.get("elapsed_s"),
-             phases_s=report.get("phases_s"), proven_clean=report.get("verdict", {}).get("proven_clean"))
+    r.update(
+        events=truth["events"],
+        deliveries=truth["deliveries"],
+        job_seconds=report.get("elapsed_s"),
+        phases_s=report.get("phases_s"),
+        proven_clean=report.get("verdict", {}).get("proven_clean"),
+    )
     return r
 
 
@@ -260,6 +351,7 @@ TARGET_SECONDS, TARGET_BYTES, SMALL_TARGET_SECONDS = 60, 2 * 2**30, 15
 def section(r: dict) -> str:
     try:
         import pyspark
+
         spark_version = pyspark.__version__
     except ImportError:  # pragma: no cover
         spark_version = "?"
@@ -271,9 +363,11 @@ def section(r: dict) -> str:
         "events per delivery-id partition, above 2 M events the per-delivery facts kept on local disk; below "
         "300,000 events the C1 compiler only; the JVM maps spark/jvm.py's class archive "
         f"({'built' if _class_archive() else 'not built: every start is ~3 s slower'}); the summary's queries "
-        "run beside the proofs', so its phase is what they did not overlap")
-    expected = ("clean (no fault injected)" if not r.get("faults")
-                else f"faults injected: {', '.join(r['faults'])} ({r.get('truth')})")
+        "run beside the proofs', so its phase is what they did not overlap"
+    )
+    expected = (
+        "clean (no fault injected)" if not r.get("faults") else f"faults injected: {', '.join(r['faults'])} ({r.get('truth')})"
+    )
     g, c = r.get("generate"), r["compact"]
     lines = [
         HEADING,
@@ -300,44 +394,64 @@ def section(r: dict) -> str:
         "| peak memory (process tree) | verdict | matches the truth |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for form, size, files in (("json", r["json_bytes"], r.get("json_files")),
-                              ("parquet", r["parquet_bytes"], r.get("parquet_files"))):
+    for form, size, files in (
+        ("json", r["json_bytes"], r.get("json_files")),
+        ("parquet", r["parquet_bytes"], r.get("parquet_files")),
+    ):
         x = r[form]
-        verdict = ("proven clean" if x["proven_clean"] else
-                   f"NOT clean: {x['verdict']}" if x.get("verdict") else f"failed (exit {x['rc']})")
-        lines.append(f"| {'JSON lines' if form == 'json' else 'Parquet (zstd)'} | {files or '?'} | {_mb(size)} | "
-                     f"{x['seconds']:.0f} | {x['job_seconds'] or 0:.0f} ({_phases(x)}) | {_gb(x['peak_rss'])} | "
-                     f"{verdict} | {'yes' if x.get('matches_truth') else '**no**'} |")
+        verdict = (
+            "proven clean"
+            if x["proven_clean"]
+            else f"NOT clean: {x['verdict']}"
+            if x.get("verdict")
+            else f"failed (exit {x['rc']})"
+        )
+        lines.append(
+            f"| {'JSON lines' if form == 'json' else 'Parquet (zstd)'} | {files or '?'} | {_mb(size)} | "
+            f"{x['seconds']:.0f} | {x['job_seconds'] or 0:.0f} ({_phases(x)}) | {_gb(x['peak_rss'])} | "
+            f"{verdict} | {'yes' if x.get('matches_truth') else '**no**'} |"
+        )
     saved = r["json"]["seconds"] - r["parquet"]["seconds"]
-    gen = (f"Generating the logs {'(by an earlier run of this command) ' if g.get('earlier') else ''}took "
-           f"{g['seconds']:.0f} s (peak {_gb(g['peak_rss'])}): {_mb(r['json_bytes'])} "
-           f"of router logs plus {_mb(r.get('ledger_bytes', 0))} of client ledgers."
-           if g else f"The logs were already there (not regenerated); the ledgers are "
-                     f"{_mb(r.get('ledger_bytes', 0))}.")
+    gen = (
+        f"Generating the logs {'(by an earlier run of this command) ' if g.get('earlier') else ''}took "
+        f"{g['seconds']:.0f} s (peak {_gb(g['peak_rss'])}): {_mb(r['json_bytes'])} "
+        f"of router logs plus {_mb(r.get('ledger_bytes', 0))} of client ledgers."
+        if g
+        else f"The logs were already there (not regenerated); the ledgers are {_mb(r.get('ledger_bytes', 0))}."
+    )
     x, small = r["json"], r.get("small")
     met = x["seconds"] <= TARGET_SECONDS and x["peak_rss"] <= TARGET_BYTES
-    lines += ["", f"Target (issue 15): {TARGET_SECONDS} s and {_gb(TARGET_BYTES)} for 10 M events from JSON lines: "
-              f"{x['seconds']:.0f} s and {_gb(x['peak_rss'])}, **{'met' if met else 'not met'}**."]
+    lines += [
+        "",
+        f"Target (issue 15): {TARGET_SECONDS} s and {_gb(TARGET_BYTES)} for 10 M events from JSON lines: "
+        f"{x['seconds']:.0f} s and {_gb(x['peak_rss'])}, **{'met' if met else 'not met'}**.",
+    ]
     if small:
-        lines += ["", f"A small input, what a demo or a test leaves (target {SMALL_TARGET_SECONDS} s): "
-                      f"{small['events']:,} events (3 routers, {small['deliveries']:,} publisher deliveries, "
-                      f"ledgers) reconcile in {small['seconds']:.1f} s of command time, JVM start included "
-                      f"(job {small['job_seconds'] or 0:.1f} s: {_phases(small)}), peak {_gb(small['peak_rss'])}, "
-                      f"{'proven clean' if small['proven_clean'] else 'NOT clean'}; "
-                      f"**{'met' if small['seconds'] <= SMALL_TARGET_SECONDS else 'not met'}**."]
+        lines += [
+            "",
+            f"A small input, what a demo or a test leaves (target {SMALL_TARGET_SECONDS} s): "
+            f"{small['events']:,} events (3 routers, {small['deliveries']:,} publisher deliveries, "
+            f"ledgers) reconcile in {small['seconds']:.1f} s of command time, JVM start included "
+            f"(job {small['job_seconds'] or 0:.1f} s: {_phases(small)}), peak {_gb(small['peak_rss'])}, "
+            f"{'proven clean' if small['proven_clean'] else 'NOT clean'}; "
+            f"**{'met' if small['seconds'] <= SMALL_TARGET_SECONDS else 'not met'}**.",
+        ]
     lines += [
         "",
         gen + f" `eorouter logs compact` (JSON → Parquet, once) took {c['seconds']:.0f} s (peak "
         f"{_gb(c['peak_rss'])}). Parquet is {r['json_bytes'] / max(1, r['parquet_bytes']):.0f}× smaller on disk"
-        + (f"; a reconciliation over it is {saved:.0f} s faster, so compacting pays for itself from the "
-           f"{'first' if c['seconds'] < saved else 'second' if c['seconds'] < 2 * saved else 'third or later'} "
-           f"reconciliation of the same logs on." if saved > 0 else
-           "; at this size it does not make the reconciliation faster."),
+        + (
+            f"; a reconciliation over it is {saved:.0f} s faster, so compacting pays for itself from the "
+            f"{'first' if c['seconds'] < saved else 'second' if c['seconds'] < 2 * saved else 'third or later'} "
+            f"reconciliation of the same logs on."
+            if saved > 0
+            else "; at this size it does not make the reconciliation faster."
+        ),
         "",
         "Reproduce: `python -m spark bench --events 10000000 --write-docs` (generates into "
         "`/tmp/eorouter-bench-10000000/`, about 3.5 GB with the ledgers, unless it is already there; add "
         "`--lock FILE` to wait for other benchmarks). On a machine with less memory add "
-        "`--conf spark.driver.memory=768m` (docs/reconcile.md, \"Memory\").",
+        '`--conf spark.driver.memory=768m` (docs/reconcile.md, "Memory").',
         "",
     ]
     return "\n".join(lines)
@@ -357,11 +471,15 @@ def measure_main(argv: list[str]) -> int:
     """``python -m spark bench --measure -- CMD...``: run one command as the bench
     measures it (wall seconds, peak memory and CPU seconds of its process tree)."""
     import tempfile
+
     with tempfile.NamedTemporaryFile(suffix=".log", delete=False) as log:
         result = _measure(argv, Path(log.name))
     sys.stdout.write(Path(log.name).read_text(errors="replace"))
-    print(f"bench: {result['seconds']:.1f} s wall, {result['cpu_seconds']:.1f} CPU s, peak "
-          f"{_gb(result['peak_rss'])} (load average before: {result['load_before']:.1f})", file=sys.stderr)
+    print(
+        f"bench: {result['seconds']:.1f} s wall, {result['cpu_seconds']:.1f} CPU s, peak "
+        f"{_gb(result['peak_rss'])} (load average before: {result['load_before']:.1f})",
+        file=sys.stderr,
+    )
     return result["rc"]
 
 
@@ -374,8 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="default /tmp/eorouter-bench-<events>")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--lock", metavar="FILE",
-                        help="hold an exclusive flock on FILE around each measured step")
+    parser.add_argument("--lock", metavar="FILE", help="hold an exclusive flock on FILE around each measured step")
     parser.add_argument("--write-docs", action="store_true", help="replace the section in docs/benchmarks.md")
     args = parser.parse_args(argv)
     args.argv = argv

@@ -19,25 +19,46 @@ EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 
 
 def add_reconcile_arguments(parser: argparse.ArgumentParser, default_master: str | None = "local[*]") -> None:
-    parser.add_argument("logdirs", nargs="+", metavar="LOGDIR",
-                        help="a router's data directory, a directory of them, an events/ directory or file, "
-                             "a Parquet dataset from 'eorouter logs compact', or any URI Spark reads")
-    parser.add_argument("--clients", metavar="DIR",
-                        help="the applications' ledgers (docs/ledger.md), one JSON-lines file per client")
-    parser.add_argument("--master", default=default_master,
-                        help="Spark master (default: %(default)s; under spark-submit, spark-submit's)")
-    parser.add_argument("--out", metavar="DIR", default="reconcile-report",
-                        help="where report.json and report.html go (default: ./%(default)s)")
-    parser.add_argument("--format", default="auto", choices=("auto", "json", "parquet"),
-                        help="input format (default: by what the directories hold)")
-    parser.add_argument("--first", type=int, default=20, metavar="N",
-                        help="violations of each check kept in the report (default %(default)s)")
-    parser.add_argument("--partitions", type=int, metavar="N",
-                        help="hash partitions of delivery ids (default: ~200,000 events each, from the input "
-                             "size; at least spark.sql.shuffle.partitions)")
+    parser.add_argument(
+        "logdirs",
+        nargs="+",
+        metavar="LOGDIR",
+        help="a router's data directory, a directory of them, an events/ directory or file, "
+        "a Parquet dataset from 'eorouter logs compact', or any URI Spark reads",
+    )
+    parser.add_argument(
+        "--clients", metavar="DIR", help="the applications' ledgers (docs/ledger.md), one JSON-lines file per client"
+    )
+    parser.add_argument(
+        "--master", default=default_master, help="Spark master (default: %(default)s; under spark-submit, spark-submit's)"
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", default="reconcile-report", help="where report.json and report.html go (default: ./%(default)s)"
+    )
+    parser.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", "json", "parquet"),
+        help="input format (default: by what the directories hold)",
+    )
+    parser.add_argument(
+        "--first", type=int, default=20, metavar="N", help="violations of each check kept in the report (default %(default)s)"
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        metavar="N",
+        help="hash partitions of delivery ids (default: ~200,000 events each, from the input "
+        "size; at least spark.sql.shuffle.partitions)",
+    )
     parser.add_argument("--no-html", action="store_true", help="skip report.html")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra Spark configuration, e.g. --conf spark.driver.memory=4g (repeatable)")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration, e.g. --conf spark.driver.memory=4g (repeatable)",
+    )
 
 
 def _conf(pairs: list[str]) -> dict[str, str]:
@@ -50,9 +71,18 @@ def _conf(pairs: list[str]) -> dict[str, str]:
     return conf
 
 
-def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: str | Path | None = None,
-                  fmt: str = "auto", first: int | None = 20, partitions: int | None = None, html: bool = True,
-                  summary: bool = True) -> dict:
+def run_reconcile(
+    spark,
+    inputs: list[str],
+    *,
+    clients: str | None = None,
+    out: str | Path | None = None,
+    fmt: str = "auto",
+    first: int | None = 20,
+    partitions: int | None = None,
+    html: bool = True,
+    summary: bool = True,
+) -> dict:
     """Run every proof; return the report (a dict, also written to ``out``).
     ``summary`` False skips the figures of the report (tests that only need the
     verdict); ``first`` None keeps every violation. Raises load.InputError when the
@@ -73,8 +103,7 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
     estimate = load.estimate_events(sources)
     if not partitions:
         default = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        partitions = max(2 if (estimate or 0) < load.SMALL_INPUT_EVENTS else default,
-                         -(-(estimate or 0) // EVENTS_PER_PARTITION))
+        partitions = max(2 if (estimate or 0) < load.SMALL_INPUT_EVENTS else default, -(-(estimate or 0) // EVENTS_PER_PARTITION))
     # The per-delivery facts (one row per delivery) are cached; on local disk for a
     # large input, so that a small driver holds any size.
     big = estimate is None or estimate > MEMORY_CACHE_EVENTS
@@ -92,8 +121,12 @@ def run_reconcile(spark, inputs: list[str], *, clients: str | None = None, out: 
             where = f"{listed[0]['file']}:{listed[0]['line']}: {listed[0]['problem']}" if listed else ""
             raise load.InputError(
                 f"no events in {', '.join(str(s) for s in sources)}: "
-                + (f"{t.input['lines']:,} line(s), none of them an event (the first: {where})" if bad
-                   else "the log files are empty"))
+                + (
+                    f"{t.input['lines']:,} line(s), none of them an event (the first: {where})"
+                    if bad
+                    else "the log files are empty"
+                )
+            )
         lap("read the input, check lines and seq")
         deliveries = t.compute_facts()
         lap("per delivery")
@@ -166,11 +199,13 @@ EVENTS_PER_PARTITION = 500_000
 MEMORY_CACHE_EVENTS = 2_000_000
 
 
-def reconcile_main(argv: list[str] | None = None, default_master: str | None = "local[*]",
-                   args: argparse.Namespace | None = None) -> int:
+def reconcile_main(
+    argv: list[str] | None = None, default_master: str | None = "local[*]", args: argparse.Namespace | None = None
+) -> int:
     if args is None:
-        parser = argparse.ArgumentParser(prog="reconcile", description="Prove exactly-once from the routers' "
-                                         "event logs (docs/reconcile.md).")
+        parser = argparse.ArgumentParser(
+            prog="reconcile", description="Prove exactly-once from the routers' event logs (docs/reconcile.md)."
+        )
         add_reconcile_arguments(parser, default_master)
         args = parser.parse_args(argv)
     try:
@@ -179,6 +214,7 @@ def reconcile_main(argv: list[str] | None = None, default_master: str | None = "
         print(f"eorouter reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
     from spark import load, reconcile, report
+
     try:
         sources = load.resolve(args.logdirs, args.format)  # fail fast, before starting Spark
         if args.clients:
@@ -188,8 +224,16 @@ def reconcile_main(argv: list[str] | None = None, default_master: str | None = "
         return EXIT_USAGE
     spark = load.get_session(args.master, conf=conf, events=load.estimate_events(sources))
     try:
-        result = run_reconcile(spark, args.logdirs, clients=args.clients, out=args.out, fmt=args.format,
-                               first=args.first, partitions=args.partitions, html=not args.no_html)
+        result = run_reconcile(
+            spark,
+            args.logdirs,
+            clients=args.clients,
+            out=args.out,
+            fmt=args.format,
+            first=args.first,
+            partitions=args.partitions,
+            html=not args.no_html,
+        )
     except load.InputError as exc:
         print(f"eorouter reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -204,11 +248,15 @@ def add_compact_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logdirs", nargs="+", metavar="LOGDIR", help="as for reconcile (JSON-lines logs)")
     parser.add_argument("--out", required=True, metavar="DIR", help="the Parquet dataset to write")
     parser.add_argument("--master", default="local[*]", help="Spark master (default: %(default)s)")
-    parser.add_argument("--files", type=int, default=0, metavar="N",
-                        help="Parquet files to write (default: one per ~1 M lines)")
+    parser.add_argument("--files", type=int, default=0, metavar="N", help="Parquet files to write (default: one per ~1 M lines)")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra Spark configuration, e.g. --conf spark.driver.memory=4g (repeatable)")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration, e.g. --conf spark.driver.memory=4g (repeatable)",
+    )
 
 
 def compact_main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
@@ -217,6 +265,7 @@ def compact_main(argv: list[str] | None = None, args: argparse.Namespace | None 
         add_compact_arguments(parser)
         args = parser.parse_args(argv)
     from spark import compact, load
+
     try:
         conf = _conf(args.conf)
         load.resolve(args.logdirs, "json")
@@ -228,9 +277,11 @@ def compact_main(argv: list[str] | None = None, args: argparse.Namespace | None 
         return EXIT_USAGE
     spark = load.get_session(args.master, app_name="eorouter-compact", conf=conf)
     info = compact.compact(spark, args.logdirs, args.out, files=args.files)
-    print(f"eorouter logs compact: {info['lines']:,} lines from {info['inputs']} input(s) -> {args.out} "
-          f"({info['files']} Parquet file(s), {info['bytes'] / 1e6:.1f} MB; JSON was {info['json_bytes'] / 1e6:.1f} "
-          f"MB) in {info['seconds']:.1f} s")
+    print(
+        f"eorouter logs compact: {info['lines']:,} lines from {info['inputs']} input(s) -> {args.out} "
+        f"({info['files']} Parquet file(s), {info['bytes'] / 1e6:.1f} MB; JSON was {info['json_bytes'] / 1e6:.1f} "
+        f"MB) in {info['seconds']:.1f} s"
+    )
     for torn in info["torn"]:
         print(f"  torn last line {torn['file']}:{torn['line']} left out (a crash cut the router's last write)")
     if info["malformed_lines"]:

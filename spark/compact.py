@@ -52,16 +52,24 @@ def compact(spark, inputs: list[str], out: str, files: int = 0) -> dict:
         keep = keep.where(~((F.col(FILE) == b["file"]) & (F.col(CORRUPT) == b["text"])))
     if files <= 0:
         files = max(1, math.ceil(counts["n"] / LINES_PER_FILE))
-    keep.repartitionByRange(files, "router", "epoch", "seq").sortWithinPartitions("router", "epoch", "seq") \
-        .write.mode("overwrite").option("compression", "zstd").parquet(out)
+    keep.repartitionByRange(files, "router", "epoch", "seq").sortWithinPartitions("router", "epoch", "seq").write.mode(
+        "overwrite"
+    ).option("compression", "zstd").parquet(out)
     written = spark.read.parquet(out).count()
     out_path = Path(out)
     parquet = sorted(out_path.rglob("*.parquet")) if out_path.exists() else []
-    info = {"lines": written, "inputs": len(sources), "files": len(parquet),
-            "bytes": sum(p.stat().st_size for p in parquet), "json_bytes": json_bytes,
-            "torn_lines": len(torn), "torn": [{"file": b["file"], "line": b["line"]} for b in torn],
-            "malformed_lines": total_bad - len(torn), "seconds": time.monotonic() - started,
-            "sources": [str(s) for s in sources]}
+    info = {
+        "lines": written,
+        "inputs": len(sources),
+        "files": len(parquet),
+        "bytes": sum(p.stat().st_size for p in parquet),
+        "json_bytes": json_bytes,
+        "torn_lines": len(torn),
+        "torn": [{"file": b["file"], "line": b["line"]} for b in torn],
+        "malformed_lines": total_bad - len(torn),
+        "seconds": time.monotonic() - started,
+        "sources": [str(s) for s in sources],
+    }
     if out_path.exists():
         (out_path / "_eorouter_compact.json").write_text(json.dumps(info, indent=2) + "\n")
     return info

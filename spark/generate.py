@@ -43,12 +43,42 @@ import orjson
 from router.eventschema import Kind, fold
 
 #: docs/ledger.md: every line has every one of these, in this order.
-LEDGER_FIELDS = ("ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",
-                 "incarnation", "digest", "message_id")
-FAULTS = ("drop-accept", "dup-tag", "reorder", "invented", "leftover",
-          # the holes issue 15's audit found, and issue 14's race (docs/reconcile.md has the table)
-          "accept-unowed", "accept-unsent", "forward-dropped", "answer-dropped", "restart-answer",
-          "outcome-released", "outcome-refused", "seq-gap", "seq-repeated", "malformed", "garbage", "torn-tail")
+LEDGER_FIELDS = (
+    "ts",
+    "client",
+    "link",
+    "role",
+    "event",
+    "topic",
+    "delivery",
+    "pub_tag",
+    "seq",
+    "outcome",
+    "router",
+    "incarnation",
+    "digest",
+    "message_id",
+)
+FAULTS = (
+    "drop-accept",
+    "dup-tag",
+    "reorder",
+    "invented",
+    "leftover",
+    # the holes issue 15's audit found, and issue 14's race (docs/reconcile.md has the table)
+    "accept-unowed",
+    "accept-unsent",
+    "forward-dropped",
+    "answer-dropped",
+    "restart-answer",
+    "outcome-released",
+    "outcome-refused",
+    "seq-gap",
+    "seq-repeated",
+    "malformed",
+    "garbage",
+    "torn-tail",
+)
 LEDGER_FAULTS = ("ledger-missing", "ledger-twice", "ledger-pub-outcome")
 #: Faults that need a network (a remote router) or peers to act on.
 NETWORK_FAULTS = ("forward-dropped", "answer-dropped", "restart-answer", "seq-gap", "seq-repeated", "malformed")
@@ -64,6 +94,7 @@ class CannotInject(Exception):
 @dataclass
 class Spec:
     """What to generate. ``seed`` fixes every random choice."""
+
     routers: int = 3
     publishers: int = 2
     subscribers: int = 3
@@ -147,10 +178,26 @@ class Generator:
         self.routers = {r: RouterLog(r, self.out / r / "events") for r in self.router_ids}
         topics = [f"{p}topic-{i}" for i in range(spec.topics)]
         rng = self.rng
-        self.subs = [Sub(f"{p}sub-{i}", f"{p}sub-{i}-in", rng.choice(self.router_ids), topics[i % len(topics)],
-                         2 if rng.random() < 0.3 else 0) for i in range(spec.subscribers)]
-        self.pubs = [Pub(f"{p}pub-{i}", f"{p}pub-{i}-out", rng.choice(self.router_ids), topics[i % len(topics)],
-                         rng.random() < spec.p_presettled) for i in range(spec.publishers)]
+        self.subs = [
+            Sub(
+                f"{p}sub-{i}",
+                f"{p}sub-{i}-in",
+                rng.choice(self.router_ids),
+                topics[i % len(topics)],
+                2 if rng.random() < 0.3 else 0,
+            )
+            for i in range(spec.subscribers)
+        ]
+        self.pubs = [
+            Pub(
+                f"{p}pub-{i}",
+                f"{p}pub-{i}-out",
+                rng.choice(self.router_ids),
+                topics[i % len(topics)],
+                rng.random() < spec.p_presettled,
+            )
+            for i in range(spec.publishers)
+        ]
         self.ledger: dict[str, list] = {}
         # What the job must find (fault injection) and what we need to inject them.
         self.accepted_sub: list = []  # (router, epoch, delivery, sub) accepted, for drop-accept / dup-tag
@@ -216,8 +263,18 @@ class Generator:
                     kind = Kind.SUB_OUTCOMES
                     fields = fold(kind, [e["fields"] for e in run])
                     self.batched += 1
-            line = _DUMPS({"seq": log.seq, "ts": round(t, 6), "router": log.rid, "epoch": log.epoch,
-                           "boot": log.boot, "event": kind, **fields}, option=_NL)
+            line = _DUMPS(
+                {
+                    "seq": log.seq,
+                    "ts": round(t, 6),
+                    "router": log.rid,
+                    "epoch": log.epoch,
+                    "boot": log.boot,
+                    "event": kind,
+                    **fields,
+                },
+                option=_NL,
+            )
             if ev.get("mistype"):  # valid JSON, its seq a string: unreadable, so that seq is missing too
                 line = line.replace(b'{"seq":%d,' % log.seq, b'{"seq":"%d",' % log.seq, 1)
                 self._expect("malformed-line", f"{self._uri(log)}:{log.file_lines + 1}")
@@ -258,13 +315,17 @@ class Generator:
         d = ev["fields"].get("delivery")
         pub = ready[i + 1][1]
         pf = pub["fields"]
-        if pub["kind"] != Kind.PUB_OUTCOME or pf.get("delivery") != d or pf.get("outcome") != "accepted" \
-                or pf.get("condition") is not None or pf.get("reason") is not None:
+        if (
+            pub["kind"] != Kind.PUB_OUTCOME
+            or pf.get("delivery") != d
+            or pf.get("outcome") != "accepted"
+            or pf.get("condition") is not None
+            or pf.get("reason") is not None
+        ):
             return 0
         if self.rng.random() >= self.spec.p_fold:
             return 0
-        if i + 2 < len(ready) and ready[i + 2][1]["kind"] == Kind.SETTLED \
-                and ready[i + 2][1]["fields"].get("delivery") == d:
+        if i + 2 < len(ready) and ready[i + 2][1]["kind"] == Kind.SETTLED and ready[i + 2][1]["fields"].get("delivery") == d:
             return 3
         return 2
 
@@ -283,8 +344,11 @@ class Generator:
         j = i + 1
         while j < len(ready):
             ev = ready[j][1]
-            if ev["kind"] != Kind.SUB_OUTCOME or self._foldable(ready, j) \
-                    or (ev["fields"]["subscriber"], ev["fields"]["outcome"], ev["fields"]["settled"]) != answer:
+            if (
+                ev["kind"] != Kind.SUB_OUTCOME
+                or self._foldable(ready, j)
+                or (ev["fields"]["subscriber"], ev["fields"]["outcome"], ev["fields"]["settled"]) != answer
+            ):
                 break
             j += 1
         if j - i < 2 or self.rng.random() >= self.spec.p_batch:
@@ -326,12 +390,26 @@ class Generator:
             log = self.routers[rid]
             others = [r for r in self.router_ids if r != rid]
             for i, other in enumerate(others):
-                self._count(self._emit(log, t, Kind.PEER_CONNECTED, {
-                    "peer": other, "conn": 100 + i, "peer_epoch": self.routers[other].epoch or 1,
-                    "peer_boot": self.routers[other].boot or "0" * 16, "role": "connector"}))
+                self._count(
+                    self._emit(
+                        log,
+                        t,
+                        Kind.PEER_CONNECTED,
+                        {
+                            "peer": other,
+                            "conn": 100 + i,
+                            "peer_epoch": self.routers[other].epoch or 1,
+                            "peer_boot": self.routers[other].boot or "0" * 16,
+                            "role": "connector",
+                        },
+                    )
+                )
             if others:
-                self._count(self._emit(log, t, Kind.ROUTES, {"reachable": sorted(others),
-                                                          "next_hops": [f"{o}>{o}" for o in sorted(others)]}))
+                self._count(
+                    self._emit(
+                        log, t, Kind.ROUTES, {"reachable": sorted(others), "next_hops": [f"{o}>{o}" for o in sorted(others)]}
+                    )
+                )
             for sub in self.subs:
                 if sub.router == rid:
                     self._attach_sub(sub, t)
@@ -342,10 +420,24 @@ class Generator:
                     pub.incarnation = f"{log.boot}.{pub.link}"
                     pub.next_seq = 0
                     pub.next_tag = 1
-                    self._count(self._emit(log, t, Kind.LINK_ATTACHED, {
-                        "link": pub.link, "conn": pub.link, "container": pub.container, "name": pub.name,
-                        "role": "publisher", "address": pub.topic, "durable": 0, "incarnation": pub.incarnation,
-                        "resumed": False}))
+                    self._count(
+                        self._emit(
+                            log,
+                            t,
+                            Kind.LINK_ATTACHED,
+                            {
+                                "link": pub.link,
+                                "conn": pub.link,
+                                "container": pub.container,
+                                "name": pub.name,
+                                "role": "publisher",
+                                "address": pub.topic,
+                                "durable": 0,
+                                "incarnation": pub.incarnation,
+                                "resumed": False,
+                            },
+                        )
+                    )
 
     def _attach_sub(self, sub: Sub, t: float) -> None:
         log = self.routers[sub.router]
@@ -353,23 +445,62 @@ class Generator:
         sub.link = log.links
         sub.attached = True
         sub.detach_at = None
-        self._count(self._emit(log, t, Kind.LINK_ATTACHED, {
-            "link": sub.link, "conn": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
-            "address": sub.topic, "durable": sub.durable, "incarnation": "", "resumed": False}))
+        self._count(
+            self._emit(
+                log,
+                t,
+                Kind.LINK_ATTACHED,
+                {
+                    "link": sub.link,
+                    "conn": sub.link,
+                    "container": sub.container,
+                    "name": sub.name,
+                    "role": "subscriber",
+                    "address": sub.topic,
+                    "durable": sub.durable,
+                    "incarnation": "",
+                    "resumed": False,
+                },
+            )
+        )
 
     def _detach_all(self, t: float, rid: str) -> None:
         log = self.routers[rid]
         self._count(self._emit(log, t, Kind.ROUTER_STOPPING, {"reason": "shutdown requested"}))
         for sub in self.subs:
             if sub.router == rid and sub.attached:
-                self._count(self._emit(log, t + 1e-4, Kind.LINK_DETACHED, {
-                    "link": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
-                    "closed": False, "reason": "connection-lost"}))
+                self._count(
+                    self._emit(
+                        log,
+                        t + 1e-4,
+                        Kind.LINK_DETACHED,
+                        {
+                            "link": sub.link,
+                            "container": sub.container,
+                            "name": sub.name,
+                            "role": "subscriber",
+                            "closed": False,
+                            "reason": "connection-lost",
+                        },
+                    )
+                )
         for pub in self.pubs:
             if pub.router == rid:
-                self._count(self._emit(log, t + 1e-4, Kind.LINK_DETACHED, {
-                    "link": pub.link, "container": pub.container, "name": pub.name, "role": "publisher",
-                    "closed": False, "reason": "connection-lost"}))
+                self._count(
+                    self._emit(
+                        log,
+                        t + 1e-4,
+                        Kind.LINK_DETACHED,
+                        {
+                            "link": pub.link,
+                            "container": pub.container,
+                            "name": pub.name,
+                            "role": "publisher",
+                            "closed": False,
+                            "reason": "connection-lost",
+                        },
+                    )
+                )
 
     def _hop(self, a: str, b: str) -> float:
         key = (a, b)
@@ -394,45 +525,89 @@ class Generator:
         seq = pub.next_seq
         pub.next_seq += 1
         if rng.random() < spec.p_refused and not pub.presettled:
-            self._count(self._emit(origin, t, Kind.PUB_OUTCOME, {"delivery": None, "outcome": "rejected",
-                                                              "condition": "amqp:decode-error",
-                                                              "reason": "synthetic refusal"}))
+            self._count(
+                self._emit(
+                    origin,
+                    t,
+                    Kind.PUB_OUTCOME,
+                    {"delivery": None, "outcome": "rejected", "condition": "amqp:decode-error", "reason": "synthetic refusal"},
+                )
+            )
             return t
         d = self._delivery_id(pub, tag)
-        base = {"topic": pub.topic, "publisher": pub.container, "link_name": pub.name, "pub_tag": tag.hex(),
-                "incarnation": pub.incarnation, "stream_seq": seq}
+        base = {
+            "topic": pub.topic,
+            "publisher": pub.container,
+            "link_name": pub.name,
+            "pub_tag": tag.hex(),
+            "incarnation": pub.incarnation,
+            "stream_seq": seq,
+        }
         digest = hashlib.blake2b(d.encode(), digest_size=16).hexdigest()
-        self._ledger(pub.container, {"ts": t, "client": pub.container, "link": pub.name, "role": "publisher",
-                                     "event": "sent", "topic": pub.topic, "pub_tag": tag.hex(), "seq": seq + 1,
-                                     "router": origin.rid, "incarnation": pub.incarnation, "digest": digest,
-                                     "message_id": f"{pub.container}:{seq}"})
+        self._ledger(
+            pub.container,
+            {
+                "ts": t,
+                "client": pub.container,
+                "link": pub.name,
+                "role": "publisher",
+                "event": "sent",
+                "topic": pub.topic,
+                "pub_tag": tag.hex(),
+                "seq": seq + 1,
+                "router": origin.rid,
+                "incarnation": pub.incarnation,
+                "digest": digest,
+                "message_id": f"{pub.container}:{seq}",
+            },
+        )
         if pub.presettled:
-            self._count(self._emit(origin, t, Kind.RECEIVED, {"delivery": d, **base, "size": 100, "settled": True,
-                                                           "owed": []}))
+            self._count(self._emit(origin, t, Kind.RECEIVED, {"delivery": d, **base, "size": 100, "settled": True, "owed": []}))
             return t
         self.deliveries += 1
         # The origin owes it to the routers where a subscriber of the topic is
         # attached now; each router owes it to its subscribers still attached when
         # it arrives there (one that left in between makes that router answer "none").
-        interested = sorted({s.router for s in self.subs if s.topic == pub.topic and s.attached
-                             and (s.detach_at is None or s.detach_at > t)})
+        interested = sorted(
+            {s.router for s in self.subs if s.topic == pub.topic and s.attached and (s.detach_at is None or s.detach_at > t)}
+        )
         remote = [r for r in interested if r != origin.rid]
         answers: list[tuple[float, str | None]] = []
         recv_ev = None
         # What fault injection needs to know of this delivery (kept only when faults are planned).
         rec: dict[str, Any] | None
-        rec = {"d": d, "origin": origin.rid, "epoch": origin.epoch, "owed": set(), "accepted": set(), "remote": {},
-               "ftr": {}, "late": {}, "calm": set(), "rejected": [], "pub_ev": None, "pub_ledger": None,
-               "recv": {}} if self.fault_plan else None
+        rec = (
+            {
+                "d": d,
+                "origin": origin.rid,
+                "epoch": origin.epoch,
+                "owed": set(),
+                "accepted": set(),
+                "remote": {},
+                "ftr": {},
+                "late": {},
+                "calm": set(),
+                "rejected": [],
+                "pub_ev": None,
+                "pub_ledger": None,
+                "recv": {},
+            }
+            if self.fault_plan
+            else None
+        )
         for rid in [origin.rid] + remote:
             log = self.routers[rid]
             arrive = t if rid == origin.rid else t + self._hop(origin.rid, rid)
-            subs = [s for s in self.subs if s.router == rid and s.topic == pub.topic and s.attached
-                    and (s.detach_at is None or s.detach_at > arrive)]
+            subs = [
+                s
+                for s in self.subs
+                if s.router == rid and s.topic == pub.topic and s.attached and (s.detach_at is None or s.detach_at > arrive)
+            ]
             if rid != origin.rid and not subs:
                 back = arrive + self._hop(rid, origin.rid)
-                self._count(self._emit(origin, back, Kind.OUTCOME_FROM_ROUTER,
-                                       {"delivery": d, "from_router": rid, "outcome": "none"}))
+                self._count(
+                    self._emit(origin, back, Kind.OUTCOME_FROM_ROUTER, {"delivery": d, "from_router": rid, "outcome": "none"})
+                )
                 answers.append((back, None))
                 continue
             immediate, sends = [], []
@@ -448,8 +623,14 @@ class Generator:
                     immediate.append(sub.key)
                     sends.append((sub, at))
                 self.busy[(rid, sub.key)] = at
-            fields = {"delivery": d, **base, "size": 100 if rid == origin.rid else 160, "settled": False,
-                      "owed": [s.key for s in subs], "forwarded": immediate}
+            fields = {
+                "delivery": d,
+                **base,
+                "size": 100 if rid == origin.rid else 160,
+                "settled": False,
+                "owed": [s.key for s in subs],
+                "forwarded": immediate,
+            }
             if rid == origin.rid:
                 fields["routers"] = remote or None
             else:
@@ -462,15 +643,15 @@ class Generator:
                 if not any(s.detach_at is not None for s in self.subs if s.router == rid):
                     rec["calm"].add(rid)  # no subscriber of this router leaves this round
                 if rid != origin.rid:
-                    rec["remote"][rid] = {"epoch": log.epoch, "owed": fields["owed"], "otr": None, "ofr": None,
-                                          "answer": None}
+                    rec["remote"][rid] = {"epoch": log.epoch, "owed": fields["owed"], "otr": None, "ofr": None, "answer": None}
             if rid != origin.rid and subs:
                 self.last_remote[rid] = (d, origin.rid, log.epoch)
             if rid == origin.rid:
                 recv_ev = ev
                 for r in remote:
-                    ftr = self._count(self._emit(log, arrive, Kind.FORWARDED_TO_ROUTER,
-                                                 {"delivery": d, "to_router": r, "dests": [r]}))
+                    ftr = self._count(
+                        self._emit(log, arrive, Kind.FORWARDED_TO_ROUTER, {"delivery": d, "to_router": r, "dests": [r]})
+                    )
                     if rec is not None:
                         rec["ftr"][r] = ftr
             outcomes, last = [], arrive
@@ -486,16 +667,35 @@ class Generator:
                     last = max(last, sent_at)
                     continue
                 if late:
-                    fwd = self._count(self._emit(log, sent_at, Kind.FORWARDED, {
-                        "delivery": d, "subscriber": sub.key, "link": sub.link, "settled": False}))
+                    fwd = self._count(
+                        self._emit(
+                            log,
+                            sent_at,
+                            Kind.FORWARDED,
+                            {"delivery": d, "subscriber": sub.key, "link": sub.link, "settled": False},
+                        )
+                    )
                     late_send = {"t": sent_at, "seq": seq, "ev": fwd, "arrive": arrive, "answer": float("inf")}
                     self.late_sends.setdefault((rid, log.epoch, sub.key, pub.container), []).append(late_send)
                     if rec is not None:
                         rec["late"][sub.key] = (rid, fwd)
-                handed = self._ledger(sub.container, {
-                    "ts": sent_at + 0.0002, "client": sub.container, "link": sub.name, "role": "subscriber",
-                    "event": "delivered", "topic": pub.topic, "delivery": d, "pub_tag": tag.hex(), "seq": seq + 1,
-                    "router": rid, "digest": digest, "message_id": f"{pub.container}:{seq}"})
+                handed = self._ledger(
+                    sub.container,
+                    {
+                        "ts": sent_at + 0.0002,
+                        "client": sub.container,
+                        "link": sub.name,
+                        "role": "subscriber",
+                        "event": "delivered",
+                        "topic": pub.topic,
+                        "delivery": d,
+                        "pub_tag": tag.hex(),
+                        "seq": seq + 1,
+                        "router": rid,
+                        "digest": digest,
+                        "message_id": f"{pub.container}:{seq}",
+                    },
+                )
                 answer_at = sent_at + rng.uniform(0.0002, 0.02)
                 if sub.detach_at is not None and answer_at > sub.detach_at:
                     last = max(last, sub.detach_at + 1e-5)  # it left first: no longer owed
@@ -503,41 +703,72 @@ class Generator:
                 if late:
                     late_send["answer"] = answer_at
                 outcome = "rejected" if rng.random() < spec.p_reject else "accepted"
-                self._count(self._emit(log, answer_at, Kind.SUB_OUTCOME, {
-                    "delivery": d, "subscriber": sub.key, "outcome": outcome, "settled": True}))
+                self._count(
+                    self._emit(
+                        log,
+                        answer_at,
+                        Kind.SUB_OUTCOME,
+                        {"delivery": d, "subscriber": sub.key, "outcome": outcome, "settled": True},
+                    )
+                )
                 handed["outcome"] = outcome
                 if rec is not None:
                     (rec["accepted"].add(sub.key) if outcome == "accepted" else rec["rejected"].append(rid))
                 if outcome == "accepted":
-                    self.accepted_sub.append((rid, log.epoch, d, sub.key, sub, pub, base, arrive, answer_at,
-                                              sub.detach_at is not None))
+                    self.accepted_sub.append(
+                        (rid, log.epoch, d, sub.key, sub, pub, base, arrive, answer_at, sub.detach_at is not None)
+                    )
                 outcomes.append(outcome)
                 last = max(last, answer_at)
             answer = ("rejected" if "rejected" in outcomes else "accepted") if outcomes else "none"
             if rid == origin.rid:
                 answers.append((last, answer if outcomes else None))
             else:
-                otr = self._count(self._emit(log, last + 1e-5, Kind.OUTCOME_TO_ROUTER,
-                                             {"delivery": d, "to_router": origin.rid, "outcome": answer}))
+                otr = self._count(
+                    self._emit(
+                        log, last + 1e-5, Kind.OUTCOME_TO_ROUTER, {"delivery": d, "to_router": origin.rid, "outcome": answer}
+                    )
+                )
                 back = last + rng.uniform(0.0005, 0.002)
-                ofr = self._count(self._emit(origin, back, Kind.OUTCOME_FROM_ROUTER,
-                                             {"delivery": d, "from_router": rid, "outcome": answer}))
+                ofr = self._count(
+                    self._emit(origin, back, Kind.OUTCOME_FROM_ROUTER, {"delivery": d, "from_router": rid, "outcome": answer})
+                )
                 if rec is not None:
                     rec["remote"][rid].update(otr=otr, ofr=ofr, answer=answer)
                 answers.append((back, None if answer == "none" else answer))
         done = max(a for a, _ in answers) + 1e-5
         said = [o for _, o in answers if o is not None]
         outcome = ("rejected" if "rejected" in said else "accepted") if said else "released"
-        pub_ev = self._count(self._emit(origin, done, Kind.PUB_OUTCOME, {
-            "delivery": d, "outcome": outcome,
-            "condition": None if outcome == "accepted" else ("eorouter:ttl-expired" if outcome == "rejected"
-                                                             else None),
-            "reason": None if said else "no subscribers"}))
-        told = self._ledger(pub.container, {"ts": done + 0.0003, "client": pub.container, "link": pub.name,
-                                     "role": "publisher", "event": "outcome", "topic": pub.topic,
-                                     "pub_tag": tag.hex(), "seq": seq + 1, "router": origin.rid,
-                                     "incarnation": pub.incarnation, "outcome": outcome,
-                                     "condition": None if outcome == "accepted" else "eorouter:ttl-expired"})
+        pub_ev = self._count(
+            self._emit(
+                origin,
+                done,
+                Kind.PUB_OUTCOME,
+                {
+                    "delivery": d,
+                    "outcome": outcome,
+                    "condition": None if outcome == "accepted" else ("eorouter:ttl-expired" if outcome == "rejected" else None),
+                    "reason": None if said else "no subscribers",
+                },
+            )
+        )
+        told = self._ledger(
+            pub.container,
+            {
+                "ts": done + 0.0003,
+                "client": pub.container,
+                "link": pub.name,
+                "role": "publisher",
+                "event": "outcome",
+                "topic": pub.topic,
+                "pub_tag": tag.hex(),
+                "seq": seq + 1,
+                "router": origin.rid,
+                "incarnation": pub.incarnation,
+                "outcome": outcome,
+                "condition": None if outcome == "accepted" else "eorouter:ttl-expired",
+            },
+        )
         settle = done + rng.uniform(0.0003, 0.003)
         # The origin relays the settlement to the routers it waited for: not to one that
         # answered "none" (nobody there was owed it: it holds no record).
@@ -545,19 +776,29 @@ class Generator:
         for r in reached:
             self._count(self._emit(origin, settle, Kind.SETTLEMENT_RELAYED, {"delivery": d, "to_router": r}))
             remote_log = self.routers[r]
-            closer = self._count(self._emit(remote_log, settle + rng.uniform(0.0005, 0.002), Kind.SETTLED,
-                                            {"delivery": d, "by": "origin-router", "deleted": True}))
+            closer = self._count(
+                self._emit(
+                    remote_log,
+                    settle + rng.uniform(0.0005, 0.002),
+                    Kind.SETTLED,
+                    {"delivery": d, "by": "origin-router", "deleted": True},
+                )
+            )
             self.closers.append((r, remote_log.epoch, d, [closer]))
         if reached or rng.random() < 0.5:
-            a = self._count(self._emit(origin, settle, Kind.SETTLED, {"delivery": d, "by": "publisher",
-                                                                   "deleted": False}))
-            b = self._count(self._emit(origin, settle + rng.uniform(0.001, 0.004), Kind.RECORD_DELETED,
-                                       {"delivery": d, "reason": "receivers-know-settled"}))
+            a = self._count(self._emit(origin, settle, Kind.SETTLED, {"delivery": d, "by": "publisher", "deleted": False}))
+            b = self._count(
+                self._emit(
+                    origin,
+                    settle + rng.uniform(0.001, 0.004),
+                    Kind.RECORD_DELETED,
+                    {"delivery": d, "reason": "receivers-know-settled"},
+                )
+            )
             self.closers.append((origin.rid, origin.epoch, d, [b]))
             del a
         else:
-            closer = self._count(self._emit(origin, settle, Kind.SETTLED, {"delivery": d, "by": "publisher",
-                                                                        "deleted": True}))
+            closer = self._count(self._emit(origin, settle, Kind.SETTLED, {"delivery": d, "by": "publisher", "deleted": True}))
             self.closers.append((origin.rid, origin.epoch, d, [closer]))
         del recv_ev
         self._recv_here.clear()
@@ -600,9 +841,21 @@ class Generator:
             for sub in self.subs:
                 if sub.detach_at is not None:
                     log = self.routers[sub.router]
-                    self._count(self._emit(log, sub.detach_at, Kind.LINK_DETACHED, {
-                        "link": sub.link, "container": sub.container, "name": sub.name, "role": "subscriber",
-                        "closed": False, "reason": "connection-lost"}))
+                    self._count(
+                        self._emit(
+                            log,
+                            sub.detach_at,
+                            Kind.LINK_DETACHED,
+                            {
+                                "link": sub.link,
+                                "container": sub.container,
+                                "name": sub.name,
+                                "role": "subscriber",
+                                "closed": False,
+                                "reason": "connection-lost",
+                            },
+                        )
+                    )
                     sub.attached = False
                     sub.detach_at = None
             end += 0.05
@@ -630,10 +883,17 @@ class Generator:
         self._write_ledgers()
         truth = {k: sorted(v) for k, v in self.truth.items()}
         # events: as the readers count them (folded lines unfolded); lines: as written.
-        info = {"events": self.events, "lines": sum(log.lines for log in self.routers.values()),
-                "folded_lines": self.folded, "batched_lines": self.batched,
-                "deliveries": self.deliveries, "routers": self.router_ids,
-                "faults": list(spec.faults), "truth": truth, "seed": spec.seed}
+        info = {
+            "events": self.events,
+            "lines": sum(log.lines for log in self.routers.values()),
+            "folded_lines": self.folded,
+            "batched_lines": self.batched,
+            "deliveries": self.deliveries,
+            "routers": self.router_ids,
+            "faults": list(spec.faults),
+            "truth": truth,
+            "seed": spec.seed,
+        }
         (self.out / "truth.json").write_text(json.dumps(info, indent=2) + "\n")
         return info
 
@@ -687,16 +947,25 @@ class Generator:
                     continue
                 self.used.add(d)
                 origin = self.routers[pub.router]
-                accepted = self._find_pending(origin, lambda ev, d=d: ev["kind"] == Kind.PUB_OUTCOME
-                                              and ev["fields"].get("delivery") == d
-                                              and ev["fields"]["outcome"] == "accepted")
+                accepted = self._find_pending(
+                    origin,
+                    lambda ev, d=d: (
+                        ev["kind"] == Kind.PUB_OUTCOME
+                        and ev["fields"].get("delivery") == d
+                        and ev["fields"]["outcome"] == "accepted"
+                    ),
+                )
                 if not accepted:
                     self.used.discard(d)
                     continue
                 log = self.routers[rid]
                 if fault == "drop-accept":
-                    lines = self._find_pending(log, lambda ev, d=d, key=key: ev["kind"] == Kind.SUB_OUTCOME
-                                               and ev["fields"]["delivery"] == d and ev["fields"]["subscriber"] == key)
+                    lines = self._find_pending(
+                        log,
+                        lambda ev, d=d, key=key: (
+                            ev["kind"] == Kind.SUB_OUTCOME and ev["fields"]["delivery"] == d and ev["fields"]["subscriber"] == key
+                        ),
+                    )
                     lines[0][2]["drop"] = True
                     self._expect("lost", d)
                     if self.spec.ledgers:
@@ -708,19 +977,34 @@ class Generator:
                     # another delivery id (a router that derived a different tag for it).
                     d2 = p + hashlib.blake2b(d.encode(), digest_size=17).hexdigest()
                     at = answer_at + 0.001
-                    fields = {"delivery": d2, **base, "size": 160, "settled": False, "owed": [key],
-                              "forwarded": [key]}
+                    fields = {"delivery": d2, **base, "size": 160, "settled": False, "owed": [key], "forwarded": [key]}
                     if rid != pub.router:
                         fields["origin_router"] = pub.router
                     self._count(self._emit(log, at, Kind.RECEIVED, fields))
-                    self._count(self._emit(log, at + 0.001, Kind.SUB_OUTCOME, {
-                        "delivery": d2, "subscriber": key, "outcome": "accepted", "settled": True}))
-                    self._count(self._emit(log, at + 0.002, Kind.SETTLED, {"delivery": d2, "by": "publisher",
-                                                                        "deleted": True}))
-                    self._ledger(sub.container, {"ts": at, "client": sub.container, "link": sub.name,
-                                                 "role": "subscriber", "event": "delivered", "topic": base["topic"],
-                                                 "delivery": d2, "pub_tag": base["pub_tag"], "outcome": "accepted",
-                                                 "message_id": f"{base['publisher']}:{base['stream_seq']}"})
+                    self._count(
+                        self._emit(
+                            log,
+                            at + 0.001,
+                            Kind.SUB_OUTCOME,
+                            {"delivery": d2, "subscriber": key, "outcome": "accepted", "settled": True},
+                        )
+                    )
+                    self._count(self._emit(log, at + 0.002, Kind.SETTLED, {"delivery": d2, "by": "publisher", "deleted": True}))
+                    self._ledger(
+                        sub.container,
+                        {
+                            "ts": at,
+                            "client": sub.container,
+                            "link": sub.name,
+                            "role": "subscriber",
+                            "event": "delivered",
+                            "topic": base["topic"],
+                            "delivery": d2,
+                            "pub_tag": base["pub_tag"],
+                            "outcome": "accepted",
+                            "message_id": f"{base['publisher']}:{base['stream_seq']}",
+                        },
+                    )
                     pub_id = "|".join([base["publisher"], base["link_name"], base["incarnation"], base["pub_tag"], ""])
                     self._expect("duplicated", f"{key}|{pub_id}")
                     if rid != pub.router:  # its origin forwarded it under its own id: nobody forwarded this one
@@ -746,8 +1030,12 @@ class Generator:
         if fault == "ledger-pub-outcome" and self.spec.ledgers:
             for client, entries in self.ledger.items():
                 for e in entries:
-                    if e["role"] == "publisher" and e["event"] == "outcome" and e["outcome"] == "accepted" \
-                            and not e.get("_touched"):
+                    if (
+                        e["role"] == "publisher"
+                        and e["event"] == "outcome"
+                        and e["outcome"] == "accepted"
+                        and not e.get("_touched")
+                    ):
                         d = self._delivery_id_of(e)
                         if d in self.used:
                             continue
@@ -760,8 +1048,14 @@ class Generator:
                             self._expect("outcome-disagrees", d)
                         return True
             return False
-        if fault in ("accept-unowed", "accept-unsent", "forward-dropped", "answer-dropped", "outcome-released",
-                     "outcome-refused"):
+        if fault in (
+            "accept-unowed",
+            "accept-unsent",
+            "forward-dropped",
+            "answer-dropped",
+            "outcome-released",
+            "outcome-refused",
+        ):
             return self._inject_chain(fault, rng)
         if fault in ("seq-gap", "seq-repeated", "malformed", "garbage"):
             return self._inject_line(fault, rng)
@@ -779,8 +1073,13 @@ class Generator:
                 sends = sorted(sends, key=lambda s: s["t"])
                 for a, b in zip(sends, sends[1:]):
                     e1, e2 = a["ev"], b["ev"]
-                    if b["seq"] != a["seq"] + 1 or e1.get("drop") or e2.get("drop") \
-                            or e1["fields"]["delivery"] in self.used or e2["fields"]["delivery"] in self.used:
+                    if (
+                        b["seq"] != a["seq"] + 1
+                        or e1.get("drop")
+                        or e2.get("drop")
+                        or e1["fields"]["delivery"] in self.used
+                        or e2["fields"]["delivery"] in self.used
+                    ):
                         continue
                     # Only the order of the two sends changes: the second delivery had arrived
                     # before the first send, and the subscriber answered the first after the second.
@@ -802,8 +1101,11 @@ class Generator:
             sub = rng.choice(self.subs)
             d = p + rng.randbytes(18).hex()
             t = log.pending[0][0] if log.pending else self.now
-            self._count(self._emit(log, t, Kind.SUB_OUTCOME, {"delivery": d, "subscriber": sub.key,
-                                                          "outcome": "accepted", "settled": True}))
+            self._count(
+                self._emit(
+                    log, t, Kind.SUB_OUTCOME, {"delivery": d, "subscriber": sub.key, "outcome": "accepted", "settled": True}
+                )
+            )
             self._expect("invented", d)
             return True
         if fault == "leftover":
@@ -835,13 +1137,18 @@ class Generator:
                 if log.epoch != rec["epoch"]:
                     continue
                 stranger = f"{p}stranger/never-attached"
-                self._count(self._emit(log, rec["recv"][origin][1] + 1e-6, Kind.SUB_OUTCOME, {
-                    "delivery": d, "subscriber": stranger, "outcome": "accepted", "settled": True}))
+                self._count(
+                    self._emit(
+                        log,
+                        rec["recv"][origin][1] + 1e-6,
+                        Kind.SUB_OUTCOME,
+                        {"delivery": d, "subscriber": stranger, "outcome": "accepted", "settled": True},
+                    )
+                )
                 self._expect("accept-unowed", f"{stranger}|{d}")
             elif fault == "accept-unsent":
                 # The late send to a subscriber that then accepted it is not in the log.
-                sent = [(key, v) for key, v in rec["late"].items() if key in rec["accepted"]
-                        and not v[1].get("drop")]
+                sent = [(key, v) for key, v in rec["late"].items() if key in rec["accepted"] and not v[1].get("drop")]
                 if not sent:
                     continue
                 key, (rid, fwd) = sent[0]
@@ -858,8 +1165,9 @@ class Generator:
                 self._expect("arrival-unforwarded", f"{targets[0]}|{d}")
             elif fault == "answer-dropped":
                 # A router's answer is gone from both sides; the publisher was told accepted.
-                remote = [(r, v) for r, v in rec["remote"].items() if v["answer"] == "accepted" and v["owed"]
-                          and r in rec["calm"]]
+                remote = [
+                    (r, v) for r, v in rec["remote"].items() if v["answer"] == "accepted" and v["owed"] and r in rec["calm"]
+                ]
                 if rec["outcome"] != "accepted" or not remote:
                     continue
                 rid, v = remote[0]
@@ -896,8 +1204,11 @@ class Generator:
         place (seq-gap and seq-repeated), a line whose seq is a string (malformed,
         and its seq missing), binary garbage between two lines (malformed)."""
         for log in self.routers.values():
-            peers = [item[2] for item in self._find_pending(log, lambda ev: ev["kind"] == Kind.PEER_CONNECTED)
-                     if not any(item[2].get(k) for k in ("skip", "copied", "mistype", "garbage_before"))]
+            peers = [
+                item[2]
+                for item in self._find_pending(log, lambda ev: ev["kind"] == Kind.PEER_CONNECTED)
+                if not any(item[2].get(k) for k in ("skip", "copied", "mistype", "garbage_before"))
+            ]
             need = 2 if fault == "seq-repeated" else 1
             if len(peers) < need:
                 continue
@@ -927,8 +1238,9 @@ class Generator:
         if d in self.used or epoch == log.epoch:
             return
         self.used.add(d)
-        self._count(self._emit(log, t + 1e-4, Kind.OUTCOME_TO_ROUTER, {"delivery": d, "to_router": origin,
-                                                                  "outcome": "accepted"}))
+        self._count(
+            self._emit(log, t + 1e-4, Kind.OUTCOME_TO_ROUTER, {"delivery": d, "to_router": origin, "outcome": "accepted"})
+        )
         self._expect("record-missing", f"{rid}|{log.epoch}|{d}")
         self.fault_plan.remove("restart-answer")
 
@@ -945,8 +1257,11 @@ class Generator:
     def _swap_ledger(self, key: str, d_a: str, d_b: str, d_expected: str) -> None:
         container, _, name = key.partition("/")
         entries = self.ledger.get(container, [])
-        idx = [i for i, e in enumerate(entries) if e.get("event") == "delivered" and e["link"] == name
-               and e.get("delivery") in (d_a, d_b)]
+        idx = [
+            i
+            for i, e in enumerate(entries)
+            if e.get("event") == "delivered" and e["link"] == name and e.get("delivery") in (d_a, d_b)
+        ]
         if len(idx) == 2:
             i, j = idx
             entries[i], entries[j] = entries[j], entries[i]
@@ -961,8 +1276,7 @@ class Generator:
         directory.mkdir(parents=True, exist_ok=True)
         for client, entries in self.ledger.items():
             with open(directory / f"{client}.jsonl", "ab") as fh:
-                fh.write(b"".join(_DUMPS({k: v for k, v in e.items() if k != "_touched"}, option=_NL)
-                                  for e in entries))
+                fh.write(b"".join(_DUMPS({k: v for k, v in e.items() if k != "_touched"}, option=_NL) for e in entries))
             entries.clear()
 
 
@@ -983,30 +1297,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--round", type=int, default=200, dest="round_size")
     parser.add_argument("--restart", type=float, default=0.0, help="per round and router: chance of a restart")
-    parser.add_argument("--fold", type=float, default=0.0,
-                        help="chance that a sub-outcome directly followed by its accepted pub-outcome is written "
-                             "as one \"completed\" line, as the router's hot path does (default 0)")
-    parser.add_argument("--batch", type=float, default=0.0,
-                        help="chance that consecutive sub-outcomes of one subscriber with the same outcome are "
-                             "written as one \"sub-outcomes\" line, as the router does for those of one loop "
-                             "iteration (default 0)")
-    parser.add_argument("--fault", action="append", default=[], choices=FAULTS + LEDGER_FAULTS,
-                        help="inject a fault (repeatable); truth.json lists what the job must find")
+    parser.add_argument(
+        "--fold",
+        type=float,
+        default=0.0,
+        help="chance that a sub-outcome directly followed by its accepted pub-outcome is written "
+        'as one "completed" line, as the router\'s hot path does (default 0)',
+    )
+    parser.add_argument(
+        "--batch",
+        type=float,
+        default=0.0,
+        help="chance that consecutive sub-outcomes of one subscriber with the same outcome are "
+        'written as one "sub-outcomes" line, as the router does for those of one loop '
+        "iteration (default 0)",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        choices=FAULTS + LEDGER_FAULTS,
+        help="inject a fault (repeatable); truth.json lists what the job must find",
+    )
     parser.add_argument("--no-ledgers", action="store_true", help="skip the applications' ledgers")
     args = parser.parse_args(argv)
-    spec = Spec(routers=args.routers, publishers=args.publishers, subscribers=args.subscribers, topics=args.topics,
-                deliveries=args.deliveries, events=args.events, round_size=args.round_size, seed=args.seed,
-                p_restart=args.restart, p_fold=args.fold, p_batch=args.batch, faults=tuple(args.fault),
-                ledgers=not args.no_ledgers)
+    spec = Spec(
+        routers=args.routers,
+        publishers=args.publishers,
+        subscribers=args.subscribers,
+        topics=args.topics,
+        deliveries=args.deliveries,
+        events=args.events,
+        round_size=args.round_size,
+        seed=args.seed,
+        p_restart=args.restart,
+        p_fold=args.fold,
+        p_batch=args.batch,
+        faults=tuple(args.fault),
+        ledgers=not args.no_ledgers,
+    )
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         print(f"gen-logs: {args.out} is not empty", file=sys.stderr)
         return 2
     started = time.monotonic()
     info = generate(args.out, spec)
     size = sum(p.stat().st_size for p in Path(args.out).rglob("*.jsonl") if "clients" not in p.parts)
-    print(f"gen-logs: {info['events']:,} events in {info['lines']:,} lines, {info['deliveries']:,} deliveries, "
-          f"routers {', '.join(info['routers'])}, {size / 1e6:.0f} MB in {time.monotonic() - started:.0f} s "
-          f"-> {args.out}")
+    print(
+        f"gen-logs: {info['events']:,} events in {info['lines']:,} lines, {info['deliveries']:,} deliveries, "
+        f"routers {', '.join(info['routers'])}, {size / 1e6:.0f} MB in {time.monotonic() - started:.0f} s "
+        f"-> {args.out}"
+    )
     return 0
 
 

@@ -46,11 +46,13 @@ def archive_path() -> Path | None:
     if java is None:
         return None
     import pyspark
+
     jars = Path(pyspark.__file__).parent / "jars"
     listing = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
     stat = java.stat()
-    key = hashlib.sha256("|".join([str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__,
-                                   str(jars), *listing]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        "|".join([str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__, str(jars), *listing]).encode()
+    ).hexdigest()[:16]
     if setting:
         return Path(setting)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eorouter"
@@ -77,8 +79,14 @@ def build(force: bool = False) -> Path | None:
     with tempfile.TemporaryDirectory(prefix="eorouter-cds-") as work:
         partial = Path(work) / "classes.jsa"
         # The child's JVM maps no archive (a dynamic archive cannot be dumped on top of another).
-        subprocess.run([sys.executable, "-m", "spark.jvm", "--dump", str(partial), work], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, env={**os.environ, ENV: "off"})
+        subprocess.run(
+            [sys.executable, "-m", "spark.jvm", "--dump", str(partial), work],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=600,
+            env={**os.environ, ENV: "off"},
+        )
         if not partial.is_file() or partial.stat().st_size == 0:
             raise RuntimeError("the JVM wrote no class archive")
         staged = path.with_name(f".{path.name}.{os.getpid()}")
@@ -92,17 +100,19 @@ def _dump(archive: str, work: str) -> None:
     ``archive`` when it exits; make it exit and wait until it has."""
     from spark import generate, load
     from spark.cli import run_reconcile
+
     logs = Path(work) / "logs"
-    generate.main([str(logs), "--events", "3000", "--routers", "3", "--publishers", "2", "--subscribers", "2",
-                   "--topics", "1"])
+    generate.main([str(logs), "--events", "3000", "--routers", "3", "--publishers", "2", "--subscribers", "2", "--topics", "1"])
     import json
+
     truth = json.loads((logs / "truth.json").read_text())
     options = [*load.java_options(small=True), f"-XX:ArchiveClassesAtExit={archive}"]
-    spark = load.get_session("local[2]", app_name="eorouter-class-archive", events=3000,
-                             conf={"spark.driver.extraJavaOptions": " ".join(options)})
-    run_reconcile(spark, [str(logs / r) for r in truth["routers"]], clients=str(logs / "clients"),
-                  out=Path(work) / "report")
+    spark = load.get_session(
+        "local[2]", app_name="eorouter-class-archive", events=3000, conf={"spark.driver.extraJavaOptions": " ".join(options)}
+    )
+    run_reconcile(spark, [str(logs / r) for r in truth["routers"]], clients=str(logs / "clients"), out=Path(work) / "report")
     from pyspark import SparkContext
+
     gateway = SparkContext._gateway
     spark.stop()
     proc = getattr(gateway, "proc", None)

@@ -36,14 +36,51 @@ _LOG4J = Path(__file__).with_name("log4j2.properties")
 #: The writer's fields the proof reads (router/eventschema.py has a few more:
 #: pid, version, size, conn, ...). The JSON reader converts only these: a pruned
 #: schema is what makes parsing cheap, every field it converts costs.
-LINE_FIELDS = ("seq", "ts", "router", "epoch", "boot", "event",
-               # a delivery's events
-               "delivery", "deliveries", "subscriber", "outcome", "pub_outcome", "condition", "reason", "settled",
-               "by", "deleted", "owed", "forwarded", "routers", "origin_router", "to_router", "from_router",
-               "dests", "subscribers", "topic", "publisher", "link_name", "pub_tag", "incarnation", "stream_seq",
-               # links, peers and routes
-               "link", "container", "name", "role", "address", "durable", "closed", "resumed", "reachable", "peer",
-               "peer_epoch")
+LINE_FIELDS = (
+    "seq",
+    "ts",
+    "router",
+    "epoch",
+    "boot",
+    "event",
+    # a delivery's events
+    "delivery",
+    "deliveries",
+    "subscriber",
+    "outcome",
+    "pub_outcome",
+    "condition",
+    "reason",
+    "settled",
+    "by",
+    "deleted",
+    "owed",
+    "forwarded",
+    "routers",
+    "origin_router",
+    "to_router",
+    "from_router",
+    "dests",
+    "subscribers",
+    "topic",
+    "publisher",
+    "link_name",
+    "pub_tag",
+    "incarnation",
+    "stream_seq",
+    # links, peers and routes
+    "link",
+    "container",
+    "name",
+    "role",
+    "address",
+    "durable",
+    "closed",
+    "resumed",
+    "reachable",
+    "peer",
+    "peer_epoch",
+)
 
 
 class InputError(Exception):
@@ -63,6 +100,7 @@ def java_options(small: bool, quiet: bool = True) -> list[str]:
     """The driver JVM's options: a quiet log, and for a small input a JVM that
     starts fast (C1 only; the class archive of spark/jvm.py when there is one)."""
     from spark import jvm
+
     java = []
     if quiet and _LOG4J.exists():
         java.append(f"-Dlog4j2.configurationFile=file:{_LOG4J}")
@@ -74,8 +112,13 @@ def java_options(small: bool, quiet: bool = True) -> list[str]:
     return java + jvm.java_options()
 
 
-def get_session(master: str | None = "local[*]", app_name: str = "eorouter-reconcile",
-                conf: dict[str, str] | None = None, quiet: bool = True, events: int | None = None) -> SparkSession:
+def get_session(
+    master: str | None = "local[*]",
+    app_name: str = "eorouter-reconcile",
+    conf: dict[str, str] | None = None,
+    quiet: bool = True,
+    events: int | None = None,
+) -> SparkSession:
     """The active SparkSession, or a new one.
 
     ``master`` None leaves the master to whoever launched us (spark-submit).
@@ -120,9 +163,11 @@ def get_session(master: str | None = "local[*]", app_name: str = "eorouter-recon
 # Resolving inputs
 # ---------------------------------------------------------------------------
 
+
 @dataclass
 class Source:
     """One group of paths read with one reader."""
+
     fmt: str  # "json" | "parquet"
     paths: list[str]
     label: str  # what the user gave
@@ -197,9 +242,11 @@ def resolve(inputs: list[str], fmt: str = "auto") -> list[Source]:
         elif parquet_files:
             sources.append(Source("parquet", [str(path.resolve())], given))
         else:
-            raise InputError(f"{given}: no event log found (expected a router's data directory, an events/ "
-                             f"directory, a directory of router data directories, or a Parquet dataset "
-                             f"from 'eorouter logs compact')")
+            raise InputError(
+                f"{given}: no event log found (expected a router's data directory, an events/ "
+                f"directory, a directory of router data directories, or a Parquet dataset "
+                f"from 'eorouter logs compact')"
+            )
     if not sources:
         raise InputError("no input given")
     return _merge(sources)
@@ -239,6 +286,7 @@ def estimate_events(sources: list[Source]) -> int | None:
                 note = Path(path) / "_eorouter_compact.json"
                 if note.exists():
                     import json
+
                     events += int(json.loads(note.read_text()).get("lines", 0))
                 else:
                     events += sum(p.stat().st_size for p in _parquet_files(Path(path))) // 12
@@ -249,10 +297,12 @@ def estimate_events(sources: list[Source]) -> int | None:
 # Reading
 # ---------------------------------------------------------------------------
 
+
 @dataclass
 class Loaded:
     """Every line of every input, as read: the fields the proof reads, ``FILE`` and
     ``CORRUPT`` (the text of a line Spark could not read whole, else null)."""
+
     lines: DataFrame
     sources: list[Source]
     notes: list[str] = field(default_factory=list)
@@ -286,6 +336,7 @@ def line_schema(fields=None):
     """The explicit schema a line is read with: ``fields`` (default ``LINE_FIELDS``)
     with the schema's types (router.eventschema), and ``CORRUPT``."""
     from pyspark.sql import types as T
+
     full = event_schema()
     wanted = [name for name in (fields or LINE_FIELDS) if name in full.fieldNames()]
     return T.StructType([full[name] for name in wanted] + [T.StructField(CORRUPT, T.StringType(), True)])
@@ -342,8 +393,7 @@ def resolve_ledgers(directory: str) -> list[str]:
 
 
 #: The ledger fields the proof reads (spark/schema.py LEDGER_FIELDS has them all).
-LEDGER_READ = ("ts", "client", "link", "role", "event", "delivery", "pub_tag", "outcome", "incarnation",
-               "message_id")
+LEDGER_READ = ("ts", "client", "link", "role", "event", "delivery", "pub_tag", "outcome", "incarnation", "message_id")
 
 
 def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
@@ -353,6 +403,7 @@ def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
     Only the fields the proof reads are converted."""
     paths = resolve_ledgers(directory)
     from pyspark.sql import types as T
+
     full = ledger_schema()
     schema = T.StructType([full[name] for name in LEDGER_READ])
     reader = spark.read.schema(schema).option("mode", "PERMISSIVE")
@@ -365,7 +416,9 @@ def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
     # The file is told apart by its size and modification time (fixed-width: a
     # path per line would cost as much as converting a few fields).
     meta = F.col("_metadata")
-    return frame.select(*LEDGER_READ, F.xxhash64(meta["file_size"], meta["file_modification_time"]).alias("fid"),
-                        meta["file_block_start"].alias("split"),
-                        (F.monotonically_increasing_id() % F.lit(1 << 33)).alias("row")) \
-        .where(F.col("event").isNotNull())
+    return frame.select(
+        *LEDGER_READ,
+        F.xxhash64(meta["file_size"], meta["file_modification_time"]).alias("fid"),
+        meta["file_block_start"].alias("split"),
+        (F.monotonically_increasing_id() % F.lit(1 << 33)).alias("row"),
+    ).where(F.col("event").isNotNull())

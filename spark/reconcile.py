@@ -86,44 +86,90 @@ CHECK_NAMES = tuple(name for name, _, _ in CHECKS)
 #: them). ``kind`` tells a check's variants apart; (kind, delivery, router, epoch,
 #: subscriber, other) is what the check counts (the fields it does not count are
 #: null); ``info`` is JSON with the check's own facts (describe() makes a sentence).
-VIOLATION_SCHEMA = T.StructType([
-    T.StructField("check", T.StringType()), T.StructField("kind", T.StringType()),
-    T.StructField("delivery", T.StringType()), T.StructField("router", T.LongType()),
-    T.StructField("epoch", T.LongType()), T.StructField("seq", T.LongType()),
-    T.StructField("subscriber", T.LongType()), T.StructField("other", T.LongType()),
-    T.StructField("publisher", T.StringType()), T.StructField("pub_tag", T.StringType()),
-    T.StructField("ts", T.DoubleType()), T.StructField("info", T.StringType())])
+VIOLATION_SCHEMA = T.StructType(
+    [
+        T.StructField("check", T.StringType()),
+        T.StructField("kind", T.StringType()),
+        T.StructField("delivery", T.StringType()),
+        T.StructField("router", T.LongType()),
+        T.StructField("epoch", T.LongType()),
+        T.StructField("seq", T.LongType()),
+        T.StructField("subscriber", T.LongType()),
+        T.StructField("other", T.LongType()),
+        T.StructField("publisher", T.StringType()),
+        T.StructField("pub_tag", T.StringType()),
+        T.StructField("ts", T.DoubleType()),
+        T.StructField("info", T.StringType()),
+    ]
+)
 #: What each check counts, of a violation's fields.
-ITEM = {"lost": ("delivery",), "invented": ("delivery",), "outcome-disagrees": ("delivery",),
-        "duplicated": ("kind", "subscriber", "delivery"), "out-of-order": ("router", "subscriber", "delivery"),
-        "record-missing": ("router", "epoch", "delivery"), "arrival-unforwarded": ("router", "delivery"),
-        "accept-unowed": ("subscriber", "delivery"), "accept-unsent": ("subscriber", "router", "delivery"),
-        "answer-missing": ("router", "other", "delivery"), "left-unsettled": ("router", "delivery"),
-        "ledger": ("kind", "subscriber", "delivery")}
+ITEM = {
+    "lost": ("delivery",),
+    "invented": ("delivery",),
+    "outcome-disagrees": ("delivery",),
+    "duplicated": ("kind", "subscriber", "delivery"),
+    "out-of-order": ("router", "subscriber", "delivery"),
+    "record-missing": ("router", "epoch", "delivery"),
+    "arrival-unforwarded": ("router", "delivery"),
+    "accept-unowed": ("subscriber", "delivery"),
+    "accept-unsent": ("subscriber", "router", "delivery"),
+    "answer-missing": ("router", "other", "delivery"),
+    "left-unsettled": ("router", "delivery"),
+    "ledger": ("kind", "subscriber", "delivery"),
+}
 
 #: Kind codes: the per-delivery rows carry a small integer, not the kind's name.
 #: A kind the proof does not reason about (a kind added to router/eventschema.py
 #: later, say) is 0: read, counted, never judged.
-KIND = {"received": 1, "forwarded": 2, "sub-outcome": 3, "pub-outcome": 4, "settled": 5, "record-deleted": 6,
-        "expired": 7, "forwarded-to-router": 8, "outcome-to-router": 9, "outcome-from-router": 10,
-        "settlement-relayed": 11, "resend-matched": 12, "origin-taken-over": 13, "placeholder-created": 14,
-        "placeholder-fulfilled": 15, "placeholder-expired": 16, "placeholder-settled": 17, "owed-moved": 18,
-        "owed-state-discarded": 19, "tag-collision": 20, "dropped": 21, "order-gap": 22}
+KIND = {
+    "received": 1,
+    "forwarded": 2,
+    "sub-outcome": 3,
+    "pub-outcome": 4,
+    "settled": 5,
+    "record-deleted": 6,
+    "expired": 7,
+    "forwarded-to-router": 8,
+    "outcome-to-router": 9,
+    "outcome-from-router": 10,
+    "settlement-relayed": 11,
+    "resend-matched": 12,
+    "origin-taken-over": 13,
+    "placeholder-created": 14,
+    "placeholder-fulfilled": 15,
+    "placeholder-expired": 16,
+    "placeholder-settled": 17,
+    "owed-moved": 18,
+    "owed-state-discarded": 19,
+    "tag-collision": 20,
+    "dropped": 21,
+    "order-gap": 22,
+}
 #: The applications' ledgers' `delivered` lines travel with the routers' events
 #: (docs/ledger.md): a subscriber's application was handed the delivery.
 APP_DELIVERED = 30
 KIND_NAME = {code: name for name, code in KIND.items()} | {0: "other", APP_DELIVERED: "delivered (ledger)"}
 #: The kinds in the order a CASE expression tests them: the most frequent first.
-_FREQUENT = ("sub-outcome", "received", "pub-outcome", "settled", "record-deleted", "forwarded", "outcome-to-router",
-             "outcome-from-router", "forwarded-to-router", "settlement-relayed", "expired")
+_FREQUENT = (
+    "sub-outcome",
+    "received",
+    "pub-outcome",
+    "settled",
+    "record-deleted",
+    "forwarded",
+    "outcome-to-router",
+    "outcome-from-router",
+    "forwarded-to-router",
+    "settlement-relayed",
+    "expired",
+)
 _BY_FREQUENCY = _FREQUENT + tuple(k for k in KIND if k not in _FREQUENT)
 OUTCOME = {"accepted": 1, "rejected": 2, "released": 3, "modified": 4, "none": 5}
 OUTCOME_NAME = {code: name for name, code in OUTCOME.items()} | {6: "other", 7: "expired"}
 ACC = OUTCOME["accepted"]
 EXPIRED = 7  # an `expired` event, where a subscriber's answer is reported
 TERMINAL_NOT_ACCEPTED = (2, 3, 4)
-BY = {"router": 1, "publisher": 2, "publisher-gone": 3, "origin-router": 4, "settled-elsewhere": 5,
-      "publisher-resumed": 6}
+BY = {"router": 1, "publisher": 2, "publisher-gone": 3, "origin-router": 4, "settled-elsewhere": 5, "publisher-resumed": 6}
 BY_NAME = {code: name for name, code in BY.items()} | {7: "other"}
 #: A pub-outcome answered from the router's memory of a finished delivery
 #: (docs/resumption.md): no record needed, only some earlier event about it.
@@ -137,34 +183,138 @@ BEYOND_HORIZON = "eorouter:resend-beyond-horizon"
 #: Events that name a delivery some router must have received ("nothing
 #: invented"). Not tag-collision, dropped, order-gap or placeholder-*: those name
 #: a tag the router refused, dropped, holds back or has not seen yet.
-REFERENCING = ("forwarded", "sub-outcome", "pub-outcome", "settled", "record-deleted", "expired",
-               "outcome-to-router", "outcome-from-router", "settlement-relayed", "forwarded-to-router",
-               "resend-matched", "origin-taken-over", "owed-moved", "owed-state-discarded")
+REFERENCING = (
+    "forwarded",
+    "sub-outcome",
+    "pub-outcome",
+    "settled",
+    "record-deleted",
+    "expired",
+    "outcome-to-router",
+    "outcome-from-router",
+    "settlement-relayed",
+    "forwarded-to-router",
+    "resend-matched",
+    "origin-taken-over",
+    "owed-moved",
+    "owed-state-discarded",
+)
 #: Events a router logs only about a record it holds in that epoch: each must
 #: follow a `received` of the delivery on the same router in the same epoch.
 #: Not forwarded-to-router (a relay forwards without a record) and not the
 #: kinds that name a delivery the router has not seen.
-NEEDS_RECORD = ("forwarded", "sub-outcome", "pub-outcome", "settled", "record-deleted", "expired",
-                "outcome-to-router", "outcome-from-router", "settlement-relayed", "resend-matched",
-                "origin-taken-over", "owed-moved", "owed-state-discarded", "placeholder-fulfilled")
+NEEDS_RECORD = (
+    "forwarded",
+    "sub-outcome",
+    "pub-outcome",
+    "settled",
+    "record-deleted",
+    "expired",
+    "outcome-to-router",
+    "outcome-from-router",
+    "settlement-relayed",
+    "resend-matched",
+    "origin-taken-over",
+    "owed-moved",
+    "owed-state-discarded",
+    "placeholder-fulfilled",
+)
 #: Kinds whose line must name a delivery.
-NAMES_DELIVERY = ("received", "forwarded", "sub-outcome", "expired", "outcome-to-router", "outcome-from-router",
-                  "forwarded-to-router", "settled", "record-deleted", "settlement-relayed", "completed")
+NAMES_DELIVERY = (
+    "received",
+    "forwarded",
+    "sub-outcome",
+    "expired",
+    "outcome-to-router",
+    "outcome-from-router",
+    "forwarded-to-router",
+    "settled",
+    "record-deleted",
+    "settlement-relayed",
+    "completed",
+)
 #: Kinds that name no delivery: links, routers, peers, routes (the per-router tables).
-LIFE_KINDS = ("router-started", "router-stopping", "link-attached", "link-detached", "subscription-expired",
-              "routes", "peer-connected", "peer-lost", "peer-restarted", "resume-requested")
-_LIFE_COLUMNS = ("router", "epoch", "seq", "ts", "boot", "event", "link", "container", "name", "role", "address",
-                 "durable", "closed", "reason", "reachable", "peer", "peer_epoch")
+LIFE_KINDS = (
+    "router-started",
+    "router-stopping",
+    "link-attached",
+    "link-detached",
+    "subscription-expired",
+    "routes",
+    "peer-connected",
+    "peer-lost",
+    "peer-restarted",
+    "resume-requested",
+)
+_LIFE_COLUMNS = (
+    "router",
+    "epoch",
+    "seq",
+    "ts",
+    "boot",
+    "event",
+    "link",
+    "container",
+    "name",
+    "role",
+    "address",
+    "durable",
+    "closed",
+    "reason",
+    "reachable",
+    "peer",
+    "peer_epoch",
+)
 
 #: The fields each read converts (spark/load.py LINE_FIELDS has them all).
 COMMON = tuple(EVENT_SCHEMA)
-ROUTER_READ = COMMON + ("delivery", "deliveries", "by", "origin_router", "to_router", "from_router", "routers", "dests",
-                        "link", "container", "name", "role", "address", "durable", "closed", "reason", "reachable",
-                        "peer", "peer_epoch")
-DELIVERY_READ = COMMON + ("delivery", "deliveries", "subscriber", "outcome", "pub_outcome", "condition", "reason",
-                          "settled", "by", "deleted", "owed", "forwarded", "routers", "origin_router", "to_router",
-                          "from_router", "dests", "subscribers", "topic", "publisher", "link_name", "pub_tag",
-                          "incarnation", "stream_seq")
+ROUTER_READ = COMMON + (
+    "delivery",
+    "deliveries",
+    "by",
+    "origin_router",
+    "to_router",
+    "from_router",
+    "routers",
+    "dests",
+    "link",
+    "container",
+    "name",
+    "role",
+    "address",
+    "durable",
+    "closed",
+    "reason",
+    "reachable",
+    "peer",
+    "peer_epoch",
+)
+DELIVERY_READ = COMMON + (
+    "delivery",
+    "deliveries",
+    "subscriber",
+    "outcome",
+    "pub_outcome",
+    "condition",
+    "reason",
+    "settled",
+    "by",
+    "deleted",
+    "owed",
+    "forwarded",
+    "routers",
+    "origin_router",
+    "to_router",
+    "from_router",
+    "dests",
+    "subscribers",
+    "topic",
+    "publisher",
+    "link_name",
+    "pub_tag",
+    "incarnation",
+    "stream_seq",
+)
 
 #: Wall-clock tolerance (seconds) when a cross-router fact can only be placed in
 #: time by ts (routers' events are ordered by (epoch, seq) only within a router).
@@ -181,6 +331,7 @@ PROBLEM = "_problem"
 # ---------------------------------------------------------------------------
 # Small helpers
 # ---------------------------------------------------------------------------
+
 
 def _sql_string(text: str) -> str:
     """``text`` as a Spark SQL string literal."""
@@ -212,23 +363,28 @@ def _hashes(column: Column) -> Column:
 
 def violations(df: DataFrame, check: str, info: dict | None = None, **cols) -> DataFrame:
     """``df`` as violations of ``check`` (VIOLATION_SCHEMA): one row per row of ``df``."""
+
     def col(name, type_):
         value = cols.get(name)
         if value is None:
             return F.lit(None).cast(type_).alias(name)
         return (F.col(value) if isinstance(value, str) else value).cast(type_).alias(name)
-    info_col = F.to_json(F.struct(*[(F.col(v) if isinstance(v, str) else v).alias(k) for k, v in info.items()])) \
-        if info else F.lit(None).cast("string")
-    return df.select(F.lit(check).alias("check"),
-                     *[col(f.name, f.dataType) for f in VIOLATION_SCHEMA.fields[1:-1]], info_col.alias("info"))
+
+    info_col = (
+        F.to_json(F.struct(*[(F.col(v) if isinstance(v, str) else v).alias(k) for k, v in info.items()]))
+        if info
+        else F.lit(None).cast("string")
+    )
+    return df.select(
+        F.lit(check).alias("check"), *[col(f.name, f.dataType) for f in VIOLATION_SCHEMA.fields[1:-1]], info_col.alias("info")
+    )
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:
     """One union of many frames of one schema, built as a balanced tree (each step
     of a chain would analyse the whole plan again)."""
     while len(frames) > 1:
-        frames = [frames[i].unionByName(frames[i + 1]) if i + 1 < len(frames) else frames[i]
-                  for i in range(0, len(frames), 2)]
+        frames = [frames[i].unionByName(frames[i + 1]) if i + 1 < len(frames) else frames[i] for i in range(0, len(frames), 2)]
     return frames[0]
 
 
@@ -253,12 +409,18 @@ def _sql_in(names: Iterable[str]) -> str:
 
 
 # bad() as SQL text (one call into the JVM where Columns took hundreds).
-_BAD = " OR ".join([
-    f"`{CORRUPT}` IS NOT NULL", *[f"`{name}` IS NULL" for name in COMMON],
-    f"NOT (event IN {_sql_in(_KNOWN_KINDS)})", "seq < 1", "epoch < 1",
-    f"(event IN {_sql_in(NAMES_DELIVERY)} AND delivery IS NULL"
-    f" AND NOT (event = {_sql_string(SUB_OUTCOMES)} AND deliveries IS NOT NULL))",
-    f"(event = {_sql_string(SUB_OUTCOMES)} AND coalesce(size(deliveries), 0) < 1)"])
+_BAD = " OR ".join(
+    [
+        f"`{CORRUPT}` IS NOT NULL",
+        *[f"`{name}` IS NULL" for name in COMMON],
+        f"NOT (event IN {_sql_in(_KNOWN_KINDS)})",
+        "seq < 1",
+        "epoch < 1",
+        f"(event IN {_sql_in(NAMES_DELIVERY)} AND delivery IS NULL"
+        f" AND NOT (event = {_sql_string(SUB_OUTCOMES)} AND deliveries IS NOT NULL))",
+        f"(event = {_sql_string(SUB_OUTCOMES)} AND coalesce(size(deliveries), 0) < 1)",
+    ]
+)
 
 
 def validate(lines: DataFrame) -> DataFrame:
@@ -271,31 +433,50 @@ def validate(lines: DataFrame) -> DataFrame:
     missing = F.concat_ws(", ", *[F.when(F.col(name).isNull(), F.lit(name)) for name in common])
     # Which field Spark could not convert: its value is null though the text has it.
     typed = dict(list(EVENT_SCHEMA.items()) + list(_TYPED))
-    wrong = F.concat_ws(", ", *[
-        F.when(F.col(name).isNull() & raw.contains(f'"{name}":') & ~raw.contains(f'"{name}":null'),
-               F.lit(f"{name} is not {typed[name]}"))
-        for name in typed if name in lines.columns])
+    wrong = F.concat_ws(
+        ", ",
+        *[
+            F.when(
+                F.col(name).isNull() & raw.contains(f'"{name}":') & ~raw.contains(f'"{name}":null'),
+                F.lit(f"{name} is not {typed[name]}"),
+            )
+            for name in typed
+            if name in lines.columns
+        ],
+    )
     nothing_parsed = F.col("seq").isNull() & F.col("router").isNull() & F.col("event").isNull()
     problem = (
-        F.when(raw.isNotNull() & nothing_parsed,
-               F.when(F.trim(raw).startswith("{"), F.lit("unparsable line (not valid JSON)"))
-               .otherwise(F.lit("unparsable line (not a JSON object)")))
-        .when(raw.isNotNull(), F.concat(F.lit("wrong type: "),
-                                        F.when(wrong != "", wrong).otherwise(F.lit("a field Spark could not read"))))
+        F.when(
+            raw.isNotNull() & nothing_parsed,
+            F.when(F.trim(raw).startswith("{"), F.lit("unparsable line (not valid JSON)")).otherwise(
+                F.lit("unparsable line (not a JSON object)")
+            ),
+        )
+        .when(
+            raw.isNotNull(),
+            F.concat(F.lit("wrong type: "), F.when(wrong != "", wrong).otherwise(F.lit("a field Spark could not read"))),
+        )
         .when(any_missing, F.concat(F.lit("missing common field(s): "), missing))
         .when(~F.col("event").isin(*_KNOWN_KINDS), F.concat(F.lit("unknown event kind "), F.col("event")))
         .when((F.col("seq") < 1) | (F.col("epoch") < 1), F.lit("seq and epoch start at 1"))
-        .when(F.col("event").isin(*NAMES_DELIVERY) & F.col("delivery").isNull()
-              & ~((F.col("event") == SUB_OUTCOMES) & F.col("deliveries").isNotNull()),
-              F.concat(F.lit("a "), F.col("event"), F.lit(" event without its delivery")))
-        .when((F.col("event") == SUB_OUTCOMES) & (F.coalesce(F.size("deliveries"), F.lit(0)) < 1),
-              F.lit("a sub-outcomes line without deliveries")))
+        .when(
+            F.col("event").isin(*NAMES_DELIVERY)
+            & F.col("delivery").isNull()
+            & ~((F.col("event") == SUB_OUTCOMES) & F.col("deliveries").isNotNull()),
+            F.concat(F.lit("a "), F.col("event"), F.lit(" event without its delivery")),
+        )
+        .when(
+            (F.col("event") == SUB_OUTCOMES) & (F.coalesce(F.size("deliveries"), F.lit(0)) < 1),
+            F.lit("a sub-outcomes line without deliveries"),
+        )
+    )
     return lines.withColumn(PROBLEM, problem)
 
 
 # ---------------------------------------------------------------------------
 # 2. Unfolding: a folded line is the events it stands for (no higher-order function)
 # ---------------------------------------------------------------------------
+
 
 def unfold(lines: DataFrame) -> DataFrame:
     """Every folded line as the events it stands for (router.eventschema.FOLDS, the rule
@@ -349,8 +530,11 @@ def unfold(lines: DataFrame) -> DataFrame:
         columns[field] = value.otherwise(F.col(field))
     keep = [c for c in lines.columns if c not in line_only]
     pos = F.col("_pos")
-    return x.select(*[columns[c].cast(lines.schema[c].dataType).alias(c) if c in columns else F.col(c)
-                      for c in keep], (pos == 0).alias(FIRST), pos.alias("_pos"))
+    return x.select(
+        *[columns[c].cast(lines.schema[c].dataType).alias(c) if c in columns else F.col(c) for c in keep],
+        (pos == 0).alias(FIRST),
+        pos.alias("_pos"),
+    )
 
 
 def _line_only(fold: tuple) -> set[str]:
@@ -368,6 +552,7 @@ def _when(chain: Column | None, cond: Column, value: Column) -> Column:
 # The tables the proofs share
 # ---------------------------------------------------------------------------
 
+
 class HashCollision(Exception):
     """Two router or subscriber names have one 64-bit hash (never seen; about one
     chance in 10^12 for a million names): the per-delivery rows could not tell them
@@ -377,6 +562,7 @@ class HashCollision(Exception):
 @dataclass
 class Names:
     """Routers and subscribers by the hash the per-delivery rows carry."""
+
     routers: dict[int, str] = field(default_factory=dict)  # hash -> name
     subscribers: dict[int, str] = field(default_factory=dict)
 
@@ -392,6 +578,7 @@ class Tables:
     """What the proofs read: ``facts``, one row per delivery (cached); ``input``, what
     input_facts() found; ``small``, the per-router tables (made on the driver);
     ``names`` for the hashes; the reads' ``sources``."""
+
     facts: DataFrame
     input: dict
     small: dict
@@ -432,11 +619,19 @@ def _words(lines: DataFrame) -> DataFrame:
     good = F.col("router").isNotNull() & F.col("epoch").isNotNull() & F.col("seq").isNotNull() & (F.col("seq") > 0)
     word = F.floor((F.col("seq") - 1) / _WORD).cast("long")
     bit = F.expr(f"shiftleft(1L, cast((seq - 1) % {_WORD} as int))")
-    return lines.where(good).groupBy("router", "epoch", word.alias("w")).agg(
-        F.bit_or(bit).alias("bits"), F.count(F.lit(1)).alias("lines"), F.max("seq").alias("hi"),
-        F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"),
-        F.min(F.when(F.col("event") == "router-stopping", F.col("seq"))).alias("stopping_seq"),
-        F.min(F.when(F.col("event") == "router-stopping", F.col("ts"))).alias("stopping_ts"))
+    return (
+        lines.where(good)
+        .groupBy("router", "epoch", word.alias("w"))
+        .agg(
+            F.bit_or(bit).alias("bits"),
+            F.count(F.lit(1)).alias("lines"),
+            F.max("seq").alias("hi"),
+            F.min("ts").alias("first_ts"),
+            F.max("ts").alias("last_ts"),
+            F.min(F.when(F.col("event") == "router-stopping", F.col("seq"))).alias("stopping_seq"),
+            F.min(F.when(F.col("event") == "router-stopping", F.col("ts"))).alias("stopping_ts"),
+        )
+    )
 
 
 def input_facts(spark, sources: list) -> dict:
@@ -455,35 +650,51 @@ def input_facts(spark, sources: list) -> dict:
       delivery (links, routes, peers: few).
     """
     from spark.load import load_lines
+
     lines = load_lines(spark, sources, ROUTER_READ)
     obs = Observation("input")
-    named = F.array_compact(F.concat(F.array("origin_router", "to_router", "from_router"),
-                                     F.coalesce(F.col("routers"), F.array().cast("array<string>")),
-                                     F.coalesce(F.col("dests"), F.array().cast("array<string>"))))
+    named = F.array_compact(
+        F.concat(
+            F.array("origin_router", "to_router", "from_router"),
+            F.coalesce(F.col("routers"), F.array().cast("array<string>")),
+            F.coalesce(F.col("dests"), F.array().cast("array<string>")),
+        )
+    )
     is_bad = bad(lines)
     # How many events of each kind the well-formed lines stand for (a folded line is
     # the events it stands for), for the report: one small code per line, then sums.
     kinds = tuple(EVENTS)
     code = _code("event", kinds, {k: i for i, k in enumerate(kinds)}, -1)
-    events = F.when(F.col("event") == SUB_OUTCOMES, F.coalesce(F.size("deliveries"), F.lit(0))) \
-        .when(F.col("event") == COMPLETED, F.when(F.col("by").isNotNull(), F.lit(3)).otherwise(F.lit(2))) \
+    events = (
+        F.when(F.col("event") == SUB_OUTCOMES, F.coalesce(F.size("deliveries"), F.lit(0)))
+        .when(F.col("event") == COMPLETED, F.when(F.col("by").isNotNull(), F.lit(3)).otherwise(F.lit(2)))
         .otherwise(F.lit(1))
+    )
     good = lines.select("*", F.when(~is_bad, code).alias("_code"), is_bad.alias("_bad"), events.alias("_events"))
     observed = good.observe(
-        obs, F.count(F.lit(1)).alias("lines"), F.sum(F.col("_bad").cast("long")).alias("bad"),
+        obs,
+        F.count(F.lit(1)).alias("lines"),
+        F.sum(F.col("_bad").cast("long")).alias("bad"),
         F.array_distinct(F.flatten(F.collect_set(named))).alias("named"),
-        F.collect_list(F.when(F.col("event").isin(*LIFE_KINDS) & ~F.col("_bad"), F.struct(*_LIFE_COLUMNS)))
-        .alias("life"),
-        F.sum(F.when((F.col("_code") == kinds.index("pub-outcome")) & F.col("delivery").isNull(), F.lit(1)))
-        .alias("refused"),
+        F.collect_list(F.when(F.col("event").isin(*LIFE_KINDS) & ~F.col("_bad"), F.struct(*_LIFE_COLUMNS))).alias("life"),
+        F.sum(F.when((F.col("_code") == kinds.index("pub-outcome")) & F.col("delivery").isNull(), F.lit(1))).alias("refused"),
         F.sum(F.when(F.col("_code") == kinds.index(COMPLETED), F.lit(1))).alias("completed"),
-        F.sum(F.when((F.col("_code") == kinds.index(COMPLETED)) & F.col("by").isNotNull(), F.lit(1)))
-        .alias("completed_settling"),
-        *[F.expr(f"sum(CASE WHEN _code = {i} THEN _events END) AS k{i}") for i in range(len(kinds))])
-    per_epoch = _words(observed).groupBy("router", "epoch").agg(
-        F.sum(F.bit_count("bits")).alias("distinct"), F.sum("lines").alias("lines"), F.max("hi").alias("last_seq"),
-        F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"),
-        F.min("stopping_seq").alias("stopping_seq"), F.min("stopping_ts").alias("stopping_ts"))
+        F.sum(F.when((F.col("_code") == kinds.index(COMPLETED)) & F.col("by").isNotNull(), F.lit(1))).alias("completed_settling"),
+        *[F.expr(f"sum(CASE WHEN _code = {i} THEN _events END) AS k{i}") for i in range(len(kinds))],
+    )
+    per_epoch = (
+        _words(observed)
+        .groupBy("router", "epoch")
+        .agg(
+            F.sum(F.bit_count("bits")).alias("distinct"),
+            F.sum("lines").alias("lines"),
+            F.max("hi").alias("last_seq"),
+            F.min("first_ts").alias("first_ts"),
+            F.max("last_ts").alias("last_ts"),
+            F.min("stopping_seq").alias("stopping_seq"),
+            F.min("stopping_ts").alias("stopping_ts"),
+        )
+    )
     epochs = {(r["router"], r["epoch"]): r.asDict() for r in per_epoch.collect()}
     seen = obs.get
     life = [r.asDict() for r in seen["life"]]
@@ -497,8 +708,12 @@ def input_facts(spark, sources: list) -> dict:
     if gaps:  # cold path: the words of the epochs with a gap name the missing numbers
         wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in gaps]
         words: dict = defaultdict(dict)
-        for h in _words(load_lines(spark, sources, ROUTER_READ)).where(F.struct("router", "epoch").isin(*wanted)) \
-                .select("router", "epoch", "w", "bits").collect():
+        for h in (
+            _words(load_lines(spark, sources, ROUTER_READ))
+            .where(F.struct("router", "epoch").isin(*wanted))
+            .select("router", "epoch", "w", "bits")
+            .collect()
+        ):
             words[(h["router"], h["epoch"])][h["w"]] = h["bits"]
         for key in gaps:
             runs += [(key[0], key[1], lo, hi) for lo, hi in _missing(words[key], epochs[key]["last_seq"])]
@@ -506,11 +721,21 @@ def input_facts(spark, sources: list) -> dict:
     if repeats:  # cold path: which seq numbers, on which lines
         wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in repeats]
         again = load_lines(spark, sources, ROUTER_READ, files=True)
-        repeated = [r.asDict() for r in again.where(F.struct("router", "epoch").isin(*wanted) & (F.col("seq") > 0))
-                    .groupBy("router", "epoch", "seq").agg(
-                        F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_set(FILE)).alias("files"),
-                        F.array_sort(F.collect_set("event")).alias("kinds"), F.min("ts").alias("ts"))
-                    .where(F.col("n") > 1).orderBy("router", "epoch", "seq").limit(10_000).collect()]
+        repeated = [
+            r.asDict()
+            for r in again.where(F.struct("router", "epoch").isin(*wanted) & (F.col("seq") > 0))
+            .groupBy("router", "epoch", "seq")
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.array_sort(F.collect_set(FILE)).alias("files"),
+                F.array_sort(F.collect_set("event")).alias("kinds"),
+                F.min("ts").alias("ts"),
+            )
+            .where(F.col("n") > 1)
+            .orderBy("router", "epoch", "seq")
+            .limit(10_000)
+            .collect()
+        ]
     for r in life:  # the boot of each epoch (from its router-started line)
         if r["event"] == "router-started" and (r["router"], r["epoch"]) in epochs:
             e = epochs[(r["router"], r["epoch"])]
@@ -530,13 +755,24 @@ def input_facts(spark, sources: list) -> dict:
             continue  # below: its sub-outcome, pub-outcome and settled
         elif n:
             per_kind[kind] = per_kind.get(kind, 0) + n
-    for kind, n in (("sub-outcome", seen["completed"]), ("pub-outcome", seen["completed"]),
-                    ("settled", seen["completed_settling"])):
+    for kind, n in (
+        ("sub-outcome", seen["completed"]),
+        ("pub-outcome", seen["completed"]),
+        ("settled", seen["completed_settling"]),
+    ):
         if n:
             per_kind[kind] = per_kind.get(kind, 0) + n
-    return {"epochs": [epochs[k] for k in ordered], "gaps": runs, "repeated": repeated, "lines": seen["lines"],
-            "bad_count": seen["bad"] or 0, "named_routers": sorted(seen["named"] or []), "life": life,
-            "kinds": dict(sorted(per_kind.items())), "refused": seen["refused"] or 0}
+    return {
+        "epochs": [epochs[k] for k in ordered],
+        "gaps": runs,
+        "repeated": repeated,
+        "lines": seen["lines"],
+        "bad_count": seen["bad"] or 0,
+        "named_routers": sorted(seen["named"] or []),
+        "life": life,
+        "kinds": dict(sorted(per_kind.items())),
+        "refused": seen["refused"] or 0,
+    }
 
 
 def _missing(words: dict[int, int], last: int) -> list[tuple[int, int]]:
@@ -566,6 +802,7 @@ def _missing(words: dict[int, int], last: int) -> list[tuple[int, int]]:
 # The small per-router tables (on the driver, from the lines that name no delivery)
 # ---------------------------------------------------------------------------
 
+
 def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
     """From the collected lines that name no delivery, keyed by hashes (``h``: name
     -> the hash the per-delivery rows carry):
@@ -588,6 +825,7 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
     - ``attached``: every subscriber that attached anywhere;
     - ``peers``: (peer, peer_epoch) -> the first (router, epoch, seq) that saw it (names).
     """
+
     def key(*parts) -> str:
         return "|".join(str(p) for p in parts)
 
@@ -621,17 +859,14 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
             link_durable, topic = (before[-1][1], before[-1][2]) if before else (None, None)
             reason = r.get("reason") or ""
             if reason != "stolen" and (r.get("closed") or (link_durable or 0) == 0 or reason == "moved"):
-                ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "closed" if r.get("closed") else "detached",
-                                                 "topic": topic})
+                ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "closed" if r.get("closed") else "detached", "topic": topic})
                 gone[str(rh)].append({"ts": r["ts"], "topic": topic})
         elif kind == "subscription-expired":
             ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "subscription-expired", "topic": r["address"]})
             gone[str(rh)].append({"ts": r["ts"], "topic": r["address"]})
         elif kind == "routes":
-            routes[key(rh, epoch)].append({"seq": seq, "ts": r["ts"],
-                                           "reachable": [h(x) for x in (r["reachable"] or [])]})
-        elif kind in ("peer-connected", "peer-restarted") and r.get("peer") is not None \
-                and r.get("peer_epoch") is not None:
+            routes[key(rh, epoch)].append({"seq": seq, "ts": r["ts"], "reachable": [h(x) for x in (r["reachable"] or [])]})
+        elif kind in ("peer-connected", "peer-restarted") and r.get("peer") is not None and r.get("peer_epoch") is not None:
             peers.setdefault((r["peer"], r["peer_epoch"]), (router, epoch, seq))
     for spans in durable.values():  # each attach's durability lasts until the next attach
         for a, b in zip(spans, spans[1:]):
@@ -650,8 +885,16 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
     for e in epochs:
         end = e["stopping_ts"] if e["stopping_ts"] is not None else e["last_ts"]
         gone[str(h(e["router"]))].append({"ts": end, "topic": None})
-    return {"ends": dict(ends), "durable": dict(durable), "windows": merged, "routes": dict(routes),
-            "gone": dict(gone), "died": died, "attached": sorted(attached), "peers": peers}
+    return {
+        "ends": dict(ends),
+        "durable": dict(durable),
+        "windows": merged,
+        "routes": dict(routes),
+        "gone": dict(gone),
+        "died": died,
+        "attached": sorted(attached),
+        "peers": peers,
+    }
 
 
 def spark_hash(name: str) -> int:
@@ -670,6 +913,7 @@ def hashes_of(names: Iterable[str | None]) -> dict[str, int]:
 # ---------------------------------------------------------------------------
 # Bad lines: where, and torn or not (cold path)
 # ---------------------------------------------------------------------------
+
 
 def last_files(files: list[str]) -> set:
     """Of ``files``, those that are the last of their epoch in their directory (a
@@ -696,6 +940,7 @@ def find_bad_lines(spark, sources: list, first: int = 1000) -> tuple[list[dict],
     from 'eorouter logs compact' kept its malformed lines with their file and line.
     Returns (the first ``first`` of them, how many)."""
     from spark.load import LINE_FIELDS, line_schema, load_lines
+
     out: list[dict] = []
     total = 0
     for source in sources:
@@ -704,15 +949,25 @@ def find_bad_lines(spark, sources: list, first: int = 1000) -> tuple[list[dict],
             if source.remote:
                 reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl")
             text = reader.text(source.paths).select(
-                "value", F.col("_metadata.file_path").alias(FILE),
-                F.struct(F.col("_metadata.file_block_start"), F.monotonically_increasing_id()).alias("at"))
+                "value",
+                F.col("_metadata.file_path").alias(FILE),
+                F.struct(F.col("_metadata.file_block_start"), F.monotonically_increasing_id()).alias("at"),
+            )
             w = Window.partitionBy(FILE)
-            numbered = text.withColumn("line", F.row_number().over(w.orderBy("at"))) \
-                .withColumn("lines", F.count(F.lit(1)).over(w))
-            parsed = numbered.where(F.trim("value") != "").select(
-                FILE, "line", "lines", F.col("value").alias("raw_line"),
-                F.from_json("value", line_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-                .alias("j")).select(FILE, "line", "lines", "raw_line", "j.*")
+            numbered = text.withColumn("line", F.row_number().over(w.orderBy("at"))).withColumn(
+                "lines", F.count(F.lit(1)).over(w)
+            )
+            parsed = (
+                numbered.where(F.trim("value") != "")
+                .select(
+                    FILE,
+                    "line",
+                    "lines",
+                    F.col("value").alias("raw_line"),
+                    F.from_json("value", line_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("j"),
+                )
+                .select(FILE, "line", "lines", "raw_line", "j.*")
+            )
             judged = validate(parsed).where(F.col(PROBLEM).isNotNull()).persist()
             try:
                 total += judged.count()
@@ -721,21 +976,41 @@ def find_bad_lines(spark, sources: list, first: int = 1000) -> tuple[list[dict],
             finally:
                 judged.unpersist()
             for r in rows:
-                out.append({"router": r["router"], "epoch": r["epoch"], "seq": r["seq"], "ts": r["ts"],
-                            "file": r[FILE], "line": r["line"], "problem": r[PROBLEM], "text": r["raw_line"],
-                            "torn": (r["line"] == r["lines"] and r[FILE] in finals
-                                     and r[PROBLEM].startswith("unparsable"))})
+                out.append(
+                    {
+                        "router": r["router"],
+                        "epoch": r["epoch"],
+                        "seq": r["seq"],
+                        "ts": r["ts"],
+                        "file": r[FILE],
+                        "line": r["line"],
+                        "problem": r[PROBLEM],
+                        "text": r["raw_line"],
+                        "torn": (r["line"] == r["lines"] and r[FILE] in finals and r[PROBLEM].startswith("unparsable")),
+                    }
+                )
         else:
             data = validate(load_lines(spark, [source], LINE_FIELDS, files=True))
             have = set(spark.read.parquet(*source.paths).columns)
             line = F.col("_line") if "_line" in have else F.lit(None).cast("long")
             judged = data.where(F.col(PROBLEM).isNotNull())
             total += judged.count()
-            for r in judged.select("router", "epoch", "seq", "ts", FILE, line.alias("line"), PROBLEM, CORRUPT) \
-                    .limit(first).collect():
-                out.append({"router": r["router"], "epoch": r["epoch"], "seq": r["seq"], "ts": r["ts"],
-                            "file": r[FILE], "line": r["line"], "problem": r[PROBLEM], "text": r[CORRUPT],
-                            "torn": False})
+            for r in (
+                judged.select("router", "epoch", "seq", "ts", FILE, line.alias("line"), PROBLEM, CORRUPT).limit(first).collect()
+            ):
+                out.append(
+                    {
+                        "router": r["router"],
+                        "epoch": r["epoch"],
+                        "seq": r["seq"],
+                        "ts": r["ts"],
+                        "file": r[FILE],
+                        "line": r["line"],
+                        "problem": r[PROBLEM],
+                        "text": r[CORRUPT],
+                        "torn": False,
+                    }
+                )
     return out[:first], total
 
 
@@ -760,28 +1035,46 @@ def narrow(events: DataFrame, windows: dict) -> DataFrame:
     marks the reported answers; none without a resumed subscriber)."""
     kind = F.col("event")
     out = events.where(F.col("delivery").isNotNull() & ~F.col("_bad")).select(
-        F.xxhash64("delivery").alias("h"), "delivery", _hash(F.col("router")).alias("r"), F.col("epoch").alias("e"),
-        F.col("seq").alias("q"), F.col("ts").alias("t"), _code("event", _BY_FREQUENCY, KIND, 0).alias("k"),
-        _hash(F.col("subscriber")).alias("s"), _code("outcome", tuple(OUTCOME), OUTCOME, 6).alias("o"),
+        F.xxhash64("delivery").alias("h"),
+        "delivery",
+        _hash(F.col("router")).alias("r"),
+        F.col("epoch").alias("e"),
+        F.col("seq").alias("q"),
+        F.col("ts").alias("t"),
+        _code("event", _BY_FREQUENCY, KIND, 0).alias("k"),
+        _hash(F.col("subscriber")).alias("s"),
+        _code("outcome", tuple(OUTCOME), OUTCOME, 6).alias("o"),
         _hash(F.coalesce(F.col("origin_router"), F.col("to_router"), F.col("from_router"))).alias("p"),
-        F.when(kind == "received", _hashes(F.col("owed"))).when(kind == "forwarded-to-router", _hashes(F.col("dests")))
-        .when(kind == "owed-moved", _hashes(F.col("subscribers"))).alias("l"),
+        F.when(kind == "received", _hashes(F.col("owed")))
+        .when(kind == "forwarded-to-router", _hashes(F.col("dests")))
+        .when(kind == "owed-moved", _hashes(F.col("subscribers")))
+        .alias("l"),
         F.when(kind == "received", _hashes(F.col("forwarded"))).alias("f"),
         F.when(kind == "received", _hashes(F.col("routers"))).alias("x"),
         F.when(kind == "settled", F.col("deleted")).otherwise(F.col("settled")).alias("b"),
         F.when(kind == "settled", _code("by", tuple(BY), BY, 7))
         .when((kind == "pub-outcome") & (F.col("reason") == REMEMBERED), F.lit(1))
-        .when((kind == "pub-outcome") & (F.col("condition") == BEYOND_HORIZON), F.lit(2)).alias("y"),
-        F.when(kind == "received", F.struct("topic", "publisher", "link_name", "incarnation", "pub_tag",
-                                            "stream_seq")).alias("id"),
-        F.col("_pos"))
+        .when((kind == "pub-outcome") & (F.col("condition") == BEYOND_HORIZON), F.lit(2))
+        .alias("y"),
+        F.when(kind == "received", F.struct("topic", "publisher", "link_name", "incarnation", "pub_tag", "stream_seq")).alias(
+            "id"
+        ),
+        F.col("_pos"),
+    )
     if not windows:
         return out.withColumn("rep", F.lit(False))
     rows = [(k[0], k[1], k[2], a, b) for k, spans in windows.items() for a, b in spans]
     w = F.broadcast(events.sparkSession.createDataFrame(rows, "wr long, we long, ws long, a_seq long, r_seq long"))
-    flagged = out.join(w, (out["r"] == w["wr"]) & (out["e"] == w["we"]) & (out["s"] == w["ws"])
-                       & (out["k"] == KIND["sub-outcome"]) & (out["q"] > w["a_seq"]) & (out["q"] < w["r_seq"]),
-                       "left")
+    flagged = out.join(
+        w,
+        (out["r"] == w["wr"])
+        & (out["e"] == w["we"])
+        & (out["s"] == w["ws"])
+        & (out["k"] == KIND["sub-outcome"])
+        & (out["q"] > w["a_seq"])
+        & (out["q"] < w["r_seq"]),
+        "left",
+    )
     return flagged.select(*[out[c] for c in out.columns], w["a_seq"].isNotNull().alias("rep"))
 
 
@@ -789,11 +1082,12 @@ def group_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
     """One shuffle by delivery id (its 64-bit hash, also the sort's cheap prefix),
     sorted, then one row per delivery: ``ev`` (its events in (router, epoch, seq)
     order) and ``id`` (who published it, from its first `received`)."""
-    return narrowed.repartition(partitions, "h") \
-        .sortWithinPartitions("h", "delivery", "r", "e", "q", "_pos") \
-        .groupBy("h", "delivery").agg(
-            F.collect_list(F.struct(*EVENT_FIELDS)).alias("ev"),
-            F.first("id", ignorenulls=True).alias("id"))
+    return (
+        narrowed.repartition(partitions, "h")
+        .sortWithinPartitions("h", "delivery", "r", "e", "q", "_pos")
+        .groupBy("h", "delivery")
+        .agg(F.collect_list(F.struct(*EVENT_FIELDS)).alias("ev"), F.first("id", ignorenulls=True).alias("id"))
+    )
 
 
 def _sql_const(value, type_: str) -> str:
@@ -815,10 +1109,8 @@ class Constants:
 
     def __init__(self, small: dict, missing: list):
         self.ends = _sql_const(small["ends"], "map<string, array<struct<seq:bigint, kind:string, topic:string>>>")
-        self.durable = _sql_const(small["durable"],
-                                  "map<string, array<struct<from:bigint, to:bigint, durable:bigint>>>")
-        self.routes = _sql_const(small["routes"],
-                                 "map<string, array<struct<seq:bigint, ts:double, reachable:array<bigint>>>>")
+        self.durable = _sql_const(small["durable"], "map<string, array<struct<from:bigint, to:bigint, durable:bigint>>>")
+        self.routes = _sql_const(small["routes"], "map<string, array<struct<seq:bigint, ts:double, reachable:array<bigint>>>>")
         self.gone = _sql_const(small["gone"], "map<string, array<struct<ts:double, topic:string>>>")
         self.died = _sql_const(small["died"], "array<string>")
         self.attached = _sql_const(small["attached"], "array<bigint>")
@@ -831,15 +1123,18 @@ class Constants:
         return f"coalesce(try_element_at({table}, {key}), array())"
 
 
-def _violation(check: str, *, kind="NULL", r="NULL", e="NULL", q="NULL", t="NULL", s="NULL", other="NULL",
-               info: dict | None = None) -> str:
+def _violation(
+    check: str, *, kind="NULL", r="NULL", e="NULL", q="NULL", t="NULL", s="NULL", other="NULL", info: dict | None = None
+) -> str:
     """One violation as a SQL struct, inside the per-delivery projection (the
     delivery, publisher and tag are added from the row)."""
     fields = ", ".join(f"'{k}', {v}" for k, v in (info or {}).items())
     info_sql = f"to_json(named_struct({fields}))" if info else "cast(NULL as string)"
-    return (f"named_struct('check', '{check}', 'kind', cast({kind} as string), 'router', cast({r} as bigint), "
-            f"'epoch', cast({e} as bigint), 'seq', cast({q} as bigint), 'ts', cast({t} as double), "
-            f"'subscriber', cast({s} as bigint), 'other', cast({other} as bigint), 'info', {info_sql})")
+    return (
+        f"named_struct('check', '{check}', 'kind', cast({kind} as string), 'router', cast({r} as bigint), "
+        f"'epoch', cast({e} as bigint), 'seq', cast({q} as bigint), 'ts', cast({t} as double), "
+        f"'subscriber', cast({s} as bigint), 'other', cast({other} as bigint), 'info', {info_sql})"
+    )
 
 
 def _first_per(arr: str, key: str, value: str, var: str = "z") -> str:
@@ -847,9 +1142,11 @@ def _first_per(arr: str, key: str, value: str, var: str = "z") -> str:
     ``var``): one ``named_struct(key, n, first)`` per key, ``first`` the smallest
     ``value`` (a struct expression of ``var`` whose first field orders)."""
     k2 = key.replace(f"{var}.", f"{var}2.")
-    return (f"transform(array_distinct(transform({arr}, {var} -> {key})), kk -> named_struct("
-            f"'key', kk, 'n', size(filter({arr}, {var}2 -> {k2} = kk)), "
-            f"'first', array_min(transform(filter({arr}, {var}2 -> {k2} = kk), {var} -> {value}))))")
+    return (
+        f"transform(array_distinct(transform({arr}, {var} -> {key})), kk -> named_struct("
+        f"'key', kk, 'n', size(filter({arr}, {var}2 -> {k2} = kk)), "
+        f"'first', array_min(transform(filter({arr}, {var}2 -> {k2} = kk), {var} -> {value}))))"
+    )
 
 
 def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> DataFrame:
@@ -861,7 +1158,9 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     topic = "id.topic"
     # --- the delivery's events by kind
     step = grouped.selectExpr(
-        "delivery", "id", "ev",
+        "delivery",
+        "id",
+        "ev",
         f"filter(ev, e -> e.k {K('received')}) AS recv_all",
         f"filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)) AS records",
         # (not a refusal beyond the resume horizon: that is not the subscribers' outcome)
@@ -878,20 +1177,26 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"transform(filter(ev, e -> e.k {K('forwarded')}), e -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', e.s))"
         f") AS sends",
         # a subscriber's answers that count as new ones (not reported on a resume)
-        f"filter(ev, e -> e.k {K('sub-outcome')} AND NOT coalesce(e.rep, false)) AS answers")
+        f"filter(ev, e -> e.k {K('sub-outcome')} AND NOT coalesce(e.rep, false)) AS answers",
+    )
     # each record with its router's first answer in that epoch (pub-outcome or outcome-to-router)
     step = step.selectExpr(
-        "*", "transform(records, rec -> named_struct('r', rec.r, 'e', rec.e, 'q', rec.q, 't', rec.t, 'p', rec.p, "
+        "*",
+        "transform(records, rec -> named_struct('r', rec.r, 'e', rec.e, 'q', rec.q, 't', rec.t, 'p', rec.p, "
         f"'owed', coalesce(rec.l, {_EMPTY}), 'routers', coalesce(rec.x, {_EMPTY}), "
         f"'ans', array_min(transform(filter(ev, e -> e.k {K('pub-outcome', 'outcome-to-router')} AND e.r = rec.r "
-        "AND e.e = rec.e), e -> named_struct('q', e.q, 'o', e.o))))) AS recs")
+        "AND e.e = rec.e), e -> named_struct('q', e.q, 'o', e.o))))) AS recs",
+    )
     step = step.selectExpr(
-        "*", "try_element_at(filter(recs, x -> x.p IS NULL), 1) AS origin",
+        "*",
+        "try_element_at(filter(recs, x -> x.p IS NULL), 1) AS origin",
         "array_min(transform(pubs, e -> named_struct('q', e.q, 't', e.t, 'o', e.o, 'r', e.r, 'e', e.e))) AS pub",
-        f"exists(pubs, e -> e.o = {ACC}) AS told_accepted", "array_union(acc_subs, discarded) AS done",
-        "array_distinct(transform(recv_all, e -> e.r)) AS reached", "transform(moves, m -> m.p) AS moved_from")
-    step = step.selectExpr("*", "try_element_at(filter(pubs, e -> e.r = origin.r AND e.e = origin.e), 1) "
-                                "AS origin_answer")
+        f"exists(pubs, e -> e.o = {ACC}) AS told_accepted",
+        "array_union(acc_subs, discarded) AS done",
+        "array_distinct(transform(recv_all, e -> e.r)) AS reached",
+        "transform(moves, m -> m.p) AS moved_from",
+    )
+    step = step.selectExpr("*", "try_element_at(filter(pubs, e -> e.r = origin.r AND e.e = origin.e), 1) AS origin_answer")
 
     def said(rec: str, s: str) -> str:
         return f"filter(ev, e -> e.k {K('sub-outcome', 'expired')} AND e.r = {rec}.r AND e.e = {rec}.e AND e.s = {s})"
@@ -902,94 +1207,170 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     # --- lost: an owed subscriber never accepted it, on any router. Excused: its
     # subscription ended after the delivery arrived and before its router answered;
     # it was not durable and its router died before answering; its obligation moved.
-    ended = (f"exists({c.at(c.ends, 'rec.r', 'rec.e', 's')}, x -> x.seq > rec.q AND (rec.ans IS NULL "
-             f"OR x.seq < rec.ans.q) AND (x.kind != 're-attached' OR x.topic IS DISTINCT FROM {topic}))")
-    durable = (f"coalesce(try_element_at(filter({c.at(c.durable, 'rec.r', 'rec.e', 's')}, x -> x.from < rec.q "
-               f"AND rec.q < x.to), 1).durable, 1)")
-    died_nondurable = (f"(rec.ans IS NULL AND array_contains({c.died}, cast(rec.r as string) || '|' || "
-                       f"cast(rec.e as string)) AND {durable} = 0)")
+    ended = (
+        f"exists({c.at(c.ends, 'rec.r', 'rec.e', 's')}, x -> x.seq > rec.q AND (rec.ans IS NULL "
+        f"OR x.seq < rec.ans.q) AND (x.kind != 're-attached' OR x.topic IS DISTINCT FROM {topic}))"
+    )
+    durable = (
+        f"coalesce(try_element_at(filter({c.at(c.durable, 'rec.r', 'rec.e', 's')}, x -> x.from < rec.q "
+        f"AND rec.q < x.to), 1).durable, 1)"
+    )
+    died_nondurable = (
+        f"(rec.ans IS NULL AND array_contains({c.died}, cast(rec.r as string) || '|' || cast(rec.e as string)) AND {durable} = 0)"
+    )
     lost_subs = (
         "flatten(transform(recs, rec -> transform(filter(rec.owed, s -> NOT array_contains(done, s) "
         f"AND NOT array_contains(moved_subs, s) AND NOT {ended} AND NOT {died_nondurable}), s -> "
-        + _violation("lost", r="rec.r", e="rec.e", q="rec.q", t="rec.t", s="s", info={
-            "said": f"array_distinct({said_codes('rec', 's')})",
-            "sent": "array_min(transform(filter(sends, x -> x.r = rec.r AND x.e = rec.e AND x.s = s), x -> x.q))",
-            "answer": "rec.ans.o", "answer_seq": "rec.ans.q"}) + ")))")
+        + _violation(
+            "lost",
+            r="rec.r",
+            e="rec.e",
+            q="rec.q",
+            t="rec.t",
+            s="s",
+            info={
+                "said": f"array_distinct({said_codes('rec', 's')})",
+                "sent": "array_min(transform(filter(sends, x -> x.r = rec.r AND x.e = rec.e AND x.s = s), x -> x.q))",
+                "answer": "rec.ans.o",
+                "answer_seq": "rec.ans.q",
+            },
+        )
+        + ")))"
+    )
     lost_moved = (
         "transform(filter(array_distinct(moved_subs), s -> NOT array_contains(done, s)), s -> "
         "transform(array(try_element_at(filter(moves, m -> array_contains(coalesce(m.l, "
         f"{_EMPTY}), s)), 1)), m -> "
-        + _violation("lost", kind="'moved'", r="m.r", e="m.e", q="m.q", t="m.t", s="s", other="m.p") + ")[0])")
+        + _violation("lost", kind="'moved'", r="m.r", e="m.e", q="m.q", t="m.t", s="s", other="m.p")
+        + ")[0])"
+    )
 
     def told_by(x: str) -> str:  # the outcomes the origin logged from router x
-        return (f"array_distinct(transform(filter(ev, e -> e.k {K('outcome-from-router')} AND e.r = origin.r "
-                f"AND e.e = origin.e AND e.p = {x}), e -> e.o))")
+        return (
+            f"array_distinct(transform(filter(ev, e -> e.k {K('outcome-from-router')} AND e.r = origin.r "
+            f"AND e.e = origin.e AND e.p = {x}), e -> e.o))"
+        )
 
-    unreachable = (f"exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.ts >= origin.t AND (pub.q IS NULL "
-                   "OR rt.seq < pub.q) AND NOT array_contains(rt.reachable, x))")
-    lost_interest = (f"exists(coalesce(try_element_at({c.gone}, cast(x as string)), array()), g -> (g.topic IS NULL "
-                     f"OR g.topic = {topic}) AND g.ts >= origin.t - {CLOCK_SLACK} AND g.ts <= pub.t + {CLOCK_SLACK})")
+    unreachable = (
+        f"exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.ts >= origin.t AND (pub.q IS NULL "
+        "OR rt.seq < pub.q) AND NOT array_contains(rt.reachable, x))"
+    )
+    lost_interest = (
+        f"exists(coalesce(try_element_at({c.gone}, cast(x as string)), array()), g -> (g.topic IS NULL "
+        f"OR g.topic = {topic}) AND g.ts >= origin.t - {CLOCK_SLACK} AND g.ts <= pub.t + {CLOCK_SLACK})"
+    )
     lost_routers = (
         f"transform(filter(coalesce(origin.routers, {_EMPTY}), x -> NOT array_contains(reached, x) "
         f"AND NOT array_contains(moved_from, x) AND NOT array_contains({c.missing}, x) "
         f"AND (size({told_by('x')}) = 0 OR exists({told_by('x')}, y -> y != {OUTCOME['none']})) "
         f"AND NOT (size({told_by('x')}) = 0 AND ({unreachable} OR {lost_interest}))), x -> "
-        + _violation("lost", kind="'router'", r="x", e="origin.e", t="origin.t", other="origin.r",
-                     info={"told": told_by("x")}) + ")")
-    step = step.selectExpr("*", f"CASE WHEN told_accepted THEN concat({lost_subs}, {lost_moved}, "
-                                f"CASE WHEN origin IS NOT NULL THEN {lost_routers} ELSE array() END) END AS v_lost")
+        + _violation("lost", kind="'router'", r="x", e="origin.e", t="origin.t", other="origin.r", info={"told": told_by("x")})
+        + ")"
+    )
+    step = step.selectExpr(
+        "*",
+        f"CASE WHEN told_accepted THEN concat({lost_subs}, {lost_moved}, "
+        f"CASE WHEN origin IS NOT NULL THEN {lost_routers} ELSE array() END) END AS v_lost",
+    )
 
     # --- duplicated: one subscriber accepted this delivery id twice (reports aside)
     accepts = f"filter(answers, e -> e.o = {ACC})"
-    v_dup = (f"transform(filter(transform(array_distinct(transform({accepts}, e -> e.s)), s -> named_struct("
-             f"'s', s, 'a', filter({accepts}, e -> e.s = s))), x -> size(x.a) > 1), x -> "
-             + _violation("duplicated", kind="'id'", r="x.a[0].r", e="x.a[0].e", q="x.a[0].q", t="x.a[0].t", s="x.s",
-                          info={"where": "transform(x.a, e -> named_struct('r', e.r, 'e', e.e, 'q', e.q))"}) + ")")
+    v_dup = (
+        f"transform(filter(transform(array_distinct(transform({accepts}, e -> e.s)), s -> named_struct("
+        f"'s', s, 'a', filter({accepts}, e -> e.s = s))), x -> size(x.a) > 1), x -> "
+        + _violation(
+            "duplicated",
+            kind="'id'",
+            r="x.a[0].r",
+            e="x.a[0].e",
+            q="x.a[0].q",
+            t="x.a[0].t",
+            s="x.s",
+            info={"where": "transform(x.a, e -> named_struct('r', e.r, 'e', e.e, 'q', e.q))"},
+        )
+        + ")"
+    )
     # --- invented: events about a delivery no router received
     referencing = ", ".join(str(KIND[n]) for n in REFERENCING)
-    v_invented = (f"CASE WHEN size(recv_all) = 0 THEN transform(filter(ev, e -> e.k IN ({referencing}) "
-                  f"AND NOT (e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2)), e -> "
-                  + _violation("invented", r="e.r", e="e.e", q="e.q", t="e.t", s="e.s",
-                               info={"kind": "e.k", "outcome": "e.o"}) + ") END")
+    v_invented = (
+        f"CASE WHEN size(recv_all) = 0 THEN transform(filter(ev, e -> e.k IN ({referencing}) "
+        f"AND NOT (e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2)), e -> "
+        + _violation("invented", r="e.r", e="e.e", q="e.q", t="e.t", s="e.s", info={"kind": "e.k", "outcome": "e.o"})
+        + ") END"
+    )
     # --- record-missing: an event that needs the router's record, before any
     # `received` of the delivery on that router in that epoch
     needs = ", ".join(str(KIND[n]) for n in NEEDS_RECORD)
-    orphans = (f"CASE WHEN size(recv_all) > 0 THEN filter(ev, e -> e.k IN ({needs}) AND CASE "
-               f"WHEN e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 1 "
-               "THEN NOT exists(ev, x -> x.r = e.r AND x.e = e.e AND x.q < e.q) "
-               f"WHEN e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2 THEN false "
-               "ELSE NOT exists(recv_all, x -> x.r = e.r AND x.e = e.e AND x.q <= e.q) END) ELSE array() END")
+    orphans = (
+        f"CASE WHEN size(recv_all) > 0 THEN filter(ev, e -> e.k IN ({needs}) AND CASE "
+        f"WHEN e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 1 "
+        "THEN NOT exists(ev, x -> x.r = e.r AND x.e = e.e AND x.q < e.q) "
+        f"WHEN e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2 THEN false "
+        "ELSE NOT exists(recv_all, x -> x.r = e.r AND x.e = e.e AND x.q <= e.q) END) ELSE array() END"
+    )
     step = step.selectExpr("*", f"{v_dup} AS v_dup", f"{v_invented} AS v_invented", f"{orphans} AS orphans")
-    by_router = _first_per("orphans", "named_struct('r', z.r, 'e', z.e)",
-                           "named_struct('q', z.q, 'k', z.k, 'o', z.o, 's', z.s, 't', z.t)")
+    by_router = _first_per(
+        "orphans", "named_struct('r', z.r, 'e', z.e)", "named_struct('q', z.q, 'k', z.k, 'o', z.o, 's', z.s, 't', z.t)"
+    )
     v_record = (
         f"transform({by_router}, g -> "
-        + _violation("record-missing", r="g.key.r", e="g.key.e", q="g.first.q", t="g.first.t", s="g.first.s", info={
-            "kind": "g.first.k", "outcome": "g.first.o", "more": "g.n - 1",
-            "received_in": "transform(filter(recv_all, x -> x.r = g.key.r), x -> x.e)"}) + ")")
+        + _violation(
+            "record-missing",
+            r="g.key.r",
+            e="g.key.e",
+            q="g.first.q",
+            t="g.first.t",
+            s="g.first.s",
+            info={
+                "kind": "g.first.k",
+                "outcome": "g.first.o",
+                "more": "g.n - 1",
+                "received_in": "transform(filter(recv_all, x -> x.r = g.key.r), x -> x.e)",
+            },
+        )
+        + ")"
+    )
     # --- arrival-unforwarded: a copy from another router that no router logged forwarding
     v_arrival = (
         f"transform(filter(recv_all, x -> x.p IS NOT NULL AND NOT array_contains({c.missing}, x.p) AND NOT exists("
         f"ev, f -> f.k {K('forwarded-to-router')} AND (array_contains(coalesce(f.l, {_EMPTY}), x.r) OR f.p = x.r))), "
-        "x -> " + _violation("arrival-unforwarded", r="x.r", e="x.e", q="x.q", t="x.t", other="x.p") + ")")
-    ever_owed = (f"array_distinct(concat(owed_subs, transform(sends, x -> x.s), moved_subs, transform(filter(ev, "
-                 f"e -> e.k {K('placeholder-fulfilled')}), e -> e.s)))")
+        "x -> " + _violation("arrival-unforwarded", r="x.r", e="x.e", q="x.q", t="x.t", other="x.p") + ")"
+    )
+    ever_owed = (
+        f"array_distinct(concat(owed_subs, transform(sends, x -> x.s), moved_subs, transform(filter(ev, "
+        f"e -> e.k {K('placeholder-fulfilled')}), e -> e.s)))"
+    )
     step = step.selectExpr("*", f"{v_record} AS v_record", f"{v_arrival} AS v_arrival", f"{ever_owed} AS ever_owed")
     # --- accept-unowed / accept-unsent (of a delivery some router received: the
     # others are invented, and that is all they are)
     first_answer = "named_struct('q', z.q, 'r', z.r, 'e', z.e, 't', z.t, 'o', z.o)"
     step = step.selectExpr(
-        "*", f"filter(ev, e -> e.k {K('sub-outcome')} AND size(recv_all) > 0 AND NOT array_contains(ever_owed, e.s)) "
-        "AS unowed",
+        "*",
+        f"filter(ev, e -> e.k {K('sub-outcome')} AND size(recv_all) > 0 AND NOT array_contains(ever_owed, e.s)) AS unowed",
         "filter(answers, e -> size(recv_all) > 0 AND array_contains(ever_owed, e.s) AND NOT exists(sends, x -> "
-        "x.r = e.r AND x.e = e.e AND x.s = e.s AND x.q < e.q)) AS unsent")
-    v_unowed = (f"transform({_first_per('unowed', 'z.s', first_answer)}, g -> "
-                + _violation("accept-unowed", r="g.first.r", e="g.first.e", q="g.first.q", t="g.first.t", s="g.key",
-                             info={"outcome": "g.first.o", "attached": f"array_contains({c.attached}, g.key)"}) + ")")
+        "x.r = e.r AND x.e = e.e AND x.s = e.s AND x.q < e.q)) AS unsent",
+    )
+    v_unowed = (
+        f"transform({_first_per('unowed', 'z.s', first_answer)}, g -> "
+        + _violation(
+            "accept-unowed",
+            r="g.first.r",
+            e="g.first.e",
+            q="g.first.q",
+            t="g.first.t",
+            s="g.key",
+            info={"outcome": "g.first.o", "attached": f"array_contains({c.attached}, g.key)"},
+        )
+        + ")"
+    )
     per_router = _first_per("unsent", "named_struct('s', z.s, 'r', z.r)", first_answer)
-    v_unsent = (f"transform({per_router}, g -> "
-                + _violation("accept-unsent", r="g.key.r", e="g.first.e", q="g.first.q", t="g.first.t", s="g.key.s",
-                             info={"outcome": "g.first.o"}) + ")")
+    v_unsent = (
+        f"transform({per_router}, g -> "
+        + _violation(
+            "accept-unsent", r="g.key.r", e="g.first.e", q="g.first.q", t="g.first.t", s="g.key.s", info={"outcome": "g.first.o"}
+        )
+        + ")"
+    )
 
     # --- answer-missing: the origin answered its publisher without logging the
     # answer of a router it owed the delivery to, which received it and owed it to
@@ -998,125 +1379,207 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     # subscribers left: the origin may stop waiting for a router that lost interest
     # before that answer reaches it, and then does not log it).
     its_record = "try_element_at(filter(recs, y -> y.r = x AND size(y.owed) > 0), 1)"
-    router_answer = (f"array_min(transform(filter(ev, e -> e.k {K('outcome-to-router')} AND e.r = x), "
-                     "e -> named_struct('q', e.q, 'o', e.o, 'e', e.e)))")
+    router_answer = (
+        f"array_min(transform(filter(ev, e -> e.k {K('outcome-to-router')} AND e.r = x), "
+        "e -> named_struct('q', e.q, 'o', e.o, 'e', e.e)))"
+    )
     heard = f"exists(ev, e -> e.k {K('outcome-from-router')} AND e.r = origin.r AND e.e = origin.e AND e.p = x)"
-    excused = (f"(exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.seq > origin.q AND rt.seq < origin_answer.q AND NOT "
-               f"array_contains(rt.reachable, x)) OR ({router_answer} IS NULL AND array_contains({c.died}, "
-               f"cast(x as string) || '|' || cast({its_record}.e as string))) OR "
-               f"coalesce({router_answer}.o = {OUTCOME['none']}, false))")
+    excused = (
+        f"(exists({c.at(c.routes, 'origin.r', 'origin.e')}, rt -> rt.seq > origin.q AND rt.seq < origin_answer.q AND NOT "
+        f"array_contains(rt.reachable, x)) OR ({router_answer} IS NULL AND array_contains({c.died}, "
+        f"cast(x as string) || '|' || cast({its_record}.e as string))) OR "
+        f"coalesce({router_answer}.o = {OUTCOME['none']}, false))"
+    )
     v_answer = (
         f"CASE WHEN origin IS NOT NULL AND origin_answer IS NOT NULL AND NOT array_contains({c.missing}, origin.r) "
         f"THEN transform(filter(coalesce(origin.routers, {_EMPTY}), x -> {its_record} IS NOT NULL AND NOT {heard} "
         f"AND NOT array_contains(moved_from, x) AND NOT array_contains({c.missing}, x) AND NOT {excused}), x -> "
-        + _violation("answer-missing", r="origin.r", e="origin.e", q="origin_answer.q", t="origin_answer.t",
-                     other="x", info={
-                         "outcome": "origin_answer.o", "received": f"named_struct('e', {its_record}.e, 'q', "
-                                                                   f"{its_record}.q)",
-                         "owed": f"{its_record}.owed", "answer": router_answer}) + ") ELSE array() END")
+        + _violation(
+            "answer-missing",
+            r="origin.r",
+            e="origin.e",
+            q="origin_answer.q",
+            t="origin_answer.t",
+            other="x",
+            info={
+                "outcome": "origin_answer.o",
+                "received": f"named_struct('e', {its_record}.e, 'q', {its_record}.q)",
+                "owed": f"{its_record}.owed",
+                "answer": router_answer,
+            },
+        )
+        + ") ELSE array() END"
+    )
     # --- outcome-disagrees: the publisher's outcome against what its owed
     # subscribers did (docs/delivery-rule.md). Excused, for "every owed subscriber
     # accepted": a router that received it never logged its answer and died, or
     # the origin had it unreachable when it answered: the origin could not know.
-    pairs = ("flatten(transform(recs, rec -> transform(rec.owed, s -> named_struct('r', rec.r, 'e', rec.e, 's', s, "
-             f"'ans', rec.ans, 'first', array_min(transform(filter({said('rec', 's')}, e -> rec.ans IS NULL OR "
-             f"e.q < rec.ans.q), e -> named_struct('q', e.q, 'o', CASE WHEN e.k {K('expired')} THEN {EXPIRED} "
-             "ELSE e.o END)))))))")
+    pairs = (
+        "flatten(transform(recs, rec -> transform(rec.owed, s -> named_struct('r', rec.r, 'e', rec.e, 's', s, "
+        f"'ans', rec.ans, 'first', array_min(transform(filter({said('rec', 's')}, e -> rec.ans IS NULL OR "
+        f"e.q < rec.ans.q), e -> named_struct('q', e.q, 'o', CASE WHEN e.k {K('expired')} THEN {EXPIRED} "
+        "ELSE e.o END)))))))"
+    )
     # A delivery a router whose log is missing took part in (it received it, or sent
     # it on): what that router's subscribers did is not in the input, the missing
     # log is reported once, as router-log-missing
-    partial = (f"coalesce(exists(coalesce(origin.routers, {_EMPTY}), x -> array_contains({c.missing}, x)) OR "
-               f"exists(recv_all, x -> (x.p IS NOT NULL AND array_contains({c.missing}, x.p)) OR "
-               f"exists(coalesce(x.x, {_EMPTY}), m -> array_contains({c.missing}, m))), false)")
-    step = step.selectExpr("*", f"{v_unowed} AS v_unowed", f"{v_unsent} AS v_unsent", f"{v_answer} AS v_answer",
-                           f"{pairs} AS pairs", f"{partial} AS partial")
+    partial = (
+        f"coalesce(exists(coalesce(origin.routers, {_EMPTY}), x -> array_contains({c.missing}, x)) OR "
+        f"exists(recv_all, x -> (x.p IS NOT NULL AND array_contains({c.missing}, x.p)) OR "
+        f"exists(coalesce(x.x, {_EMPTY}), m -> array_contains({c.missing}, m))), false)"
+    )
+    step = step.selectExpr(
+        "*",
+        f"{v_unowed} AS v_unowed",
+        f"{v_unsent} AS v_unsent",
+        f"{v_answer} AS v_answer",
+        f"{pairs} AS pairs",
+        f"{partial} AS partial",
+    )
     all_accepted = "(size(pairs) > 0 AND forall(pairs, y -> array_contains(acc_subs, y.s)))"
     bad_codes = ", ".join(str(x) for x in (*TERMINAL_NOT_ACCEPTED, EXPIRED))
-    refused = (f"filter(pairs, y -> y.first IS NOT NULL AND y.first.o IN ({bad_codes}) "
-               "AND NOT array_contains(acc_subs, y.s))")
-    unknowable = (f"exists(pairs, y -> y.r != p.r AND y.ans IS NULL AND (array_contains({c.died}, "
-                  f"cast(y.r as string) || '|' || cast(y.e as string)) OR exists({c.at(c.routes, 'p.r', 'p.e')}, "
-                  # (unreachable after the delivery arrived there: a router the origin sent it to was reachable then)
-                  "rt -> rt.seq < p.q AND (origin IS NULL OR origin.r != p.r OR origin.e != p.e OR rt.seq > origin.q) "
-                  "AND NOT array_contains(rt.reachable, y.r))))")
+    refused = f"filter(pairs, y -> y.first IS NOT NULL AND y.first.o IN ({bad_codes}) AND NOT array_contains(acc_subs, y.s))"
+    unknowable = (
+        f"exists(pairs, y -> y.r != p.r AND y.ans IS NULL AND (array_contains({c.died}, "
+        f"cast(y.r as string) || '|' || cast(y.e as string)) OR exists({c.at(c.routes, 'p.r', 'p.e')}, "
+        # (unreachable after the delivery arrived there: a router the origin sent it to was reachable then)
+        "rt -> rt.seq < p.q AND (origin IS NULL OR origin.r != p.r OR origin.e != p.e OR rt.seq > origin.q) "
+        "AND NOT array_contains(rt.reachable, y.r))))"
+    )
     v_disagree = (
         f"transform(filter(transform(pubs, p -> named_struct('p', p, 'kind', CASE WHEN p.o != {ACC} AND "
         f"{all_accepted} AND NOT {unknowable} THEN 'all-accepted' WHEN p.o = {ACC} AND size({refused}) > 0 "
         f"THEN 'refused' END)), w -> w.kind IS NOT NULL AND NOT partial), "
-        "w -> " + _violation("outcome-disagrees", kind="w.kind", r="w.p.r", e="w.p.e", q="w.p.q", t="w.p.t", info={
-            "outcome": "w.p.o", "pairs": f"transform(CASE WHEN w.kind = 'refused' THEN {refused} ELSE pairs END, "
-                                         "y -> named_struct('s', y.s, 'r', y.r, 'first', y.first))"}) + ")")
+        "w -> "
+        + _violation(
+            "outcome-disagrees",
+            kind="w.kind",
+            r="w.p.r",
+            e="w.p.e",
+            q="w.p.q",
+            t="w.p.t",
+            info={
+                "outcome": "w.p.o",
+                "pairs": f"transform(CASE WHEN w.kind = 'refused' THEN {refused} ELSE pairs END, "
+                "y -> named_struct('s', y.s, 'r', y.r, 'first', y.first))",
+            },
+        )
+        + ")"
+    )
     # --- left-unsettled: records never deleted in their epoch; on a router that
     # stopped in order a violation, on one that died a note (its records went with it)
-    closed = (f"exists(ev, e -> e.r = rec.r AND e.e = rec.e AND ((e.k {K('settled')} AND coalesce(e.b, false)) "
-              f"OR e.k {K('record-deleted')}))")
-    left = (f"transform(filter(recs, rec -> NOT {closed}), rec -> named_struct('rec', rec, 'died', array_contains("
-            f"{c.died}, cast(rec.r as string) || '|' || cast(rec.e as string)), 'by', try_element_at(transform("
-            f"filter(ev, e -> e.r = rec.r AND e.e = rec.e AND e.k {K('settled')}), e -> e.y), 1), 'waiting', "
-            f"array_except(rec.owed, transform(filter(ev, e -> e.r = rec.r AND e.e = rec.e AND "
-            f"e.k {K('sub-outcome', 'expired')}), e -> e.s))))")
+    closed = (
+        f"exists(ev, e -> e.r = rec.r AND e.e = rec.e AND ((e.k {K('settled')} AND coalesce(e.b, false)) "
+        f"OR e.k {K('record-deleted')}))"
+    )
+    left = (
+        f"transform(filter(recs, rec -> NOT {closed}), rec -> named_struct('rec', rec, 'died', array_contains("
+        f"{c.died}, cast(rec.r as string) || '|' || cast(rec.e as string)), 'by', try_element_at(transform("
+        f"filter(ev, e -> e.r = rec.r AND e.e = rec.e AND e.k {K('settled')}), e -> e.y), 1), 'waiting', "
+        f"array_except(rec.owed, transform(filter(ev, e -> e.r = rec.r AND e.e = rec.e AND "
+        f"e.k {K('sub-outcome', 'expired')}), e -> e.s))))"
+    )
     step = step.selectExpr("*", f"{v_disagree} AS v_disagree", f"{left} AS left")
-    v_left = ("transform(filter(left, x -> NOT x.died), x -> "
-              + _violation("left-unsettled", r="x.rec.r", e="x.rec.e", q="x.rec.q", t="x.rec.t", other="x.rec.p",
-                           info={"by": "x.by", "answer": "x.rec.ans", "waiting": "x.waiting"}) + ")")
+    v_left = (
+        "transform(filter(left, x -> NOT x.died), x -> "
+        + _violation(
+            "left-unsettled",
+            r="x.rec.r",
+            e="x.rec.e",
+            q="x.rec.q",
+            t="x.rec.t",
+            other="x.rec.p",
+            info={"by": "x.by", "answer": "x.rec.ans", "waiting": "x.waiting"},
+        )
+        + ")"
+    )
     # --- the applications' view (with ledgers): each subscriber's application was
     # handed the delivery once (twice is a duplicate at the application), nothing
     # no router sent it, and whatever it accepted (router view): `app_missing` lists
     # those the application never got (a violation for subscribers that keep a ledger)
     if ledgers:
         apps = f"filter(ev, e -> e.k = {APP_DELIVERED})"
-        app = (f"transform(array_distinct(transform({apps}, e -> e.s)), s -> named_struct('s', s, 'n', "
-               f"size(filter({apps}, e -> e.s = s)), 'first', array_min(transform(filter({apps}, e -> e.s = s), "
-               "e -> named_struct('fid', e.p, 'split', e.e, 'row', e.q, 't', e.t)))))")
+        app = (
+            f"transform(array_distinct(transform({apps}, e -> e.s)), s -> named_struct('s', s, 'n', "
+            f"size(filter({apps}, e -> e.s = s)), 'first', array_min(transform(filter({apps}, e -> e.s = s), "
+            "e -> named_struct('fid', e.p, 'split', e.e, 'row', e.q, 't', e.t)))))"
+        )
         step = step.selectExpr("*", f"{app} AS app")
-        v_app = ("concat(transform(filter(app, a -> a.n > 1), a -> "
-                 + _violation("ledger", kind="'twice'", s="a.s", t="a.first.t", info={"n": "a.n"}) + "), "
-                 # (not for a delivery a router whose log is missing took part in: what it sent, it
-                 # logged there; the missing log is reported once, as router-log-missing)
-                 # A delivery no router received is unsent too (unless a log is missing: it may be there).
-                 f"transform(filter(app, a -> (size(recv_all) > 0 OR size({c.missing}) = 0) AND NOT exists(sends, "
-                 "x -> x.s = a.s) AND NOT partial), a -> "
-                 + _violation("ledger", kind="'unsent'", s="a.s", t="a.first.t") + "))")
+        v_app = (
+            "concat(transform(filter(app, a -> a.n > 1), a -> "
+            + _violation("ledger", kind="'twice'", s="a.s", t="a.first.t", info={"n": "a.n"})
+            + "), "
+            # (not for a delivery a router whose log is missing took part in: what it sent, it
+            # logged there; the missing log is reported once, as router-log-missing)
+            # A delivery no router received is unsent too (unless a log is missing: it may be there).
+            f"transform(filter(app, a -> (size(recv_all) > 0 OR size({c.missing}) = 0) AND NOT exists(sends, "
+            "x -> x.s = a.s) AND NOT partial), a -> " + _violation("ledger", kind="'unsent'", s="a.s", t="a.first.t") + "))"
+        )
         app_missing = "filter(acc_subs, s -> size(recv_all) > 0 AND NOT exists(app, a -> a.s = s))"
     else:
-        step = step.selectExpr("*", "cast(NULL as array<struct<s:bigint,n:int,first:struct<fid:bigint,"
-                                    "split:bigint,row:bigint,t:double>>>) AS app")
+        step = step.selectExpr(
+            "*", "cast(NULL as array<struct<s:bigint,n:int,first:struct<fid:bigint,split:bigint,row:bigint,t:double>>>) AS app"
+        )
         v_app = "array()"
         app_missing = "cast(array() as array<bigint>)"
     # --- what the cross-delivery checks and the summary read
-    first_sends = ("transform(array_distinct(transform(sends, x -> named_struct('r', x.r, 's', x.s))), rs -> "
-                   "array_min(transform(filter(sends, x -> x.r = rs.r AND x.s = rs.s), x -> named_struct("
-                   "'e', x.e, 'q', x.q, 'r', x.r, 's', x.s))))")
+    first_sends = (
+        "transform(array_distinct(transform(sends, x -> named_struct('r', x.r, 's', x.s))), rs -> "
+        "array_min(transform(filter(sends, x -> x.r = rs.r AND x.s = rs.s), x -> named_struct("
+        "'e', x.e, 'q', x.q, 'r', x.r, 's', x.s))))"
+    )
     # Each subscriber owed it or answering it: accepted if it ever accepted, else its
     # first answer, else 0 (never answered).
-    statuses = ("transform(array_distinct(concat(owed_subs, transform(answers, e -> e.s))), s -> named_struct("
-                f"'s', s, 'owed', array_contains(owed_subs, s), 'o', CASE WHEN array_contains(acc_subs, s) THEN {ACC} "
-                "ELSE coalesce(try_element_at(transform(filter(answers, e -> e.s = s), e -> e.o), 1), 0) END))")
+    statuses = (
+        "transform(array_distinct(concat(owed_subs, transform(answers, e -> e.s))), s -> named_struct("
+        f"'s', s, 'owed', array_contains(owed_subs, s), 'o', CASE WHEN array_contains(acc_subs, s) THEN {ACC} "
+        "ELSE coalesce(try_element_at(transform(filter(answers, e -> e.s = s), e -> e.o), 1), 0) END))"
+    )
     return step.selectExpr(
-        "delivery", f"{topic} AS topic", "id.publisher AS publisher", "id.link_name AS link_name",
-        "id.incarnation AS incarnation", "id.pub_tag AS pub_tag", "id.stream_seq AS stream_seq",
+        "delivery",
+        f"{topic} AS topic",
+        "id.publisher AS publisher",
+        "id.link_name AS link_name",
+        "id.incarnation AS incarnation",
+        "id.pub_tag AS pub_tag",
+        "id.stream_seq AS stream_seq",
         "concat_ws('|', id.publisher, id.link_name, id.incarnation, id.pub_tag, "
         "regexp_extract(delivery, '\\\\.(\\\\d+)$', 1)) AS pub_id",
         "concat_ws('|', id.publisher, id.link_name, id.incarnation) AS stream",
-        "size(recv_all) > 0 AS received", "size(recv_all) > 0 AND size(records) = 0 AS presettled",
-        "origin.r AS origin", "origin.e AS origin_epoch", "origin.t AS recv_ts", "pub", "told_accepted",
+        "size(recv_all) > 0 AS received",
+        "size(recv_all) > 0 AND size(records) = 0 AS presettled",
+        "origin.r AS origin",
+        "origin.e AS origin_epoch",
+        "origin.t AS recv_ts",
+        "pub",
+        "told_accepted",
         "transform(recs, x -> named_struct('r', x.r, 'e', x.e, 't', x.t)) AS recvs",
-        f"{statuses} AS subs", f"{first_sends} AS first_sends",
+        f"{statuses} AS subs",
+        f"{first_sends} AS first_sends",
         "transform(filter(left, x -> x.died), x -> named_struct('r', x.rec.r, 'e', x.rec.e)) AS died_with",
-        "app", f"{app_missing} AS app_missing", "partial",
+        "app",
+        f"{app_missing} AS app_missing",
+        "partial",
         # a resend of it was refused beyond the resume horizon: its publisher was told
         # rejected ("may have been delivered") whatever its first life's outcome was
         f"exists(ev, e -> e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2) AS horizon",
         f"concat(coalesce(v_lost, array()), v_dup, coalesce(v_invented, array()), v_record, v_arrival, v_unowed, "
-        f"v_unsent, v_answer, v_disagree, {v_left}, {v_app}) AS v")
+        f"v_unsent, v_answer, v_disagree, {v_left}, {v_app}) AS v",
+    )
 
 
 # ---------------------------------------------------------------------------
 # Preparing everything
 # ---------------------------------------------------------------------------
 
-def prepare(spark, sources: list, partitions: int | None = None,
-            storage: StorageLevel = StorageLevel.MEMORY_AND_DISK, ledgers: DataFrame | None = None) -> Tables:
+
+def prepare(
+    spark,
+    sources: list,
+    partitions: int | None = None,
+    storage: StorageLevel = StorageLevel.MEMORY_AND_DISK,
+    ledgers: DataFrame | None = None,
+) -> Tables:
     """Read the input twice: once for everything about the input itself
     (input_facts), once for the per-delivery facts (not yet computed: compute_facts()),
     with the applications' ``ledgers`` if given."""
@@ -1127,15 +1590,18 @@ def prepare(spark, sources: list, partitions: int | None = None,
     facts_in["missing_routers"] = sorted(set(facts_in["named_routers"]) - present)
     life = facts_in["life"]
     subscribers = {f"{r['container']}/{r['name']}" for r in life if r.get("container") is not None}
-    known = hashes_of(sorted(present | set(facts_in["named_routers"]) | subscribers
-                                    | {x for r in life for x in (r.get("reachable") or [])}))
+    known = hashes_of(
+        sorted(present | set(facts_in["named_routers"]) | subscribers | {x for r in life for x in (r.get("reachable") or [])})
+    )
     if len(set(known.values())) != len(known):  # two names, one 64-bit hash: the proof could mix them up
         by_hash: dict = defaultdict(list)
         for name, value in known.items():
             by_hash[value].append(name)
         raise HashCollision(", ".join(" and ".join(n) for n in by_hash.values() if len(n) > 1))
-    names = Names({known[n]: n for n in present | set(facts_in["named_routers"]) if n in known},
-                  {known[n]: n for n in subscribers if n in known})
+    names = Names(
+        {known[n]: n for n in present | set(facts_in["named_routers"]) if n in known},
+        {known[n]: n for n in subscribers if n in known},
+    )
     small = small_tables(life, facts_in["epochs"], lambda n: known.get(n) if n is not None else None)
     missing = [known[n] for n in facts_in["missing_routers"]]
     facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers)
@@ -1164,23 +1630,35 @@ def app_events(ledgers: DataFrame) -> DataFrame:
     delivery, in narrow()'s shape: s the subscriber (hashed), o what the
     application answered, t when; p the ledger file, e and q its place in that file
     (the split's offset, the row): the application's own order."""
-    delivered = ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered")
-                              & F.col("delivery").isNotNull())
+    delivered = ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered") & F.col("delivery").isNotNull())
     none = F.lit(None)
     return delivered.select(
-        F.xxhash64("delivery").alias("h"), "delivery", none.cast("long").alias("r"), F.col("split").alias("e"),
-        F.col("row").alias("q"), F.col("ts").alias("t"), F.lit(APP_DELIVERED).alias("k"),
+        F.xxhash64("delivery").alias("h"),
+        "delivery",
+        none.cast("long").alias("r"),
+        F.col("split").alias("e"),
+        F.col("row").alias("q"),
+        F.col("ts").alias("t"),
+        F.lit(APP_DELIVERED).alias("k"),
         _hash(_key(F.col("client"), F.col("link"))).alias("s"),
-        _code("outcome", tuple(OUTCOME), OUTCOME, 6).alias("o"), F.col("fid").alias("p"),
-        none.cast("array<bigint>").alias("l"), none.cast("array<bigint>").alias("f"),
-        none.cast("array<bigint>").alias("x"), none.cast("boolean").alias("b"), none.cast("int").alias("y"),
-        none.cast("struct<topic:string,publisher:string,link_name:string,incarnation:string,pub_tag:string,"
-                  "stream_seq:bigint>").alias("id"),
-        F.lit(0).alias("_pos"), F.lit(False).alias("rep"))
+        _code("outcome", tuple(OUTCOME), OUTCOME, 6).alias("o"),
+        F.col("fid").alias("p"),
+        none.cast("array<bigint>").alias("l"),
+        none.cast("array<bigint>").alias("f"),
+        none.cast("array<bigint>").alias("x"),
+        none.cast("boolean").alias("b"),
+        none.cast("int").alias("y"),
+        none.cast(
+            "struct<topic:string,publisher:string,link_name:string,incarnation:string,pub_tag:string,stream_seq:bigint>"
+        ).alias("id"),
+        F.lit(0).alias("_pos"),
+        F.lit(False).alias("rep"),
+    )
 
 
-def facts_frame(spark, sources: list, small: dict, missing: list, partitions: int,
-                ledgers: DataFrame | None = None) -> tuple[DataFrame, Observation]:
+def facts_frame(
+    spark, sources: list, small: dict, missing: list, partitions: int, ledgers: DataFrame | None = None
+) -> tuple[DataFrame, Observation]:
     """The per-delivery facts from a second read of the input (the fields of the
     events about deliveries): unfold, narrow, one shuffle by delivery id, one row
     per delivery, every per-delivery invariant. With ``ledgers``, the applications'
@@ -1188,13 +1666,13 @@ def facts_frame(spark, sources: list, small: dict, missing: list, partitions: in
     the malformed lines among those this read converts differently (a field of the
     wrong type among its fields), and which subscribers keep a ledger."""
     from spark.load import load_lines
+
     lines = load_lines(spark, sources, DELIVERY_READ)
     lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
     lines = lines.withColumn("_bad", bad(lines))
     observation = Observation("deliveries")
     lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
-    events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())),
-                    small["windows"])
+    events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())), small["windows"])
     if ledgers is not None:
         events = events.unionByName(app_events(ledgers))
     grouped = group_deliveries(events, partitions)
@@ -1205,6 +1683,7 @@ def facts_frame(spark, sources: list, small: dict, missing: list, partitions: in
 # The input checks (from what input_facts found: Python rows)
 # ---------------------------------------------------------------------------
 
+
 def input_violations(t: Tables, located: list[dict], bad_total: int) -> tuple[list[dict], list[dict]]:
     """Malformed lines, sequence gaps and repeats, and the routers and epochs whose
     log is missing, as violation dicts (with names). Returns (violations, torn
@@ -1212,34 +1691,65 @@ def input_violations(t: Tables, located: list[dict], bad_total: int) -> tuple[li
     rows, torn = [], []
 
     def row(check, item, router=None, epoch=None, seq=None, file=None, line=None, ts=None, **info):
-        rows.append({"check": check, "item": item, "delivery": None, "router": router, "epoch": epoch, "seq": seq,
-                     "subscriber": None, "publisher": None, "pub_tag": None, "file": file, "line": line, "ts": ts,
-                     "info": json.dumps(info) if info else None})
+        rows.append(
+            {
+                "check": check,
+                "item": item,
+                "delivery": None,
+                "router": router,
+                "epoch": epoch,
+                "seq": seq,
+                "subscriber": None,
+                "publisher": None,
+                "pub_tag": None,
+                "file": file,
+                "line": line,
+                "ts": ts,
+                "info": json.dumps(info) if info else None,
+            }
+        )
 
     for b in located:
         if b["torn"]:
             torn.append({"file": b["file"], "line": b["line"]})
             continue
-        row("malformed-line", f"{b['file']}:{b['line']}", b["router"], b["epoch"], b["seq"], b["file"], b["line"],
-            b["ts"], problem=b["problem"], text=(b["text"] or "")[:80])
+        row(
+            "malformed-line",
+            f"{b['file']}:{b['line']}",
+            b["router"],
+            b["epoch"],
+            b["seq"],
+            b["file"],
+            b["line"],
+            b["ts"],
+            problem=b["problem"],
+            text=(b["text"] or "")[:80],
+        )
     listed = len(located)
     if bad_total > listed:
         row("malformed-line", "(more)", more=bad_total - listed)
     epochs = {(e["router"], e["epoch"]): e for e in t.epochs}
     for router, epoch, lo, hi in t.input["gaps"]:
         e = epochs[(router, epoch)]
-        row("seq-gap", f"{router}|{epoch}|{lo}", router, epoch, lo, ts=e["first_ts"], lo=lo, hi=hi,
-            last=e["last_seq"])
+        row("seq-gap", f"{router}|{epoch}|{lo}", router, epoch, lo, ts=e["first_ts"], lo=lo, hi=hi, last=e["last_seq"])
     for r in t.input["repeated"]:
-        row("seq-repeated", f"{r['router']}|{r['epoch']}|{r['seq']}", r["router"], r["epoch"], r["seq"],
-            ", ".join(r["files"]), ts=r["ts"], n=r["n"], kinds=r["kinds"])
+        row(
+            "seq-repeated",
+            f"{r['router']}|{r['epoch']}|{r['seq']}",
+            r["router"],
+            r["epoch"],
+            r["seq"],
+            ", ".join(r["files"]),
+            ts=r["ts"],
+            n=r["n"],
+            kinds=r["kinds"],
+        )
     for router in t.input["missing_routers"]:
         row("router-log-missing", router, router)
     present = {e["router"] for e in t.epochs}
     for (peer, peer_epoch), (by, by_epoch, by_seq) in sorted(t.small["peers"].items(), key=lambda kv: str(kv[0])):
         if peer in present and (peer, peer_epoch) not in epochs:
-            row("router-log-missing", f"{peer}|{peer_epoch}", peer, peer_epoch, by=by, by_epoch=by_epoch,
-                by_seq=by_seq)
+            row("router-log-missing", f"{peer}|{peer_epoch}", peer, peer_epoch, by=by, by_epoch=by_epoch, by_seq=by_seq)
     return rows, torn
 
 
@@ -1247,11 +1757,27 @@ def input_violations(t: Tables, located: list[dict], bad_total: int) -> tuple[li
 # 4. Across deliveries
 # ---------------------------------------------------------------------------
 
+
 def per_delivery(t: Tables) -> DataFrame:
     """The violations the per-delivery pass found, as rows."""
-    return t.facts.where(F.size("v") > 0).select("delivery", "publisher", "pub_tag", F.explode("v").alias("x")) \
-        .select("x.check", "x.kind", "delivery", "x.router", "x.epoch", "x.seq", "x.subscriber", "x.other",
-                "publisher", "pub_tag", "x.ts", "x.info")
+    return (
+        t.facts.where(F.size("v") > 0)
+        .select("delivery", "publisher", "pub_tag", F.explode("v").alias("x"))
+        .select(
+            "x.check",
+            "x.kind",
+            "delivery",
+            "x.router",
+            "x.epoch",
+            "x.seq",
+            "x.subscriber",
+            "x.other",
+            "publisher",
+            "pub_tag",
+            "x.ts",
+            "x.info",
+        )
+    )
 
 
 def duplicated_by_publisher(t: Tables) -> DataFrame:
@@ -1259,18 +1785,33 @@ def duplicated_by_publisher(t: Tables) -> DataFrame:
     incarnation, tag and reuse suffix) under two delivery ids: first the publisher
     deliveries with more than one id (one small shuffle of one row per delivery),
     then who accepted them."""
-    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")) \
-        .where(F.col("ids") > 1)
-    accepted = t.facts.join(F.broadcast(multi), "pub_id", "left_semi").select(
-        "delivery", "pub_id", "publisher", "pub_tag", F.explode("subs").alias("x")) \
-        .where(F.col("x.o") == ACC).select("delivery", "pub_id", "publisher", "pub_tag",
-                                           F.col("x.s").alias("subscriber"))
-    by_pub = accepted.groupBy("subscriber", "pub_id").agg(
-        F.count_distinct("delivery").alias("n"), F.array_sort(F.collect_set("delivery")).alias("ids"),
-        F.first("publisher").alias("publisher"), F.first("pub_tag").alias("pub_tag")).where(F.col("n") > 1)
-    return violations(by_pub, "duplicated", {"pub_id": "pub_id", "ids": "ids"}, kind=F.lit("pub_id"),
-                      delivery=F.try_element_at("ids", F.lit(1)), subscriber="subscriber", publisher="publisher",
-                      pub_tag="pub_tag")
+    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")).where(F.col("ids") > 1)
+    accepted = (
+        t.facts.join(F.broadcast(multi), "pub_id", "left_semi")
+        .select("delivery", "pub_id", "publisher", "pub_tag", F.explode("subs").alias("x"))
+        .where(F.col("x.o") == ACC)
+        .select("delivery", "pub_id", "publisher", "pub_tag", F.col("x.s").alias("subscriber"))
+    )
+    by_pub = (
+        accepted.groupBy("subscriber", "pub_id")
+        .agg(
+            F.count_distinct("delivery").alias("n"),
+            F.array_sort(F.collect_set("delivery")).alias("ids"),
+            F.first("publisher").alias("publisher"),
+            F.first("pub_tag").alias("pub_tag"),
+        )
+        .where(F.col("n") > 1)
+    )
+    return violations(
+        by_pub,
+        "duplicated",
+        {"pub_id": "pub_id", "ids": "ids"},
+        kind=F.lit("pub_id"),
+        delivery=F.try_element_at("ids", F.lit(1)),
+        subscriber="subscriber",
+        publisher="publisher",
+        pub_tag="pub_tag",
+    )
 
 
 def _order_violations(first_seen: DataFrame, partition: list[str], order: list[str]) -> DataFrame:
@@ -1286,23 +1827,46 @@ def out_of_order(t: Tables) -> DataFrame:
     """Per router, subscriber and publisher stream, the deliveries were sent to the
     subscriber in stream_seq order (each at its first send; one publisher delivery
     under two ids counts once: that is a duplicate)."""
-    sends = t.facts.where(F.col("received") & ~F.col("presettled")).select(
-        "delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.explode("first_sends").alias("x")) \
-        .select("delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.col("x.r").alias("router"),
-                F.col("x.s").alias("subscriber"), F.col("x.e").alias("epoch"), F.col("x.q").alias("seq"))
-    first = sends.groupBy("router", "subscriber", "stream", "pub_id").agg(
-        F.min(F.struct("epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag")).alias("m")) \
+    sends = (
+        t.facts.where(F.col("received") & ~F.col("presettled"))
+        .select("delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.explode("first_sends").alias("x"))
+        .select(
+            "delivery",
+            "stream",
+            "pub_id",
+            "stream_seq",
+            "publisher",
+            "pub_tag",
+            F.col("x.r").alias("router"),
+            F.col("x.s").alias("subscriber"),
+            F.col("x.e").alias("epoch"),
+            F.col("x.q").alias("seq"),
+        )
+    )
+    first = (
+        sends.groupBy("router", "subscriber", "stream", "pub_id")
+        .agg(F.min(F.struct("epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag")).alias("m"))
         .select("router", "subscriber", "stream", "m.*")
+    )
     bad = _order_violations(first, ["router", "subscriber", "stream"], ["epoch", "seq"])
-    return violations(bad, "out-of-order", {
-        "stream_seq": "stream_seq", "prev_seq": "prev.stream_seq", "prev": "prev.delivery", "stream": "stream"},
-        delivery="delivery", router="router", subscriber="subscriber", epoch="epoch", seq="seq",
-        publisher="publisher", pub_tag="pub_tag")
+    return violations(
+        bad,
+        "out-of-order",
+        {"stream_seq": "stream_seq", "prev_seq": "prev.stream_seq", "prev": "prev.delivery", "stream": "stream"},
+        delivery="delivery",
+        router="router",
+        subscriber="subscriber",
+        epoch="epoch",
+        seq="seq",
+        publisher="publisher",
+        pub_tag="pub_tag",
+    )
 
 
 # ---------------------------------------------------------------------------
 # The applications' ledgers (--clients)
 # ---------------------------------------------------------------------------
+
 
 def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
     """Router view against application view (docs/ledger.md), for the links that
@@ -1315,41 +1879,97 @@ def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
     stream in stream_seq order (one window, as for publisher order); and a
     publisher's last outcome line says ``accepted`` exactly when a router's
     ``pub-outcome`` did (``told``: app_outcomes())."""
-    keepers = ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered")) \
-        .select(_hash(_key(F.col("client"), F.col("link"))).alias("subscriber"), _key(F.col("client"), F.col("link"))
-                .alias("name")).distinct()
-    missing = t.facts.where(F.size("app_missing") > 0).select(
-        "delivery", "publisher", "pub_tag", F.explode("app_missing").alias("subscriber")) \
+    keepers = (
+        ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered"))
+        .select(
+            _hash(_key(F.col("client"), F.col("link"))).alias("subscriber"), _key(F.col("client"), F.col("link")).alias("name")
+        )
+        .distinct()
+    )
+    missing = (
+        t.facts.where(F.size("app_missing") > 0)
+        .select("delivery", "publisher", "pub_tag", F.explode("app_missing").alias("subscriber"))
         .join(F.broadcast(keepers), "subscriber", "left_semi")
-    rows = [violations(missing, "ledger", None, kind=F.lit("missing"), delivery="delivery", subscriber="subscriber",
-                       publisher="publisher", pub_tag="pub_tag")]
-    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")) \
-        .where(F.col("ids") > 1)
-    handed = t.facts.join(F.broadcast(multi), "pub_id", "left_semi").where(F.size("app") > 0).select(
-        "delivery", "pub_id", "publisher", "pub_tag", F.explode("app").alias("a"))
-    by_pub = handed.groupBy(F.col("a.s").alias("subscriber"), "pub_id").agg(
-        F.count_distinct("delivery").alias("n"), F.array_sort(F.collect_set("delivery")).alias("ids"),
-        F.min("a.first.t").alias("ts"), F.first("publisher").alias("publisher"), F.first("pub_tag").alias("pub_tag")) \
+    )
+    rows = [
+        violations(
+            missing,
+            "ledger",
+            None,
+            kind=F.lit("missing"),
+            delivery="delivery",
+            subscriber="subscriber",
+            publisher="publisher",
+            pub_tag="pub_tag",
+        )
+    ]
+    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")).where(F.col("ids") > 1)
+    handed = (
+        t.facts.join(F.broadcast(multi), "pub_id", "left_semi")
+        .where(F.size("app") > 0)
+        .select("delivery", "pub_id", "publisher", "pub_tag", F.explode("app").alias("a"))
+    )
+    by_pub = (
+        handed.groupBy(F.col("a.s").alias("subscriber"), "pub_id")
+        .agg(
+            F.count_distinct("delivery").alias("n"),
+            F.array_sort(F.collect_set("delivery")).alias("ids"),
+            F.min("a.first.t").alias("ts"),
+            F.first("publisher").alias("publisher"),
+            F.first("pub_tag").alias("pub_tag"),
+        )
         .where(F.col("n") > 1)
-    rows.append(violations(by_pub, "ledger", {"ids": "ids", "pub_id": "pub_id"},
-                           kind=F.concat(F.lit("dup|"), F.col("pub_id")), delivery=F.try_element_at("ids", F.lit(1)),
-                           subscriber="subscriber", ts="ts", publisher="publisher", pub_tag="pub_tag"))
+    )
+    rows.append(
+        violations(
+            by_pub,
+            "ledger",
+            {"ids": "ids", "pub_id": "pub_id"},
+            kind=F.concat(F.lit("dup|"), F.col("pub_id")),
+            delivery=F.try_element_at("ids", F.lit(1)),
+            subscriber="subscriber",
+            ts="ts",
+            publisher="publisher",
+            pub_tag="pub_tag",
+        )
+    )
     # Application order, per subscriber link (its ledger file) and publisher stream,
     # each publisher delivery at the first time it was handed over, in file order.
-    firsts = t.facts.where(F.col("received") & (F.size(F.coalesce("app", F.array())) > 0)).select(
-        "delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.explode("app").alias("a")) \
-        .select("delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag",
-                F.col("a.s").alias("subscriber"), F.col("a.first.fid").alias("fid"),
-                F.struct(F.col("a.first.split").alias("split"), F.col("a.first.row").alias("row")).alias("line"),
-                F.col("a.first.t").alias("ts"))
-    first = firsts.groupBy("subscriber", "fid", "stream", "pub_id").agg(
-        F.min(F.struct("line", "delivery", "stream_seq", "ts", "publisher", "pub_tag")).alias("m")) \
+    firsts = (
+        t.facts.where(F.col("received") & (F.size(F.coalesce("app", F.array())) > 0))
+        .select("delivery", "stream", "pub_id", "stream_seq", "publisher", "pub_tag", F.explode("app").alias("a"))
+        .select(
+            "delivery",
+            "stream",
+            "pub_id",
+            "stream_seq",
+            "publisher",
+            "pub_tag",
+            F.col("a.s").alias("subscriber"),
+            F.col("a.first.fid").alias("fid"),
+            F.struct(F.col("a.first.split").alias("split"), F.col("a.first.row").alias("row")).alias("line"),
+            F.col("a.first.t").alias("ts"),
+        )
+    )
+    first = (
+        firsts.groupBy("subscriber", "fid", "stream", "pub_id")
+        .agg(F.min(F.struct("line", "delivery", "stream_seq", "ts", "publisher", "pub_tag")).alias("m"))
         .select("subscriber", "fid", "stream", "m.*")
+    )
     bad = _order_violations(first, ["subscriber", "fid", "stream"], ["line"])
-    rows.append(violations(bad, "ledger", {"stream_seq": "stream_seq", "prev_seq": "prev.stream_seq",
-                                           "stream": "stream"},
-                           kind=F.lit("order"), delivery="delivery", subscriber="subscriber", ts="ts",
-                           publisher="publisher", pub_tag="pub_tag"))
+    rows.append(
+        violations(
+            bad,
+            "ledger",
+            {"stream_seq": "stream_seq", "prev_seq": "prev.stream_seq", "stream": "stream"},
+            kind=F.lit("order"),
+            delivery="delivery",
+            subscriber="subscriber",
+            ts="ts",
+            publisher="publisher",
+            pub_tag="pub_tag",
+        )
+    )
     rows.append(_publisher_ledger(told, bool(t.input["missing_routers"])))
     return union_all(rows)
 
@@ -1359,13 +1979,21 @@ def publisher_outcomes(ledgers: DataFrame) -> DataFrame:
     (publisher, link_name, l_inc, pub_tag, app_outcome, app_ts, message_id)."""
     L = ledgers.where(F.col("role") == "publisher")
     rows = L.groupBy("client", "link", "incarnation", "pub_tag").agg(
-        F.max_by(F.when(F.col("event") == "outcome", F.col("outcome")),
-                 F.when(F.col("event") == "outcome", F.struct("split", "row"))).alias("app_outcome"),
+        F.max_by(
+            F.when(F.col("event") == "outcome", F.col("outcome")), F.when(F.col("event") == "outcome", F.struct("split", "row"))
+        ).alias("app_outcome"),
         F.max(F.when(F.col("event") == "outcome", F.col("ts"))).alias("app_ts"),
-        F.first("message_id", ignorenulls=True).alias("message_id"))
+        F.first("message_id", ignorenulls=True).alias("message_id"),
+    )
     return rows.where(F.col("app_outcome").isNotNull()).select(
-        F.col("client").alias("publisher"), F.col("link").alias("link_name"), F.col("incarnation").alias("l_inc"),
-        "pub_tag", "app_outcome", "app_ts", "message_id")
+        F.col("client").alias("publisher"),
+        F.col("link").alias("link_name"),
+        F.col("incarnation").alias("l_inc"),
+        "pub_tag",
+        "app_outcome",
+        "app_ts",
+        "message_id",
+    )
 
 
 def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
@@ -1376,22 +2004,55 @@ def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
     publisher, link_name, pub_tag, router (origin), o (routers' outcome), accepted,
     ts, app_outcome, app_ts, message_id, and the facts ``subs`` and ``pub``."""
     told = publisher_outcomes(ledgers)
-    pubs = ledgers.where(F.col("role") == "publisher").select(F.col("client").alias("publisher"),
-                                                              F.col("link").alias("link_name")).distinct()
-    router = t.facts.where(F.col("pub").isNotNull() & F.col("origin").isNotNull()).select(
-        "delivery", "publisher", "link_name", "incarnation", "pub_tag", "told_accepted", "pub", "subs", "origin",
-        "partial", "horizon") \
+    pubs = (
+        ledgers.where(F.col("role") == "publisher")
+        .select(F.col("client").alias("publisher"), F.col("link").alias("link_name"))
+        .distinct()
+    )
+    router = (
+        t.facts.where(F.col("pub").isNotNull() & F.col("origin").isNotNull())
+        .select(
+            "delivery",
+            "publisher",
+            "link_name",
+            "incarnation",
+            "pub_tag",
+            "told_accepted",
+            "pub",
+            "subs",
+            "origin",
+            "partial",
+            "horizon",
+        )
         .join(F.broadcast(pubs), ["publisher", "link_name"], "left_semi")
-    cond = ((F.col("r.publisher") == F.col("l.publisher")) & (F.col("r.link_name") == F.col("l.link_name"))
-            & (F.col("r.pub_tag") == F.col("l.pub_tag"))
-            & (F.col("l.l_inc").isNull() | (F.col("l.l_inc") == F.col("r.incarnation"))))
-    return router.alias("r").join(told.alias("l"), cond, "full_outer").select(
-        F.coalesce("r.publisher", "l.publisher").alias("publisher"),
-        F.coalesce("r.link_name", "l.link_name").alias("link_name"),
-        F.coalesce("r.pub_tag", "l.pub_tag").alias("pub_tag"), "r.delivery", F.col("r.origin").alias("router"),
-        F.col("r.pub.o").alias("o"), F.col("r.told_accepted").alias("accepted"), F.col("r.pub.t").alias("ts"),
-        "r.pub", "r.subs", "r.partial", F.coalesce("r.horizon", F.lit(False)).alias("horizon"), "l.app_outcome",
-        "l.app_ts", "l.message_id")
+    )
+    cond = (
+        (F.col("r.publisher") == F.col("l.publisher"))
+        & (F.col("r.link_name") == F.col("l.link_name"))
+        & (F.col("r.pub_tag") == F.col("l.pub_tag"))
+        & (F.col("l.l_inc").isNull() | (F.col("l.l_inc") == F.col("r.incarnation")))
+    )
+    return (
+        router.alias("r")
+        .join(told.alias("l"), cond, "full_outer")
+        .select(
+            F.coalesce("r.publisher", "l.publisher").alias("publisher"),
+            F.coalesce("r.link_name", "l.link_name").alias("link_name"),
+            F.coalesce("r.pub_tag", "l.pub_tag").alias("pub_tag"),
+            "r.delivery",
+            F.col("r.origin").alias("router"),
+            F.col("r.pub.o").alias("o"),
+            F.col("r.told_accepted").alias("accepted"),
+            F.col("r.pub.t").alias("ts"),
+            "r.pub",
+            "r.subs",
+            "r.partial",
+            F.coalesce("r.horizon", F.lit(False)).alias("horizon"),
+            "l.app_outcome",
+            "l.app_ts",
+            "l.message_id",
+        )
+    )
 
 
 def app_outcome_disagrees(told: DataFrame) -> DataFrame:
@@ -1399,14 +2060,27 @@ def app_outcome_disagrees(told: DataFrame) -> DataFrame:
     it was told released, rejected or modified although every subscriber owed the
     delivery accepted it, where its origin router logged accepted."""
     owed = F.filter("subs", lambda x: x["owed"])
-    f = told.where(F.col("delivery").isNotNull() & ~F.col("partial") & ~F.col("horizon")
-                   & F.col("app_outcome").isNotNull()
-                   & (F.col("app_outcome") != "accepted") & (F.col("pub").isNull() | (F.col("o") == ACC))
-                   & (F.size(owed) > 0) & F.forall(owed, lambda x: x["o"] == ACC))
-    return violations(f, "outcome-disagrees", {
-        "app_outcome": "app_outcome", "pairs": F.transform(owed, lambda x: F.struct(x["s"].alias("s")))},
-        kind=F.lit("ledger"), delivery="delivery", router="router", publisher="publisher", pub_tag="pub_tag",
-        ts="app_ts")
+    f = told.where(
+        F.col("delivery").isNotNull()
+        & ~F.col("partial")
+        & ~F.col("horizon")
+        & F.col("app_outcome").isNotNull()
+        & (F.col("app_outcome") != "accepted")
+        & (F.col("pub").isNull() | (F.col("o") == ACC))
+        & (F.size(owed) > 0)
+        & F.forall(owed, lambda x: x["o"] == ACC)
+    )
+    return violations(
+        f,
+        "outcome-disagrees",
+        {"app_outcome": "app_outcome", "pairs": F.transform(owed, lambda x: F.struct(x["s"].alias("s")))},
+        kind=F.lit("ledger"),
+        delivery="delivery",
+        router="router",
+        publisher="publisher",
+        pub_tag="pub_tag",
+        ts="app_ts",
+    )
 
 
 def _publisher_ledger(told: DataFrame, some_log_missing: bool = False) -> DataFrame:
@@ -1415,20 +2089,30 @@ def _publisher_ledger(told: DataFrame, some_log_missing: bool = False) -> DataFr
     # (a publisher told rejected beyond the resume horizon was told the truth: "it
     # may have been delivered")
     beyond = F.col("horizon") & (F.col("app_outcome") == "rejected")
-    bad = told.where((F.col("delivery").isNotNull() | F.col("app_outcome").isNotNull())
-                     & (app_accepted != router_accepted) & ~F.coalesce(beyond, F.lit(False)))
+    bad = told.where(
+        (F.col("delivery").isNotNull() | F.col("app_outcome").isNotNull())
+        & (app_accepted != router_accepted)
+        & ~F.coalesce(beyond, F.lit(False))
+    )
     if some_log_missing:  # an outcome no present log records may be in the missing one: reported once, as such
         bad = bad.where(F.col("delivery").isNotNull())
-    return violations(bad, "ledger", {"link": "link_name", "outcome": "o", "app_outcome": "app_outcome",
-                                      "message_id": "message_id"},
-                      kind=F.concat_ws("|", F.lit("pub"), "publisher", "link_name", "pub_tag"),
-                      delivery="delivery", router="router", ts=F.coalesce(F.col("ts"), F.col("app_ts")),
-                      publisher="publisher", pub_tag="pub_tag")
+    return violations(
+        bad,
+        "ledger",
+        {"link": "link_name", "outcome": "o", "app_outcome": "app_outcome", "message_id": "message_id"},
+        kind=F.concat_ws("|", F.lit("pub"), "publisher", "link_name", "pub_tag"),
+        delivery="delivery",
+        router="router",
+        ts=F.coalesce(F.col("ts"), F.col("app_ts")),
+        publisher="publisher",
+        pub_tag="pub_tag",
+    )
 
 
 # ---------------------------------------------------------------------------
 # Everything
 # ---------------------------------------------------------------------------
+
 
 def all_violations(t: Tables, ledgers: DataFrame | None = None, told: DataFrame | None = None) -> DataFrame:
     """Every per-delivery and cross-delivery check (the input checks come from
@@ -1444,8 +2128,7 @@ def counted(violations_df: DataFrame) -> DataFrame:
     """(check, rows, items) of Spark's violations: what each check counts (ITEM) is
     the distinct values of its fields among the row's."""
     fields = ("kind", "delivery", "router", "epoch", "subscriber", "other")
-    item = F.struct(*[F.when(F.col("check").isin(*[c for c, fs in ITEM.items() if f in fs]), F.col(f)).alias(f)
-                      for f in fields])
+    item = F.struct(*[F.when(F.col("check").isin(*[c for c, fs in ITEM.items() if f in fs]), F.col(f)).alias(f) for f in fields])
     return violations_df.groupBy("check").agg(F.count(F.lit(1)).alias("rows"), F.count_distinct(item).alias("items"))
 
 
@@ -1453,12 +2136,27 @@ def subscriber_names(spark, sources: list, hashes: set) -> dict:
     """hash -> subscriber key, for subscribers no router saw attach (cold path:
     one more read of the events' subscriber fields)."""
     from spark.load import load_lines
+
     lines = load_lines(spark, sources, ("subscriber", "owed", "forwarded", "subscribers"))
     empty = F.array().cast("array<string>")
-    names = lines.select(F.explode(F.array_distinct(F.array_compact(F.concat(
-        F.array("subscriber"), F.coalesce("owed", empty), F.coalesce("forwarded", empty),
-        F.coalesce("subscribers", empty))))).alias("n")).distinct() \
+    names = (
+        lines.select(
+            F.explode(
+                F.array_distinct(
+                    F.array_compact(
+                        F.concat(
+                            F.array("subscriber"),
+                            F.coalesce("owed", empty),
+                            F.coalesce("forwarded", empty),
+                            F.coalesce("subscribers", empty),
+                        )
+                    )
+                )
+            ).alias("n")
+        )
+        .distinct()
         .where(F.xxhash64("n").isin(*sorted(hashes)))
+    )
     return {r["h"]: r["n"] for r in names.select("n", F.xxhash64("n").alias("h")).collect()}
 
 
@@ -1481,6 +2179,7 @@ def decode_all(rows: list[dict], names: Names) -> list[dict]:
 # ---------------------------------------------------------------------------
 # On the driver: names, items and sentences for the violations the report lists
 # ---------------------------------------------------------------------------
+
 
 def decode(rows: list[dict], names: Names) -> list[dict]:
     """Spark's violation rows with names for the hashes, ``item`` (what the check
@@ -1523,8 +2222,14 @@ def item_of(v: dict) -> str:
         if kind.startswith("dup|"):
             return f"dup|{v['subscriber']}|{kind[4:]}"
         return f"{kind}|{v['subscriber']}|{v['delivery']}"
-    parts = {"delivery": v["delivery"], "router": v["router"], "epoch": v["epoch"], "subscriber": v["subscriber"],
-             "other": v["other"], "kind": kind}
+    parts = {
+        "delivery": v["delivery"],
+        "router": v["router"],
+        "epoch": v["epoch"],
+        "subscriber": v["subscriber"],
+        "other": v["other"],
+        "kind": kind,
+    }
     return "|".join(str(parts[f]) for f in ITEM[check] if f != "kind")
 
 
@@ -1536,7 +2241,7 @@ def describe(v: dict) -> str:
     """The sentence for one violation (decoded: names, not hashes)."""
     info: Any = json.loads(v["info"]) if v.get("info") else {}  # a JSON object: its fields depend on the check
     check = v["check"]
-    tag = (f"; publisher {v['publisher']} tag {v['pub_tag']}" if v.get("publisher") else "")
+    tag = f"; publisher {v['publisher']} tag {v['pub_tag']}" if v.get("publisher") else ""
     where = f"router {v['router']} epoch {v['epoch']} seq {v['seq']}"
     sub = v.get("subscriber")
     if check == "malformed-line":
@@ -1548,43 +2253,65 @@ def describe(v: dict) -> str:
     if check == "seq-gap":
         lo, hi = info["lo"], info["hi"]
         what = f"seq {lo} is missing" if lo == hi else f"seq {lo}..{hi} are missing ({hi - lo + 1:,} lines)"
-        why = ("its first lines (its first log file is missing?)" if lo == 1 else
-               "a log file is missing, or lines were deleted")
+        why = "its first lines (its first log file is missing?)" if lo == 1 else "a log file is missing, or lines were deleted"
         return f"router {v['router']} epoch {v['epoch']}: {what}; its lines run to seq {info['last']:,}: {why}"
     if check == "seq-repeated":
-        return (f"router {v['router']} epoch {v['epoch']}: seq {v['seq']} is on {info['n']} lines "
-                f"({', '.join(info['kinds'])}; in {v['file']}): a line copied, or a log file given twice")
+        return (
+            f"router {v['router']} epoch {v['epoch']}: seq {v['seq']} is on {info['n']} lines "
+            f"({', '.join(info['kinds'])}; in {v['file']}): a line copied, or a log file given twice"
+        )
     if check == "router-log-missing":
         if v.get("epoch") is not None:
-            return (f"no log of router {v['router']} epoch {v['epoch']}, though router {info['by']} connected to it "
-                    f"then (its epoch {info['by_epoch']} seq {info['by_seq']}): its files are missing (retention?)")
-        return (f"no log of router {v['router']}, which the other routers' events about deliveries name: pass its "
-                f"data directory too (what it did cannot be proven, and is not reported delivery by delivery)")
+            return (
+                f"no log of router {v['router']} epoch {v['epoch']}, though router {info['by']} connected to it "
+                f"then (its epoch {info['by_epoch']} seq {info['by_seq']}): its files are missing (retention?)"
+            )
+        return (
+            f"no log of router {v['router']}, which the other routers' events about deliveries name: pass its "
+            f"data directory too (what it did cannot be proven, and is not reported delivery by delivery)"
+        )
     if check == "lost":
         if v.get("kind") == "moved":
-            return (f"publisher told accepted, but durable subscriber {sub} (moved from router {v['other']}, owed "
-                    f"wherever it re-attached) never accepted it anywhere, and its obligation was never "
-                    f"discarded{tag}")
+            return (
+                f"publisher told accepted, but durable subscriber {sub} (moved from router {v['other']}, owed "
+                f"wherever it re-attached) never accepted it anywhere, and its obligation was never "
+                f"discarded{tag}"
+            )
         if v.get("kind") == "router":
             told = ",".join(_outcome(o) for o in info.get("told") or [])
-            return (f"publisher told accepted by {v['other']}, but router {v['router']} (owed it: in the origin's "
-                    f"routers) " + (f"answered {told} without logging its arrival" if told else
-                                    "never received it and never answered") + tag)
+            return (
+                f"publisher told accepted by {v['other']}, but router {v['router']} (owed it: in the origin's "
+                f"routers) "
+                + (f"answered {told} without logging its arrival" if told else "never received it and never answered")
+                + tag
+            )
         said = ",".join(_outcome(o) for o in info.get("said") or [])
-        what = (f"answered {said}" if said else f"was sent it (seq {info['sent']}) and never answered"
-                if info.get("sent") is not None else "was owed it and never sent it")
-        reply = ("the router never answered for it" if info.get("answer_seq") is None else
-                 f"the router answered {_outcome(info.get('answer'))} at seq {info['answer_seq']}")
+        what = (
+            f"answered {said}"
+            if said
+            else f"was sent it (seq {info['sent']}) and never answered"
+            if info.get("sent") is not None
+            else "was owed it and never sent it"
+        )
+        reply = (
+            "the router never answered for it"
+            if info.get("answer_seq") is None
+            else f"the router answered {_outcome(info.get('answer'))} at seq {info['answer_seq']}"
+        )
         return f"publisher told accepted, but subscriber {sub} on router {v['router']} {what}; {reply}{tag}"
     if check == "duplicated":
         if v.get("kind") == "pub_id":
-            return (f"subscriber {sub} accepted one publisher delivery ({info['pub_id']}) under {len(info['ids'])} "
-                    f"delivery ids: {', '.join(info['ids'])}{tag}")
+            return (
+                f"subscriber {sub} accepted one publisher delivery ({info['pub_id']}) under {len(info['ids'])} "
+                f"delivery ids: {', '.join(info['ids'])}{tag}"
+            )
         places = "; ".join(f"router {w['r']} epoch {w['e']} seq {w['q']}" for w in info["where"])
         return f"subscriber {sub} accepted it {len(info['where'])} times ({places}){tag}"
     if check == "out-of-order":
-        return (f"sent to {sub} on router {v['router']}: stream_seq {info['stream_seq']} after stream_seq "
-                f"{info['prev_seq']} ({info['prev']}) of stream {info['stream']}{tag}")
+        return (
+            f"sent to {sub} on router {v['router']}: stream_seq {info['stream_seq']} after stream_seq "
+            f"{info['prev_seq']} ({info['prev']}) of stream {info['stream']}{tag}"
+        )
     if check == "invented":
         kind = KIND_NAME.get(info.get("kind"), "?")
         outcome = f" ({_outcome(info.get('outcome'))})" if kind in ("sub-outcome", "pub-outcome") else ""
@@ -1592,32 +2319,49 @@ def describe(v: dict) -> str:
         return f"{kind} on {where}{by}{outcome}, but no router received this delivery"
     if check == "record-missing":
         kind = KIND_NAME.get(info.get("kind"), "?")
-        outcome = f" ({_outcome(info.get('outcome'))})" if kind in ("sub-outcome", "pub-outcome",
-                                                                    "outcome-to-router") else ""
+        outcome = f" ({_outcome(info.get('outcome'))})" if kind in ("sub-outcome", "pub-outcome", "outcome-to-router") else ""
         more = f" (and {info['more']} more event(s))" if info.get("more") else ""
         earlier = info.get("received_in") or []
-        why = (f"it received the delivery in epoch {', '.join(str(e) for e in earlier)} (a restarted router acting "
-               f"for its previous life)" if earlier else "it never received the delivery")
-        return (f"router {v['router']} epoch {v['epoch']} logged {kind}{outcome}" + (f" for {sub}" if sub else "")
-                + f" at seq {v['seq']}{more} without a record of it in that epoch: {why}{tag}")
+        why = (
+            f"it received the delivery in epoch {', '.join(str(e) for e in earlier)} (a restarted router acting "
+            f"for its previous life)"
+            if earlier
+            else "it never received the delivery"
+        )
+        return (
+            f"router {v['router']} epoch {v['epoch']} logged {kind}{outcome}"
+            + (f" for {sub}" if sub else "")
+            + f" at seq {v['seq']}{more} without a record of it in that epoch: {why}{tag}"
+        )
     if check == "arrival-unforwarded":
-        return (f"router {v['router']} received it from origin {v['other']} (epoch {v['epoch']} seq {v['seq']}), but "
-                f"no router logged forwarding it there{tag}")
+        return (
+            f"router {v['router']} received it from origin {v['other']} (epoch {v['epoch']} seq {v['seq']}), but "
+            f"no router logged forwarding it there{tag}"
+        )
     if check == "accept-unowed":
         never = "" if info.get("attached") else ", and it never attached to any router"
-        return (f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but was never owed this "
-                f"delivery: no router listed it as owed, sent it or moved an obligation to it{never}{tag}")
+        return (
+            f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but was never owed this "
+            f"delivery: no router listed it as owed, sent it or moved an obligation to it{never}{tag}"
+        )
     if check == "accept-unsent":
-        return (f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but that router had not sent "
-                f"it this delivery before{tag}")
+        return (
+            f"subscriber {sub} answered {_outcome(info.get('outcome'))} on {where} but that router had not sent "
+            f"it this delivery before{tag}"
+        )
     if check == "answer-missing":
         received = info.get("received") or {}
         answer = info.get("answer")
-        then = (f"and answered {_outcome(answer['o'])} at seq {answer['q']}: the origin never logged that answer"
-                if answer else "and never logged an answer (nor did the origin log one)")
-        return (f"origin {v['router']} told its publisher {_outcome(info.get('outcome'))} (seq {v['seq']}) without an "
-                f"answer from router {v['other']}, which received it (epoch {received.get('e')} seq "
-                f"{received.get('q')}) for {', '.join(info.get('owed') or [])} {then}{tag}")
+        then = (
+            f"and answered {_outcome(answer['o'])} at seq {answer['q']}: the origin never logged that answer"
+            if answer
+            else "and never logged an answer (nor did the origin log one)"
+        )
+        return (
+            f"origin {v['router']} told its publisher {_outcome(info.get('outcome'))} (seq {v['seq']}) without an "
+            f"answer from router {v['other']}, which received it (epoch {received.get('e')} seq "
+            f"{received.get('q')}) for {', '.join(info.get('owed') or [])} {then}{tag}"
+        )
     if check == "outcome-disagrees":
         pairs = info.get("pairs") or []
 
@@ -1625,25 +2369,33 @@ def describe(v: dict) -> str:
             first = p.get("first")
             did = f" {_outcome(first['o'])} at seq {first['q']}" if first else ""
             return f"{p['s']}@{p['r']}{did}" if p.get("r") else p["s"]
+
         people = ", ".join(sorted(who(p) for p in pairs))
         if v.get("kind") == "ledger":
-            return (f"the publisher's ledger says it was told {info['app_outcome']}, but every subscriber owed it "
-                    f"accepted it: {people}{tag}")
+            return (
+                f"the publisher's ledger says it was told {info['app_outcome']}, but every subscriber owed it "
+                f"accepted it: {people}{tag}"
+            )
         told = f"publisher told {_outcome(info.get('outcome'))} by router {v['router']} (seq {v['seq']})"
         if v.get("kind") == "all-accepted":
             routers = ", ".join(sorted({p["r"] for p in pairs}))
             return f"{told}, but every subscriber owed it accepted it: {people} (routers {routers}){tag}"
-        return (f"{told}, but owed subscriber(s) answered otherwise before their router answered and never accepted "
-                f"it: {people}{tag}")
+        return (
+            f"{told}, but owed subscriber(s) answered otherwise before their router answered and never accepted it: {people}{tag}"
+        )
     if check == "left-unsettled":
         answer = info.get("answer")
         if info.get("by") is not None:
-            why = (f"settled by {BY_NAME.get(info['by'], '?')}, but the record was never deleted (receivers not "
-                   f"known to have seen the settlement)")
+            why = (
+                f"settled by {BY_NAME.get(info['by'], '?')}, but the record was never deleted (receivers not "
+                f"known to have seen the settlement)"
+            )
         elif answer:
             why = f"answered {_outcome(answer['o'])}; " + (
-                "the publisher never settled it" if v.get("other") is None else
-                f"origin router {v['other']} never relayed a settlement")
+                "the publisher never settled it"
+                if v.get("other") is None
+                else f"origin router {v['other']} never relayed a settlement"
+            )
         else:
             why = "never answered: waiting for " + (", ".join(info.get("waiting") or []) or "remote routers")
         return f"record left on router {v['router']}: {why}{tag}"
@@ -1657,14 +2409,20 @@ def describe(v: dict) -> str:
         if kind == "unsent":
             return f"the application of {sub} was handed a delivery no router logged sending it{mid}"
         if kind.startswith("dup|"):
-            return (f"the application of {sub} was handed one publisher delivery under {len(info['ids'])} ids: "
-                    f"{', '.join(info['ids'])}{mid}")
+            return (
+                f"the application of {sub} was handed one publisher delivery under {len(info['ids'])} ids: "
+                f"{', '.join(info['ids'])}{mid}"
+            )
         if kind == "order":
-            return (f"the application of {sub} was handed stream_seq {info['stream_seq']} after {info['prev_seq']} "
-                    f"of stream {info['stream']}{mid}")
+            return (
+                f"the application of {sub} was handed stream_seq {info['stream_seq']} after {info['prev_seq']} "
+                f"of stream {info['stream']}{mid}"
+            )
         routers = _outcome(info.get("outcome")) if info.get("outcome") is not None else "nothing"
-        return (f"publisher {v['publisher']}/{info.get('link')} tag {v['pub_tag']}{mid}: routers said {routers}, the "
-                f"application's ledger says {info.get('app_outcome') or 'nothing'}")
+        return (
+            f"publisher {v['publisher']}/{info.get('link')} tag {v['pub_tag']}{mid}: routers said {routers}, the "
+            f"application's ledger says {info.get('app_outcome') or 'nothing'}"
+        )
     return json.dumps(info)
 
 
@@ -1672,6 +2430,7 @@ def main(argv: list[str] | None = None) -> int:
     """``spark-submit spark/reconcile.py LOGDIR... [options]``: the master comes from
     spark-submit (use ``eorouter reconcile`` for a local run)."""
     from spark.cli import reconcile_main
+
     return reconcile_main(argv, default_master=None)
 
 

@@ -26,9 +26,12 @@ if TYPE_CHECKING:
 _NICE_BUCKETS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 #: check -> (title, what a count of it is called in the verdict line)
 LABELS = {name: (title, name.replace("-", " ")) for name, title, _ in CHECKS} | {
-    "lost": ("no loss", "lost"), "duplicated": ("no duplicates", "duplicated"),
-    "out-of-order": ("publisher order", "out of order"), "invented": ("nothing invented", "invented"),
-    "left-unsettled": ("clean end", "left unsettled"), "ledger": ("router vs applications", "ledger mismatches"),
+    "lost": ("no loss", "lost"),
+    "duplicated": ("no duplicates", "duplicated"),
+    "out-of-order": ("publisher order", "out of order"),
+    "invented": ("nothing invented", "invented"),
+    "left-unsettled": ("clean end", "left unsettled"),
+    "ledger": ("router vs applications", "ledger mismatches"),
     "malformed-line": ("every line well-formed", "malformed lines"),
 }
 #: Checks named in the verdict line even when they found nothing (the others only when they did).
@@ -50,23 +53,32 @@ def _rows(df: DataFrame) -> list[dict]:
 def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> dict:
     """Everything the report shows besides the violations, as small Python values
     (a few small jobs over the cached per-delivery facts)."""
-    epochs = [{k: e[k] for k in ("router", "epoch", "boot", "first_ts", "last_ts", "started_ts", "stopping_ts",
-                                 "lines", "stopped")} for e in t.epochs]
+    epochs = [
+        {k: e[k] for k in ("router", "epoch", "boot", "first_ts", "last_ts", "started_ts", "stopping_ts", "lines", "stopped")}
+        for e in t.epochs
+    ]
     routers = sorted({e["router"] for e in epochs})
     kinds = t.input["kinds"]
     refused = t.input["refused"]
     names = t.names
     f = t.facts
     # One job: per topic and outcome, the deliveries and when they arrived.
-    per = _rows(f.groupBy("topic", F.col("pub.o").alias("o")).agg(
-        F.sum(F.col("origin").isNotNull().cast("long")).alias("deliveries"),
-        F.sum(F.col("presettled").cast("long")).alias("presettled"),
-        F.sum(F.col("told_accepted").cast("long")).alias("accepted"),
-        F.count(F.when(F.col("pub").isNotNull(), F.lit(1))).alias("answered"),
-        F.min("recv_ts").alias("t0"), F.max("recv_ts").alias("t1")))
-    totals = {"deliveries": sum(r["deliveries"] for r in per), "presettled": sum(r["presettled"] for r in per),
-              "t0": min((r["t0"] for r in per if r["t0"] is not None), default=None),
-              "t1": max((r["t1"] for r in per if r["t1"] is not None), default=None)}
+    per = _rows(
+        f.groupBy("topic", F.col("pub.o").alias("o")).agg(
+            F.sum(F.col("origin").isNotNull().cast("long")).alias("deliveries"),
+            F.sum(F.col("presettled").cast("long")).alias("presettled"),
+            F.sum(F.col("told_accepted").cast("long")).alias("accepted"),
+            F.count(F.when(F.col("pub").isNotNull(), F.lit(1))).alias("answered"),
+            F.min("recv_ts").alias("t0"),
+            F.max("recv_ts").alias("t1"),
+        )
+    )
+    totals = {
+        "deliveries": sum(r["deliveries"] for r in per),
+        "presettled": sum(r["presettled"] for r in per),
+        "t0": min((r["t0"] for r in per if r["t0"] is not None), default=None),
+        "t1": max((r["t1"] for r in per if r["t1"] is not None), default=None),
+    }
     outcomes: dict[str, int] = {}
     by_topic: dict = {}
     for r in per:
@@ -79,15 +91,22 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
     per_topic = sorted((x for x in by_topic.values() if x["deliveries"]), key=lambda x: -x["deliveries"])[:max_rows]
     # Per subscriber, distinct deliveries: owed, and how it answered each.
     x = f.select(F.explode("subs").alias("x")).select("x.*")
-    per_sub = _rows(x.groupBy(F.col("s").alias("subscriber")).agg(
-        F.sum(F.col("owed").cast("long")).alias("owed"),
-        *[F.sum((F.col("o") == code).cast("long")).alias(name) for name, code in OUTCOME.items()],
-        F.sum((F.col("owed") & (F.col("o") == 0)).cast("long")).alias("unanswered")))
+    per_sub = _rows(
+        x.groupBy(F.col("s").alias("subscriber")).agg(
+            F.sum(F.col("owed").cast("long")).alias("owed"),
+            *[F.sum((F.col("o") == code).cast("long")).alias(name) for name, code in OUTCOME.items()],
+            F.sum((F.col("owed") & (F.col("o") == 0)).cast("long")).alias("unanswered"),
+        )
+    )
     for row in per_sub:
         row["subscriber"] = names.subscriber(row["subscriber"])
     per_sub = sorted(per_sub, key=lambda r: r["subscriber"])[:max_rows]
-    unfinished = _rows(f.where(F.size("died_with") > 0).select(F.explode("died_with").alias("x")).groupBy(
-        F.col("x.r").alias("router"), F.col("x.e").alias("epoch")).agg(F.count(F.lit(1)).alias("records")))
+    unfinished = _rows(
+        f.where(F.size("died_with") > 0)
+        .select(F.explode("died_with").alias("x"))
+        .groupBy(F.col("x.r").alias("router"), F.col("x.e").alias("epoch"))
+        .agg(F.count(F.lit(1)).alias("records"))
+    )
     for row in unfinished:
         row["router"] = names.router(row["router"])
     unfinished.sort(key=lambda r: (r["router"], r["epoch"]))
@@ -100,34 +119,62 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
     if totals["t0"] is not None:
         bucket = bucket_size(t1 - t0)
         b = F.floor((F.col("t") - F.lit(t0)) / F.lit(bucket)).cast("long")
-        series = _rows(f.select(F.explode("recvs").alias("x")).select("x.*").groupBy(
-            F.col("r").alias("router"), b.alias("b")).agg(F.count(F.lit(1)).alias("n")))
+        series = _rows(
+            f.select(F.explode("recvs").alias("x"))
+            .select("x.*")
+            .groupBy(F.col("r").alias("router"), b.alias("b"))
+            .agg(F.count(F.lit(1)).alias("n"))
+        )
         for row in series:
             row["router"] = names.router(row["router"])
         series.sort(key=lambda r: (r["router"], r["b"]))
-        lat = f.where(F.col("origin").isNotNull() & F.col("pub").isNotNull() & (F.col("pub.r") == F.col("origin"))) \
-            .select((F.col("pub.t") - F.col("recv_ts")).alias("lat"), F.col("recv_ts").alias("t"))
+        lat = f.where(F.col("origin").isNotNull() & F.col("pub").isNotNull() & (F.col("pub.r") == F.col("origin"))).select(
+            (F.col("pub.t") - F.col("recv_ts")).alias("lat"), F.col("recv_ts").alias("t")
+        )
         # One job: per bucket, and (the rollup's row without a bucket) over the whole run.
-        both = _rows(lat.withColumn("b", b).rollup("b").agg(
-            F.percentile_approx("lat", [0.5, 0.9, 0.99], 10000).alias("p"), F.max("lat").alias("max"),
-            F.count(F.lit(1)).alias("n"), F.grouping("b").alias("all")))
+        both = _rows(
+            lat.withColumn("b", b)
+            .rollup("b")
+            .agg(
+                F.percentile_approx("lat", [0.5, 0.9, 0.99], 10000).alias("p"),
+                F.max("lat").alias("max"),
+                F.count(F.lit(1)).alias("n"),
+                F.grouping("b").alias("all"),
+            )
+        )
         overall: dict[str, Any] = next((r for r in both if r["all"]), {"n": 0})
-        latency = sorted(({k: v for k, v in r.items() if k != "all"} for r in both if not r["all"]),
-                         key=lambda r: r["b"])
+        latency = sorted(({k: v for k, v in r.items() if k != "all"} for r in both if not r["all"]), key=lambda r: r["b"])
         if overall["n"]:
-            lat_overall = {"p50": overall["p"][0], "p90": overall["p"][1], "p99": overall["p"][2],
-                           "max": overall["max"], "n": overall["n"]}
+            lat_overall = {
+                "p50": overall["p"][0],
+                "p90": overall["p"][1],
+                "p99": overall["p"][2],
+                "max": overall["max"],
+                "n": overall["n"],
+            }
     return {
-        "routers": routers, "epochs": epochs, "events": sum(kinds.values()), "kinds": kinds,
-        "deliveries": totals["deliveries"] or 0, "presettled": totals["presettled"] or 0, "pub_outcomes": outcomes,
-        "refused_before_record": refused, "per_topic": per_topic, "per_subscriber": per_sub,
-        "records_lost_with_router": unfinished, "t0": t0, "bucket_s": bucket, "series": series,
-        "latency_series": latency, "latency": lat_overall,
+        "routers": routers,
+        "epochs": epochs,
+        "events": sum(kinds.values()),
+        "kinds": kinds,
+        "deliveries": totals["deliveries"] or 0,
+        "presettled": totals["presettled"] or 0,
+        "pub_outcomes": outcomes,
+        "refused_before_record": refused,
+        "per_topic": per_topic,
+        "per_subscriber": per_sub,
+        "records_lost_with_router": unfinished,
+        "t0": t0,
+        "bucket_s": bucket,
+        "series": series,
+        "latency_series": latency,
+        "latency": lat_overall,
     }
 
 
-def collect_violations(found: DataFrame, input_rows: list[dict], first: int | None = 20,
-                       names: Names | None = None) -> tuple[dict, list[dict]]:
+def collect_violations(
+    found: DataFrame, input_rows: list[dict], first: int | None = 20, names: Names | None = None
+) -> tuple[dict, list[dict]]:
     """(counts per check: {"rows", "items"}, the first ``first`` violations of each check
     by time) of Spark's violations ``found`` (two small jobs: counts, and the first of
     each check) and of the input checks' ``input_rows``. Spark's rows come back with
@@ -135,6 +182,7 @@ def collect_violations(found: DataFrame, input_rows: list[dict], first: int | No
     from collections import defaultdict
 
     from spark.reconcile import counted
+
     counts = {r["check"]: {"rows": r["rows"], "items": r["items"]} for r in _rows(counted(found))}
     items: dict = defaultdict(set)
     for row in input_rows:
@@ -149,8 +197,11 @@ def collect_violations(found: DataFrame, input_rows: list[dict], first: int | No
         chosen_input = input_rows
     else:
         w = Window.partitionBy("check").orderBy(*order)
-        spark_rows = _rows(found.withColumn("n", F.row_number().over(w)).where(F.col("n") <= first).drop("n")
-                           .orderBy("check", *order)) if any(c in counts for c in ITEM) else []
+        spark_rows = (
+            _rows(found.withColumn("n", F.row_number().over(w)).where(F.col("n") <= first).drop("n").orderBy("check", *order))
+            if any(c in counts for c in ITEM)
+            else []
+        )
         per: dict = defaultdict(int)
         chosen_input = []
         for row in input_rows:
@@ -168,14 +219,23 @@ def add_message_ids(firsts: list[dict], app: DataFrame, ledgers: DataFrame) -> N
     ids = sorted({v["delivery"] for v in firsts if v.get("delivery")})
     if not ids:
         return
-    found = {r["delivery"]: r["message_id"] for r in app.where(F.col("delivery").isin(*ids)
-                                                                & F.col("message_id").isNotNull())
-             .select("delivery", "message_id").collect()}
+    found = {
+        r["delivery"]: r["message_id"]
+        for r in app.where(F.col("delivery").isin(*ids) & F.col("message_id").isNotNull())
+        .select("delivery", "message_id")
+        .collect()
+    }
     rest = [d for d in ids if d not in found]
     if rest:
-        found.update({r["delivery"]: r["message_id"] for r in ledgers.where(
-            F.col("delivery").isin(*rest) & F.col("message_id").isNotNull()).groupBy("delivery").agg(
-            F.first("message_id").alias("message_id")).collect()})
+        found.update(
+            {
+                r["delivery"]: r["message_id"]
+                for r in ledgers.where(F.col("delivery").isin(*rest) & F.col("message_id").isNotNull())
+                .groupBy("delivery")
+                .agg(F.first("message_id").alias("message_id"))
+                .collect()
+            }
+        )
     for v in firsts:
         mid = found.get(v.get("delivery"))
         if mid is not None:
@@ -186,17 +246,18 @@ def add_message_ids(firsts: list[dict], app: DataFrame, ledgers: DataFrame) -> N
 # The verdict
 # ---------------------------------------------------------------------------
 
+
 def verdict(counts: dict, ledgers: bool) -> dict:
     checks = []
     for name, title, unit in CHECKS:
         if name == "ledger" and not ledgers:
             continue
         c = counts.get(name, {"rows": 0, "items": 0})
-        checks.append({"check": name, "title": title, "count": c["items"], "rows": c["rows"], "unit": unit,
-                       "ok": c["items"] == 0})
+        checks.append(
+            {"check": name, "title": title, "count": c["items"], "rows": c["rows"], "unit": unit, "ok": c["items"] == 0}
+        )
     clean = all(c["ok"] for c in checks)
-    line = ", ".join(f"{c['count']} {LABELS[c['check']][1]}" for c in checks
-                     if c["check"] in HEADLINE or c["count"])
+    line = ", ".join(f"{c['count']} {LABELS[c['check']][1]}" for c in checks if c["check"] in HEADLINE or c["count"])
     return {"proven_clean": clean, "line": line, "checks": checks}
 
 
@@ -211,10 +272,12 @@ def render_terminal(report: dict, first: int = 5) -> str:
     out = []
     if s is not None:
         n_epochs = len(s["epochs"])
-        out.append(f"eorouter reconcile: {len(s['routers'])} router(s) ({', '.join(s['routers'])}), {n_epochs} "
-                   f"epoch(s), {s['events']:,} events, {s['deliveries'] or 0:,} publisher deliveries "
-                   f"({', '.join(f'{k} {n:,}' for k, n in sorted(s['pub_outcomes'].items())) or 'no outcomes'})"
-                   f" in {report['elapsed_s']:.1f} s")
+        out.append(
+            f"eorouter reconcile: {len(s['routers'])} router(s) ({', '.join(s['routers'])}), {n_epochs} "
+            f"epoch(s), {s['events']:,} events, {s['deliveries'] or 0:,} publisher deliveries "
+            f"({', '.join(f'{k} {n:,}' for k, n in sorted(s['pub_outcomes'].items())) or 'no outcomes'})"
+            f" in {report['elapsed_s']:.1f} s"
+        )
     width = max(len(c["title"]) for c in v["checks"])
     died = sum(r["records"] for r in s["records_lost_with_router"]) if s else 0
     for c in v["checks"]:
@@ -226,12 +289,16 @@ def render_terminal(report: dict, first: int = 5) -> str:
             extra += f"  ({c['rows']} rows)"
         out.append(f"  {mark} {c['title']:<{width}}  {c['count']:>8,} {LABELS[c['check']][1]}{extra}")
     for torn in report.get("torn") or []:
-        out.append(f"  note: torn last line {torn['file']}:{torn['line']} skipped (a crash cut the router's last "
-                   f"write; docs/event-log.md, \"Torn lines\")")
+        out.append(
+            f"  note: torn last line {torn['file']}:{torn['line']} skipped (a crash cut the router's last "
+            f'write; docs/event-log.md, "Torn lines")'
+        )
     if report.get("beyond_horizon"):
-        out.append(f"  note: {report['beyond_horizon']:,} resend(s) refused beyond the resume horizon "
-                   f"(eorouter:resend-beyond-horizon: their publishers were told rejected, \"may have been "
-                   f"delivered already\"; docs/resumption.md)")
+        out.append(
+            f"  note: {report['beyond_horizon']:,} resend(s) refused beyond the resume horizon "
+            f'(eorouter:resend-beyond-horizon: their publishers were told rejected, "may have been '
+            f'delivered already"; docs/resumption.md)'
+        )
     if v["proven_clean"]:
         out.append(f"VERDICT: proven clean: {v['line']}")
     else:
@@ -255,6 +322,7 @@ def render_terminal(report: dict, first: int = 5) -> str:
 # Files
 # ---------------------------------------------------------------------------
 
+
 def write_json(report: dict, path: Path) -> None:
     path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
 
@@ -263,6 +331,7 @@ def _png(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
+
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -279,7 +348,7 @@ def text_overlaps(fig) -> list[tuple[str, str]]:
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
     out = []
     for i, (a, ba) in enumerate(boxes):
-        for b, bb in boxes[i + 1:]:
+        for b, bb in boxes[i + 1 :]:
             if ba.overlaps(bb) and ba.width > 0 and bb.width > 0:
                 out.append((a, b))
     return out
@@ -289,6 +358,7 @@ def load_plotting() -> None:
     """Import matplotlib (a quarter of a second), so that a caller can do it while
     Spark works (spark/cli.py: in the summary's thread)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
     import matplotlib.ticker  # noqa: F401
@@ -297,6 +367,7 @@ def load_plotting() -> None:
 def figures(report: dict) -> dict:
     """The report's matplotlib figures (not yet rendered): timeline, rate, latency, counts."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -327,15 +398,19 @@ def figures(report: dict) -> dict:
                 start = (e["started_ts"] if e["started_ts"] is not None else e["first_ts"]) - t0
                 last = e["stopping_ts"] if e["stopped"] and e["stopping_ts"] is not None else e["last_ts"]
                 end = (last or start) - t0
-                ax.barh(y, max(end - start, span / 2000), left=start, height=0.55, color=colors[router], alpha=0.55,
-                        lw=0)
+                ax.barh(y, max(end - start, span / 2000), left=start, height=0.55, color=colors[router], alpha=0.55, lw=0)
                 ax.plot([start], [y], marker="|", color="black", ms=14, mew=1.2)
-                ax.plot([end], [y], marker="s" if e["stopped"] else "X", color="black" if e["stopped"] else "#b00020",
-                        ms=5 if e["stopped"] else 8, ls="")
+                ax.plot(
+                    [end],
+                    [y],
+                    marker="s" if e["stopped"] else "X",
+                    color="black" if e["stopped"] else "#b00020",
+                    ms=5 if e["stopped"] else 8,
+                    ls="",
+                )
                 label = f"e{e['epoch']}"
                 if (end - start) / span * width_px > 9 * len(label) + 8:
-                    ax.text((start + end) / 2, y, label, ha="center", va="center", fontsize=7, color="black",
-                            clip_on=True)
+                    ax.text((start + end) / 2, y, label, ha="center", va="center", fontsize=7, color="black", clip_on=True)
         ax.set_yticks(range(lanes))
         ax.set_yticklabels([f"router {r}" for r in reversed(routers)], fontsize=8)
         ax.set_ylim(-0.6, lanes - 0.4)
@@ -343,12 +418,19 @@ def figures(report: dict) -> dict:
         ax.set_xlabel(f"seconds since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0))} UTC")
         n_epochs = len(s["epochs"])
         died = sum(1 for e in s["epochs"] if not e["stopped"])
-        ax.set_title(f"Router lives: {n_epochs} epoch(s), {died} ended without a stop (died, or still running)",
-                     fontsize=10)
-        ax.legend(handles=[Line2D([], [], marker="|", color="black", ls="", ms=10, label="start"),
-                           Line2D([], [], marker="s", color="black", ls="", ms=5, label="stopped"),
-                           Line2D([], [], marker="X", color="#b00020", ls="", ms=7, label="died")],
-                  loc="upper center", bbox_to_anchor=(0.5, -0.32 - 0.05 / lanes), ncol=3, fontsize=8, frameon=False)
+        ax.set_title(f"Router lives: {n_epochs} epoch(s), {died} ended without a stop (died, or still running)", fontsize=10)
+        ax.legend(
+            handles=[
+                Line2D([], [], marker="|", color="black", ls="", ms=10, label="start"),
+                Line2D([], [], marker="s", color="black", ls="", ms=5, label="stopped"),
+                Line2D([], [], marker="X", color="#b00020", ls="", ms=7, label="died"),
+            ],
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.32 - 0.05 / lanes),
+            ncol=3,
+            fontsize=8,
+            frameon=False,
+        )
         ax.grid(axis="x", alpha=0.3)
         figs["timeline"] = fig
 
@@ -363,8 +445,7 @@ def figures(report: dict) -> dict:
                 ax.plot(xs, ys, drawstyle="steps-post", color=colors[router], label=f"router {router}", lw=1.2)
         for router, eps in by_router.items():  # down: between one epoch's last line and the next one's start
             for a, b in zip(eps, eps[1:]):
-                ax.axvspan(a["last_ts"] - t0, (b["started_ts"] or b["first_ts"]) - t0, color=colors[router],
-                           alpha=0.15, lw=0)
+                ax.axvspan(a["last_ts"] - t0, (b["started_ts"] or b["first_ts"]) - t0, color=colors[router], alpha=0.15, lw=0)
         ax.set_ylim(bottom=0)
         ax.set_xlabel(f"seconds (buckets of {bucket:g} s; shaded: a router down between two epochs)")
         ax.set_ylabel("deliveries received / s")
@@ -377,14 +458,13 @@ def figures(report: dict) -> dict:
         fig, ax = plt.subplots(figsize=(10, 3.4))
         xs = [p["b"] * bucket for p in s["latency_series"]]
         for i, (name, style) in enumerate((("p50", "-"), ("p90", "--"), ("p99", ":"))):
-            ax.plot(xs, [p["p"][i] * 1000 for p in s["latency_series"]], ls=style, label=name,
-                    drawstyle="steps-post")
-        ax.plot(xs, [p["max"] * 1000 for p in s["latency_series"]], ls="", marker=".", ms=3, label="max",
-                color="grey")
+            ax.plot(xs, [p["p"][i] * 1000 for p in s["latency_series"]], ls=style, label=name, drawstyle="steps-post")
+        ax.plot(xs, [p["max"] * 1000 for p in s["latency_series"]], ls="", marker=".", ms=3, label="max", color="grey")
         values = [p["max"] for p in s["latency_series"] if p["max"]] or [1.0]
         lows = [p["p"][0] for p in s["latency_series"] if p["p"][0]] or [1.0]
         if max(values) / max(min(lows), 1e-6) > 50:  # wide range (a failover pause): log scale, plain labels
             from matplotlib.ticker import FuncFormatter, LogLocator
+
             ax.set_yscale("log")
             ax.yaxis.set_major_locator(LogLocator(base=10, numticks=8))
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -406,16 +486,16 @@ def figures(report: dict) -> dict:
         if topics:
             names = [t["topic"] or "?" for t in topics][::-1]
             axes[0].barh(names, [t["deliveries"] for t in topics][::-1], color="tab:blue", label="published")
-            axes[0].barh(names, [t["accepted"] or 0 for t in topics][::-1], color="tab:green", height=0.4,
-                         label="accepted everywhere")
+            axes[0].barh(
+                names, [t["accepted"] or 0 for t in topics][::-1], color="tab:green", height=0.4, label="accepted everywhere"
+            )
             axes[0].set_title("Deliveries per topic", fontsize=10)
             axes[0].legend(fontsize=8)
             axes[0].tick_params(axis="y", labelsize=7)
         if subs:
             names = [sub["subscriber"] for sub in subs][::-1]
             axes[1].barh(names, [sub["owed"] or 0 for sub in subs][::-1], color="tab:blue", label="owed")
-            axes[1].barh(names, [sub["accepted"] or 0 for sub in subs][::-1], color="tab:green", height=0.4,
-                         label="accepted")
+            axes[1].barh(names, [sub["accepted"] or 0 for sub in subs][::-1], color="tab:green", height=0.4, label="accepted")
             axes[1].set_title("Distinct deliveries per subscriber", fontsize=10)
             axes[1].legend(fontsize=8)
             axes[1].tick_params(axis="y", labelsize=7)
@@ -428,6 +508,7 @@ def figures(report: dict) -> dict:
 
 def _thousands():
     from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: F401
+
     return FuncFormatter(lambda v, _: f"{v / 1e6:g} M" if v >= 1e6 else f"{v / 1e3:g} k" if v >= 1e4 else f"{v:g}")
 
 
@@ -457,73 +538,151 @@ def _table(headers: list[str], rows: list[list], numeric: AbstractSet[int] = fro
     return "\n".join(out)
 
 
-_TITLES = {"timeline": "Router lives", "rate": "Deliveries per second per router",
-           "latency": "End-to-end latency", "counts": "Per topic and per subscriber"}
+_TITLES = {
+    "timeline": "Router lives",
+    "rate": "Deliveries per second per router",
+    "latency": "End-to-end latency",
+    "counts": "Per topic and per subscriber",
+}
 
 
 def write_html(report: dict, path: Path) -> None:
     s = report["summary"]
     v = report["verdict"]
     figs = {key: _png(fig) for key, fig in figures(report).items()}
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>eorouter reconciliation</title>"
-             f"<style>{_CSS}</style></head><body>",
-             "<h1>eorouter: reconciliation of the routers' event logs</h1>",
-             f"<p><small>{html.escape(', '.join(report['inputs']))} &middot; generated "
-             f"{html.escape(report['generated'])} &middot; {report['elapsed_s']:.1f} s</small></p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>eorouter reconciliation</title>"
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>eorouter: reconciliation of the routers' event logs</h1>",
+        f"<p><small>{html.escape(', '.join(report['inputs']))} &middot; generated "
+        f"{html.escape(report['generated'])} &middot; {report['elapsed_s']:.1f} s</small></p>",
+    ]
     cls = "ok" if v["proven_clean"] else "bad"
-    parts.append(f"<div class='verdict {cls}'>{'Proven clean' if v['proven_clean'] else 'NOT clean'}: "
-                 f"{html.escape(v['line'])}</div>")
-    parts.append(_table(["check", "result", "count", "counts"],
-                        [[c["title"], "ok" if c["ok"] else "FAIL", c["count"], c["unit"]] for c in v["checks"]],
-                        {2}))
+    parts.append(
+        f"<div class='verdict {cls}'>{'Proven clean' if v['proven_clean'] else 'NOT clean'}: {html.escape(v['line'])}</div>"
+    )
+    parts.append(
+        _table(
+            ["check", "result", "count", "counts"],
+            [[c["title"], "ok" if c["ok"] else "FAIL", c["count"], c["unit"]] for c in v["checks"]],
+            {2},
+        )
+    )
     for torn in report.get("torn") or []:
-        parts.append(f"<p><small>note: torn last line {html.escape(str(torn['file']))}:{torn['line']} skipped (a "
-                     f"crash cut the router's last write)</small></p>")
+        parts.append(
+            f"<p><small>note: torn last line {html.escape(str(torn['file']))}:{torn['line']} skipped (a "
+            f"crash cut the router's last write)</small></p>"
+        )
     if report.get("beyond_horizon"):
-        parts.append(f"<p><small>note: {report['beyond_horizon']:,} resend(s) refused beyond the resume horizon "
-                     "(eorouter:resend-beyond-horizon: their publishers were told rejected, “may have been "
-                     "delivered already”)</small></p>")
+        parts.append(
+            f"<p><small>note: {report['beyond_horizon']:,} resend(s) refused beyond the resume horizon "
+            "(eorouter:resend-beyond-horizon: their publishers were told rejected, “may have been "
+            "delivered already”)</small></p>"
+        )
     lat = s["latency"]
     parts.append("<h2>The run</h2>")
-    parts.append(_table(["", ""], [
-        ["routers", ", ".join(s["routers"])], ["events", s["events"]],
-        ["publisher deliveries", s["deliveries"] or 0],
-        ["publisher outcomes", ", ".join(f"{k} {n:,}" for k, n in sorted(s["pub_outcomes"].items()))],
-        ["refused before a record existed", s["refused_before_record"]],
-        ["pre-settled (best effort, not owed)", s["presettled"]],
-        ["latency p50 / p90 / p99 / max", " / ".join(f"{lat[k] * 1000:.1f} ms" for k in ("p50", "p90", "p99", "max"))
-         if lat else "-"],
-    ], {1}))
+    parts.append(
+        _table(
+            ["", ""],
+            [
+                ["routers", ", ".join(s["routers"])],
+                ["events", s["events"]],
+                ["publisher deliveries", s["deliveries"] or 0],
+                ["publisher outcomes", ", ".join(f"{k} {n:,}" for k, n in sorted(s["pub_outcomes"].items()))],
+                ["refused before a record existed", s["refused_before_record"]],
+                ["pre-settled (best effort, not owed)", s["presettled"]],
+                [
+                    "latency p50 / p90 / p99 / max",
+                    " / ".join(f"{lat[k] * 1000:.1f} ms" for k in ("p50", "p90", "p99", "max")) if lat else "-",
+                ],
+            ],
+            {1},
+        )
+    )
     if "timeline" in figs:
-        parts.append(f"<h2>{_TITLES['timeline']}</h2><img alt='{_TITLES['timeline']}' "
-                     f"src='data:image/png;base64,{figs['timeline']}'>")
+        parts.append(
+            f"<h2>{_TITLES['timeline']}</h2><img alt='{_TITLES['timeline']}' src='data:image/png;base64,{figs['timeline']}'>"
+        )
     parts.append("<h3>Router epochs</h3>")
-    parts.append(_table(["router", "epoch", "boot", "first line (UTC)", "last line (UTC)", "lines", "end"], [
-        [e["router"], e["epoch"], e["boot"], _utc(e["first_ts"]), _utc(e["last_ts"]), e["lines"],
-         "stopped" if e["stopped"] else "died (or still running)"] for e in s["epochs"]], {1, 5}))
+    parts.append(
+        _table(
+            ["router", "epoch", "boot", "first line (UTC)", "last line (UTC)", "lines", "end"],
+            [
+                [
+                    e["router"],
+                    e["epoch"],
+                    e["boot"],
+                    _utc(e["first_ts"]),
+                    _utc(e["last_ts"]),
+                    e["lines"],
+                    "stopped" if e["stopped"] else "died (or still running)",
+                ]
+                for e in s["epochs"]
+            ],
+            {1, 5},
+        )
+    )
     if s["records_lost_with_router"]:
-        parts.append("<p>Records that went with a router that died (their obligations are judged by the loss "
-                     "proof):</p>")
-        parts.append(_table(["router", "epoch", "records"], [[r["router"], r["epoch"], r["records"]]
-                                                             for r in s["records_lost_with_router"]], {1, 2}))
+        parts.append("<p>Records that went with a router that died (their obligations are judged by the loss proof):</p>")
+        parts.append(
+            _table(
+                ["router", "epoch", "records"],
+                [[r["router"], r["epoch"], r["records"]] for r in s["records_lost_with_router"]],
+                {1, 2},
+            )
+        )
     for key in ("rate", "latency", "counts"):
         if key in figs:
             parts.append(f"<h2>{_TITLES[key]}</h2><img alt='{_TITLES[key]}' src='data:image/png;base64,{figs[key]}'>")
     parts.append("<h3>Topics</h3>")
-    parts.append(_table(["topic", "deliveries", "accepted everywhere"],
-                        [[t["topic"], t["deliveries"], t["accepted"] or 0] for t in s["per_topic"]], {1, 2}))
+    parts.append(
+        _table(
+            ["topic", "deliveries", "accepted everywhere"],
+            [[t["topic"], t["deliveries"], t["accepted"] or 0] for t in s["per_topic"]],
+            {1, 2},
+        )
+    )
     parts.append("<h3>Subscribers (distinct deliveries)</h3>")
-    parts.append(_table(["subscriber", "owed", "accepted", "rejected", "released", "modified", "settled only",
-                         "never answered"],
-                        [[x["subscriber"], x["owed"], x["accepted"], x["rejected"], x["released"], x["modified"],
-                          x["none"], x["unanswered"]] for x in s["per_subscriber"]], {1, 2, 3, 4, 5, 6, 7}))
+    parts.append(
+        _table(
+            ["subscriber", "owed", "accepted", "rejected", "released", "modified", "settled only", "never answered"],
+            [
+                [
+                    x["subscriber"],
+                    x["owed"],
+                    x["accepted"],
+                    x["rejected"],
+                    x["released"],
+                    x["modified"],
+                    x["none"],
+                    x["unanswered"],
+                ]
+                for x in s["per_subscriber"]
+            ],
+            {1, 2, 3, 4, 5, 6, 7},
+        )
+    )
     parts.append("<h2>Violations</h2>")
     if report["violations"]:
         parts.append(f"<p>The first {report['first']} of each check (all counts are in the table above).</p>")
-        parts.append(_table(["check", "delivery", "publisher tag", "message-id", "router", "subscriber", "when (UTC)",
-                             "detail"], [
-            [r["check"], r["delivery"], r.get("pub_tag"), r.get("message_id"), r["router"], r["subscriber"],
-             _utc(r["ts"]), r["detail"]] for r in report["violations"]]))
+        parts.append(
+            _table(
+                ["check", "delivery", "publisher tag", "message-id", "router", "subscriber", "when (UTC)", "detail"],
+                [
+                    [
+                        r["check"],
+                        r["delivery"],
+                        r.get("pub_tag"),
+                        r.get("message_id"),
+                        r["router"],
+                        r["subscriber"],
+                        _utc(r["ts"]),
+                        r["detail"],
+                    ]
+                    for r in report["violations"]
+                ],
+            )
+        )
     else:
         parts.append("<p class='ok'>None.</p>")
     parts.append("<h2>Event kinds</h2>")
@@ -538,5 +697,15 @@ def _utc(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}"
 
 
-__all__ = ["FIRST", "add_message_ids", "collect_violations", "figures", "render_terminal", "summarize",
-           "text_overlaps", "verdict", "write_html", "write_json"]
+__all__ = [
+    "FIRST",
+    "add_message_ids",
+    "collect_violations",
+    "figures",
+    "render_terminal",
+    "summarize",
+    "text_overlaps",
+    "verdict",
+    "write_html",
+    "write_json",
+]

@@ -50,23 +50,23 @@ def event_schema(*, corrupt_column: bool = False) -> T.StructType:
 #: interop clients): the fields the reconciliation reads. Other fields (those of
 #: `resumed` and `failover` lines) are ignored.
 LEDGER_FIELDS: list[tuple[str, str]] = [
-    ("ts", "double"),           # unix seconds
-    ("client", "string"),       # the application's AMQP container-id
-    ("link", "string"),         # the link name
-    ("role", "string"),         # publisher | subscriber
-    ("event", "string"),        # sent | outcome | delivered | resumed | failover
+    ("ts", "double"),  # unix seconds
+    ("client", "string"),  # the application's AMQP container-id
+    ("link", "string"),  # the link name
+    ("role", "string"),  # publisher | subscriber
+    ("event", "string"),  # sent | outcome | delivered | resumed | failover
     ("topic", "string"),
-    ("delivery", "string"),     # hex of the router's delivery tag (subscriber's delivered)
-    ("pub_tag", "string"),      # hex of the publisher's own delivery tag
-    ("seq", "long"),            # the application's sequence number (not the line order)
-    ("outcome", "string"),      # publisher: what the router said; delivered: what the application answered
-    ("router", "string"),       # host:port the client was attached to
+    ("delivery", "string"),  # hex of the router's delivery tag (subscriber's delivered)
+    ("pub_tag", "string"),  # hex of the publisher's own delivery tag
+    ("seq", "long"),  # the application's sequence number (not the line order)
+    ("outcome", "string"),  # publisher: what the router said; delivered: what the application answered
+    ("router", "string"),  # host:port the client was attached to
     ("incarnation", "string"),  # the publisher link's eorouter:incarnation
-    ("digest", "string"),       # blake2b-128 of the body
+    ("digest", "string"),  # blake2b-128 of the body
     ("message_id", "string"),
-    ("stream_seq", "long"),     # optional
-    ("resend", "boolean"),      # a `sent` line of a delivery resent after a resume
-    ("condition", "string"),    # a publisher outcome's error condition
+    ("stream_seq", "long"),  # optional
+    ("resend", "boolean"),  # a `sent` line of a delivery resent after a resume
+    ("condition", "string"),  # a publisher outcome's error condition
 ]
 
 

@@ -26,6 +26,7 @@ from azure.servicebus._pyamqp.message import Message  # noqa: E402
 
 class AnonymousAuth:
     """SASL ANONYMOUS over a plain listener (pyamqp's SASL layer with the anonymous credential)."""
+
     auth_type = AUTH_TYPE_SASL_PLAIN
 
     def __init__(self):
@@ -36,13 +37,18 @@ def main() -> int:
     a = clientkit.parse("publisher", stack="azure")
     ledger = clientkit.Ledger(a)
     presettled = a.settle == "presettled"
-    client = SendClient(f"{a.host}:{a.port}", a.topic, auth=AnonymousAuth(), use_tls=False,
-                        client_name=a.container_id,
-                        # Report each outcome, as the other stacks' publishers do: by default pyamqp
-                        # re-sends a rejected message as a new delivery (another tag: a duplicate the
-                        # router cannot recognise, by design of the client's retry).
-                        retry_policy=RetryPolicy(retry_total=0),
-                        send_settle_mode=SenderSettleMode.Settled if presettled else SenderSettleMode.Unsettled)
+    client = SendClient(
+        f"{a.host}:{a.port}",
+        a.topic,
+        auth=AnonymousAuth(),
+        use_tls=False,
+        client_name=a.container_id,
+        # Report each outcome, as the other stacks' publishers do: by default pyamqp
+        # re-sends a rejected message as a new delivery (another tag: a duplicate the
+        # router cannot recognise, by design of the client's retry).
+        retry_policy=RetryPolicy(retry_total=0),
+        send_settle_mode=SenderSettleMode.Settled if presettled else SenderSettleMode.Unsettled,
+    )
     counts: dict[str, int] = {}
     watchdog = clientkit.Watchdog(a.timeout + 2, {"stack": "azure", "role": "publisher", "outcomes": counts}, ledger)
     error = None
@@ -70,8 +76,11 @@ def main() -> int:
             except AMQPException as exc:  # the receiver settled with a non-accepted outcome
                 cond = getattr(exc, "condition", None)
                 outcome = "rejected"
-                condition = cond.value.decode() if hasattr(cond, "value") and isinstance(cond.value, bytes) \
+                condition = (
+                    cond.value.decode()
+                    if hasattr(cond, "value") and isinstance(cond.value, bytes)
                     else (cond.decode() if isinstance(cond, bytes) else str(cond))
+                )
             if presettled:
                 watchdog.progress()
                 continue
@@ -90,8 +99,9 @@ def main() -> int:
             client.close()
         except Exception:  # noqa: BLE001
             pass
-    clientkit.summary(stack="azure", role="publisher", sent=sent, outcomes=counts, error=error,
-                      settle="presettled" if presettled else "default")
+    clientkit.summary(
+        stack="azure", role="publisher", sent=sent, outcomes=counts, error=error, settle="presettled" if presettled else "default"
+    )
     return code
 
 

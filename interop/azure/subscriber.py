@@ -35,10 +35,15 @@ def main() -> int:
     ledger = clientkit.Ledger(a)
     second = a.rcv_settle_mode == "second"
     client = ReceiveClient(
-        f"{a.host}:{a.port}", a.topic, auth=AnonymousAuth(), use_tls=False, client_name=a.container_id,
+        f"{a.host}:{a.port}",
+        a.topic,
+        auth=AnonymousAuth(),
+        use_tls=False,
+        client_name=a.container_id,
         link_credit=a.credit,
         receive_settle_mode=ReceiverSettleMode.Second if second else ReceiverSettleMode.First,
-        send_settle_mode=SenderSettleMode.Settled if a.snd_settle_mode == "settled" else SenderSettleMode.Unsettled)
+        send_settle_mode=SenderSettleMode.Settled if a.snd_settle_mode == "settled" else SenderSettleMode.Unsettled,
+    )
     received = 0
     error = None
     code = 3
@@ -84,20 +89,17 @@ def main() -> int:
                 ledger.write("delivered", seq=seq, delivery=tag, outcome=word, digest=dig, size=size)
                 kwargs = {}
                 if a.outcome == "reject":
-                    kwargs["error"] = AMQPError(condition=b"interop:rejected",
-                                                description="the interop subscriber rejects")
+                    kwargs["error"] = AMQPError(condition=b"interop:rejected", description="the interop subscriber rejects")
                 elif a.outcome == "modify":
                     kwargs.update(delivery_failed=True, undeliverable_here=False)
                 if not second:
                     client.settle_messages(delivery_id, tag, word, **kwargs)
                     continue
                 try:  # two-step: unsettled, then wait for the router's settlement echoing the outcome
-                    client.settle_messages(delivery_id, tag, word, await_outcome=True,
-                                           outcome_timeout=a.timeout, **kwargs)
+                    client.settle_messages(delivery_id, tag, word, await_outcome=True, outcome_timeout=a.timeout, **kwargs)
                     ledger.write("settled", seq=seq, delivery=tag, outcome=word)
                 except MessageSettlementUnconfirmed as exc:
-                    ledger.write("settled-unconfirmed", seq=seq, delivery=tag, outcome=None,
-                                 error=str(exc.description))
+                    ledger.write("settled-unconfirmed", seq=seq, delivery=tag, outcome=None, error=str(exc.description))
                     error = f"seq {seq}: settlement not confirmed: {exc.description}"
                 except MessageException as exc:  # the router settled, but not with the outcome we sent
                     ledger.write("settled", seq=seq, delivery=tag, outcome=None, error=str(exc.description))

@@ -21,8 +21,12 @@ def raw_tag(dlv) -> bytes:
     return bytes(ffi.unpack(tag.start, tag.size))
 
 
-NAMES = {Delivery.ACCEPTED: "accepted", Delivery.REJECTED: "rejected", Delivery.RELEASED: "released",
-         Delivery.MODIFIED: "modified"}
+NAMES = {
+    Delivery.ACCEPTED: "accepted",
+    Delivery.REJECTED: "rejected",
+    Delivery.RELEASED: "released",
+    Delivery.MODIFIED: "modified",
+}
 
 
 class Publisher(MessagingHandler):
@@ -45,6 +49,7 @@ class Publisher(MessagingHandler):
         opts = None
         if self.a.settle == "presettled":
             from proton.reactor import AtMostOnce
+
             opts = AtMostOnce()
         self.sender = event.container.create_sender(self.conn, self.a.topic, name=self.a.link, options=opts)
         self.timer = event.container.schedule(0.25, self)
@@ -78,17 +83,16 @@ class Publisher(MessagingHandler):
         seq = int(tag)
         name = NAMES.get(dlv.remote_state, str(dlv.remote_state))
         cond = dlv.remote.condition
-        self.ledger.write("outcome", seq=seq, pub_tag=tag, outcome=name,
-                          condition=cond.name if cond is not None else None)
+        self.ledger.write("outcome", seq=seq, pub_tag=tag, outcome=name, condition=cond.name if cond is not None else None)
         if self.a.settle == "on-outcome":
             dlv.settle()
         self.outcomes += 1
         self.counts[name] = self.counts.get(name, 0) + 1
         self.last_progress = time.monotonic()
         if self.a.disconnect_after and self.outcomes >= self.a.disconnect_after:
-            clientkit.summary(stack="python", role="publisher", sent=self.next_seq - self.a.first_seq,
-                              outcomes=self.counts,
-                              crashed=True)
+            clientkit.summary(
+                stack="python", role="publisher", sent=self.next_seq - self.a.first_seq, outcomes=self.counts, crashed=True
+            )
             clientkit.crash(self.ledger)
         if self.outcomes >= self.a.count:
             self.finish(0)
@@ -129,8 +133,9 @@ def main() -> int:
         Container(handler, container_id=a.container_id).run()
     except KeyboardInterrupt:
         pass
-    clientkit.summary(stack="python", role="publisher", sent=handler.next_seq - a.first_seq, outcomes=handler.counts,
-                      error=handler.error)
+    clientkit.summary(
+        stack="python", role="publisher", sent=handler.next_seq - a.first_seq, outcomes=handler.counts, error=handler.error
+    )
     return handler.exit_code
 
 

@@ -14,8 +14,12 @@ from proton import Condition, Delivery, Link  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402
 from proton.reactor import Container, LinkOption  # noqa: E402
 
-NAMES = {Delivery.ACCEPTED: "accepted", Delivery.REJECTED: "rejected", Delivery.RELEASED: "released",
-         Delivery.MODIFIED: "modified"}
+NAMES = {
+    Delivery.ACCEPTED: "accepted",
+    Delivery.REJECTED: "rejected",
+    Delivery.RELEASED: "released",
+    Delivery.MODIFIED: "modified",
+}
 
 
 def raw_tag(dlv) -> bytes:
@@ -48,8 +52,7 @@ class Subscriber(MessagingHandler):
 
     def on_start(self, event):
         self.conn = event.container.connect(f"amqp://{self.a.host}:{self.a.port}", reconnect=False)
-        self.receiver = event.container.create_receiver(self.conn, self.a.topic, name=self.a.link,
-                                                        options=SettleModes(self.a))
+        self.receiver = event.container.create_receiver(self.conn, self.a.topic, name=self.a.link, options=SettleModes(self.a))
         self.timer = event.container.schedule(0.1, self)
 
     def on_link_opened(self, event):

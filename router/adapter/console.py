@@ -27,20 +27,28 @@ def overview(server: Any) -> dict:
     edges = set()
     for r in routers:
         state = net.lsdb.get(r)
-        for other, _cost in (state.neighbours if state is not None else ()):
+        for other, _cost in state.neighbours if state is not None else ():
             edges.add(tuple(sorted((r, other))))
     topics = snapshot_topics(server)
     for t in topics:
         t["routers_with_subscribers"] = sorted(net.interested_routers(t["topic"]))
     inflight = server.engine.management.inflight()
     return {
-        "router": net.self_id, "epoch": core.epoch,
-        "routers": [{"name": r, "self": r == net.self_id,
-                     "up": r == net.self_id or r in peers.current,
-                     "reachable": r == net.self_id or r in net.routes.reachable} for r in routers],
+        "router": net.self_id,
+        "epoch": core.epoch,
+        "routers": [
+            {
+                "name": r,
+                "self": r == net.self_id,
+                "up": r == net.self_id or r in peers.current,
+                "reachable": r == net.self_id or r in net.routes.reachable,
+            }
+            for r in routers
+        ],
         "edges": [list(e) for e in sorted(edges)],
         "topics": topics,
-        "inflight": inflight[:INFLIGHT_SHOWN], "inflight_total": len(inflight),
+        "inflight": inflight[:INFLIGHT_SHOWN],
+        "inflight_total": len(inflight),
     }
 
 

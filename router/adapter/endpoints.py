@@ -29,9 +29,31 @@ LOCAL_CLOSED = lib.PN_LOCAL_CLOSED
 class Conn:
     """One accepted socket with its proton transport, connection and collector."""
 
-    __slots__ = ("conn_id", "sock", "fd", "peer", "transport", "connection", "collector",
-                 "collector_address", "links", "reported", "closing", "dead", "lost", "want_write", "tail_closed",
-                 "head_closed", "tick_at", "handshake_at", "ir", "refused", "streaming", "tls", "user")
+    __slots__ = (
+        "conn_id",
+        "sock",
+        "fd",
+        "peer",
+        "transport",
+        "connection",
+        "collector",
+        "collector_address",
+        "links",
+        "reported",
+        "closing",
+        "dead",
+        "lost",
+        "want_write",
+        "tail_closed",
+        "head_closed",
+        "tick_at",
+        "handshake_at",
+        "ir",
+        "refused",
+        "streaming",
+        "tls",
+        "user",
+    )
 
     def __init__(self, conn_id: int, sock, peer: str, transport, connection, collector):
         self.conn_id = conn_id
@@ -65,8 +87,24 @@ class Conn:
 class Link:
     """A link the adapter has reported to the core (or refused)."""
 
-    __slots__ = ("link_id", "conn", "ptr", "is_receiver", "name", "address", "core_attached",
-                 "out", "rx_d", "rx_buf", "rx_handle", "rx_tag", "rx_settled", "rx_size", "streams", "management")
+    __slots__ = (
+        "link_id",
+        "conn",
+        "ptr",
+        "is_receiver",
+        "name",
+        "address",
+        "core_attached",
+        "out",
+        "rx_d",
+        "rx_buf",
+        "rx_handle",
+        "rx_tag",
+        "rx_settled",
+        "rx_size",
+        "streams",
+        "management",
+    )
 
     def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str):
         self.link_id = link_id
@@ -139,8 +177,7 @@ def decode_properties(data_ptr) -> dict | None:
 
 def encode_properties(props: dict, data_ptr) -> None:
     """Write a dict as link properties (AMQP wants symbol keys)."""
-    fixed = PropertyDict({symbol(k) if isinstance(k, str) else k: v for k, v in props.items()},
-                         raise_on_error=False)
+    fixed = PropertyDict({symbol(k) if isinstance(k, str) else k: v for k, v in props.items()}, raise_on_error=False)
     data = Data(data_ptr)
     data.clear()
     data.put_object(fixed)
@@ -149,8 +186,10 @@ def encode_properties(props: dict, data_ptr) -> None:
 def set_failover_list(connection_ptr, addresses) -> None:
     """Offer other routers to a client in our open frame, as qpid-dispatch and
     Artemis do: ``failover-server-list`` = [{network-host, port, scheme, hostname}]."""
-    servers = [{symbol("network-host"): host, symbol("port"): str(port), symbol("scheme"): "amqp",
-                symbol("hostname"): host} for host, port in addresses]
+    servers = [
+        {symbol("network-host"): host, symbol("port"): str(port), symbol("scheme"): "amqp", symbol("hostname"): host}
+        for host, port in addresses
+    ]
     data = Data(lib.pn_connection_properties(connection_ptr))
     data.clear()
     data.put_object({symbol("failover-server-list"): servers})
@@ -176,9 +215,17 @@ def printable(text, limit: int = LOG_TEXT_LIMIT) -> str:
     text = str(text)
     out, size = [], 0
     for index, char in enumerate(text):
-        unit = char if char.isprintable() else (f"\\x{ord(char):02x}" if ord(char) < 0x100
-                                                else f"\\u{ord(char):04x}" if ord(char) < 0x10000
-                                                else f"\\U{ord(char):08x}")
+        unit = (
+            char
+            if char.isprintable()
+            else (
+                f"\\x{ord(char):02x}"
+                if ord(char) < 0x100
+                else f"\\u{ord(char):04x}"
+                if ord(char) < 0x10000
+                else f"\\U{ord(char):08x}"
+            )
+        )
         if size + len(unit) > limit:
             kept = "".join(out)
             more = len(text) - index
@@ -224,14 +271,16 @@ def attach_event(link: Link, container_id: str, publishers_settle_first: bool = 
         snd_settle_mode=int(lib.pn_link_remote_snd_settle_mode(ptr)),
         # The mode in use: the receiver chooses it, so for a publisher (our receiving
         # link) it is ours when the router settles with the outcome.
-        rcv_settle_mode=lib.PN_RCV_FIRST if link.is_receiver and publishers_settle_first
+        rcv_settle_mode=lib.PN_RCV_FIRST
+        if link.is_receiver and publishers_settle_first
         else int(lib.pn_link_remote_rcv_settle_mode(ptr)),
         properties=decode_properties(lib.pn_link_remote_properties(ptr)),
     )
 
 
-def open_link(link: Link, timeout: int, properties: dict | None, max_message_size: int,
-              publishers_settle_first: bool = False) -> None:
+def open_link(
+    link: Link, timeout: int, properties: dict | None, max_message_size: int, publishers_settle_first: bool = False
+) -> None:
     """CORE_open_link: mirror the peer's termini and settle modes, set our terminus
     timeout and link properties, then send our attach."""
     ptr = link.ptr

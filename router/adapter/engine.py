@@ -137,8 +137,16 @@ _new = tuple.__new__
 class Engine:
     """Drives proton's engine for every connection of one router process."""
 
-    def __init__(self, core, eventlog, *, max_message_size: int, router_id: str = "router",
-                 secret: str | None = None, handshake_timeout: float = 10.0):
+    def __init__(
+        self,
+        core,
+        eventlog,
+        *,
+        max_message_size: int,
+        router_id: str = "router",
+        secret: str | None = None,
+        handshake_timeout: float = 10.0,
+    ):
         self.core = core
         self.eventlog = eventlog
         self.silent: list[Conn] = []  # idle timeout expired: the server cuts these at once
@@ -159,10 +167,15 @@ class Engine:
         self._rbuf_size = 64 * 1024
         self._rbuf = ffi.new("char[]", self._rbuf_size)
         # Inter-router connections (and the refusals on client listeners).
-        self.peers = InterRouter(self, router_id=router_id, epoch=eventlog.epoch,
-                                 boot=eventlog.boot_id, secret=secret,
-                                 max_message_size=max_message_size,
-                                 handshake_timeout=handshake_timeout)
+        self.peers = InterRouter(
+            self,
+            router_id=router_id,
+            epoch=eventlog.epoch,
+            boot=eventlog.boot_id,
+            secret=secret,
+            max_message_size=max_message_size,
+            handshake_timeout=handshake_timeout,
+        )
         self._command_handlers = self._command_table()
         self._event_handlers = self._event_table()
         self._small = None
@@ -180,9 +193,13 @@ class Engine:
     # ------------------------------------------------------------------ stats / tests
     def counts(self) -> dict:
         """Sizes of the adapter's maps (a leak shows here first)."""
-        return {"links": len(self._links), "incoming": len(self._incoming),
-                "outgoing": sum(len(link.out) for link in self._links.values()),
-                "outgoing_seen": len(self._seen), **self.peers.counts()}
+        return {
+            "links": len(self._links),
+            "incoming": len(self._incoming),
+            "outgoing": sum(len(link.out) for link in self._links.values()),
+            "outgoing_seen": len(self._seen),
+            **self.peers.counts(),
+        }
 
     # ================================================================== inbound: AMQP_*
     def drain(self, conn: Conn) -> None:
@@ -263,8 +280,12 @@ class Engine:
                     if handler is not None:
                         handler(event, conn)
             except Exception as exc:  # a bad peer (or a bug) ends this connection, not the router
-                log.exception("connection %d (%s): error handling engine event %s", conn.conn_id,
-                              conn.peer, cstr(lib.pn_event_type_name(etype)))
+                log.exception(
+                    "connection %d (%s): error handling engine event %s",
+                    conn.conn_id,
+                    conn.peer,
+                    cstr(lib.pn_event_type_name(etype)),
+                )
                 self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
             _collector_pop(collector)
         if accepted:
@@ -309,8 +330,11 @@ class Engine:
         limit, group = self.policy.max_connections(user)
         held = self.connections_of.get(user, 0)
         if limit is not None and held >= limit:
-            why = (f"{self.policy.describe(user)} may hold {limit} connection(s) (group {group}); it holds {held}"
-                   if group else f"{self.policy.describe(user)} may not connect: no group of the policy admits it")
+            why = (
+                f"{self.policy.describe(user)} may hold {limit} connection(s) (group {group}); it holds {held}"
+                if group
+                else f"{self.policy.describe(user)} may not connect: no group of the policy admits it"
+            )
             log.info("connection %d (%s) refused: %s", conn.conn_id, conn.peer, why)
             conn.user = None  # not counted
             self.close_connection(conn, RESOURCE_LIMIT if group else UNAUTHORIZED, why)
@@ -342,8 +366,9 @@ class Engine:
 
     def AMQP_transport_error(self, event, conn: Conn) -> None:
         name, desc = condition_of(lib.pn_transport_condition(conn.transport))
-        log.info("connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer,
-                 name, printable(desc))  # a bounded, escaped prefix of what a non-AMQP peer sent
+        log.info(
+            "connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer, name, printable(desc)
+        )  # a bounded, escaped prefix of what a non-AMQP peer sent
         if desc and "idle-timeout" in desc:
             # The peer is silent: the close frame proton queued may never
             # leave (on a cut link the socket's send buffer is full), and
@@ -362,16 +387,19 @@ class Engine:
             if out:
                 self.execute(out)
             condition = exc.condition if isinstance(exc, ProtocolError) else INTERNAL_ERROR
-            log.log(logging.INFO if isinstance(exc, ProtocolError) else logging.ERROR,
-                    "connection %d (%s): error handling accepted dispositions", conn.conn_id, conn.peer,
-                    exc_info=True)
+            log.log(
+                logging.INFO if isinstance(exc, ProtocolError) else logging.ERROR,
+                "connection %d (%s): error handling accepted dispositions",
+                conn.conn_id,
+                conn.peer,
+                exc_info=True,
+            )
             self.close_connection(conn, condition, f"{type(exc).__name__}: {exc}"[:200])
             return
         if len(out) == 1:
             cmd = out[0]
             if cmd.__class__ is SubOutcomes:  # the usual answer at K > 1: its lines only
-                self.eventlog.append_sub_outcomes(self.now, cmd.deliveries, cmd.subscriber, cmd.outcome,
-                                                  cmd.settled)
+                self.eventlog.append_sub_outcomes(self.now, cmd.deliveries, cmd.subscriber, cmd.outcome, cmd.settled)
                 return
         if out:
             self.execute(out)
@@ -518,8 +546,7 @@ class Engine:
         if not link.rx_settled:
             self._incoming[d] = handle
             self._handles[handle] = (d, link)
-        self.dispatch(MessageTooLarge(link.link_id, handle, link.rx_tag, link.rx_size, link.rx_settled),
-                      link.conn, link)
+        self.dispatch(MessageTooLarge(link.link_id, handle, link.rx_tag, link.rx_size, link.rx_settled), link.conn, link)
 
     def _received_whole(self, d, link: Link) -> None:
         """Its last frame came: hand the message to the core (or, if it was too
@@ -539,14 +566,12 @@ class Engine:
         _link_advance(link.ptr)
         self._last_handle = handle = self._last_handle + 1
         if link.rx_settled or _delivery_settled(d):
-            self.dispatch(MessageReceived(link.link_id, handle, link.rx_tag, payload, True),
-                          link.conn, link)
+            self.dispatch(MessageReceived(link.link_id, handle, link.rx_tag, payload, True), link.conn, link)
             _delivery_settle(d)
             return
         self._incoming[d] = handle
         self._handles[handle] = (d, link)
-        self.dispatch(MessageReceived(link.link_id, handle, link.rx_tag, payload, False),
-                      link.conn, link)
+        self.dispatch(MessageReceived(link.link_id, handle, link.rx_tag, payload, False), link.conn, link)
 
     def _publisher_settled(self, handle: int, d, link: Link) -> None:
         if link.rx_d is not None and d == link.rx_d:
@@ -579,9 +604,16 @@ class Engine:
             event = OutcomeReceived(link.link_id, tag, REJECTED, settled, name, desc)
         elif state == MODIFIED:
             remote = lib.pn_delivery_remote(d)
-            event = OutcomeReceived(link.link_id, tag, MODIFIED, settled, None, None,
-                                    bool(lib.pn_disposition_is_failed(remote)),
-                                    bool(lib.pn_disposition_is_undeliverable(remote)))
+            event = OutcomeReceived(
+                link.link_id,
+                tag,
+                MODIFIED,
+                settled,
+                None,
+                None,
+                bool(lib.pn_disposition_is_failed(remote)),
+                bool(lib.pn_disposition_is_undeliverable(remote)),
+            )
         else:  # received, a transactional state, or no state: not an outcome
             event = OutcomeReceived(link.link_id, tag, NONE, settled)
         self.dispatch(event, link.conn, link)
@@ -599,15 +631,13 @@ class Engine:
         link = self._links_by_ptr.get(lp)
         if link is None or link.is_receiver or not link.core_attached:
             return
-        self.dispatch(CreditChanged(link.link_id, _link_credit(lp), bool(_link_get_drain(lp))),
-                      link.conn, link)
+        self.dispatch(CreditChanged(link.link_id, _link_credit(lp), bool(_link_get_drain(lp))), link.conn, link)
 
     def AMQP_link_attach(self, lp, conn: Conn) -> None:
         if lp in self._links_by_ptr or conn.refused:
             return  # known already, or on a connection refused at open (its close frees it)
         self._last_link_id = link_id = self._last_link_id + 1
-        link = Link(link_id, conn, lp, bool(lib.pn_link_is_receiver(lp)),
-                    cstr(lib.pn_link_name(lp)) or "")
+        link = Link(link_id, conn, lp, bool(lib.pn_link_is_receiver(lp)), cstr(lib.pn_link_name(lp)) or "")
         self._links_by_ptr[lp] = link
         self._links[link_id] = link
         if not link.is_receiver:  # a subscriber's: its accepted dispositions may take the compiled path
@@ -624,8 +654,9 @@ class Engine:
             return
         if event.address is not None and event.address.startswith(RESERVED_PREFIX):
             # The inter-router protocol's addresses: never a client's, never the core's.
-            self._refuse_attach(link, UNAUTHORIZED, f"addresses starting with {RESERVED_PREFIX} are reserved "
-                                                    "for inter-router connections")
+            self._refuse_attach(
+                link, UNAUTHORIZED, f"addresses starting with {RESERVED_PREFIX} are reserved for inter-router connections"
+            )
             return
         conn.reported = True
         link.core_attached = True
@@ -674,8 +705,7 @@ class Engine:
     def AMQP_connection_close(self, conn: Conn) -> None:
         name, desc = condition_of(lib.pn_connection_remote_condition(conn.connection))
         if name:
-            log.info("connection %d (%s) closed by peer: %s: %s", conn.conn_id, conn.peer, printable(name),
-                     printable(desc))
+            log.info("connection %d (%s) closed by peer: %s: %s", conn.conn_id, conn.peer, printable(name), printable(desc))
         if not lib.pn_connection_state(conn.connection) & endpoints.LOCAL_CLOSED:
             lib.pn_connection_close(conn.connection)
         self.touched.add(conn)
@@ -762,11 +792,18 @@ class Engine:
 
     def _command_table(self) -> dict:
         return {
-            Log: self.CORE_log, SubOutcomes: self.CORE_sub_outcomes, SubOutcome: self.CORE_sub_outcome,
-            Forward: self.CORE_forward, SendOutcome: self.CORE_send_outcome,
-            SettleOutgoing: self.CORE_settle_outgoing, SendData: self.peers.CORE_send_data,
-            SendControl: self.peers.CORE_send_control, GrantCredit: self.CORE_grant_credit,
-            OpenLink: self.CORE_open_link, DetachLink: self.CORE_detach_link, Drained: self.CORE_drained,
+            Log: self.CORE_log,
+            SubOutcomes: self.CORE_sub_outcomes,
+            SubOutcome: self.CORE_sub_outcome,
+            Forward: self.CORE_forward,
+            SendOutcome: self.CORE_send_outcome,
+            SettleOutgoing: self.CORE_settle_outgoing,
+            SendData: self.peers.CORE_send_data,
+            SendControl: self.peers.CORE_send_control,
+            GrantCredit: self.CORE_grant_credit,
+            OpenLink: self.CORE_open_link,
+            DetachLink: self.CORE_detach_link,
+            Drained: self.CORE_drained,
             ShutdownComplete: self.CORE_shutdown_complete,
         }
 
@@ -795,7 +832,7 @@ class Engine:
         self.happenings[key] = self.happenings.get(key, 0) + 1
 
     def CORE_sub_outcomes(self, cmd: SubOutcomes) -> None:
-        """"sub-outcome" lines, written as one run."""
+        """ "sub-outcome" lines, written as one run."""
         self.eventlog.append_sub_outcomes(self.now, cmd.deliveries, cmd.subscriber, cmd.outcome, cmd.settled)
 
     def CORE_sub_outcome(self, cmd: SubOutcome) -> None:
@@ -891,8 +928,7 @@ class Engine:
         link = self._links.get(cmd.link_id)
         if link is None:
             return
-        endpoints.open_link(link, cmd.timeout, cmd.properties, self.max_message_size,
-                            self.publishers_settle_first)
+        endpoints.open_link(link, cmd.timeout, cmd.properties, self.max_message_size, self.publishers_settle_first)
         self.touched.add(link.conn)
 
     def CORE_detach_link(self, cmd: DetachLink) -> None:
@@ -925,9 +961,16 @@ class Engine:
         the same form for every refusal, whoever decided it (this adapter, or the core
         with a ProtocolError or a DetachLink before any OpenLink)."""
         conn = link.conn
-        log.info("connection %d (%s): refused %s link %s (address %s): %s: %s", conn.conn_id, conn.peer,
-                 "publisher" if link.is_receiver else "subscriber", printable(repr(link.name)),
-                 printable(repr(link.address)), condition, printable(description))
+        log.info(
+            "connection %d (%s): refused %s link %s (address %s): %s: %s",
+            conn.conn_id,
+            conn.peer,
+            "publisher" if link.is_receiver else "subscriber",
+            printable(repr(link.name)),
+            printable(repr(link.address)),
+            condition,
+            printable(description),
+        )
         endpoints.detach_link(link, condition, description, close)
         self.touched.add(conn)
 

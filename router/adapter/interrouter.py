@@ -118,9 +118,27 @@ _decode_data = codec.decode_data
 class Peer:
     """One inter-router connection (accepted or dialled) as the adapter sees it."""
 
-    __slots__ = ("conn", "acceptor", "dialer", "state", "nonce", "hello", "links", "ctl_out", "data_out",
-                 "ctl_in", "data_in", "ctl_out_up", "data_out_up", "ctl_seq", "queue", "early", "partial",
-                 "deadline", "refused")
+    __slots__ = (
+        "conn",
+        "acceptor",
+        "dialer",
+        "state",
+        "nonce",
+        "hello",
+        "links",
+        "ctl_out",
+        "data_out",
+        "ctl_in",
+        "data_in",
+        "ctl_out_up",
+        "data_out_up",
+        "ctl_seq",
+        "queue",
+        "early",
+        "partial",
+        "deadline",
+        "refused",
+    )
 
     def __init__(self, conn: Conn, acceptor: bool, dialer=None):
         self.conn = conn
@@ -150,8 +168,17 @@ class Peer:
 class InterRouter:
     """Every inter-router connection of the process; owned by the Engine."""
 
-    def __init__(self, engine, *, router_id: str, epoch: int, boot: str, secret: str | None,
-                 max_message_size: int, handshake_timeout: float):
+    def __init__(
+        self,
+        engine,
+        *,
+        router_id: str,
+        epoch: int,
+        boot: str,
+        secret: str | None,
+        max_message_size: int,
+        handshake_timeout: float,
+    ):
         self.engine = engine
         self.core = engine.core
         self.eventlog = engine.eventlog
@@ -210,8 +237,7 @@ class InterRouter:
             self.handshakes.discard(peer)
             if peer.state != UP and not peer.conn.dead and not peer.conn.closing:
                 what = {HELLO: "no open", AUTH: "no proof", LINKS: "links not attached"}.get(peer.state, "")
-                self._refuse(peer, UNAUTHORIZED,
-                             f"handshake not finished within {self.handshake_timeout:g}s ({what})")
+                self._refuse(peer, UNAUTHORIZED, f"handshake not finished within {self.handshake_timeout:g}s ({what})")
 
     # ================================================================== inbound
     def drain(self, conn: Conn) -> None:
@@ -249,15 +275,20 @@ class InterRouter:
                     self._on_remote_close(peer)
                 elif etype == PN_TRANSPORT_ERROR:
                     name, desc = condition_of(lib.pn_transport_condition(conn.transport))
-                    log.info("inter-router connection %d (%s): transport error %s: %s", conn.conn_id,
-                             conn.peer, name, printable(desc))
+                    log.info(
+                        "inter-router connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer, name, printable(desc)
+                    )
                     if desc and "idle-timeout" in desc:
                         self.engine.silent.append(conn)  # see Engine.silent: cut now, not after TCP gives up
                 elif etype == PN_TRANSPORT_CLOSED:
                     self.lost(conn)
             except Exception as exc:  # a bug (or a peer we did not foresee): this connection only
-                log.exception("inter-router connection %d (%s): error handling engine event %s", conn.conn_id,
-                              conn.peer, cstr(lib.pn_event_type_name(etype)))
+                log.exception(
+                    "inter-router connection %d (%s): error handling engine event %s",
+                    conn.conn_id,
+                    conn.peer,
+                    cstr(lib.pn_event_type_name(etype)),
+                )
                 self._close(peer, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
             _collector_pop(collector)
 
@@ -278,34 +309,38 @@ class InterRouter:
         if conn.tls:  # mutual TLS: the certificate must name the router it claims to be
             named = tls.peer_common_name(conn.transport)
             if named != hello.router_id:
-                self._refuse(peer, UNAUTHORIZED, f"its certificate names {named!r}, not the router id "
-                                                 f"{hello.router_id!r} it announces", hello.router_id)
+                self._refuse(
+                    peer,
+                    UNAUTHORIZED,
+                    f"its certificate names {named!r}, not the router id {hello.router_id!r} it announces",
+                    hello.router_id,
+                )
                 return
         if peer.acceptor:
-            proof = codec.acceptor_proof(self.secret, self.router_id, self.epoch, self.boot, hello.nonce,
-                                         peer.nonce)
+            proof = codec.acceptor_proof(self.secret, self.router_id, self.epoch, self.boot, hello.nonce, peer.nonce)
             self._set_hello(conn, peer, proof)
             lib.pn_connection_open(conn.connection)
             peer.state = AUTH
         else:
-            expected = codec.acceptor_proof(self.secret, hello.router_id, hello.epoch, hello.boot, peer.nonce,
-                                            hello.nonce)
+            expected = codec.acceptor_proof(self.secret, hello.router_id, hello.epoch, hello.boot, peer.nonce, hello.nonce)
             if not codec.proof_matches(expected, hello.auth):
-                self._refuse(peer, UNAUTHORIZED,
-                             "wrong proof (eorouter:auth) in the acceptor's open: the routers' secrets differ")
+                self._refuse(
+                    peer, UNAUTHORIZED, "wrong proof (eorouter:auth) in the acceptor's open: the routers' secrets differ"
+                )
                 return
             session = lib.pn_session(conn.connection)
             lib.pn_session_open(session)
             peer.state = LINKS
             self._attach_senders(peer, session)
-            mac = codec.connector_proof(self.secret, self.router_id, self.epoch, self.boot, hello.nonce,
-                                        peer.nonce)
+            mac = codec.connector_proof(self.secret, self.router_id, self.epoch, self.boot, hello.nonce, peer.nonce)
             self._send_control(peer, [{"t": codec.AUTH, "mac": mac}])
         self.touched.add(conn)
 
     def _attach_senders(self, peer: Peer, session) -> None:
-        for kind, address, name in ((CTL_OUT, codec.CONTROL_ADDRESS, codec.control_link_name(self.router_id)),
-                                    (DATA_OUT, codec.DATA_ADDRESS, codec.data_link_name(self.router_id))):
+        for kind, address, name in (
+            (CTL_OUT, codec.CONTROL_ADDRESS, codec.control_link_name(self.router_id)),
+            (DATA_OUT, codec.DATA_ADDRESS, codec.data_link_name(self.router_id)),
+        ):
             lp = lib.pn_sender(session, name.encode("utf-8"))
             lib.pn_terminus_set_address(lib.pn_link_target(lp), address.encode("ascii"))
             lib.pn_terminus_set_address(lib.pn_link_source(lp), address.encode("ascii"))
@@ -341,8 +376,7 @@ class InterRouter:
             return
         # A link the peer attached: only its two sender links are welcome, after its open.
         target = lib.pn_link_remote_target(lp)
-        address = cstr(lib.pn_terminus_get_address(target)) \
-            if lib.pn_terminus_get_type(target) != lib.PN_UNSPECIFIED else None
+        address = cstr(lib.pn_terminus_get_address(target)) if lib.pn_terminus_get_type(target) != lib.PN_UNSPECIFIED else None
         kind = None
         if peer.state in (AUTH, LINKS, UP) and lib.pn_link_is_receiver(lp):
             if address == codec.CONTROL_ADDRESS and peer.ctl_in is None:
@@ -351,11 +385,19 @@ class InterRouter:
                 kind = DATA_IN
         if kind is None:
             name = cstr(lib.pn_link_name(lp))
-            log.info("inter-router connection %d (%s): refused link %s (address %s)", peer.conn.conn_id,
-                     peer.router_id, printable(repr(name)), printable(repr(address)))
-            set_condition(lib.pn_link_condition(lp), NOT_ALLOWED,
-                          f"an inter-router connection carries only one {codec.CONTROL_ADDRESS} and one "
-                          f"{codec.DATA_ADDRESS} sender link from each side")
+            log.info(
+                "inter-router connection %d (%s): refused link %s (address %s)",
+                peer.conn.conn_id,
+                peer.router_id,
+                printable(repr(name)),
+                printable(repr(address)),
+            )
+            set_condition(
+                lib.pn_link_condition(lp),
+                NOT_ALLOWED,
+                f"an inter-router connection carries only one {codec.CONTROL_ADDRESS} and one "
+                f"{codec.DATA_ADDRESS} sender link from each side",
+            )
             lib.pn_link_open(lp)
             lib.pn_link_close(lp)
             self.touched.add(peer.conn)
@@ -386,8 +428,7 @@ class InterRouter:
             self._close(peer, None, None, why)
 
     def _check_up(self, peer: Peer) -> None:
-        if (peer.state == LINKS and peer.ctl_out_up and peer.data_out_up and peer.ctl_in is not None
-                and peer.data_in is not None):
+        if peer.state == LINKS and peer.ctl_out_up and peer.data_out_up and peer.ctl_in is not None and peer.data_in is not None:
             self._report(peer)
 
     def _report(self, peer: Peer) -> None:
@@ -401,16 +442,30 @@ class InterRouter:
         if peer.dialer is not None:
             peer.dialer.connected()
         others = [p.conn.conn_id for p in self.by_router[rid] if p is not peer]
-        log.info("inter-router connection %d (%s) up: router %s epoch %d boot %s (%s)%s", conn.conn_id,
-                 conn.peer, rid, hello.epoch, hello.boot, "accepted" if peer.acceptor else "dialled",
-                 f"; also connected on {others}" if others else "")
+        log.info(
+            "inter-router connection %d (%s) up: router %s epoch %d boot %s (%s)%s",
+            conn.conn_id,
+            conn.peer,
+            rid,
+            hello.epoch,
+            hello.boot,
+            "accepted" if peer.acceptor else "dialled",
+            f"; also connected on {others}" if others else "",
+        )
         self.engine.happened(("peer-connected", rid))
-        self.eventlog.append("peer-connected", self.engine.now,
-                             {"peer": rid, "conn": conn.conn_id, "peer_epoch": hello.epoch,
-                              "peer_boot": hello.boot, "role": "acceptor" if peer.acceptor else "connector"})
+        self.eventlog.append(
+            "peer-connected",
+            self.engine.now,
+            {
+                "peer": rid,
+                "conn": conn.conn_id,
+                "peer_epoch": hello.epoch,
+                "peer_boot": hello.boot,
+                "role": "acceptor" if peer.acceptor else "connector",
+            },
+        )
         try:
-            commands = self.core.handle(PeerConnected(conn.conn_id, rid, hello.epoch, hello.boot),
-                                        self.engine.now)
+            commands = self.core.handle(PeerConnected(conn.conn_id, rid, hello.epoch, hello.boot), self.engine.now)
         except ProtocolError as err:
             log.warning("inter-router connection %d: the core refused router %s: %s", conn.conn_id, rid, err)
             self._forget_up(peer)
@@ -490,17 +545,28 @@ class InterRouter:
         try:
             ctl = codec.decode_control(payload)
         except CodecError as err:
-            log.warning("inter-router connection %d (%s): bad control transfer: %s", peer.conn.conn_id,
-                        peer.router_id, err)
+            log.warning("inter-router connection %d (%s): bad control transfer: %s", peer.conn.conn_id, peer.router_id, err)
             self._close(peer, err.condition, str(err)[:300])
             return
         hello = peer.hello
         if ctl.sender != hello.router_id or ctl.epoch != hello.epoch or ctl.boot != hello.boot:
-            log.warning("inter-router connection %d: control transfer from %s epoch %d boot %s on a connection "
-                        "authenticated as %s epoch %d boot %s", peer.conn.conn_id, ctl.sender, ctl.epoch,
-                        ctl.boot, hello.router_id, hello.epoch, hello.boot)
-            self._close(peer, UNAUTHORIZED, f"control transfer from {ctl.sender!r} (epoch {ctl.epoch}) on a "
-                                            f"connection authenticated as {hello.router_id!r} (epoch {hello.epoch})")
+            log.warning(
+                "inter-router connection %d: control transfer from %s epoch %d boot %s on a connection "
+                "authenticated as %s epoch %d boot %s",
+                peer.conn.conn_id,
+                ctl.sender,
+                ctl.epoch,
+                ctl.boot,
+                hello.router_id,
+                hello.epoch,
+                hello.boot,
+            )
+            self._close(
+                peer,
+                UNAUTHORIZED,
+                f"control transfer from {ctl.sender!r} (epoch {ctl.epoch}) on a "
+                f"connection authenticated as {hello.router_id!r} (epoch {hello.epoch})",
+            )
             return
         msgs = ctl.msgs
         if peer.state == AUTH:
@@ -508,11 +574,9 @@ class InterRouter:
             if first is None or first["t"] != codec.AUTH:
                 self._refuse(peer, UNAUTHORIZED, "the first control message is not the connector's auth")
                 return
-            expected = codec.connector_proof(self.secret, hello.router_id, hello.epoch, hello.boot, peer.nonce,
-                                             hello.nonce)
+            expected = codec.connector_proof(self.secret, hello.router_id, hello.epoch, hello.boot, peer.nonce, hello.nonce)
             if not codec.proof_matches(expected, first.get("mac")):
-                self._refuse(peer, UNAUTHORIZED, "wrong proof (auth mac) from the connector: the routers' "
-                                                 "secrets differ")
+                self._refuse(peer, UNAUTHORIZED, "wrong proof (auth mac) from the connector: the routers' secrets differ")
                 return
             peer.state = LINKS
             session = lib.pn_link_session(peer.ctl_in)
@@ -542,8 +606,7 @@ class InterRouter:
         try:
             header, message = _decode_data(payload)
         except CodecError as err:
-            log.warning("inter-router connection %d (%s): bad data transfer: %s", peer.conn.conn_id,
-                        peer.router_id, err)
+            log.warning("inter-router connection %d (%s): bad data transfer: %s", peer.conn.conn_id, peer.router_id, err)
             self._close(peer, err.condition, str(err)[:300])
             return
         self._dispatch(DataReceived(peer.conn.conn_id, peer.hello.router_id, tag, header, message), peer)
@@ -560,8 +623,13 @@ class InterRouter:
         try:
             commands = self.core.handle(event, self.engine.now)
         except ProtocolError as err:
-            log.warning("inter-router connection %d (%s): %s refused by the core: %s", peer.conn.conn_id,
-                        peer.router_id, type(event).__name__, err)
+            log.warning(
+                "inter-router connection %d (%s): %s refused by the core: %s",
+                peer.conn.conn_id,
+                peer.router_id,
+                type(event).__name__,
+                err,
+            )
             self._close(peer, err.condition, err.description)
             return
         if commands:
@@ -609,8 +677,13 @@ class InterRouter:
         queue.append((cmd.tag, head, cmd.payload))
         if len(queue) > QUEUE_BOUND and peer not in self.congested:
             self.congested.add(peer)
-            log.warning("router %s (connection %d) is slow: %d data transfers queued; pausing credit on the "
-                        "data links of the other routers", cmd.router_id, peer.conn.conn_id, len(queue))
+            log.warning(
+                "router %s (connection %d) is slow: %d data transfers queued; pausing credit on the "
+                "data links of the other routers",
+                cmd.router_id,
+                peer.conn.conn_id,
+                len(queue),
+            )
 
     @staticmethod
     def _send_data(lp, tag: bytes, head: bytes, message: bytes) -> None:
@@ -649,8 +722,12 @@ class InterRouter:
     def _uncongest(self, peer: Peer) -> None:
         self.congested.discard(peer)
         if peer.state == UP:
-            log.info("router %s (connection %d) caught up: %d data transfers queued", peer.router_id,
-                     peer.conn.conn_id, len(peer.queue))
+            log.info(
+                "router %s (connection %d) caught up: %d data transfers queued",
+                peer.router_id,
+                peer.conn.conn_id,
+                len(peer.queue),
+            )
         for peers in self.by_router.values():
             for other in peers:
                 lp = other.data_in
@@ -666,23 +743,35 @@ class InterRouter:
         if conn.dead or conn.closing:
             return
         if condition:
-            log.info("inter-router connection %d (%s): closing: %s: %s", conn.conn_id, peer.router_id or conn.peer,
-                     condition, description)
+            log.info(
+                "inter-router connection %d (%s): closing: %s: %s",
+                conn.conn_id,
+                peer.router_id or conn.peer,
+                condition,
+                description,
+            )
         elif why:
             log.info("inter-router connection %d (%s): closing: %s", conn.conn_id, peer.router_id or conn.peer, why)
         self.engine.close_connection(conn, condition, description)
 
-    def _refuse(self, peer: Peer, condition: str | None, reason: str, claimed: str | None = None,
-                close_condition: bool = True) -> None:
+    def _refuse(
+        self, peer: Peer, condition: str | None, reason: str, claimed: str | None = None, close_condition: bool = True
+    ) -> None:
         """Close a connection that did not (or could not) prove itself, and say so in
         the event log (``peer-refused``)."""
         conn = peer.conn
         if not peer.refused:
             peer.refused = True
-            log.warning("inter-router connection %d (%s) refused%s: %s", conn.conn_id, conn.peer,
-                        f" (router {claimed or peer.router_id})" if (claimed or peer.router_id) else "", reason)
-            self.eventlog.append("peer-refused", self.engine.now,
-                                 {"peer": claimed or peer.router_id, "conn": conn.conn_id, "reason": reason})
+            log.warning(
+                "inter-router connection %d (%s) refused%s: %s",
+                conn.conn_id,
+                conn.peer,
+                f" (router {claimed or peer.router_id})" if (claimed or peer.router_id) else "",
+                reason,
+            )
+            self.eventlog.append(
+                "peer-refused", self.engine.now, {"peer": claimed or peer.router_id, "conn": conn.conn_id, "reason": reason}
+            )
         self._close(peer, condition if close_condition else None, reason if close_condition else None)
 
     def _on_remote_close(self, peer: Peer) -> None:
@@ -690,14 +779,23 @@ class InterRouter:
         name, desc = condition_of(lib.pn_connection_remote_condition(conn.connection))
         if peer.state != UP and name and not peer.refused:
             peer.refused = True
-            reason = (f"refused by the peer: {printable(name)}: {printable(desc)}" if desc
-                      else f"refused by the peer: {printable(name)}")
+            reason = (
+                f"refused by the peer: {printable(name)}: {printable(desc)}"
+                if desc
+                else f"refused by the peer: {printable(name)}"
+            )
             log.warning("inter-router connection %d (%s): %s", conn.conn_id, peer.router_id or conn.peer, reason)
-            self.eventlog.append("peer-refused", self.engine.now,
-                                 {"peer": peer.router_id, "conn": conn.conn_id, "reason": reason})
+            self.eventlog.append(
+                "peer-refused", self.engine.now, {"peer": peer.router_id, "conn": conn.conn_id, "reason": reason}
+            )
         elif name:
-            log.info("inter-router connection %d (%s) closed by the peer: %s: %s", conn.conn_id,
-                     peer.router_id or conn.peer, printable(name), printable(desc))
+            log.info(
+                "inter-router connection %d (%s) closed by the peer: %s: %s",
+                conn.conn_id,
+                peer.router_id or conn.peer,
+                printable(name),
+                printable(desc),
+            )
         if not lib.pn_connection_state(conn.connection) & endpoints.LOCAL_CLOSED:
             lib.pn_connection_close(conn.connection)
         self.touched.add(conn)
@@ -760,26 +858,30 @@ class InterRouter:
         claimed = props.get(codec.KEY_ID)
         claimed = claimed if isinstance(claimed, str) else None
         reason = "an inter-router open on a client listener (routers connect to an inter-router listener)"
-        log.warning("connection %d (%s) refused: %s (router id %s)", conn.conn_id, conn.peer, reason,
-                    printable(repr(claimed)))
-        self.eventlog.append("peer-refused", self.engine.now,
-                             {"peer": claimed, "conn": conn.conn_id, "reason": reason})
+        log.warning("connection %d (%s) refused: %s (router id %s)", conn.conn_id, conn.peer, reason, printable(repr(claimed)))
+        self.eventlog.append("peer-refused", self.engine.now, {"peer": claimed, "conn": conn.conn_id, "reason": reason})
         conn.refused = True
         self.engine.close_connection(conn, UNAUTHORIZED, reason)
         return True
 
     # ================================================================== stats
     def counts(self) -> dict:
-        return {"peer_links": len(self._links), "peers_up": sum(len(p) for p in self.by_router.values()),
-                "handshakes": len(self.handshakes), "queued_data": sum(len(p.queue) for ps in
-                                                                        self.by_router.values() for p in ps)}
+        return {
+            "peer_links": len(self._links),
+            "peers_up": sum(len(p) for p in self.by_router.values()),
+            "handshakes": len(self.handshakes),
+            "queued_data": sum(len(p.queue) for ps in self.by_router.values() for p in ps),
+        }
 
 
 def _loss_reason(conn: Conn) -> str:
     """Why a connection ended, for peer-lost: the peer's close condition, else the
     transport's, else ours, else a plain close."""
-    for cond in (lib.pn_connection_remote_condition(conn.connection), lib.pn_transport_condition(conn.transport),
-                 lib.pn_connection_condition(conn.connection)):
+    for cond in (
+        lib.pn_connection_remote_condition(conn.connection),
+        lib.pn_transport_condition(conn.transport),
+        lib.pn_connection_condition(conn.connection),
+    ):
         name, desc = condition_of(cond)
         if name:
             return f"{name}: {desc}" if desc else name

@@ -54,16 +54,38 @@ OPERATIONS = ("QUERY", "READ", "DELETE", "GET-TYPES", "GET-OPERATIONS")
 DELETABLE = ("connection", "link", "subscription")
 #: Each entity type's attributes, in the order a QUERY without attributeNames returns them.
 ATTRIBUTES = {
-    "router": ("identity", "name", "epoch", "boot", "version", "connections", "publishers", "subscribers",
-               "topics", "records"),
+    "router": ("identity", "name", "epoch", "boot", "version", "connections", "publishers", "subscribers", "topics", "records"),
     "connection": ("identity", "name", "host", "container", "role", "router", "links"),
     "link": ("identity", "name", "connection", "container", "role", "address", "attached", "queued", "credit"),
-    "topic": ("identity", "name", "records", "unsettled", "bytes", "publishers", "subscriptions", "oldest_age",
-              "published", "copies", "outcomes"),
+    "topic": (
+        "identity",
+        "name",
+        "records",
+        "unsettled",
+        "bytes",
+        "publishers",
+        "subscriptions",
+        "oldest_age",
+        "published",
+        "copies",
+        "outcomes",
+    ),
     "peer": ("identity", "name", "up", "next_hop", "cost", "reachable", "subscribers"),
     "subscription": ("identity", "name", "topic", "durable", "attached", "link", "expires_in"),
-    "inflight": ("identity", "name", "topic", "publisher", "pub_tag", "age", "origin_router", "told", "settled",
-                 "subscribers", "routers", "waiting_on"),
+    "inflight": (
+        "identity",
+        "name",
+        "topic",
+        "publisher",
+        "pub_tag",
+        "age",
+        "origin_router",
+        "told",
+        "settled",
+        "subscribers",
+        "routers",
+        "waiting_on",
+    ),
 }
 
 
@@ -76,9 +98,13 @@ class Management:
         self.replies: dict[str, Link] = {}  # reply address -> the requester's receiving link
         self._next = 0
         self.types = {
-            PREFIX + "router": self._routers, PREFIX + "connection": self._connections,
-            PREFIX + "link": self._links, PREFIX + "topic": self._topics, PREFIX + "peer": self._peers,
-            PREFIX + "inflight": self.inflight, PREFIX + "subscription": self._subscriptions,
+            PREFIX + "router": self._routers,
+            PREFIX + "connection": self._connections,
+            PREFIX + "link": self._links,
+            PREFIX + "topic": self._topics,
+            PREFIX + "peer": self._peers,
+            PREFIX + "inflight": self.inflight,
+            PREFIX + "subscription": self._subscriptions,
         }
 
     # ------------------------------------------------------------ links
@@ -127,7 +153,7 @@ class Management:
         _link_advance(link.ptr)
         request = Message()
         try:
-            request.decode(bytes(buf[:max(got, 0)]))
+            request.decode(bytes(buf[: max(got, 0)]))
         except Exception as exc:  # noqa: BLE001 - a client's bytes: answered, never fatal
             _delivery_update(d, outcomes.REJECTED)
             _delivery_settle(d)
@@ -140,16 +166,19 @@ class Management:
         reply_to = request.reply_to
         target = self.replies.get(reply_to) if reply_to else None
         if target is None:
-            log.info("management: request with reply-to %r, which names no reply link here: not answered",
-                     reply_to)
+            log.info("management: request with reply-to %r, which names no reply link here: not answered", reply_to)
             return
         try:
             status, description, body = self.answer(request, link.conn)
         except Exception as exc:  # a bug here must not cost the requester its connection
             log.exception("management: error answering %r", request.properties)
             status, description, body = 500, f"internal error: {type(exc).__name__}: {exc}", None
-        reply = Message(body=body, correlation_id=request.correlation_id or request.id, address=reply_to,
-                        properties={"statusCode": status, "statusDescription": description})
+        reply = Message(
+            body=body,
+            correlation_id=request.correlation_id or request.id,
+            address=reply_to,
+            properties={"statusCode": status, "statusDescription": description},
+        )
         data = bytes(reply.encode())
         self._next += 1
         tag = str(self._next).encode()
@@ -166,16 +195,15 @@ class Management:
         operation = props.get("operation")
         kind = props.get("type") or props.get("entityType")
         if operation == "GET-TYPES":
-            return 200, "OK", {t: list(ATTRIBUTES[t[len(PREFIX):]]) for t in self.types}
+            return 200, "OK", {t: list(ATTRIBUTES[t[len(PREFIX) :]]) for t in self.types}
         if operation == "GET-OPERATIONS":
-            return 200, "OK", {t: ["QUERY", "READ"] + (["DELETE"] if t[len(PREFIX):] in DELETABLE else [])
-                               for t in self.types}
+            return 200, "OK", {t: ["QUERY", "READ"] + (["DELETE"] if t[len(PREFIX) :] in DELETABLE else []) for t in self.types}
         if operation not in OPERATIONS:
             return 501, f"operation {operation!r} is not implemented (implemented: {', '.join(OPERATIONS)})", None
         if kind not in self.types:
             return 404, f"unknown type {kind!r} (types: {', '.join(self.types)})", None
         if operation == "DELETE":
-            return self._delete(kind[len(PREFIX):], props.get("identity") or props.get("name"), requester)
+            return self._delete(kind[len(PREFIX) :], props.get("identity") or props.get("name"), requester)
         rows = self.types[kind]()
         if operation == "READ":
             name = props.get("name") or props.get("identity")
@@ -184,7 +212,7 @@ class Management:
                 return 404, f"no {kind} named {name!r}", None
             return 200, "OK", found[0]
         wanted = (request.body or {}).get("attributeNames") if isinstance(request.body, dict) else None
-        names = list(wanted) if wanted else list(ATTRIBUTES[kind[len(PREFIX):]])
+        names = list(wanted) if wanted else list(ATTRIBUTES[kind[len(PREFIX) :]])
         return 200, "OK", {"attributeNames": names, "results": [[r.get(n) for n in names] for r in rows]}
 
     # ------------------------------------------------------------ writes
@@ -222,19 +250,36 @@ class Management:
     # ------------------------------------------------------------ entities
     def _subscriptions(self) -> list[dict]:
         now = self.server.engine.now or time.time()
-        return [{"identity": key, "name": key, "topic": sub.topic, "durable": sub.durable,
-                 "attached": sub.link_id is not None, "link": sub.link_id,
-                 "expires_in": round(sub.expires_at - now, 3) if sub.link_id is None and sub.expires_at else None}
-                for key, sub in sorted(self.server.core.subscriptions.items())]
+        return [
+            {
+                "identity": key,
+                "name": key,
+                "topic": sub.topic,
+                "durable": sub.durable,
+                "attached": sub.link_id is not None,
+                "link": sub.link_id,
+                "expires_in": round(sub.expires_at - now, 3) if sub.link_id is None and sub.expires_at else None,
+            }
+            for key, sub in sorted(self.server.core.subscriptions.items())
+        ]
 
     def _routers(self) -> list[dict]:
         core = self.server.core
         eventlog = self.server.eventlog
-        return [{"identity": core.net.self_id, "name": core.net.self_id, "epoch": core.epoch,
-                 "boot": eventlog.boot_id, "version": __version__,
-                 "connections": sum(1 for c in self.server.conns.values() if not c.dead),
-                 "publishers": len(core.publishers), "subscribers": len(core.subscribers),
-                 "topics": len(core.topics), "records": len(core.records)}]
+        return [
+            {
+                "identity": core.net.self_id,
+                "name": core.net.self_id,
+                "epoch": core.epoch,
+                "boot": eventlog.boot_id,
+                "version": __version__,
+                "connections": sum(1 for c in self.server.conns.values() if not c.dead),
+                "publishers": len(core.publishers),
+                "subscribers": len(core.subscribers),
+                "topics": len(core.topics),
+                "records": len(core.records),
+            }
+        ]
 
     def _connections(self) -> list[dict]:
         out = []
@@ -242,12 +287,17 @@ class Management:
             if conn.dead:
                 continue
             ir = conn.ir
-            out.append({
-                "identity": conn.conn_id, "name": f"connection/{conn.conn_id}", "host": conn.peer,
-                "container": cstr(lib.pn_connection_remote_container(conn.connection)) or "",
-                "role": "inter-router" if ir is not None else "client",
-                "router": ir.hello.router_id if ir is not None and ir.hello is not None else None,
-                "links": len(conn.links)})
+            out.append(
+                {
+                    "identity": conn.conn_id,
+                    "name": f"connection/{conn.conn_id}",
+                    "host": conn.peer,
+                    "container": cstr(lib.pn_connection_remote_container(conn.connection)) or "",
+                    "role": "inter-router" if ir is not None else "client",
+                    "router": ir.hello.router_id if ir is not None and ir.hello is not None else None,
+                    "links": len(conn.links),
+                }
+            )
         return out
 
     def _links(self) -> list[dict]:
@@ -257,29 +307,46 @@ class Management:
             if link.management is not None or link.conn.ir is not None:
                 continue
             sub = core.subscribers.get(link.link_id)
-            out.append({
-                "identity": link.link_id, "name": link.name, "connection": link.conn.conn_id,
-                "container": cstr(lib.pn_connection_remote_container(link.conn.connection)) or "",
-                "role": "publisher" if link.is_receiver else "subscriber", "address": link.address,
-                "attached": link.core_attached,
-                "queued": len(sub.queue) if sub is not None else None,  # copies waiting for its credit
-                "credit": sub.credit if sub is not None else None})
+            out.append(
+                {
+                    "identity": link.link_id,
+                    "name": link.name,
+                    "connection": link.conn.conn_id,
+                    "container": cstr(lib.pn_connection_remote_container(link.conn.connection)) or "",
+                    "role": "publisher" if link.is_receiver else "subscriber",
+                    "address": link.address,
+                    "attached": link.core_attached,
+                    "queued": len(sub.queue) if sub is not None else None,  # copies waiting for its credit
+                    "credit": sub.credit if sub is not None else None,
+                }
+            )
         return out
 
     def _topics(self) -> list[dict]:
         from router.adapter.metrics import snapshot_topics
-        return [{"identity": t["topic"], "name": t["topic"], **{k: v for k, v in t.items() if k != "topic"}}
-                for t in snapshot_topics(self.server)]
+
+        return [
+            {"identity": t["topic"], "name": t["topic"], **{k: v for k, v in t.items() if k != "topic"}}
+            for t in snapshot_topics(self.server)
+        ]
 
     def _peers(self) -> list[dict]:
         net = self.server.core.net
         peers = self.server.engine.peers
         routes = net.routes
         known = (set(net.lsdb.routers()) | set(peers.current) | set(self.server.core.lost)) - {net.self_id}
-        return [{"identity": r, "name": r, "up": r in peers.current, "next_hop": routes.next_hop.get(r),
-                 "cost": routes.cost.get(r), "reachable": r in routes.reachable,
-                 "subscribers": [str(key) for key in net.membership.keys_at(r)]}
-                for r in sorted(known)]
+        return [
+            {
+                "identity": r,
+                "name": r,
+                "up": r in peers.current,
+                "next_hop": routes.next_hop.get(r),
+                "cost": routes.cost.get(r),
+                "reachable": r in routes.reachable,
+                "subscribers": [str(key) for key in net.membership.keys_at(r)],
+            }
+            for r in sorted(known)
+        ]
 
     def inflight(self) -> list[dict]:
         """Every record, oldest first, with whom it waits on: the subscribers here
@@ -291,17 +358,29 @@ class Management:
             for record in topic.records.values():
                 states = record.expanded_states() if record.compact else record.subscribers
                 subs = {key: _state(s) for key, s in states.items()}
-                routers = {r: (outcomes.NAMES.get(s.outcome.code, "?") if s.outcome is not None else "waiting")
-                           for r, s in record.remote_routers.items()}
-                out.append({
-                    "identity": record.delivery_id, "name": record.delivery_id, "topic": record.topic,
-                    "publisher": f"{record.publisher}/{record.link_name}", "pub_tag": record.pub_tag.hex(),
-                    "age": round(now - record.arrived, 6) if record.arrived else None,
-                    "origin_router": record.origin_router,
-                    "told": outcomes.NAMES.get(record.outcome.code, "?") if record.outcome is not None else None,
-                    "settled": record.pub_settled, "subscribers": subs, "routers": routers,
-                    "waiting_on": sorted([k for k, v in subs.items() if v in ("sent", "unsent")]
-                                         + [f"router:{r}" for r, v in routers.items() if v == "waiting"])})
+                routers = {
+                    r: (outcomes.NAMES.get(s.outcome.code, "?") if s.outcome is not None else "waiting")
+                    for r, s in record.remote_routers.items()
+                }
+                out.append(
+                    {
+                        "identity": record.delivery_id,
+                        "name": record.delivery_id,
+                        "topic": record.topic,
+                        "publisher": f"{record.publisher}/{record.link_name}",
+                        "pub_tag": record.pub_tag.hex(),
+                        "age": round(now - record.arrived, 6) if record.arrived else None,
+                        "origin_router": record.origin_router,
+                        "told": outcomes.NAMES.get(record.outcome.code, "?") if record.outcome is not None else None,
+                        "settled": record.pub_settled,
+                        "subscribers": subs,
+                        "routers": routers,
+                        "waiting_on": sorted(
+                            [k for k, v in subs.items() if v in ("sent", "unsent")]
+                            + [f"router:{r}" for r, v in routers.items() if v == "waiting"]
+                        ),
+                    }
+                )
         out.sort(key=lambda r: -(r["age"] or 0.0))
         return out
 

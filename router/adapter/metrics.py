@@ -45,6 +45,7 @@ LOOP_ANSWER_TIMEOUT = 2.0
 # The snapshot: on the loop's thread
 # ---------------------------------------------------------------------------
 
+
 def snapshot(server: Any) -> dict:
     """Everything the metrics and health checks report, read from the server, its
     engine, the core and the event log as they are between two loop iterations.
@@ -60,21 +61,36 @@ def snapshot(server: Any) -> dict:
     eventlog = server.eventlog
     attached_subs = len(core.subscribers)
     return {
-        "router": net.self_id, "epoch": core.epoch, "now": now,
-        "connections": {"client": sum(1 for c in conns if c.ir is None),
-                        "inter-router": sum(1 for c in conns if c.ir is not None)},
-        "links": {"publisher": len(core.publishers), "subscriber": attached_subs,
-                  "durable-detached": sum(1 for s in core.subscriptions.values() if s.link_id is None)},
-        "records": len(core.records), "bytes_held": core.bytes_held,
+        "router": net.self_id,
+        "epoch": core.epoch,
+        "now": now,
+        "connections": {
+            "client": sum(1 for c in conns if c.ir is None),
+            "inter-router": sum(1 for c in conns if c.ir is not None),
+        },
+        "links": {
+            "publisher": len(core.publishers),
+            "subscriber": attached_subs,
+            "durable-detached": sum(1 for s in core.subscriptions.values() if s.link_id is None),
+        },
+        "records": len(core.records),
+        "bytes_held": core.bytes_held,
         "topics": topics,
         "peers": {r: r in peers.current for r in sorted(known)},
-        "routes": len(net.routes.reachable), "routers_known": len(net.lsdb.routers()),
+        "routes": len(net.routes.reachable),
+        "routers_known": len(net.lsdb.routers()),
         "settled_tags": len(core.settled),
         "placeholders": sum(len(tags) for s in core.subscriptions.values() for tags in s.placeholders.values())
-        if core.subscriptions else 0,
-        "eventlog": {"bytes": eventlog.bytes_written, "rotations": eventlog.rotations,
-                     "flush": _histogram(eventlog.flush_seconds), "fsync": _histogram(eventlog.fsync_seconds),
-                     "closed": eventlog.closed, "path": str(eventlog.path)},
+        if core.subscriptions
+        else 0,
+        "eventlog": {
+            "bytes": eventlog.bytes_written,
+            "rotations": eventlog.rotations,
+            "flush": _histogram(eventlog.flush_seconds),
+            "fsync": _histogram(eventlog.fsync_seconds),
+            "closed": eventlog.closed,
+            "path": str(eventlog.path),
+        },
         "loop": _histogram(server.loop_seconds),
         "happenings": dict(engine.happenings),
         "ready": readiness(server),
@@ -94,14 +110,20 @@ def snapshot_topics(server: Any) -> list[dict]:
     topics = []
     for topic in core.topics.values():
         oldest = next(iter(topic.records.values()), None)  # insertion (publisher) order: the first is oldest
-        topics.append({
-            "topic": topic.name, "records": len(topic.records), "unsettled": topic.unsettled,
-            "bytes": topic.bytes, "publishers": len(topic.publishers),
-            "subscriptions": len(topic.subscriptions),
-            "oldest_age": max(0.0, now - oldest.arrived) if oldest is not None and oldest.arrived else 0.0,
-            "published": topic.published, "copies": engine.copies_sent.get(topic.name, 0),
-            "outcomes": told_by_topic.get(topic.name, {}),
-        })
+        topics.append(
+            {
+                "topic": topic.name,
+                "records": len(topic.records),
+                "unsettled": topic.unsettled,
+                "bytes": topic.bytes,
+                "publishers": len(topic.publishers),
+                "subscriptions": len(topic.subscriptions),
+                "oldest_age": max(0.0, now - oldest.arrived) if oldest is not None and oldest.arrived else 0.0,
+                "published": topic.published,
+                "copies": engine.copies_sent.get(topic.name, 0),
+                "outcomes": told_by_topic.get(topic.name, {}),
+            }
+        )
     return topics
 
 
@@ -160,6 +182,7 @@ def _routes_check(server: Any) -> str | None:
 # Prometheus: on the HTTP thread, from a snapshot
 # ---------------------------------------------------------------------------
 
+
 class RouterCollector(Collector):
     """The router's metrics, from one snapshot per scrape."""
 
@@ -169,56 +192,66 @@ class RouterCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         s = self.take()
         g = GaugeMetricFamily
-        yield _labelled(g("eorouter_connections", "Open AMQP connections, by role", labels=["role"]),
-                        s["connections"].items())
-        yield _labelled(g("eorouter_links", "Links, by role (durable-detached: a durable subscription "
-                          "kept while its subscriber is away)", labels=["role"]), s["links"].items())
-        yield g("eorouter_records_in_flight", "Delivery records held (unsettled or lingering)",
-                value=s["records"])
+        yield _labelled(g("eorouter_connections", "Open AMQP connections, by role", labels=["role"]), s["connections"].items())
+        yield _labelled(
+            g(
+                "eorouter_links",
+                "Links, by role (durable-detached: a durable subscription kept while its subscriber is away)",
+                labels=["role"],
+            ),
+            s["links"].items(),
+        )
+        yield g("eorouter_records_in_flight", "Delivery records held (unsettled or lingering)", value=s["records"])
         yield g("eorouter_bytes_held", "Message bytes the records hold", value=s["bytes_held"])
         topics = _bounded_topics(s["topics"])
         for name, help_text, key in (
-                ("eorouter_topic_records_in_flight", "Delivery records held, per topic", "records"),
-                ("eorouter_topic_unsettled", "Records the publisher has not settled, per topic", "unsettled"),
-                ("eorouter_topic_bytes_held", "Message bytes held, per topic", "bytes"),
-                ("eorouter_topic_publishers", "Attached publisher links, per topic", "publishers"),
-                ("eorouter_topic_subscriptions", "Subscriptions (attached or durable), per topic", "subscriptions"),
-                ("eorouter_topic_oldest_in_flight_seconds",
-                 "Age of the topic's oldest record: how long the network has been finishing it", "oldest_age")):
+            ("eorouter_topic_records_in_flight", "Delivery records held, per topic", "records"),
+            ("eorouter_topic_unsettled", "Records the publisher has not settled, per topic", "unsettled"),
+            ("eorouter_topic_bytes_held", "Message bytes held, per topic", "bytes"),
+            ("eorouter_topic_publishers", "Attached publisher links, per topic", "publishers"),
+            ("eorouter_topic_subscriptions", "Subscriptions (attached or durable), per topic", "subscriptions"),
+            (
+                "eorouter_topic_oldest_in_flight_seconds",
+                "Age of the topic's oldest record: how long the network has been finishing it",
+                "oldest_age",
+            ),
+        ):
             yield _labelled(g(name, help_text, labels=["topic"]), ((t["topic"], t[key]) for t in topics))
         c = CounterMetricFamily
-        yield _labelled(c("eorouter_topic_published", "Messages its publishers here sent, per topic",
-                          labels=["topic"]), ((t["topic"], t["published"]) for t in topics))
-        yield _labelled(c("eorouter_topic_copies_sent", "Copies sent to subscribers here, per topic",
-                          labels=["topic"]), ((t["topic"], t["copies"]) for t in topics))
-        told = c("eorouter_topic_outcomes", "Outcomes publishers here were told, per topic and outcome",
-                 labels=["topic", "outcome"])
+        yield _labelled(
+            c("eorouter_topic_published", "Messages its publishers here sent, per topic", labels=["topic"]),
+            ((t["topic"], t["published"]) for t in topics),
+        )
+        yield _labelled(
+            c("eorouter_topic_copies_sent", "Copies sent to subscribers here, per topic", labels=["topic"]),
+            ((t["topic"], t["copies"]) for t in topics),
+        )
+        told = c(
+            "eorouter_topic_outcomes", "Outcomes publishers here were told, per topic and outcome", labels=["topic", "outcome"]
+        )
         for t in topics:
             for outcome, n in sorted(t["outcomes"].items()):
                 told.add_metric([t["topic"], outcome], n)
         yield told
         yield from _happenings(s["happenings"])
-        yield _labelled(g("eorouter_peer_up", "1 while a connection to that router is up", labels=["router"]),
-                        ((r, 1 if up else 0) for r, up in s["peers"].items()))
+        yield _labelled(
+            g("eorouter_peer_up", "1 while a connection to that router is up", labels=["router"]),
+            ((r, 1 if up else 0) for r, up in s["peers"].items()),
+        )
         yield g("eorouter_routes", "Routers reachable from here (the routing table's size)", value=s["routes"])
-        yield g("eorouter_routers_known", "Routers in the link-state database, this one included",
-                value=s["routers_known"])
-        yield g("eorouter_settled_tags", "Settled tags remembered for resumed publishers' resends",
-                value=s["settled_tags"])
+        yield g("eorouter_routers_known", "Routers in the link-state database, this one included", value=s["routers_known"])
+        yield g("eorouter_settled_tags", "Settled tags remembered for resumed publishers' resends", value=s["settled_tags"])
         yield g("eorouter_placeholders", "Placeholders held for resuming subscribers", value=s["placeholders"])
         ev = s["eventlog"]
         yield CounterMetricFamily("eorouter_eventlog_bytes", "Event log bytes written", value=ev["bytes"])
         yield CounterMetricFamily("eorouter_eventlog_rotations", "Event log files rotated", value=ev["rotations"])
         for name, help_text, h in (
-                ("eorouter_eventlog_flush_seconds", "One flush of the event log (one write per loop iteration)",
-                 ev["flush"]),
-                ("eorouter_eventlog_fsync_seconds", "One fsync of the event log ([eventlog] fsync = true)",
-                 ev["fsync"]),
-                ("eorouter_loop_iteration_seconds", "One iteration of the event loop, its wait excluded",
-                 s["loop"])):
+            ("eorouter_eventlog_flush_seconds", "One flush of the event log (one write per loop iteration)", ev["flush"]),
+            ("eorouter_eventlog_fsync_seconds", "One fsync of the event log ([eventlog] fsync = true)", ev["fsync"]),
+            ("eorouter_loop_iteration_seconds", "One iteration of the event loop, its wait excluded", s["loop"]),
+        ):
             yield HistogramMetricFamily(name, help_text, buckets=h["buckets"], sum_value=h["sum"])
-        ready = g("eorouter_ready", "1 when every readiness check passes (/readyz)",
-                  value=0 if any(s["ready"].values()) else 1)
+        ready = g("eorouter_ready", "1 when every readiness check passes (/readyz)", value=0 if any(s["ready"].values()) else 1)
         yield ready
 
 
@@ -226,29 +259,41 @@ def _happenings(counts: dict[tuple, int]) -> Iterable[Metric]:
     """The counted events (Engine.happened) as counters."""
     c = CounterMetricFamily
     families = {
-        "link-attached": c("eorouter_link_attaches", "Links attached here, by role and whether they resumed "
-                           "(resumed: a client failing over, or reconnecting, with its unsettled state)",
-                           labels=["role", "resumed"]),
-        "resume-requested": c("eorouter_link_resumptions", "Resumed links' unsettled state taken over here, by "
-                              "role and result (incomplete: some of it was not known here)",
-                              labels=["role", "result"]),
-        "failover-in": c("eorouter_failovers_in", "Subscribers that came here from another router (attached or "
-                         "retained there: a client failing over), by role and the router they left",
-                         labels=["role", "from_router"]),
-        "announcement": c("eorouter_peer_announcements", "Subscriber announcements received (flooded), by the "
-                          "router whose subscriber it announces and what: attached, detached",
-                          labels=["router", "kind"]),
-        "peer-connected": c("eorouter_peer_connects", "Connections to that router that came up (reconnects: "
-                            "all but the first)", labels=["router"]),
+        "link-attached": c(
+            "eorouter_link_attaches",
+            "Links attached here, by role and whether they resumed "
+            "(resumed: a client failing over, or reconnecting, with its unsettled state)",
+            labels=["role", "resumed"],
+        ),
+        "resume-requested": c(
+            "eorouter_link_resumptions",
+            "Resumed links' unsettled state taken over here, by role and result (incomplete: some of it was not known here)",
+            labels=["role", "result"],
+        ),
+        "failover-in": c(
+            "eorouter_failovers_in",
+            "Subscribers that came here from another router (attached or "
+            "retained there: a client failing over), by role and the router they left",
+            labels=["role", "from_router"],
+        ),
+        "announcement": c(
+            "eorouter_peer_announcements",
+            "Subscriber announcements received (flooded), by the "
+            "router whose subscriber it announces and what: attached, detached",
+            labels=["router", "kind"],
+        ),
+        "peer-connected": c(
+            "eorouter_peer_connects", "Connections to that router that came up (reconnects: all but the first)", labels=["router"]
+        ),
         "peer-lost": c("eorouter_peer_losses", "Connections to that router lost", labels=["router"]),
-        "peer-restarted": c("eorouter_peer_restarts", "Times that router came back with a new epoch",
-                            labels=["router"]),
-        "announce-timeout": c("eorouter_announce_timeouts", "Subscriber announcements other routers did not "
-                              "confirm in time"),
-        "origin-taken-over": c("eorouter_origins_taken_over", "Deliveries whose origin moved here, or from here, "
-                               "after a router failed"),
-        "subscription-expired": c("eorouter_subscriptions_expired", "Durable subscriptions expired while "
-                                  "their subscriber was away"),
+        "peer-restarted": c("eorouter_peer_restarts", "Times that router came back with a new epoch", labels=["router"]),
+        "announce-timeout": c("eorouter_announce_timeouts", "Subscriber announcements other routers did not confirm in time"),
+        "origin-taken-over": c(
+            "eorouter_origins_taken_over", "Deliveries whose origin moved here, or from here, after a router failed"
+        ),
+        "subscription-expired": c(
+            "eorouter_subscriptions_expired", "Durable subscriptions expired while their subscriber was away"
+        ),
     }
     for key, n in sorted(counts.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         kind, *labels = key
@@ -271,7 +316,7 @@ def _bounded_topics(topics: list[dict]) -> list[dict]:
     if len(topics) <= MAX_TOPIC_LABELS:
         return topics
     ranked = sorted(topics, key=lambda t: (-t["records"], -(t["publishers"] + t["subscriptions"]), t["topic"]))
-    kept, rest = ranked[:MAX_TOPIC_LABELS - 1], ranked[MAX_TOPIC_LABELS - 1:]
+    kept, rest = ranked[: MAX_TOPIC_LABELS - 1], ranked[MAX_TOPIC_LABELS - 1 :]
     other: dict[str, Any] = {"topic": OTHER_TOPICS, "oldest_age": max(t["oldest_age"] for t in rest)}
     for key in ("records", "unsettled", "bytes", "publishers", "subscriptions", "published", "copies"):
         other[key] = sum(t[key] for t in rest)
@@ -286,6 +331,7 @@ def _bounded_topics(topics: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------------------
 # The HTTP listener
 # ---------------------------------------------------------------------------
+
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
@@ -307,8 +353,7 @@ class MetricsServer:
 
     def start(self) -> None:
         self.thread.start()
-        log.info("console, metrics and health on http://%s:%d/ (/, /metrics, /healthz, /readyz)", self.host,
-                 self.port)
+        log.info("console, metrics and health on http://%s:%d/ (/, /metrics, /healthz, /readyz)", self.host, self.port)
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -320,30 +365,30 @@ class MetricsServer:
     def _app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         from router.adapter.console import PAGE, overview  # (console reads this module's snapshots)
+
         if path == "/healthz":
             return self._health(start_response)
         if path == "/readyz":
             return self._ready(start_response)
         if path == "/":
             data = PAGE.encode()
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"),
-                                      ("Content-Length", str(len(data)))])
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(data)))])
             return [data]
         if path == "/api/overview":
             try:
-                return _json(start_response, 200, self.server.call_in_loop(lambda: overview(self.server),
-                                                                           LOOP_ANSWER_TIMEOUT))
+                return _json(start_response, 200, self.server.call_in_loop(lambda: overview(self.server), LOOP_ANSWER_TIMEOUT))
             except TimeoutError:
-                return _json(start_response, 503, {"status": "failing",
-                                                   "checks": {"event-loop": self._no_answer()}})
+                return _json(start_response, 503, {"status": "failing", "checks": {"event-loop": self._no_answer()}})
         if path == "/metrics":
             try:
                 return self._metrics_app(environ, start_response)
             except TimeoutError:
-                return _json(start_response, 503, {"status": "failing",
-                                                   "checks": {"event-loop": self._no_answer()}})
-        return _json(start_response, 404, {"error": f"no such page: {path}",
-                                           "pages": ["/", "/api/overview", "/metrics", "/healthz", "/readyz"]})
+                return _json(start_response, 503, {"status": "failing", "checks": {"event-loop": self._no_answer()}})
+        return _json(
+            start_response,
+            404,
+            {"error": f"no such page: {path}", "pages": ["/", "/api/overview", "/metrics", "/healthz", "/readyz"]},
+        )
 
     def _health(self, start_response: Callable) -> Iterable[bytes]:
         started = time.monotonic()
@@ -351,8 +396,11 @@ class MetricsServer:
             self.server.call_in_loop(lambda: None, LOOP_ANSWER_TIMEOUT)
         except TimeoutError:
             return _json(start_response, 503, {"status": "failing", "checks": {"event-loop": self._no_answer()}})
-        return _json(start_response, 200, {"status": "ok", "checks": {"event-loop": None},
-                                           "answered_in_s": round(time.monotonic() - started, 6)})
+        return _json(
+            start_response,
+            200,
+            {"status": "ok", "checks": {"event-loop": None}, "answered_in_s": round(time.monotonic() - started, 6)},
+        )
 
     def _ready(self, start_response: Callable) -> Iterable[bytes]:
         try:
@@ -360,8 +408,7 @@ class MetricsServer:
         except TimeoutError:
             checks = {"event-loop": self._no_answer()}
         failing = {k: v for k, v in checks.items() if v}
-        return _json(start_response, 503 if failing else 200,
-                     {"status": "failing" if failing else "ok", "checks": checks})
+        return _json(start_response, 503 if failing else 200, {"status": "failing" if failing else "ok", "checks": checks})
 
     @staticmethod
     def _no_answer() -> str:
@@ -371,6 +418,5 @@ class MetricsServer:
 def _json(start_response: Callable, status: int, body: dict) -> list[bytes]:
     reasons = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
     data = json.dumps(body, sort_keys=True).encode() + b"\n"
-    start_response(f"{status} {reasons[status]}", [("Content-Type", "application/json"),
-                                                   ("Content-Length", str(len(data)))])
+    start_response(f"{status} {reasons[status]}", [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     return [data]

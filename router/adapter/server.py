@@ -84,11 +84,24 @@ class Listener:
 class Dialer:
     """One ``[[connector]]``: dials its peer, and again after every loss, with backoff."""
 
-    __slots__ = ("host", "port", "name", "sock", "retry_at", "connect_by", "delay", "base_delay",
-                 "max_delay", "failures", "tls_domain", "tls_name")
+    __slots__ = (
+        "host",
+        "port",
+        "name",
+        "sock",
+        "retry_at",
+        "connect_by",
+        "delay",
+        "base_delay",
+        "max_delay",
+        "failures",
+        "tls_domain",
+        "tls_name",
+    )
 
-    def __init__(self, host: str, port: int, name: str, base_delay: float, max_delay: float,
-                 tls_domain=None, tls_name: str | None = None):
+    def __init__(
+        self, host: str, port: int, name: str, base_delay: float, max_delay: float, tls_domain=None, tls_name: str | None = None
+    ):
         self.host = host
         self.port = port
         self.name = name or f"{host}:{port}"
@@ -114,30 +127,61 @@ class Dialer:
 class Server:
     """Owns the sockets and the proton objects; the Engine translates, the core decides."""
 
-    def __init__(self, *, router_id: str, core, eventlog, listeners, max_message_size: int,
-                 idle_timeout: float = 0.0, drain_grace: float = 5.0, connectors=(),
-                 network=None, slow_subscriber_age: float = 0.0, policy=None):
+    def __init__(
+        self,
+        *,
+        router_id: str,
+        core,
+        eventlog,
+        listeners,
+        max_message_size: int,
+        idle_timeout: float = 0.0,
+        drain_grace: float = 5.0,
+        connectors=(),
+        network=None,
+        slow_subscriber_age: float = 0.0,
+        policy=None,
+    ):
         self.router_id = router_id
         self.core = core
         self.eventlog = eventlog
-        self.listeners = [Listener(item.host, item.port, getattr(item, "role", "normal"),
-                                   tls.server_domain(item.tls, f"listener {item.host}:{item.port}")
-                                   if getattr(item, "tls", None) is not None else None)
-                          for item in listeners]
+        self.listeners = [
+            Listener(
+                item.host,
+                item.port,
+                getattr(item, "role", "normal"),
+                tls.server_domain(item.tls, f"listener {item.host}:{item.port}")
+                if getattr(item, "tls", None) is not None
+                else None,
+            )
+            for item in listeners
+        ]
         self.idle_timeout_ms = int(max(0.0, idle_timeout) * 1000)
         self.drain_grace = drain_grace
         base_delay = getattr(network, "reconnect_delay", 0.5)
         max_delay = getattr(network, "reconnect_max", 2.0)
-        self.dialers = [Dialer(c.host, c.port, getattr(c, "name", ""), base_delay, max_delay,
-                               tls.client_domain(c.tls, f"connector {c.host}:{c.port}")
-                               if getattr(c, "tls", None) is not None else None,
-                               c.tls.server_name if getattr(c, "tls", None) is not None else None)
-                        for c in connectors]
+        self.dialers = [
+            Dialer(
+                c.host,
+                c.port,
+                getattr(c, "name", ""),
+                base_delay,
+                max_delay,
+                tls.client_domain(c.tls, f"connector {c.host}:{c.port}") if getattr(c, "tls", None) is not None else None,
+                c.tls.server_name if getattr(c, "tls", None) is not None else None,
+            )
+            for c in connectors
+        ]
         # How long a connect, and then the inter-router handshake, may take.
         self.handshake_timeout = idle_timeout if idle_timeout > 0 else 10.0
-        self.engine = Engine(core, eventlog, max_message_size=max_message_size,
-                             router_id=router_id, secret=getattr(network, "secret", None),
-                             handshake_timeout=self.handshake_timeout)
+        self.engine = Engine(
+            core,
+            eventlog,
+            max_message_size=max_message_size,
+            router_id=router_id,
+            secret=getattr(network, "secret", None),
+            handshake_timeout=self.handshake_timeout,
+        )
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}
         self._last_conn_id = 0
@@ -172,8 +216,7 @@ class Server:
         """Bind every listener (port 0: an ephemeral port); return the bound addresses."""
         bound = []
         for lst in self.listeners:
-            sock = socket.socket(socket.AF_INET6 if ":" in lst.host else socket.AF_INET,
-                                 socket.SOCK_STREAM)
+            sock = socket.socket(socket.AF_INET6 if ":" in lst.host else socket.AF_INET, socket.SOCK_STREAM)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((lst.host, lst.port))
@@ -182,8 +225,7 @@ class Server:
                 sock.close()
                 # "Address already in use" alone does not say which of the listeners.
                 where = f"[{lst.host}]:{lst.port}" if ":" in lst.host else f"{lst.host}:{lst.port}"
-                raise OSError(exc.errno, f"cannot listen on {where} ({lst.role} listener): "
-                                         f"{exc.strerror or exc}") from exc
+                raise OSError(exc.errno, f"cannot listen on {where} ({lst.role} listener): {exc.strerror or exc}") from exc
             sock.setblocking(False)
             lst.sock = sock
             lst.port = sock.getsockname()[1]
@@ -192,8 +234,7 @@ class Server:
             log.info("listening on %s:%d (%s)", lst.host, lst.port, lst.role)
         # Other routers offer these to their clients as a failover list.
         self.engine.now = time.time()
-        self.engine.timer(ListenersReady(tuple((lst.host, lst.port) for lst in self.listeners
-                                               if lst.role == "normal")))
+        self.engine.timer(ListenersReady(tuple((lst.host, lst.port) for lst in self.listeners if lst.role == "normal")))
         return bound
 
     def wakeup_socket(self) -> int:
@@ -328,8 +369,12 @@ class Server:
         if silent:
             for conn in silent:
                 if not conn.dead:
-                    log.info("connection %d (%s): peer silent past the idle timeout: closing the socket "
-                             "without waiting to send our close", conn.conn_id, conn.peer)
+                    log.info(
+                        "connection %d (%s): peer silent past the idle timeout: closing the socket "
+                        "without waiting to send our close",
+                        conn.conn_id,
+                        conn.peer,
+                    )
                     self._cut(conn)
             silent.clear()
         opened = engine.opened
@@ -361,8 +406,9 @@ class Server:
                 return
             try:
                 listener = self._listener_of(lsock)
-                self._open_connection(sock, addr, listener.role if listener else "normal",
-                                      tls_domain=listener.tls_domain if listener else None)
+                self._open_connection(
+                    sock, addr, listener.role if listener else "normal", tls_domain=listener.tls_domain if listener else None
+                )
             except Exception:
                 log.exception("could not set up a connection from %s", addr)
                 sock.close()
@@ -373,8 +419,9 @@ class Server:
                 return lst
         return None
 
-    def _open_connection(self, sock: socket.socket, addr, role: str = "normal",
-                         dialer: Dialer | None = None, tls_domain=None) -> Conn:
+    def _open_connection(
+        self, sock: socket.socket, addr, role: str = "normal", dialer: Dialer | None = None, tls_domain=None
+    ) -> Conn:
         """Wrap a connected socket in a transport, connection and collector. Accepted
         sockets get a server transport; dialled ones (``dialer``) a client transport
         without SASL (the acceptor autodetects the plain AMQP header)."""
@@ -429,8 +476,7 @@ class Server:
         if self._phase != "running" or self.stop_requested:
             return
         try:
-            family, type_, proto, _, address = socket.getaddrinfo(
-                dialer.host, dialer.port, type=socket.SOCK_STREAM)[0]
+            family, type_, proto, _, address = socket.getaddrinfo(dialer.host, dialer.port, type=socket.SOCK_STREAM)[0]
             sock = socket.socket(family, type_, proto)
         except OSError as exc:
             self._dial_failed(dialer, f"cannot resolve or create a socket: {exc}")
@@ -472,8 +518,16 @@ class Server:
     def _dial_failed(self, dialer: Dialer, why: str) -> None:
         dialer.failures += 1
         level = logging.INFO if dialer.failures == 1 or dialer.failures % 30 == 0 else logging.DEBUG
-        log.log(level, "connector %s: cannot connect to %s:%d: %s (attempt %d; next in %.1fs)",
-                dialer.name, dialer.host, dialer.port, why, dialer.failures, dialer.delay)
+        log.log(
+            level,
+            "connector %s: cannot connect to %s:%d: %s (attempt %d; next in %.1fs)",
+            dialer.name,
+            dialer.host,
+            dialer.port,
+            why,
+            dialer.failures,
+            dialer.delay,
+        )
         self._schedule_dial(dialer)
 
     def _schedule_dial(self, dialer: Dialer) -> None:
@@ -622,8 +676,7 @@ class Server:
         self._redo.add(conn)
 
     def _update_interest(self, conn: Conn) -> None:
-        mask = (0 if conn.tail_closed else READ) | (WRITE if conn.want_write and not conn.head_closed
-                                                   else 0)
+        mask = (0 if conn.tail_closed else READ) | (WRITE if conn.want_write and not conn.head_closed else 0)
         try:
             if mask:
                 self.sel.modify(conn.sock, mask, conn)
@@ -687,8 +740,7 @@ class Server:
                 conn.handshake_at = 0
             elif now_ms >= conn.handshake_at:
                 conn.handshake_at = 0
-                log.info("connection %d (%s): no AMQP open within the idle timeout", conn.conn_id,
-                         conn.peer)
+                log.info("connection %d (%s): no AMQP open within the idle timeout", conn.conn_id, conn.peer)
                 cond = lib.pn_transport_condition(conn.transport)
                 lib.pn_condition_set_name(cond, b"amqp:resource-limit-exceeded")
                 lib.pn_condition_set_description(cond, b"no AMQP open within the idle timeout")

@@ -48,9 +48,16 @@ class SlowSubscribers:
             if last is not None and now - last < self.age:
                 continue
             self._warned[key] = now
-            log.warning("slow subscriber %s: %d record(s) of topic %s unanswered past %gs (oldest %.1fs); their "
-                        "publishers' outcomes wait for it", key, count, topic_name, self.age, oldest,
-                        extra={"subscriber": key, "topic": topic_name, "records": count, "oldest_s": round(oldest, 3)})
+            log.warning(
+                "slow subscriber %s: %d record(s) of topic %s unanswered past %gs (oldest %.1fs); their "
+                "publishers' outcomes wait for it",
+                key,
+                count,
+                topic_name,
+                self.age,
+                oldest,
+                extra={"subscriber": key, "topic": topic_name, "records": count, "oldest_s": round(oldest, 3)},
+            )
             warned.append((key, topic_name, count, oldest))
         for key in [k for k, t in self._warned.items() if now - t > 10 * self.age]:
             del self._warned[key]  # bounded: subscribers long quiet are forgotten

@@ -34,7 +34,6 @@ CHUNK = 64 * 1024
 FEED_BUDGET = 16 * CHUNK
 
 
-
 class Pending:
     """One queued outgoing message: its delivery once started, how much went out."""
 
@@ -79,7 +78,7 @@ def feed(link, budget: int) -> int:
             n = size - item.offset
             if n > CHUNK:
                 n = CHUNK
-            _link_send(lp, _from_buffer(view[item.offset:item.offset + n]), n)
+            _link_send(lp, _from_buffer(view[item.offset : item.offset + n]), n)
             item.offset += n
             moved += n
         _link_advance(lp)

@@ -35,8 +35,7 @@ def server_domain(settings: Any, where: str) -> Any:
         raise TlsError(f"{where}: this Qpid Proton has no TLS support")
     _common(domain, settings, where)
     if settings.require_client_cert:
-        rc = lib.pn_ssl_domain_set_peer_authentication(domain, lib.PN_SSL_VERIFY_PEER,
-                                                       str(settings.ca_file).encode())
+        rc = lib.pn_ssl_domain_set_peer_authentication(domain, lib.PN_SSL_VERIFY_PEER, str(settings.ca_file).encode())
     else:
         rc = lib.pn_ssl_domain_set_peer_authentication(domain, lib.PN_SSL_ANONYMOUS_PEER, ffi.NULL)
     if rc:
@@ -59,11 +58,14 @@ def client_domain(settings: Any, where: str) -> Any:
 
 def _common(domain: Any, settings: Any, where: str) -> None:
     if settings.cert_file is not None:
-        rc = lib.pn_ssl_domain_set_credentials(domain, str(settings.cert_file).encode(),
-                                               str(settings.key_file).encode(), _password(settings))
+        rc = lib.pn_ssl_domain_set_credentials(
+            domain, str(settings.cert_file).encode(), str(settings.key_file).encode(), _password(settings)
+        )
         if rc:
-            raise TlsError(f"{where}: cannot load the certificate {settings.cert_file} with the key "
-                           f"{settings.key_file} (a wrong file, a key that does not match, or a wrong password)")
+            raise TlsError(
+                f"{where}: cannot load the certificate {settings.cert_file} with the key "
+                f"{settings.key_file} (a wrong file, a key that does not match, or a wrong password)"
+            )
     if settings.ca_file is not None and lib.pn_ssl_domain_set_trusted_ca_db(domain, str(settings.ca_file).encode()):
         raise TlsError(f"{where}: cannot load the CA certificates {settings.ca_file}")
     if lib.pn_ssl_domain_set_protocols(domain, _PROTOCOLS[settings.min_protocol]):

@@ -14,5 +14,15 @@ from router.client.publisher import Outcome, ResumablePublisher
 from router.client.state import PublisherState, StateError, SubscriberState
 from router.client.subscriber import Received, ResumableSubscriber
 
-__all__ = ["ClientError", "Ledger", "Outcome", "PublisherState", "Received", "ResumablePublisher",
-           "ResumableSubscriber", "StateError", "SubscriberState", "read_ledger"]
+__all__ = [
+    "ClientError",
+    "Ledger",
+    "Outcome",
+    "PublisherState",
+    "Received",
+    "ResumablePublisher",
+    "ResumableSubscriber",
+    "StateError",
+    "SubscriberState",
+    "read_ledger",
+]

@@ -52,8 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     pub.add_argument("--rate", type=float, default=0.0, help="messages per second (0: as fast as credit allows)")
     s = sub.add_parser("subscribe", help="receive into the ledger, each message once")
     _common(s)
-    s.add_argument("--expect", type=int, default=0,
-                   help="exit once this many distinct deliveries are in the ledger (all runs)")
+    s.add_argument("--expect", type=int, default=0, help="exit once this many distinct deliveries are in the ledger (all runs)")
     s.add_argument("--idle-exit", type=float, default=0.0, help="exit after this long without a message")
     s.add_argument("--delay", type=float, default=0.0, help="seconds the application takes per message")
     s.add_argument("--prefetch", type=int, default=100)
@@ -65,9 +64,16 @@ def _install_sigterm(stop: threading.Event) -> None:
 
 
 def run_publisher(args, stop: threading.Event) -> int:
-    pub = ResumablePublisher(args.url, args.topic, container_id=args.container_id, link_name=args.link,
-                             state_path=args.state, ledger_path=args.ledger, heartbeat=args.heartbeat,
-                             fsync=args.fsync)
+    pub = ResumablePublisher(
+        args.url,
+        args.topic,
+        container_id=args.container_id,
+        link_name=args.link,
+        state_path=args.state,
+        ledger_path=args.ledger,
+        heartbeat=args.heartbeat,
+        fsync=args.fsync,
+    )
     deadline = time.monotonic() + args.timeout
     outcomes: dict[str, int] = {}
     lock = threading.Lock()
@@ -90,6 +96,7 @@ def run_publisher(args, stop: threading.Event) -> int:
     def done_one(_future) -> None:
         with lock:
             open_futures[0] -= 1
+
     interval = 1.0 / args.rate if args.rate > 0 else 0.0
     next_at = time.monotonic()
     seq = first
@@ -110,11 +117,20 @@ def run_publisher(args, stop: threading.Event) -> int:
         future.add_done_callback(done_one)
         in_flight.append(future)
         seq += 1
-    ok = pub.wait_for(lambda: stop.is_set() or (open_futures[0] == 0 and not pub.state.unsettled),
-                      timeout=max(0.0, deadline - time.monotonic()))
-    summary = {"role": "publisher", "sent_from": first, "next_seq": pub.state.next_seq, "outcomes": outcomes,
-               "unsettled": pub.unsettled_count, "resent": pub.resent_count, "attaches": pub.attaches,
-               "incarnation": pub.incarnation, "complete": bool(ok and not stop.is_set())}
+    ok = pub.wait_for(
+        lambda: stop.is_set() or (open_futures[0] == 0 and not pub.state.unsettled), timeout=max(0.0, deadline - time.monotonic())
+    )
+    summary = {
+        "role": "publisher",
+        "sent_from": first,
+        "next_seq": pub.state.next_seq,
+        "outcomes": outcomes,
+        "unsettled": pub.unsettled_count,
+        "resent": pub.resent_count,
+        "attaches": pub.attaches,
+        "incarnation": pub.incarnation,
+        "complete": bool(ok and not stop.is_set()),
+    }
     pub.close()
     print(json.dumps(summary), flush=True)
     return 0 if summary["complete"] else 1
@@ -132,9 +148,18 @@ def run_subscriber(args, stop: threading.Event) -> int:
         seen.add(msg.delivery_tag.hex())
         last[0] = time.monotonic()
 
-    sub = ResumableSubscriber(args.url, args.topic, container_id=args.container_id, link_name=args.link,
-                              state_path=args.state, ledger_path=args.ledger, heartbeat=args.heartbeat,
-                              on_message=on_message, prefetch=args.prefetch, fsync=args.fsync)
+    sub = ResumableSubscriber(
+        args.url,
+        args.topic,
+        container_id=args.container_id,
+        link_name=args.link,
+        state_path=args.state,
+        ledger_path=args.ledger,
+        heartbeat=args.heartbeat,
+        on_message=on_message,
+        prefetch=args.prefetch,
+        fsync=args.fsync,
+    )
     sub.start()
     if not sub.wait_attached(timeout=args.timeout):
         print(json.dumps({"error": "never attached", "history": sub.history[-5:]}), flush=True)
@@ -154,9 +179,15 @@ def run_subscriber(args, stop: threading.Event) -> int:
         sub.wait_for(lambda: False, timeout=0.05)
     # let the router's settlements of the last deliveries arrive before detaching
     sub.wait_for(lambda: not sub.state.unsettled, timeout=2.0)
-    summary = {"role": "subscriber", "distinct_deliveries": len(seen), "delivered_now": sub.delivered,
-               "duplicates_suppressed": sub.duplicates, "unsettled": sub.unsettled_count,
-               "attaches": sub.attaches, "complete": bool(args.expect and len(seen) >= args.expect)}
+    summary = {
+        "role": "subscriber",
+        "distinct_deliveries": len(seen),
+        "delivered_now": sub.delivered,
+        "duplicates_suppressed": sub.duplicates,
+        "unsettled": sub.unsettled_count,
+        "attaches": sub.attaches,
+        "complete": bool(args.expect and len(seen) >= args.expect),
+    }
     sub.close()
     print(json.dumps(summary), flush=True)
     return 0 if (summary["complete"] or not args.expect) else 1
@@ -164,8 +195,9 @@ def run_subscriber(args, stop: threading.Event) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
     stop = threading.Event()
     _install_sigterm(stop)
     if args.command == "publish":

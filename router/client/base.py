@@ -56,9 +56,17 @@ STATE_CODES = {name: code for code, name in OUTCOME_NAMES.items()}
 
 STOLEN = "amqp:link:stolen"
 # A router refusing our attach with one of these will refuse it again: stop.
-FATAL_REFUSALS = frozenset({"amqp:invalid-field", "amqp:not-found", "amqp:unauthorized-access",
-                            "amqp:not-implemented", "amqp:not-allowed", "amqp:precondition-failed",
-                            "amqp:decode-error"})
+FATAL_REFUSALS = frozenset(
+    {
+        "amqp:invalid-field",
+        "amqp:not-found",
+        "amqp:unauthorized-access",
+        "amqp:not-implemented",
+        "amqp:not-allowed",
+        "amqp:precondition-failed",
+        "amqp:decode-error",
+    }
+)
 
 
 class ClientError(RuntimeError):
@@ -140,8 +148,7 @@ class _ConnHandler(Handler):
         cond = event.link.remote_condition
         name = str(cond.name) if cond is not None and cond.name else None
         desc = cond.description if cond is not None else None
-        self.client._lost(f"link {'closed' if closed else 'detached'} by router: {name} {desc or ''}".strip(),
-                          condition=name)
+        self.client._lost(f"link {'closed' if closed else 'detached'} by router: {name} {desc or ''}".strip(), condition=name)
 
     def on_connection_remote_close(self, event) -> None:
         if self._live():
@@ -151,8 +158,7 @@ class _ConnHandler(Handler):
     def on_transport_error(self, event) -> None:
         if self._live():
             cond = event.transport.condition
-            self.client._lost(f"transport error: {cond.name if cond else None} "
-                              f"{cond.description if cond else ''}".strip())
+            self.client._lost(f"transport error: {cond.name if cond else None} {cond.description if cond else ''}".strip())
 
     def on_transport_closed(self, event) -> None:
         if self._live():
@@ -165,10 +171,23 @@ class ResumableClient:
 
     role = ""
 
-    def __init__(self, urls, topic: str, *, container_id: str, link_name: str, state, ledger_path,
-                 heartbeat: float = 2.0, connect_timeout: float = 5.0, backoff_initial: float = 0.1,
-                 backoff_max: float = 2.0, unsettled_cap: int | None = None, ledger_fsync: bool = False,
-                 ssl_domain=None):
+    def __init__(
+        self,
+        urls,
+        topic: str,
+        *,
+        container_id: str,
+        link_name: str,
+        state,
+        ledger_path,
+        heartbeat: float = 2.0,
+        connect_timeout: float = 5.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 2.0,
+        unsettled_cap: int | None = None,
+        ledger_fsync: bool = False,
+        ssl_domain=None,
+    ):
         if isinstance(urls, str):
             urls = [urls]
         if not urls:
@@ -181,8 +200,7 @@ class ResumableClient:
         self.container_id = container_id
         self.link_name = link_name
         self.state = state
-        self.ledger = Ledger(ledger_path, client=container_id, link=link_name, role=self.role, topic=topic,
-                             fsync=ledger_fsync)
+        self.ledger = Ledger(ledger_path, client=container_id, link=link_name, role=self.role, topic=topic, fsync=ledger_fsync)
         self.heartbeat = heartbeat
         self.connect_timeout = connect_timeout
         self.backoff = Backoff(backoff_initial, backoff_max)
@@ -226,8 +244,7 @@ class ResumableClient:
         self._container = Container(_Wakeup(self))
         self._container.container_id = self.container_id
         self._container.selectable(self._injector)
-        self._thread = threading.Thread(target=self._run, name=f"eorouter-{self.role}-{self.link_name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"eorouter-{self.role}-{self.link_name}", daemon=True)
         self._thread.start()
         return self
 
@@ -359,8 +376,9 @@ class ResumableClient:
         if self.ssl_domain is not None:  # proton applies the domain to amqps:// URLs only
             kwargs["ssl_domain"] = self.ssl_domain
         target = f"amqps://{url}" if self.ssl_domain is not None else url
-        self._conn = self._container.connect(url=target, handler=_ConnHandler(self, self._gen), reconnect=False,
-                                             container_id=self.container_id, **kwargs)
+        self._conn = self._container.connect(
+            url=target, handler=_ConnHandler(self, self._gen), reconnect=False, container_id=self.container_id, **kwargs
+        )
         gen = self._gen
         if self._connect_timer is not None:
             self._connect_timer.cancelled = True
@@ -407,10 +425,14 @@ class ResumableClient:
         remote_max = transport.remote_max_frame_size if transport is not None else 0
         kw = {"cap": self.unsettled_cap} if self.unsettled_cap is not None else {}
         budget = unsettled_budget(remote_max, name=self.link_name, address=self.topic, **kw)
-        props, reported, incomplete = resume_properties(self.state.entries(), budget,
-                                                        incarnation=self._incarnation())
-        self.last_resume = {"properties": props, "reported": reported, "incomplete": incomplete,
-                            "budget": budget, "remote_max_frame": remote_max}
+        props, reported, incomplete = resume_properties(self.state.entries(), budget, incarnation=self._incarnation())
+        self.last_resume = {
+            "properties": props,
+            "reported": reported,
+            "incomplete": incomplete,
+            "budget": budget,
+            "remote_max_frame": remote_max,
+        }
         return props
 
     def _incarnation(self) -> str | None:
@@ -477,8 +499,10 @@ class ResumableClient:
         self._lost_hook(was_attached)
         if condition == STOLEN or (self._refused and condition in FATAL_REFUSALS):
             if condition == STOLEN:
-                text = (f"link {self.container_id}/{self.link_name} was taken over by another attach with "
-                        f"the same container-id and link name; stopping")
+                text = (
+                    f"link {self.container_id}/{self.link_name} was taken over by another attach with "
+                    f"the same container-id and link name; stopping"
+                )
             else:
                 text = f"router refused link {self.container_id}/{self.link_name}: {reason}"
             self._fail(ClientError(text))

@@ -16,8 +16,22 @@ import time
 from hashlib import blake2b
 from pathlib import Path
 
-FIELDS = ("ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",
-          "incarnation", "digest", "message_id")
+FIELDS = (
+    "ts",
+    "client",
+    "link",
+    "role",
+    "event",
+    "topic",
+    "delivery",
+    "pub_tag",
+    "seq",
+    "outcome",
+    "router",
+    "incarnation",
+    "digest",
+    "message_id",
+)
 EVENTS = ("sent", "outcome", "delivered", "resumed", "failover")
 ROLES = ("publisher", "subscriber")
 
@@ -25,8 +39,7 @@ ROLES = ("publisher", "subscriber")
 class Ledger:
     """Appends ledger lines for one client link. Thread-safe (one lock per file)."""
 
-    def __init__(self, path: str | os.PathLike | None, *, client: str, link: str, role: str, topic: str,
-                 fsync: bool = False):
+    def __init__(self, path: str | os.PathLike | None, *, client: str, link: str, role: str, topic: str, fsync: bool = False):
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}")
         self.path = Path(path) if path is not None else None
@@ -38,15 +51,36 @@ class Ledger:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")
 
-    def write(self, event: str, *, delivery: str | None = None, pub_tag: str | None = None,
-              seq: int | None = None, outcome: str | None = None, router: str | None = None,
-              incarnation: str | None = None, digest: str | None = None, message_id: str | None = None,
-              **extra) -> dict:
+    def write(
+        self,
+        event: str,
+        *,
+        delivery: str | None = None,
+        pub_tag: str | None = None,
+        seq: int | None = None,
+        outcome: str | None = None,
+        router: str | None = None,
+        incarnation: str | None = None,
+        digest: str | None = None,
+        message_id: str | None = None,
+        **extra,
+    ) -> dict:
         if event not in EVENTS:
             raise ValueError(f"unknown ledger event {event!r}")
-        line = {"ts": time.time(), **self.common, "event": event, "topic": self.common["topic"],
-                "delivery": delivery, "pub_tag": pub_tag, "seq": seq, "outcome": outcome, "router": router,
-                "incarnation": incarnation, "digest": digest, "message_id": message_id}
+        line = {
+            "ts": time.time(),
+            **self.common,
+            "event": event,
+            "topic": self.common["topic"],
+            "delivery": delivery,
+            "pub_tag": pub_tag,
+            "seq": seq,
+            "outcome": outcome,
+            "router": router,
+            "incarnation": incarnation,
+            "digest": digest,
+            "message_id": message_id,
+        }
         line = {key: line[key] for key in FIELDS}
         line.update(extra)
         if self._fh is not None:

@@ -62,11 +62,10 @@ def list_size(entries) -> int:
     return 9 + sum(entry_size(t, s) for t, s in entries)
 
 
-def unsettled_budget(remote_max_frame: int | None, *, name: str = "", address: str = "",
-                     cap: int = DEFAULT_LIST_CAP) -> int:
+def unsettled_budget(remote_max_frame: int | None, *, name: str = "", address: str = "", cap: int = DEFAULT_LIST_CAP) -> int:
     """How many bytes the unsettled list may take in our attach to a peer that
     advertised ``remote_max_frame`` (0 / None: unlimited, as AMQP says)."""
-    frame = remote_max_frame or 2 ** 32 - 1
+    frame = remote_max_frame or 2**32 - 1
     frame = max(frame, MIN_MAX_FRAME)
     # name, and the address in both termini, may be str32-encoded; symbol keys of the
     # four resume properties and their values
@@ -99,8 +98,9 @@ def check_entry(tag, state) -> tuple[bytes, str]:
     return bytes(tag), str(state)
 
 
-def resume_properties(entries: list[tuple[bytes, str]], budget: int, *,
-                      incarnation: str | None = None) -> tuple[dict, list[tuple[bytes, str]], bool]:
+def resume_properties(
+    entries: list[tuple[bytes, str]], budget: int, *, incarnation: str | None = None
+) -> tuple[dict, list[tuple[bytes, str]], bool]:
     """The link properties of a resuming attach (string keys: the caller makes them
     symbols), the entries actually reported and whether the list was cut."""
     entries = [check_entry(t, s) for t, s in entries]

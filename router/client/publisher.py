@@ -62,12 +62,30 @@ class ResumablePublisher(ResumableClient):
 
     role = "publisher"
 
-    def __init__(self, urls, topic: str, *, container_id: str, link_name: str, state_path, ledger_path=None,
-                 fsync: bool = False, on_outcome=None, **kw):
-        state = PublisherState(state_path, container_id=container_id, link_name=link_name, topic=topic,
-                               fsync=fsync)
-        super().__init__(urls, topic, container_id=container_id, link_name=link_name, state=state,
-                         ledger_path=ledger_path, ledger_fsync=fsync, **kw)
+    def __init__(
+        self,
+        urls,
+        topic: str,
+        *,
+        container_id: str,
+        link_name: str,
+        state_path,
+        ledger_path=None,
+        fsync: bool = False,
+        on_outcome=None,
+        **kw,
+    ):
+        state = PublisherState(state_path, container_id=container_id, link_name=link_name, topic=topic, fsync=fsync)
+        super().__init__(
+            urls,
+            topic,
+            container_id=container_id,
+            link_name=link_name,
+            state=state,
+            ledger_path=ledger_path,
+            ledger_fsync=fsync,
+            **kw,
+        )
         self.on_outcome = on_outcome
         self._pending: collections.deque[_Pending] = collections.deque()  # not yet sent
         self._resend: collections.deque[bytes] = collections.deque()  # tags to resend, in order
@@ -89,8 +107,9 @@ class ResumablePublisher(ResumableClient):
     def unsettled_count(self) -> int:
         return len(self.state.unsettled)
 
-    def send_async(self, body=None, *, message: Message | None = None, seq: int | None = None,
-                   properties: dict | None = None) -> Future:
+    def send_async(
+        self, body=None, *, message: Message | None = None, seq: int | None = None, properties: dict | None = None
+    ) -> Future:
         """Queue one message; the future completes with its ``Outcome``. Messages go out
         in call order as the router's credit allows."""
         if self.error is not None:
@@ -107,8 +126,15 @@ class ResumablePublisher(ResumableClient):
         self._call(self._enqueue, _Pending(message, seq, future))
         return future
 
-    def send(self, body=None, *, message: Message | None = None, seq: int | None = None,
-             properties: dict | None = None, timeout: float | None = None) -> Outcome:
+    def send(
+        self,
+        body=None,
+        *,
+        message: Message | None = None,
+        seq: int | None = None,
+        properties: dict | None = None,
+        timeout: float | None = None,
+    ) -> Outcome:
         """Send one message and block until its outcome (across failovers)."""
         return self.send_async(body, message=message, seq=seq, properties=properties).result(timeout)
 
@@ -119,8 +145,10 @@ class ResumablePublisher(ResumableClient):
 
     def wait_settled(self, timeout: float | None = None) -> bool:
         """Until nothing is queued, in flight or waiting to be resent."""
-        return self.wait_for(lambda: self._taken == self._submitted and not self._pending
-                             and not self.state.unsettled and not self._resend, timeout)
+        return self.wait_for(
+            lambda: self._taken == self._submitted and not self._pending and not self.state.unsettled and not self._resend,
+            timeout,
+        )
 
     # ------------------------------------------------------------------ client thread
 
@@ -162,10 +190,15 @@ class ResumablePublisher(ResumableClient):
             reported = self.last_resume["reported"] if self.last_resume else []
             known = answer.unsettled or {}
             self.ledger.write(
-                "resumed", router=self.router, incarnation=self.state.incarnation,
-                unsettled=len(self.state.unsettled), reported=len(reported),
+                "resumed",
+                router=self.router,
+                incarnation=self.state.incarnation,
+                unsettled=len(self.state.unsettled),
+                reported=len(reported),
                 incomplete=bool(self.last_resume and self.last_resume["incomplete"]),
-                known=len(known) if answer.speaks_resume else None, resend=len(self._resend))
+                known=len(known) if answer.speaks_resume else None,
+                resend=len(self._resend),
+            )
         self._pump(link)
 
     def _on_flow(self, link) -> None:
@@ -183,9 +216,16 @@ class ResumablePublisher(ResumableClient):
                 self.resent_count += 1
                 message = Message()
                 message.decode(entry.payload)
-                self.ledger.write("sent", pub_tag=tag.hex(), seq=entry.seq, router=self.router,
-                                  incarnation=self.state.incarnation, digest=body_digest(message),
-                                  message_id=message_id_of(message), resend=True)
+                self.ledger.write(
+                    "sent",
+                    pub_tag=tag.hex(),
+                    seq=entry.seq,
+                    router=self.router,
+                    incarnation=self.state.incarnation,
+                    digest=body_digest(message),
+                    message_id=message_id_of(message),
+                    resend=True,
+                )
             elif self._pending:
                 pending = self._pending.popleft()
                 if pending.future.cancelled():
@@ -198,9 +238,15 @@ class ResumablePublisher(ResumableClient):
                 tag = self.state.record_sent(payload, seq)  # journaled before the transfer leaves
                 self._futures[tag] = pending.future
                 self._transfer(link, tag, payload)
-                self.ledger.write("sent", pub_tag=tag.hex(), seq=seq, router=self.router,
-                                  incarnation=self.state.incarnation, digest=body_digest(pending.message),
-                                  message_id=message_id_of(pending.message))
+                self.ledger.write(
+                    "sent",
+                    pub_tag=tag.hex(),
+                    seq=seq,
+                    router=self.router,
+                    incarnation=self.state.incarnation,
+                    digest=body_digest(pending.message),
+                    message_id=message_id_of(pending.message),
+                )
             else:
                 break
         self._notify()
@@ -225,13 +271,26 @@ class ResumablePublisher(ResumableClient):
             return
         remote = dlv.remote
         cond = remote.condition
-        outcome = Outcome(state, tag, entry.seq, str(cond.name) if cond is not None and cond.name else None,
-                          cond.description if cond is not None else None, tag in self._resent_tags)
+        outcome = Outcome(
+            state,
+            tag,
+            entry.seq,
+            str(cond.name) if cond is not None and cond.name else None,
+            cond.description if cond is not None else None,
+            tag in self._resent_tags,
+        )
         self.state.record_settled(tag)  # with our settle, the delivery is done for us
         self._resent_tags.discard(tag)
         self.outcomes.append(outcome)
-        self.ledger.write("outcome", pub_tag=tag.hex(), seq=entry.seq, outcome=state, router=self.router,
-                          incarnation=self.state.incarnation, condition=outcome.condition)
+        self.ledger.write(
+            "outcome",
+            pub_tag=tag.hex(),
+            seq=entry.seq,
+            outcome=state,
+            router=self.router,
+            incarnation=self.state.incarnation,
+            condition=outcome.condition,
+        )
         future = self._futures.pop(tag, None)
         if future is not None and not future.done():
             future.set_result(outcome)
@@ -243,8 +302,9 @@ class ResumablePublisher(ResumableClient):
         self._resend.clear()
 
     def _stop_hook(self) -> None:
-        error = ClientError("publisher closed before the outcome arrived (it stays in the state file "
-                            "and is resent when the publisher resumes)")
+        error = ClientError(
+            "publisher closed before the outcome arrived (it stays in the state file and is resent when the publisher resumes)"
+        )
         for future in list(self._futures.values()):
             if not future.done():
                 future.set_exception(error)

@@ -141,8 +141,7 @@ class _State:
 
     role = ""
 
-    def __init__(self, path, *, container_id: str, link_name: str, topic: str, fsync: bool = False,
-                 compact_min: int = 1000):
+    def __init__(self, path, *, container_id: str, link_name: str, topic: str, fsync: bool = False, compact_min: int = 1000):
         self.container_id = container_id
         self.link_name = link_name
         self.topic = topic
@@ -160,15 +159,19 @@ class _State:
         self.compact()
 
     def _check_identity(self, snapshot: dict) -> None:
-        mine = {"role": self.role, "container_id": self.container_id, "link_name": self.link_name,
-                "topic": self.topic}
+        mine = {"role": self.role, "container_id": self.container_id, "link_name": self.link_name, "topic": self.topic}
         theirs = {key: snapshot.get(key) for key in mine}
         if theirs != mine:
             raise StateError(f"{self.store.path} belongs to {theirs}, not {mine}")
 
     def _identity(self) -> dict:
-        return {"role": self.role, "container_id": self.container_id, "link_name": self.link_name,
-                "topic": self.topic, "attached_once": self.attached_once}
+        return {
+            "role": self.role,
+            "container_id": self.container_id,
+            "link_name": self.link_name,
+            "topic": self.topic,
+            "attached_once": self.attached_once,
+        }
 
     def _record(self, op: dict) -> None:
         self._apply(op)
@@ -290,8 +293,10 @@ class PublisherState(_State):
             "incarnation": self.incarnation,
             "next_tag": self.next_tag,
             "next_seq": self.next_seq,
-            "unsettled": [{"tag": e.tag.hex(), "seq": e.seq, "outcome": e.outcome, "message": _b64(e.payload)}
-                          for e in self.unsettled.values()],
+            "unsettled": [
+                {"tag": e.tag.hex(), "seq": e.seq, "outcome": e.outcome, "message": _b64(e.payload)}
+                for e in self.unsettled.values()
+            ],
         }
 
     def _load_snapshot(self, snapshot: dict) -> None:

@@ -63,13 +63,42 @@ class Received:
 class ResumableSubscriber(ResumableClient):
     role = "subscriber"
 
-    def __init__(self, urls, topic: str, *, container_id: str, link_name: str, state_path, ledger_path=None,
-                 on_message=None, prefetch: int = 100, terminus_timeout: int = 0, fsync: bool = False,
-                 dedup_window: int = 10000, dedup_linger: float = 600.0, **kw):
-        state = SubscriberState(state_path, container_id=container_id, link_name=link_name, topic=topic,
-                                fsync=fsync, dedup_window=dedup_window, dedup_linger=dedup_linger)
-        super().__init__(urls, topic, container_id=container_id, link_name=link_name, state=state,
-                         ledger_path=ledger_path, ledger_fsync=fsync, **kw)
+    def __init__(
+        self,
+        urls,
+        topic: str,
+        *,
+        container_id: str,
+        link_name: str,
+        state_path,
+        ledger_path=None,
+        on_message=None,
+        prefetch: int = 100,
+        terminus_timeout: int = 0,
+        fsync: bool = False,
+        dedup_window: int = 10000,
+        dedup_linger: float = 600.0,
+        **kw,
+    ):
+        state = SubscriberState(
+            state_path,
+            container_id=container_id,
+            link_name=link_name,
+            topic=topic,
+            fsync=fsync,
+            dedup_window=dedup_window,
+            dedup_linger=dedup_linger,
+        )
+        super().__init__(
+            urls,
+            topic,
+            container_id=container_id,
+            link_name=link_name,
+            state=state,
+            ledger_path=ledger_path,
+            ledger_fsync=fsync,
+            **kw,
+        )
         self.on_message = on_message
         self.prefetch = prefetch
         self.terminus_timeout = terminus_timeout
@@ -114,11 +143,15 @@ class ResumableSubscriber(ResumableClient):
             for tag in settled:
                 self.state.record_settled(tag)
             self.state.trim()
-            self.ledger.write("resumed", router=self.router, unsettled=len(self.state.unsettled) + len(settled),
-                              reported=len(reported),
-                              incomplete=bool(self.last_resume and self.last_resume["incomplete"]),
-                              known=len(answer.unsettled) if answer.speaks_resume else None,
-                              settled=len(settled))
+            self.ledger.write(
+                "resumed",
+                router=self.router,
+                unsettled=len(self.state.unsettled) + len(settled),
+                reported=len(reported),
+                incomplete=bool(self.last_resume and self.last_resume["incomplete"]),
+                known=len(answer.unsettled) if answer.speaks_resume else None,
+                settled=len(settled),
+            )
         if self.prefetch:
             link.flow(self.prefetch)
 
@@ -156,8 +189,7 @@ class ResumableSubscriber(ResumableClient):
                 result = self.on_message(received) if self.on_message is not None else None
                 if result is not None:
                     if result not in STATE_CODES:
-                        raise ValueError(f"on_message returned {result!r}: expected None or one of "
-                                         f"{sorted(STATE_CODES)}")
+                        raise ValueError(f"on_message returned {result!r}: expected None or one of {sorted(STATE_CODES)}")
                     state = result
             except Exception:  # noqa: BLE001 - an application failure is released, never redelivered
                 self.app_errors += 1
@@ -165,9 +197,16 @@ class ResumableSubscriber(ResumableClient):
                 state = "released"
             self.delivered += 1
             pub_tag = publisher_tag_of(tag)
-            self.ledger.write("delivered", delivery=tag.hex(), pub_tag=pub_tag.hex() if pub_tag is not None else None,
-                              seq=received.seq, outcome=state, router=self.router,
-                              digest=body_digest(message), message_id=message_id_of(message))
+            self.ledger.write(
+                "delivered",
+                delivery=tag.hex(),
+                pub_tag=pub_tag.hex() if pub_tag is not None else None,
+                seq=received.seq,
+                outcome=state,
+                router=self.router,
+                digest=body_digest(message),
+                message_id=message_id_of(message),
+            )
             self._answer(dlv, tag, state, record=True)
         if link.credit < self.prefetch // 2:
             link.flow(self.prefetch - link.credit)

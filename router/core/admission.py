@@ -78,9 +78,17 @@ class AdmissionMixin(CoreState):
             return
         if self.draining:
             out.append(SendOutcome(ev.delivery, outcomes.RELEASED, True))
-            out.append(Log("pub-outcome", {"delivery": None, "outcome": "released",
-                                           "condition": outcomes.SHUTTING_DOWN,
-                                           "reason": "router is shutting down"}))
+            out.append(
+                Log(
+                    "pub-outcome",
+                    {
+                        "delivery": None,
+                        "outcome": "released",
+                        "condition": outcomes.SHUTTING_DOWN,
+                        "reason": "router is shutting down",
+                    },
+                )
+            )
             return
         named = self._name_delivery(pub, topic, ev, now, out)
         if named is None:
@@ -90,9 +98,21 @@ class AdmissionMixin(CoreState):
             return
         tag, reuse, resent = named
         payload, expires_at = prepared
-        record = DeliveryRecord(tag, topic.name, next(self._order), payload, pub.container_id,
-                                pub.name, ev.tag, pub.incarnation, seq, pub.link_id, ev.delivery,
-                                expires_at, reuse)
+        record = DeliveryRecord(
+            tag,
+            topic.name,
+            next(self._order),
+            payload,
+            pub.container_id,
+            pub.name,
+            ev.tag,
+            pub.incarnation,
+            seq,
+            pub.link_id,
+            ev.delivery,
+            expires_at,
+            reuse,
+        )
         record.arrived = now
         topic.published += 1
         if resent:
@@ -103,8 +123,9 @@ class AdmissionMixin(CoreState):
         record.memory = memory
         self._fan_out(record, payload, pub, topic, ev, size, now, out)
 
-    def _name_delivery(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
-                       out: list[Command]) -> tuple[bytes, int, bool] | None:
+    def _name_delivery(
+        self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float, out: list[Command]
+    ) -> tuple[bytes, int, bool] | None:
         """(outgoing tag, reuse count, resent?) of a transfer: a new delivery, a resend
         of one the publisher reported unsettled when it resumed (answered here when
         this router knows its end), or a reuse of a settled tag. None: answered."""
@@ -152,8 +173,16 @@ class AdmissionMixin(CoreState):
             reuse = existing_reuse
         return tag, reuse, resent
 
-    def _existing_delivery(self, existing: DeliveryRecord, pub: PublisherLink, topic: Topic, ev: MessageReceived,
-                           resent: bool, now: float, out: list[Command]) -> int | None:
+    def _existing_delivery(
+        self,
+        existing: DeliveryRecord,
+        pub: PublisherLink,
+        topic: Topic,
+        ev: MessageReceived,
+        resent: bool,
+        now: float,
+        out: list[Command],
+    ) -> int | None:
         """The transfer's tag names a record we hold: a resend (matched to it), a
         reuse of a settled tag (the reuse count of the new delivery), or an error.
         None: answered."""
@@ -163,14 +192,15 @@ class AdmissionMixin(CoreState):
             return None
         # No live publisher delivery (its link went: a resumed publisher resends it),
         # or settled on its behalf while it was away: a resend, never a new delivery.
-        if (existing.pub_delivery is None
-                and (resent or not existing.pub_settled or existing.pub_link != ev.link_id)
-                and self.resumption.resent_by_publisher(existing, pub, ev, now, out)):
+        if (
+            existing.pub_delivery is None
+            and (resent or not existing.pub_settled or existing.pub_link != ev.link_id)
+            and self.resumption.resent_by_publisher(existing, pub, ev, now, out)
+        ):
             self._refill_credit(topic, out)
             return None
         if not existing.pub_settled:
-            self._refuse(ev.delivery, "amqp:invalid-field",
-                         "delivery-tag reused while the earlier delivery is unsettled", out)
+            self._refuse(ev.delivery, "amqp:invalid-field", "delivery-tag reused while the earlier delivery is unsettled", out)
             return None
         # The publisher reused a settled tag: the old record has done its job.
         self._delete(existing, "tag-reused", out)
@@ -180,12 +210,12 @@ class AdmissionMixin(CoreState):
         """The origin annotation of the publisher's messages, encoded once per link."""
         template = pub.origin
         if template is None:
-            template = pub.origin = OriginTemplate(pub.container_id, pub.name, pub.incarnation,
-                                                   self.settings.router_id)
+            template = pub.origin = OriginTemplate(pub.container_id, pub.name, pub.incarnation, self.settings.router_id)
         return template
 
-    def _prepare_payload(self, pub: PublisherLink, ev: MessageReceived, now: float,
-                         out: list[Command]) -> tuple[bytes, float | None] | None:
+    def _prepare_payload(
+        self, pub: PublisherLink, ev: MessageReceived, now: float, out: list[Command]
+    ) -> tuple[bytes, float | None] | None:
         """(the message with the origin annotation spliced in, when it expires) or
         None: refused (malformed, forged annotation, expired)."""
         try:
@@ -195,8 +225,9 @@ class AdmissionMixin(CoreState):
             return None
         if prepared is None:
             # Only routers set the origin annotation: a client's would be a forgery.
-            self._refuse(ev.delivery, "amqp:unauthorized-access",
-                         "message already carries an x-opt-eorouter-origin annotation", out)
+            self._refuse(
+                ev.delivery, "amqp:unauthorized-access", "message already carries an x-opt-eorouter-origin annotation", out
+            )
             return None
         payload, ttl_ms, absolute_expiry_ms = prepared
         expires_at = None
@@ -210,8 +241,17 @@ class AdmissionMixin(CoreState):
             return None
         return payload, expires_at
 
-    def _fan_out(self, record: DeliveryRecord, payload: bytes, pub: PublisherLink, topic: Topic,
-                 ev: MessageReceived, size: int, now: float, out: list[Command]) -> None:
+    def _fan_out(
+        self,
+        record: DeliveryRecord,
+        payload: bytes,
+        pub: PublisherLink,
+        topic: Topic,
+        ev: MessageReceived,
+        size: int,
+        now: float,
+        out: list[Command],
+    ) -> None:
         """A new delivery: owed to the topic's subscribers here (sent to those who can
         take it) and to every interested router, logged, and kept. ``payload``: the
         record's message (the caller's reference: the record's field is optional)."""
@@ -228,11 +268,28 @@ class AdmissionMixin(CoreState):
                 remote[router_id] = RouterState()
         # One record for arrival and the immediate sends keeps the log cheap: later
         # sends (from a queue) get "forwarded" events of their own.
-        out.append(_new(Log, ("received", {
-            "delivery": record.delivery_id, "topic": topic.name, "publisher": pub.container_id,
-            "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
-            "stream_seq": record.stream_seq, "size": size, "settled": False, "owed": owed,
-            "forwarded": sent_to, "routers": routers})))
+        out.append(
+            _new(
+                Log,
+                (
+                    "received",
+                    {
+                        "delivery": record.delivery_id,
+                        "topic": topic.name,
+                        "publisher": pub.container_id,
+                        "link_name": pub.name,
+                        "pub_tag": ev.tag.hex(),
+                        "incarnation": pub.incarnation,
+                        "stream_seq": record.stream_seq,
+                        "size": size,
+                        "settled": False,
+                        "owed": owed,
+                        "forwarded": sent_to,
+                        "routers": routers,
+                    },
+                ),
+            )
+        )
         tag = record.tag
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record
@@ -251,8 +308,7 @@ class AdmissionMixin(CoreState):
                 self.resumption.after_distribute_to_resumed(record, topic, now, out)
                 break
         if not owed and not routers and not record.moved:
-            self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"),
-                                   now, out)
+            self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"), now, out)
         elif record.expires_at is not None:
             self._add_timer(record.expires_at, _TIMER_EXPIRY, record)
         if best_effort:
@@ -264,21 +320,34 @@ class AdmissionMixin(CoreState):
         """A resumed publisher resent a delivery of a stream this router finished
         with and forgot (docs/resumption.md): it may have been delivered, so it is
         refused (rejected, a condition of its own), never taken as new."""
-        description = ("resent after the router forgot its stream (resume horizon or memory limit): "
-                       "it may have been delivered already")
+        description = (
+            "resent after the router forgot its stream (resume horizon or memory limit): it may have been delivered already"
+        )
         out.append(SendOutcome(delivery, outcomes.REJECTED, True, BEYOND_HORIZON_CONDITION, description))
-        out.append(Log("resend-beyond-horizon", {"delivery": tag.hex(), "stream": tag[:tags.STREAM_ID_SIZE].hex()}))
-        out.append(Log("pub-outcome", {"delivery": tag.hex(), "outcome": "rejected",
-                                       "condition": BEYOND_HORIZON_CONDITION, "reason": description}))
+        out.append(Log("resend-beyond-horizon", {"delivery": tag.hex(), "stream": tag[: tags.STREAM_ID_SIZE].hex()}))
+        out.append(
+            Log(
+                "pub-outcome",
+                {"delivery": tag.hex(), "outcome": "rejected", "condition": BEYOND_HORIZON_CONDITION, "reason": description},
+            )
+        )
 
     def _answer_finished_resend(self, tag: bytes, final: int, ev: MessageReceived, out: list[Command]) -> None:
         """A failed-over publisher resent a delivery this router took part in and saw
         finished (settled by its origin, now forgotten): the subscribers have it;
         the publisher gets the outcome it was finished with, and nobody a copy."""
         out.append(SendOutcome(ev.delivery, final, True))
-        out.append(Log("pub-outcome", {"delivery": tag.hex(), "outcome": outcomes.NAMES.get(final, str(final)),
-                                       "condition": None,
-                                       "reason": "resent after it was finished and settled; outcome remembered"}))
+        out.append(
+            Log(
+                "pub-outcome",
+                {
+                    "delivery": tag.hex(),
+                    "outcome": outcomes.NAMES.get(final, str(final)),
+                    "condition": None,
+                    "reason": "resent after it was finished and settled; outcome remembered",
+                },
+            )
+        )
 
     def _distribute(self, record: DeliveryRecord, topic: Topic, out: list[Command]) -> tuple[list[str], list[str], bool]:
         """Owe ``record`` to the topic's subscriptions and send it to those that can
@@ -330,11 +399,9 @@ class AdmissionMixin(CoreState):
     def _refuse(self, delivery: int, condition: str, description: str, out: list[Command]) -> None:
         """Answer a publisher delivery the router will not carry."""
         out.append(SendOutcome(delivery, outcomes.REJECTED, True, condition, description))
-        out.append(Log("pub-outcome", {"delivery": None, "outcome": "rejected", "condition": condition,
-                                       "reason": description}))
+        out.append(Log("pub-outcome", {"delivery": None, "outcome": "rejected", "condition": condition, "reason": description}))
 
-    def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float,
-                           out: list[Command]) -> None:
+    def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float, out: list[Command]) -> None:
         """Pre-settled: forward to whoever has credit now; never wait, never owe."""
         try:
             prepared = splice_origin(ev.payload, self._origin_template(pub), ev.tag)
@@ -349,25 +416,47 @@ class AdmissionMixin(CoreState):
         if len(ptag) <= tags.MAX_INLINE_TAG:  # tags.outgoing_tag() inlined for short tags
             tag = pub.stream + _TAG_SIZE[len(ptag)] + ptag
         else:
-            tag = tags.outgoing_tag(pub.stream, ptag[:tags.MAX_TAG_SIZE])
+            tag = tags.outgoing_tag(pub.stream, ptag[: tags.MAX_TAG_SIZE])
         delivery_id = tag.hex()
-        out.append(Log("received", {
-            "delivery": delivery_id, "topic": topic.name, "publisher": pub.container_id,
-            "link_name": pub.name, "pub_tag": ev.tag.hex(), "incarnation": pub.incarnation,
-            "stream_seq": pub.next_seq - 1, "size": len(ev.payload), "settled": True, "owed": []}))
+        out.append(
+            Log(
+                "received",
+                {
+                    "delivery": delivery_id,
+                    "topic": topic.name,
+                    "publisher": pub.container_id,
+                    "link_name": pub.name,
+                    "pub_tag": ev.tag.hex(),
+                    "incarnation": pub.incarnation,
+                    "stream_seq": pub.next_seq - 1,
+                    "size": len(ev.payload),
+                    "settled": True,
+                    "owed": [],
+                },
+            )
+        )
         self._best_effort_to_local(topic, tag, payload, out)
         interested = self.net.interested_routers(topic.name)
         if interested:
             # One copy per next hop, as for exactly-once, but nobody answers it.
-            base = {"origin": self.settings.router_id, "epoch": self.epoch, "boot": self.boot_id,
-                    "topic": topic.name, "pub": pub.container_id, "link": pub.name, "ptag": ptag.hex(),
-                    "inc": pub.incarnation, "seq": pub.next_seq - 1, "hops": 0, "be": True}
+            base = {
+                "origin": self.settings.router_id,
+                "epoch": self.epoch,
+                "boot": self.boot_id,
+                "topic": topic.name,
+                "pub": pub.container_id,
+                "link": pub.name,
+                "ptag": ptag.hex(),
+                "inc": pub.incarnation,
+                "seq": pub.next_seq - 1,
+                "hops": 0,
+                "be": True,
+            }
             for hop, dests in self.net.split(sorted(interested)).by_next_hop.items():
                 header = dict(base)
                 header["dests"] = sorted(dests)
                 out.append(SendData(hop, tag, header, payload))
-                out.append(Log("forwarded-to-router", {"delivery": delivery_id, "to_router": hop,
-                                                       "dests": header["dests"]}))
+                out.append(Log("forwarded-to-router", {"delivery": delivery_id, "to_router": hop, "dests": header["dests"]}))
         self._refill_credit(topic, out)
 
     def _best_effort_to_local(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> None:
@@ -382,11 +471,24 @@ class AdmissionMixin(CoreState):
         subscribers with credit now; no record, no answer, no order hold."""
         name: Any = header.get("topic")  # wire data: None when absent, which names no topic
         topic = self.topics.get(name)
-        out.append(Log("received", {
-            "delivery": ev.tag.hex(), "topic": name, "publisher": header.get("pub"),
-            "link_name": header.get("link"), "pub_tag": header.get("ptag"), "incarnation": header.get("inc"),
-            "stream_seq": header.get("seq", 0), "size": len(ev.payload), "settled": True, "owed": [],
-            "origin_router": header.get("origin")}))
+        out.append(
+            Log(
+                "received",
+                {
+                    "delivery": ev.tag.hex(),
+                    "topic": name,
+                    "publisher": header.get("pub"),
+                    "link_name": header.get("link"),
+                    "pub_tag": header.get("ptag"),
+                    "incarnation": header.get("inc"),
+                    "stream_seq": header.get("seq", 0),
+                    "size": len(ev.payload),
+                    "settled": True,
+                    "owed": [],
+                    "origin_router": header.get("origin"),
+                },
+            )
+        )
         if topic is not None:
             self._best_effort_to_local(topic, ev.tag, ev.payload, out)
 
@@ -404,16 +506,16 @@ class AdmissionMixin(CoreState):
         if pub is not None:
             self._refill_credit(self.topics[pub.topic], out)
 
-    def _send(self, sub: Subscription, link_id: int, record: DeliveryRecord, payload: bytes, state: SubscriberState,
-              out: list[Command]) -> None:
+    def _send(
+        self, sub: Subscription, link_id: int, record: DeliveryRecord, payload: bytes, state: SubscriberState, out: list[Command]
+    ) -> None:
         """Send ``record`` (its ``payload``) on ``link_id``, the link ``sub`` is attached on."""
         sub.credit -= 1
         state.sent = self._send_counter = self._send_counter + 1
         state.link = link_id
         state.remote_settled = False  # a new copy (a resend after a resume): not settled by it yet
         out.append(Forward(link_id, record.tag, payload, False))
-        out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key,
-                                     "link": link_id, "settled": False}))
+        out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key, "link": link_id, "settled": False}))
 
     def _pump(self, sub: Subscription, now: float, out: list[Command]) -> None:
         """Send queued records while the subscriber has credit."""
@@ -432,7 +534,7 @@ class AdmissionMixin(CoreState):
             if state.outcome is not None and not state.resend:
                 continue
             if sub.placeholders and self.resumption.placeholder_blocks(sub, record):
-                sub.held.setdefault(record.tag[:tags.STREAM_ID_SIZE], []).append(record)
+                sub.held.setdefault(record.tag[: tags.STREAM_ID_SIZE], []).append(record)
                 continue
             self._send(sub, link_id, record, record.payload, state, out)
             if record.pub_settled:  # a resumed subscriber's re-send, settled meanwhile

@@ -58,6 +58,7 @@ _i64 = Struct(">q").unpack_from
 _TRUNCATED = (IndexError, _StructError)
 _MAX_DEPTH = 64  # nesting of lists/maps/arrays checked in annotations; deeper is refused
 
+
 def _skip(p: bytes, i: int, n: int, count: int = 1) -> int:
     """Offset just past the ``count`` values starting at ``i``, each skipped by
     its own size (not looked into); they must end by ``n``. Iterative, and every

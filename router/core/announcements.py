@@ -27,6 +27,7 @@ class SubscriberKey(NamedTuple):
 
 # --- announcements (flooded between routers) -------------------------------------------------
 
+
 class SubscriberAttached(NamedTuple):
     """A subscriber's link attached at ``router``. ``resumed``: it attached with
     unsettled state (an old link resuming, not a new one). ``timeout``: the
@@ -85,6 +86,7 @@ class SubscribersSnapshot(NamedTuple):
 
 # --- changes (what the caller must react to) -------------------------------------------------
 
+
 class RemoteSubscriberAdded(NamedTuple):
     """Attached at ``router`` (an upsert: also sent when a newer attach replaces one)."""
 
@@ -129,8 +131,7 @@ class SubscriberMoved(NamedTuple):
     to_router: RouterId
 
 
-Change = (RemoteSubscriberAdded | RemoteSubscriberRetained | RemoteSubscriberRemoved | RemoteSubscriberLost
-          | SubscriberMoved)
+Change = RemoteSubscriberAdded | RemoteSubscriberRetained | RemoteSubscriberRemoved | RemoteSubscriberLost | SubscriberMoved
 
 
 class RemoteSubscriber(NamedTuple):
@@ -157,6 +158,7 @@ class MembershipStamp(NamedTuple):
 
 
 # --- validation -----------------------------------------------------------------------------
+
 
 def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -53,12 +53,10 @@ class AttachMixin(CoreState):
         address = ev.address
         if not address:
             what = "target" if ev.role == PUBLISHER else "source"
-            out.append(DetachLink(ev.link_id, "amqp:invalid-field",
-                                  f"a {ev.role} link needs a {what} address naming the topic"))
+            out.append(DetachLink(ev.link_id, "amqp:invalid-field", f"a {ev.role} link needs a {what} address naming the topic"))
             return
         if len(address) > MAX_ADDRESS_LENGTH:
-            out.append(DetachLink(ev.link_id, "amqp:invalid-field",
-                                  f"topic address longer than {MAX_ADDRESS_LENGTH} characters"))
+            out.append(DetachLink(ev.link_id, "amqp:invalid-field", f"topic address longer than {MAX_ADDRESS_LENGTH} characters"))
             return
         self.links_by_conn.setdefault(ev.conn_id, set()).add(ev.link_id)
         self.link_conn[ev.link_id] = ev.conn_id
@@ -72,9 +70,14 @@ class AttachMixin(CoreState):
     def _attach_publisher(self, ev: LinkAttached, address: str, now: float, out: list[Command]) -> None:
         for other in self.publishers.values():
             if other.container_id == ev.container_id and other.name == ev.name:
-                out.append(DetachLink(other.link_id, "amqp:link:stolen",
-                                      "a newer link with the same container-id and name attached",
-                                      close=False))
+                out.append(
+                    DetachLink(
+                        other.link_id,
+                        "amqp:link:stolen",
+                        "a newer link with the same container-id and name attached",
+                        close=False,
+                    )
+                )
                 self._detach_publisher(other, "stolen", now, out)
                 break
         presented = (ev.properties or {}).get(INCARNATION_PROPERTY)
@@ -86,22 +89,50 @@ class AttachMixin(CoreState):
         triple = (ev.container_id, ev.name, incarnation)
         known = self.streams.get(stream)
         if known is not None and known != triple:
-            out.append(Log("tag-collision", {"link": ev.link_id, "container": ev.container_id,
-                                             "name": ev.name, "incarnation": incarnation}))
-            out.append(DetachLink(ev.link_id, "amqp:internal-error",
-                                  "delivery-tag stream id collision; attach again for a fresh incarnation"))
+            out.append(
+                Log(
+                    "tag-collision",
+                    {"link": ev.link_id, "container": ev.container_id, "name": ev.name, "incarnation": incarnation},
+                )
+            )
+            out.append(
+                DetachLink(
+                    ev.link_id, "amqp:internal-error", "delivery-tag stream id collision; attach again for a fresh incarnation"
+                )
+            )
             return
         self.streams[stream] = triple
         topic = self._topic(address)
-        pub = PublisherLink(ev.link_id, ev.conn_id, ev.container_id, ev.name, address, incarnation,
-                            stream, ev.snd_settle_mode == SND_SETTLED, ev.rcv_settle_mode == RCV_FIRST)
+        pub = PublisherLink(
+            ev.link_id,
+            ev.conn_id,
+            ev.container_id,
+            ev.name,
+            address,
+            incarnation,
+            stream,
+            ev.snd_settle_mode == SND_SETTLED,
+            ev.rcv_settle_mode == RCV_FIRST,
+        )
         self.publishers[ev.link_id] = pub
         topic.publishers[ev.link_id] = pub
         properties: dict[str, Any] = {INCARNATION_PROPERTY: incarnation}
-        out.append(Log("link-attached", {
-            "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
-            "role": PUBLISHER, "address": address, "durable": ev.durable, "incarnation": incarnation,
-            "resumed": resumed}))
+        out.append(
+            Log(
+                "link-attached",
+                {
+                    "link": ev.link_id,
+                    "conn": ev.conn_id,
+                    "container": ev.container_id,
+                    "name": ev.name,
+                    "role": PUBLISHER,
+                    "address": address,
+                    "durable": ev.durable,
+                    "incarnation": incarnation,
+                    "resumed": resumed,
+                },
+            )
+        )
         if resumed:
             properties[UNSETTLED_PROPERTY] = self.resumption.resume_publisher(pub, ev.properties, topic, now, out)
         out.append(OpenLink(ev.link_id, 0, properties))
@@ -114,12 +145,24 @@ class AttachMixin(CoreState):
             # Link stealing: the newer attach takes over the same terminus (this is
             # what a failing-over client does), so the subscription carries on.
             old_link = sub.link_id
-            out.append(DetachLink(old_link, "amqp:link:stolen",
-                                  "a newer link with the same container-id and name attached", close=False))
+            out.append(
+                DetachLink(old_link, "amqp:link:stolen", "a newer link with the same container-id and name attached", close=False)
+            )
             del self.subscribers[old_link]
             self._forget_link(old_link)
-            out.append(Log("link-detached", {"link": old_link, "container": sub.container_id, "name": sub.name,
-                                             "role": SUBSCRIBER, "closed": False, "reason": "stolen"}))
+            out.append(
+                Log(
+                    "link-detached",
+                    {
+                        "link": old_link,
+                        "container": sub.container_id,
+                        "name": sub.name,
+                        "role": SUBSCRIBER,
+                        "closed": False,
+                        "reason": "stolen",
+                    },
+                )
+            )
         if sub is not None and sub.topic != address:
             # The same name re-attached to another topic: the old subscription ends.
             self._end_subscription(sub, now, out, reason="re-attached-elsewhere")
@@ -142,19 +185,33 @@ class AttachMixin(CoreState):
         sub.awaiting_evidence.clear()
         self.subscribers[ev.link_id] = sub
         self._announce_subscriber(sub, ev, address, resumed, now, out)
-        out.append(Log("link-attached", {
-            "link": ev.link_id, "conn": ev.conn_id, "container": ev.container_id, "name": ev.name,
-            "role": SUBSCRIBER, "address": address, "durable": ev.durable, "incarnation": "",
-            "resumed": resumed}))
+        out.append(
+            Log(
+                "link-attached",
+                {
+                    "link": ev.link_id,
+                    "conn": ev.conn_id,
+                    "container": ev.container_id,
+                    "name": ev.name,
+                    "role": SUBSCRIBER,
+                    "address": address,
+                    "durable": ev.durable,
+                    "incarnation": "",
+                    "resumed": resumed,
+                },
+            )
+        )
         self._owe_again(sub, topic, ev, resumed, now, out)
 
-    def _announce_subscriber(self, sub: Subscription, ev: LinkAttached, address: str, resumed: bool, now: float,
-                             out: list[Command]) -> None:
+    def _announce_subscriber(
+        self, sub: Subscription, ev: LinkAttached, address: str, resumed: bool, now: float, out: list[Command]
+    ) -> None:
         """Tell the network, and answer the attach once it knows (the propagation race:
         a publisher anywhere that starts after this subscriber saw its attach cannot
         miss it), or at once when no other router is reachable."""
-        announcement = self.net.announcer.attached(address, ev.container_id, ev.name, durable=sub.durable,
-                                                   resumed=resumed, timeout=sub.timeout)
+        announcement = self.net.announcer.attached(
+            address, ev.container_id, ev.name, durable=sub.durable, resumed=resumed, timeout=sub.timeout
+        )
         sub.announced = True
         self._flood(announcement_message(announcement), None, out)
         waiting_for = self.net.reachable()
@@ -166,8 +223,9 @@ class AttachMixin(CoreState):
             sub.ready = True
             out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None))
 
-    def _owe_again(self, sub: Subscription, topic: Topic, ev: LinkAttached, resumed: bool, now: float,
-                   out: list[Command]) -> None:
+    def _owe_again(
+        self, sub: Subscription, topic: Topic, ev: LinkAttached, resumed: bool, now: float, out: list[Command]
+    ) -> None:
         """A subscriber back (re-attached, resuming, or durable): what is still owed to
         it goes out again, in publisher order: what it missed while detached and what
         was in flight (a resuming receiver also gets again what it reported, to answer
@@ -220,8 +278,7 @@ class AttachMixin(CoreState):
             return
         sub = self.subscribers.get(ev.link_id)
         if sub is not None:
-            self._unlink_subscriber(sub, now, out, reason="closed" if ev.closed else "detached",
-                                    closed=ev.closed)
+            self._unlink_subscriber(sub, now, out, reason="closed" if ev.closed else "detached", closed=ev.closed)
 
     def _on_connection_lost(self, ev: ConnectionLost, now: float, out: list[Command]) -> None:
         for link_id in sorted(self.links_by_conn.pop(ev.conn_id, ())):
@@ -251,9 +308,19 @@ class AttachMixin(CoreState):
         topic.outstanding_credit -= pub.credit
         self._promised -= pub.credit * topic.est
         pub.credit = 0
-        out.append(Log("link-detached", {"link": pub.link_id, "container": pub.container_id,
-                                         "name": pub.name, "role": PUBLISHER, "closed": reason == "closed",
-                                         "reason": reason}))
+        out.append(
+            Log(
+                "link-detached",
+                {
+                    "link": pub.link_id,
+                    "container": pub.container_id,
+                    "name": pub.name,
+                    "role": PUBLISHER,
+                    "closed": reason == "closed",
+                    "reason": reason,
+                },
+            )
+        )
         # Its unsettled records stay: subscribers still finish them. It may resume
         # (on any router) within publisher_resume_timeout; after that, or at once if
         # it closed its link, a record whose outcome is final is settled for it.
@@ -265,8 +332,7 @@ class AttachMixin(CoreState):
         if reason == "closed":
             self._publisher_gone(orphans, now, out)
         elif orphans:
-            self._add_timer(now + self.settings.publisher_resume_timeout, _TIMER_PUBLISHER_GONE,
-                            (pub.link_id, orphans))
+            self._add_timer(now + self.settings.publisher_resume_timeout, _TIMER_PUBLISHER_GONE, (pub.link_id, orphans))
         if not any(r.stream == pub.stream for r in self.publishers.values()):
             still_used = any(r.pub_link == pub.link_id for r in topic.records.values())
             if not still_used:
@@ -294,8 +360,19 @@ class AttachMixin(CoreState):
         topic = self.topics.get(sub.topic)
         if topic is not None:
             topic.roster = None
-        out.append(Log("link-detached", {"link": link_id, "container": sub.container_id, "name": sub.name,
-                                         "role": SUBSCRIBER, "closed": closed, "reason": reason}))
+        out.append(
+            Log(
+                "link-detached",
+                {
+                    "link": link_id,
+                    "container": sub.container_id,
+                    "name": sub.name,
+                    "role": SUBSCRIBER,
+                    "closed": closed,
+                    "reason": reason,
+                },
+            )
+        )
         self._awaiting_acks.pop(sub.key, None)
         if sub.announced:
             detached = self.net.announcer.detached(sub.container_id, sub.name, closed=closed)
@@ -332,8 +409,7 @@ class AttachMixin(CoreState):
             sub.announced = False
             self._flood(announcement_message(self.net.announcer.expired(sub.container_id, sub.name)), None, out)
         if reason == "expired":
-            out.append(Log("subscription-expired", {"container": sub.container_id, "name": sub.name,
-                                                    "address": sub.topic}))
+            out.append(Log("subscription-expired", {"container": sub.container_id, "name": sub.name, "address": sub.topic}))
         for record in list(topic.records.values()):
             state = record.subscribers.get(sub.key)
             if state is None:

@@ -97,8 +97,7 @@ class SubOutcome(NamedTuple):
     @property
     def fields(self) -> dict[str, Any]:
         """The line's fields, as a Log's (for tests and tools)."""
-        return {"delivery": self.delivery, "subscriber": self.subscriber, "outcome": self.outcome,
-                "settled": self.settled}
+        return {"delivery": self.delivery, "subscriber": self.subscriber, "outcome": self.outcome, "settled": self.settled}
 
 
 class SubOutcomes(NamedTuple):
@@ -119,8 +118,7 @@ class SubOutcomes(NamedTuple):
     @property
     def fields(self) -> dict[str, Any]:
         """The line's fields, as a Log's (for tests and tools)."""
-        return {"deliveries": self.deliveries, "subscriber": self.subscriber, "outcome": self.outcome,
-                "settled": self.settled}
+        return {"deliveries": self.deliveries, "subscriber": self.subscriber, "outcome": self.outcome, "settled": self.settled}
 
     def each(self) -> list[SubOutcome]:
         """The SubOutcome commands this stands for (for tests and tools)."""
@@ -154,5 +152,18 @@ class SendData(NamedTuple):
 
 
 # Every command the core gives, for annotations (``out: list[Command]``).
-Command = (OpenLink | DetachLink | GrantCredit | Forward | SendOutcome | SettleOutgoing | Drained | Log | SubOutcome
-           | SubOutcomes | ShutdownComplete | SendControl | SendData)
+Command = (
+    OpenLink
+    | DetachLink
+    | GrantCredit
+    | Forward
+    | SendOutcome
+    | SettleOutgoing
+    | Drained
+    | Log
+    | SubOutcome
+    | SubOutcomes
+    | ShutdownComplete
+    | SendControl
+    | SendData
+)

@@ -125,8 +125,12 @@ class CreditMixin(CoreState):
             # Others wait for the router's room: they get it first, in turn.
             self._starved[topic.name] = None
             return None
-        if room < 1 and by_bytes == room and not topic.at_budget \
-                and not any(p.credit for p in publishers.values() if not p.presettled):
+        if (
+            room < 1
+            and by_bytes == room
+            and not topic.at_budget
+            and not any(p.credit for p in publishers.values() if not p.presettled)
+        ):
             self._at_budget(topic, router_limited, out)
         return window, room, eighth
 
@@ -146,8 +150,9 @@ class CreditMixin(CoreState):
             topic.est = new_est
         if topic.at_budget:
             topic.at_budget = False
-            out.append(Log("budget", {"topic": topic.name, "state": "below", "bytes": topic.bytes,
-                                      "router_bytes": self.bytes_held}))
+            out.append(
+                Log("budget", {"topic": topic.name, "state": "below", "bytes": topic.bytes, "router_bytes": self.bytes_held})
+            )
 
     def _at_budget(self, topic: Topic, router_wide: bool, out: list[Command]) -> None:
         """The byte budget withholds the topic's credit: say so once, and remember to
@@ -156,9 +161,18 @@ class CreditMixin(CoreState):
             self._starved[topic.name] = None
         if not topic.at_budget:
             topic.at_budget = True
-            out.append(Log("budget", {"topic": topic.name, "state": "reached", "bytes": topic.bytes,
-                                      "router_bytes": self.bytes_held,
-                                      "limit": "router" if router_wide else "topic"}))
+            out.append(
+                Log(
+                    "budget",
+                    {
+                        "topic": topic.name,
+                        "state": "reached",
+                        "bytes": topic.bytes,
+                        "router_bytes": self.bytes_held,
+                        "limit": "router" if router_wide else "topic",
+                    },
+                )
+            )
 
     def _hold_bytes(self, topic: Topic, payload: bytes | None) -> None:
         if payload is not None:

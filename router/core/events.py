@@ -189,6 +189,21 @@ class ExpireSubscription(NamedTuple):
 
 
 # Every event the core handles (``RouterCore.handle``).
-Event = (LinkAttached | LinkDetached | ConnectionLost | CreditChanged | MessageReceived | MessageTooLarge
-         | OutcomeReceived | PublisherSettled | TimerFired | ShutdownRequested | PeerConnected | PeerLost
-         | ControlReceived | DataReceived | ListenersReady | ExpireSubscription)
+Event = (
+    LinkAttached
+    | LinkDetached
+    | ConnectionLost
+    | CreditChanged
+    | MessageReceived
+    | MessageTooLarge
+    | OutcomeReceived
+    | PublisherSettled
+    | TimerFired
+    | ShutdownRequested
+    | PeerConnected
+    | PeerLost
+    | ControlReceived
+    | DataReceived
+    | ListenersReady
+    | ExpireSubscription
+)

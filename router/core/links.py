@@ -12,12 +12,36 @@ if TYPE_CHECKING:
 
 
 class PublisherLink:
-    __slots__ = ("link_id", "conn_id", "container_id", "name", "topic", "incarnation", "stream",
-                 "presettled", "settles_first", "credit", "next_seq", "origin", "resending", "awaiting_seq",
-                 "memory")
+    __slots__ = (
+        "link_id",
+        "conn_id",
+        "container_id",
+        "name",
+        "topic",
+        "incarnation",
+        "stream",
+        "presettled",
+        "settles_first",
+        "credit",
+        "next_seq",
+        "origin",
+        "resending",
+        "awaiting_seq",
+        "memory",
+    )
 
-    def __init__(self, link_id: int, conn_id: int, container_id: str, name: str, topic: str,
-                 incarnation: str, stream: bytes, presettled: bool, settles_first: bool = True):
+    def __init__(
+        self,
+        link_id: int,
+        conn_id: int,
+        container_id: str,
+        name: str,
+        topic: str,
+        incarnation: str,
+        stream: bytes,
+        presettled: bool,
+        settles_first: bool = True,
+    ):
         self.link_id = link_id
         self.conn_id = conn_id
         self.container_id = container_id
@@ -48,9 +72,27 @@ class Subscription:
     """A subscriber, identified by container-id + link name, with or without an
     attached link. A durable one outlives its link for the terminus timeout."""
 
-    __slots__ = ("key", "container_id", "name", "topic", "durable", "timeout", "link_id", "conn_id",
-                 "best_effort", "credit", "drain", "queue", "awaiting_evidence",
-                 "expires_at", "in_flight", "ready", "announced", "placeholders", "held")
+    __slots__ = (
+        "key",
+        "container_id",
+        "name",
+        "topic",
+        "durable",
+        "timeout",
+        "link_id",
+        "conn_id",
+        "best_effort",
+        "credit",
+        "drain",
+        "queue",
+        "awaiting_evidence",
+        "expires_at",
+        "in_flight",
+        "ready",
+        "announced",
+        "placeholders",
+        "held",
+    )
 
     def __init__(self, key: str, container_id: str, name: str, topic: str):
         self.key = key
@@ -84,8 +126,20 @@ class Subscription:
 
 
 class Topic:
-    __slots__ = ("name", "subscriptions", "publishers", "records", "unsettled", "outstanding_credit", "roster",
-                 "bytes", "est", "largest_recent", "at_budget", "published")
+    __slots__ = (
+        "name",
+        "subscriptions",
+        "publishers",
+        "records",
+        "unsettled",
+        "outstanding_credit",
+        "roster",
+        "bytes",
+        "est",
+        "largest_recent",
+        "at_budget",
+        "published",
+    )
 
     def __init__(self, name: str):
         self.name = name

@@ -129,6 +129,7 @@ def _is_live(message: Announcement) -> bool:
 
 # --- the table ------------------------------------------------------------------------------
 
+
 class _Entry:
     __slots__ = ("message", "learnt", "expired")
 
@@ -175,7 +176,7 @@ class _RouterView:
     def advance_to(self, through: int) -> None:
         if through > self.through:
             self.through = through
-            del self.above[:self.above.bisect_right(through)]
+            del self.above[: self.above.bisect_right(through)]
             self._fold()
 
     def _fold(self) -> None:
@@ -191,8 +192,7 @@ class _RouterView:
 def _view_of(router: RouterId, entry: _Entry, lost_at: float | None) -> RemoteSubscriber:
     m = entry.message
     if isinstance(m, SubscriberAttached):
-        return RemoteSubscriber(router, m.key, m.topic, True, m.durable, m.resumed, m.timeout,
-                                m.version, lost_at)
+        return RemoteSubscriber(router, m.key, m.topic, True, m.durable, m.resumed, m.timeout, m.version, lost_at)
     return RemoteSubscriber(router, m.key, m.topic, False, True, False, m.timeout, m.version, lost_at)
 
 
@@ -243,8 +243,7 @@ class MembershipTable:
             view.advance_to(snapshot.through)
         return out
 
-    def _current_view(self, router: RouterId, incarnation: Incarnation,
-                      out: list[Change]) -> _RouterView | None:
+    def _current_view(self, router: RouterId, incarnation: Incarnation, out: list[Change]) -> _RouterView | None:
         """The view for this incarnation; a newer one replaces an older one's view;
         None when the message is from an older incarnation."""
         view = self._views.get(router)
@@ -280,8 +279,7 @@ class MembershipTable:
             elsewhere = sorted(self._locations.get(key, set()) - {router})
             self._index(router, message)
             if isinstance(message, SubscriberAttached):
-                out.append(RemoteSubscriberAdded(router, key, message.topic, message.durable,
-                                                 message.resumed, message.timeout))
+                out.append(RemoteSubscriberAdded(router, key, message.topic, message.durable, message.resumed, message.timeout))
                 out.extend(SubscriberMoved(key, other, router) for other in elsewhere)
             else:
                 out.append(RemoteSubscriberRetained(router, key, message.topic, message.timeout))
@@ -291,8 +289,7 @@ class MembershipTable:
             out.append(RemoteSubscriberRemoved(router, key, live_before.topic, reason))
         view.mark(message.version)
 
-    def _drop(self, router: RouterId, view: _RouterView, key: SubscriberKey, reason: str,
-              out: list[Change]) -> None:
+    def _drop(self, router: RouterId, view: _RouterView, key: SubscriberKey, reason: str, out: list[Change]) -> None:
         entry = view.pop(key)
         assert entry is not None  # callers drop keys the view holds
         if _is_live(entry.message) and not entry.expired:
@@ -324,9 +321,11 @@ class MembershipTable:
         if view is None or view.lost_at is not None:
             return []
         view.lost_at = now
-        return [RemoteSubscriberLost(router, key, entry.message.topic, now)
-                for key, entry in sorted(view.entries.items())
-                if _is_live(entry.message) and not entry.expired]
+        return [
+            RemoteSubscriberLost(router, key, entry.message.topic, now)
+            for key, entry in sorted(view.entries.items())
+            if _is_live(entry.message) and not entry.expired
+        ]
 
     def router_regained(self, router: RouterId) -> list[Change]:
         """``router`` is reachable again (same incarnation): clear the lost mark and
@@ -365,10 +364,13 @@ class MembershipTable:
 
     def next_expiry(self) -> float | None:
         """When ``expire_lost`` next has something to do (for a timer)."""
-        deadlines = [view.lost_at + entry.message.timeout
-                     for view in self._views.values() if view.lost_at is not None
-                     for entry in view.entries.values()
-                     if _is_live(entry.message) and not entry.expired]
+        deadlines = [
+            view.lost_at + entry.message.timeout
+            for view in self._views.values()
+            if view.lost_at is not None
+            for entry in view.entries.values()
+            if _is_live(entry.message) and not entry.expired
+        ]
         return min(deadlines, default=None)
 
     # --- queries --------------------------------------------------------------------------
@@ -394,8 +396,10 @@ class MembershipTable:
 
     def locations(self, key: SubscriberKey) -> tuple[RemoteSubscriber, ...]:
         """Every router where ``key`` is known, attached or retained, lost or not."""
-        return tuple(_view_of(router, self._views[router].entries[key], self._views[router].lost_at)
-                     for router in sorted(self._locations.get(key, ())))
+        return tuple(
+            _view_of(router, self._views[router].entries[key], self._views[router].lost_at)
+            for router in sorted(self._locations.get(key, ()))
+        )
 
     def where(self, key: SubscriberKey) -> RouterId | None:
         """The router where ``key`` is attached; among several, the attach applied last."""
@@ -403,8 +407,7 @@ class MembershipTable:
         for router in self._locations.get(key, ()):
             view = self._views[router]
             entry = view.entries[key]
-            if view.lost_at is None and isinstance(entry.message, SubscriberAttached) \
-                    and entry.learnt > best_learnt:
+            if view.lost_at is None and isinstance(entry.message, SubscriberAttached) and entry.learnt > best_learnt:
                 best, best_learnt = router, entry.learnt
         return best
 
@@ -414,15 +417,20 @@ class MembershipTable:
         view = self._views.get(router)
         if view is None or view.lost_at is None:
             return frozenset()
-        return frozenset(key for key, entry in view.entries.items()
-                         if _is_live(entry.message) and not entry.expired and self.where(key) is None)
+        return frozenset(
+            key
+            for key, entry in view.entries.items()
+            if _is_live(entry.message) and not entry.expired and self.where(key) is None
+        )
 
     def all_subscribers(self) -> tuple[RemoteSubscriber, ...]:
         """Every live entry, by router then key."""
-        return tuple(_view_of(router, entry, view.lost_at)
-                     for router, view in sorted(self._views.items())
-                     for _, entry in sorted(view.entries.items())
-                     if _is_live(entry.message) and not entry.expired)
+        return tuple(
+            _view_of(router, entry, view.lost_at)
+            for router, view in sorted(self._views.items())
+            for _, entry in sorted(view.entries.items())
+            if _is_live(entry.message) and not entry.expired
+        )
 
     def incarnation_of(self, router: RouterId) -> Incarnation | None:
         view = self._views.get(router)
@@ -433,8 +441,10 @@ class MembershipTable:
 
     def digest(self) -> dict[RouterId, MembershipStamp]:
         """Per router, its incarnation and how far we hold its announcements."""
-        return {router: MembershipStamp(view.incarnation.epoch, view.incarnation.boot, view.through)
-                for router, view in self._views.items()}
+        return {
+            router: MembershipStamp(view.incarnation.epoch, view.incarnation.boot, view.through)
+            for router, view in self._views.items()
+        }
 
     # --- snapshots ------------------------------------------------------------------------
 
@@ -457,6 +467,7 @@ class MembershipTable:
 
 # --- our own side ---------------------------------------------------------------------------
 
+
 class LocalAnnouncer:
     """Numbers this router's own announcements and remembers its live subscribers."""
 
@@ -468,12 +479,14 @@ class LocalAnnouncer:
         self.version = 0  # the last version announced
         self._live: dict[SubscriberKey, Announcement] = {}
 
-    def attached(self, topic: str, container_id: str, link_name: str, *, durable: bool,
-                 resumed: bool, timeout: int) -> SubscriberAttached:
+    def attached(
+        self, topic: str, container_id: str, link_name: str, *, durable: bool, resumed: bool, timeout: int
+    ) -> SubscriberAttached:
         """A subscriber attached here: the announcement to flood."""
         self.version += 1
-        message = SubscriberAttached(self.self_id, self.epoch, self.boot, self.version, topic,
-                                     container_id, link_name, durable, resumed, timeout)
+        message = SubscriberAttached(
+            self.self_id, self.epoch, self.boot, self.version, topic, container_id, link_name, durable, resumed, timeout
+        )
         self._live[message.key] = message
         return message
 
@@ -498,8 +511,18 @@ class LocalAnnouncer:
 
     def _detach(self, held: Announcement, *, closed: bool, retained: bool) -> SubscriberDetached:
         self.version += 1
-        message = SubscriberDetached(self.self_id, self.epoch, self.boot, self.version, held.topic,
-                                     held.container_id, held.link_name, closed, retained, held.timeout)
+        message = SubscriberDetached(
+            self.self_id,
+            self.epoch,
+            self.boot,
+            self.version,
+            held.topic,
+            held.container_id,
+            held.link_name,
+            closed,
+            retained,
+            held.timeout,
+        )
         if retained:
             self._live[message.key] = message
         else:

@@ -101,8 +101,17 @@ from router.core.amqp_values import (  # noqa: F401  (MessageError, DECODE_ERROR
     _within,
 )
 
-__all__ = ["ORIGIN_KEY", "DECODE_ERROR", "MessageError", "Origin", "OriginTemplate", "Prepared", "prepare",
-           "read_origin", "splice_origin"]
+__all__ = [
+    "ORIGIN_KEY",
+    "DECODE_ERROR",
+    "MessageError",
+    "Origin",
+    "OriginTemplate",
+    "Prepared",
+    "prepare",
+    "read_origin",
+    "splice_origin",
+]
 
 ORIGIN_KEY = "x-opt-eorouter-origin"
 
@@ -194,11 +203,11 @@ def _annotations(p: bytes, i: int, n: int, name: str) -> tuple[int, int, int, in
         t = p[j]
         if t == 0xA3:
             key_end = j + 2 + p[j + 1]
-            if p[j + 2:key_end] == _ORIGIN_KEY_BYTES:
+            if p[j + 2 : key_end] == _ORIGIN_KEY_BYTES:
                 found = key_end
         elif t == 0xB3:
             key_end = j + 5 + _u32(p, j + 1)[0]
-            if p[j + 5:key_end] == _ORIGIN_KEY_BYTES:
+            if p[j + 5 : key_end] == _ORIGIN_KEY_BYTES:
                 found = key_end
         elif t == 0x53:
             key_end = j + 2
@@ -276,8 +285,7 @@ def _order_error(code: int, last: int, start: int) -> MessageError:
         return MessageError(f"unknown section descriptor 0x{code:x}", start + 1)
     if DATA <= last < code <= AMQP_VALUE:
         return MessageError(f"body mixes {SECTION_NAMES[last]} and {SECTION_NAMES[code]} sections", start)
-    return MessageError(f"{SECTION_NAMES[code]} section out of order or repeated (after {SECTION_NAMES[last]})",
-                        start)
+    return MessageError(f"{SECTION_NAMES[code]} section out of order or repeated (after {SECTION_NAMES[last]})", start)
 
 
 def _descriptor(p: bytes, i: int, n: int) -> tuple[int, int]:
@@ -290,10 +298,10 @@ def _descriptor(p: bytes, i: int, n: int) -> tuple[int, int]:
     if c == 0xA3 or c == 0xB3:  # symbolic descriptor "amqp:...:..."
         if c == 0xA3:
             end = i + 3 + p[i + 2]
-            sym = p[i + 3:end]
+            sym = p[i + 3 : end]
         else:
             end = i + 6 + _u32(p, i + 2)[0]
-            sym = p[i + 6:end]
+            sym = p[i + 6 : end]
         if end > n:
             raise MessageError("section descriptor runs past the end of the message", i + 1)
         code = _SYMBOLS.get(sym)
@@ -325,6 +333,7 @@ _Annotations = tuple[int, int, int, int, int]
 # section's end, what it tells: header the ttl, properties the absolute expiry,
 # message-annotations (map offset, first entry, end, count, origin value offset)).
 _Reader = Callable[[bytes, int, int, int], tuple[int, Any]]
+
 
 def _read_header(p: bytes, i: int, n: int, v: int) -> tuple[int, int | None]:
     if v == 0x45:
@@ -359,8 +368,7 @@ def _read_properties(p: bytes, i: int, n: int, v: int) -> tuple[int, int | None]
         elif t == 0x40:
             j += 1
         else:
-            raise MessageError(f"properties absolute-expiry-time: expected a timestamp, found constructor 0x{t:02x}",
-                               j)
+            raise MessageError(f"properties absolute-expiry-time: expected a timestamp, found constructor 0x{t:02x}", j)
         count -= 9
     j = _skip(p, j, end, count)
     if j != end:
@@ -394,13 +402,19 @@ def _skipped(code: int) -> _Reader:
         if count & 1 and v & 1:
             raise MessageError(f"{name}: odd element count {count}", i)
         return end, None
+
     return read
 
 
 _READERS: dict[int, _Reader] = {
-    HEADER: _read_header, PROPERTIES: _read_properties, MESSAGE_ANNOTATIONS: _read_message_annotations,
-    DELIVERY_ANNOTATIONS: _read_delivery_annotations, APPLICATION_PROPERTIES: _skipped(APPLICATION_PROPERTIES),
-    FOOTER: _skipped(FOOTER), AMQP_SEQUENCE: _skipped(AMQP_SEQUENCE)}
+    HEADER: _read_header,
+    PROPERTIES: _read_properties,
+    MESSAGE_ANNOTATIONS: _read_message_annotations,
+    DELIVERY_ANNOTATIONS: _read_delivery_annotations,
+    APPLICATION_PROPERTIES: _skipped(APPLICATION_PROPERTIES),
+    FOOTER: _skipped(FOOTER),
+    AMQP_SEQUENCE: _skipped(AMQP_SEQUENCE),
+}
 
 
 def _scan(p: bytes) -> tuple[int | None, int | None, _Annotations | None, int]:
@@ -456,8 +470,9 @@ def _scan(p: bytes) -> tuple[int | None, int | None, _Annotations | None, int]:
                 if code == MESSAGE_ANNOTATIONS:
                     ma = (i, i + 1, i + 1, 0, -1)
                 i += 1
-            elif v == 0x45 and code <= PROPERTIES and code != MESSAGE_ANNOTATIONS \
-                    and code != DELIVERY_ANNOTATIONS:  # an empty header or properties (list0): what proton sends
+            elif (
+                v == 0x45 and code <= PROPERTIES and code != MESSAGE_ANNOTATIONS and code != DELIVERY_ANNOTATIONS
+            ):  # an empty header or properties (list0): what proton sends
                 i += 1
             else:
                 i, told = _READERS[code](p, i, n, v)
@@ -542,7 +557,8 @@ class OriginTemplate:
         if head is None:
             entry_head = self.entry_head(size)
             head = self._section_heads[size] = b"".join(
-                (_NEW_SECTION, _map_header(len(entry_head) + size + len(self.tail), 2), entry_head))
+                (_NEW_SECTION, _map_header(len(entry_head) + size + len(self.tail), 2), entry_head)
+            )
         return head
 
     def entry(self, tag: bytes) -> bytes:
@@ -589,8 +605,7 @@ def splice_origin(payload: bytes, template: OriginTemplate, tag: bytes) -> tuple
     entry = template.entry(tag)
     whole: bytes | memoryview = p if len(p) < _COPY_THRESHOLD else memoryview(p)
     at, first, end, count = ma[:4]
-    out = b"".join((whole[:at], _map_header(end - first + len(entry), count + 2), whole[first:end], entry,
-                    whole[end:]))
+    out = b"".join((whole[:at], _map_header(end - first + len(entry), count + 2), whole[first:end], entry, whole[end:]))
     return out, ttl, expiry
 
 

@@ -29,8 +29,14 @@ LINK_COST = 1
 
 
 def link_state_message(ls: LinkState) -> dict[str, Any]:
-    return {"t": "ls", "origin": ls.origin, "epoch": ls.epoch, "boot": ls.boot, "version": ls.version,
-            "nbrs": [list(pair) for pair in ls.neighbours]}
+    return {
+        "t": "ls",
+        "origin": ls.origin,
+        "epoch": ls.epoch,
+        "boot": ls.boot,
+        "version": ls.version,
+        "nbrs": [list(pair) for pair in ls.neighbours],
+    }
 
 
 def link_state_from(msg: dict[str, Any]) -> LinkState:
@@ -56,8 +62,14 @@ def announcement_from(msg: dict[str, Any]) -> Announcement:
 
 
 def snapshot_message(snapshot: SubscribersSnapshot) -> dict[str, Any]:
-    return {"t": "subs", "router": snapshot.router, "epoch": snapshot.epoch, "boot": snapshot.boot,
-            "through": snapshot.through, "items": [announcement_message(a) for a in snapshot.announcements]}
+    return {
+        "t": "subs",
+        "router": snapshot.router,
+        "epoch": snapshot.epoch,
+        "boot": snapshot.boot,
+        "through": snapshot.through,
+        "items": [announcement_message(a) for a in snapshot.announcements],
+    }
 
 
 def snapshot_from(msg: dict[str, Any]) -> SubscribersSnapshot:

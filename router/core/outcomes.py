@@ -17,8 +17,14 @@ RELEASED = 0x26
 MODIFIED = 0x27
 
 TERMINAL = frozenset({ACCEPTED, REJECTED, RELEASED, MODIFIED})
-NAMES = {NONE: "none", RECEIVED: "received", ACCEPTED: "accepted", REJECTED: "rejected",
-         RELEASED: "released", MODIFIED: "modified"}
+NAMES = {
+    NONE: "none",
+    RECEIVED: "received",
+    ACCEPTED: "accepted",
+    REJECTED: "rejected",
+    RELEASED: "released",
+    MODIFIED: "modified",
+}
 BY_NAME = {v: k for k, v in NAMES.items()}
 
 # Router-originated error conditions (documented in docs/delivery-rule.md).

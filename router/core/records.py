@@ -105,26 +105,62 @@ class MovedState:
 
 class DeliveryRecord:
     __slots__ = (
-        "tag", "delivery_id", "topic", "order", "payload",
-        "publisher", "link_name", "pub_tag", "incarnation", "stream_seq",
-        "pub_link", "pub_delivery",
-        "_states", "roster", "answers", "sent_at", "remote_routers",
-        "outcome", "pub_settled", "expires_at", "reuse", "origin_router", "header",
-        "moved", "targeted", "settle_pending", "waiting",
+        "tag",
+        "delivery_id",
+        "topic",
+        "order",
+        "payload",
+        "publisher",
+        "link_name",
+        "pub_tag",
+        "incarnation",
+        "stream_seq",
+        "pub_link",
+        "pub_delivery",
+        "_states",
+        "roster",
+        "answers",
+        "sent_at",
+        "remote_routers",
+        "outcome",
+        "pub_settled",
+        "expires_at",
+        "reuse",
+        "origin_router",
+        "header",
+        "moved",
+        "targeted",
+        "settle_pending",
+        "waiting",
         # Set only when they apply (read with getattr(record, name, default)):
         # resent: made from a resumed publisher's resend, which other routers may have
         #   finished and forgotten before; final: at a relaying router, the outcome
         #   code the origin settled it with.
-        "resent", "final",
-        "memory", "arrived",
+        "resent",
+        "final",
+        "memory",
+        "arrived",
     )
     # The two optional slots' types (bare annotations: a value would clash with the slot).
     resent: bool
     final: int | None
 
-    def __init__(self, tag: bytes, topic: str, order: int, payload: bytes, publisher: str,
-                 link_name: str, pub_tag: bytes, incarnation: str, stream_seq: int,
-                 pub_link: int, pub_delivery: int | None, expires_at: float | None, reuse: int = 0):
+    def __init__(
+        self,
+        tag: bytes,
+        topic: str,
+        order: int,
+        payload: bytes,
+        publisher: str,
+        link_name: str,
+        pub_tag: bytes,
+        incarnation: str,
+        stream_seq: int,
+        pub_link: int,
+        pub_delivery: int | None,
+        expires_at: float | None,
+        reuse: int = 0,
+    ):
         self.tag = tag
         self.reuse = reuse
         # The id in the event log: the tag, plus a suffix in the rare case a
@@ -250,6 +286,8 @@ class DeliveryRecord:
         return not self.settle_pending
 
     def __repr__(self) -> str:
-        return (f"DeliveryRecord({self.delivery_id[:12]}… topic={self.topic!r} "
-                f"pub={self.publisher}/{self.link_name} tag={self.pub_tag!r} "
-                f"outcome={self.outcome} settled={self.pub_settled} subs={self.owed_count()})")
+        return (
+            f"DeliveryRecord({self.delivery_id[:12]}… topic={self.topic!r} "
+            f"pub={self.publisher}/{self.link_name} tag={self.pub_tag!r} "
+            f"outcome={self.outcome} settled={self.pub_settled} subs={self.owed_count()})"
+        )

@@ -63,7 +63,7 @@ class RelayMixin(CoreState):
             out.append(SendControl(peer, message))
 
     def _saw_seq(self, record: DeliveryRecord) -> None:
-        stream = record.tag[:tags.STREAM_ID_SIZE]
+        stream = record.tag[: tags.STREAM_ID_SIZE]
         if record.stream_seq > self.stream_seq.get(stream, -1):
             self.stream_seq[stream] = record.stream_seq
 
@@ -91,10 +91,18 @@ class RelayMixin(CoreState):
         header = record.header
         if header is None:
             header = record.header = {
-                "origin": self.settings.router_id, "epoch": self.epoch, "boot": self.boot_id,
-                "topic": record.topic, "pub": record.publisher, "link": record.link_name,
-                "ptag": record.pub_tag.hex(), "inc": record.incarnation, "seq": record.stream_seq,
-                "exp": record.expires_at, "hops": 0}
+                "origin": self.settings.router_id,
+                "epoch": self.epoch,
+                "boot": self.boot_id,
+                "topic": record.topic,
+                "pub": record.publisher,
+                "link": record.link_name,
+                "ptag": record.pub_tag.hex(),
+                "inc": record.incarnation,
+                "seq": record.stream_seq,
+                "exp": record.expires_at,
+                "hops": 0,
+            }
             if record.reuse:
                 header["reuse"] = record.reuse  # a settled tag used again (docs/tags.md)
             if getattr(record, "resent", False):
@@ -107,7 +115,7 @@ class RelayMixin(CoreState):
             return
         split = self.net.split(routers)
         base = self._base_header(record)
-        stream = record.tag[:tags.STREAM_ID_SIZE]
+        stream = record.tag[: tags.STREAM_ID_SIZE]
         for hop, dests in split.by_next_hop.items():
             header = dict(base)
             header["dests"] = sorted(dests)
@@ -123,8 +131,7 @@ class RelayMixin(CoreState):
                 prev[router_id] = state.prev
             header["prev"] = prev
             out.append(SendData(hop, record.tag, header, record.payload))
-            out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop,
-                                                   "dests": header["dests"]}))
+            out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop, "dests": header["dests"]}))
             for router_id in dests:
                 state = record.remote_routers.get(router_id)
                 if state is not None:
@@ -148,8 +155,9 @@ class RelayMixin(CoreState):
             message["failed"] = outcome.delivery_failed
             message["undeliv"] = outcome.undeliverable_here
         self._route_control(origin, message, out)
-        out.append(Log("outcome-to-router", {"delivery": record.delivery_id, "to_router": origin,
-                                             "outcome": outcomes.NAMES[code]}))
+        out.append(
+            Log("outcome-to-router", {"delivery": record.delivery_id, "to_router": origin, "outcome": outcomes.NAMES[code]})
+        )
 
     def _subscriber_ready(self, key: str, out: list[Command]) -> None:
         link_id, _, _ = self._awaiting_acks.pop(key)
@@ -212,8 +220,12 @@ class RelayMixin(CoreState):
                 changes = self.net.membership.apply(snapshot_from(message))
                 self._membership_changed(changes, now, out)
             elif kind == "stream-resumed":
-                if self._flood_once(("stream", message.get("stream"), message.get("at"), message.get("n"),
-                                     len(message.get("unsettled", ()))), message, ev.router_id, out):
+                if self._flood_once(
+                    ("stream", message.get("stream"), message.get("at"), message.get("n"), len(message.get("unsettled", ()))),
+                    message,
+                    ev.router_id,
+                    out,
+                ):
                     self.resumption.on_stream_resumed(message, now, out)
             elif kind == "stream-seq":
                 self.resumption.on_stream_seq(message, now, out)
@@ -239,8 +251,7 @@ class RelayMixin(CoreState):
         if message["t"] == "sub+":
             # Confirm even a duplicate: the announcing router may be holding an attach.
             key = f"{announcement.container_id}/{announcement.link_name}"
-            self._route_control(announcement.router, {"t": "sub-ack", "key": key,
-                                                      "version": announcement.version}, out)
+            self._route_control(announcement.router, {"t": "sub-ack", "key": key, "version": announcement.version}, out)
 
     def _membership_changed(self, changes: list[Change], now: float, out: list[Command]) -> None:
         """A router no longer holding any subscription to a topic stops being owed
@@ -301,8 +312,7 @@ class RelayMixin(CoreState):
                 relayed["dests"] = sorted(sub_dests)
                 relayed["hops"] = hops
                 out.append(SendData(hop, ev.tag, relayed, ev.payload))
-                out.append(Log("forwarded-to-router", {"delivery": ev.tag.hex(), "to_router": hop,
-                                                       "dests": relayed["dests"]}))
+                out.append(Log("forwarded-to-router", {"delivery": ev.tag.hex(), "to_router": hop, "dests": relayed["dests"]}))
         if me in dests:
             if header.get("be"):
                 self._best_effort_from_router(ev, header, out)
@@ -313,7 +323,7 @@ class RelayMixin(CoreState):
         """Deliver a relayed copy only after its predecessor from the same publisher
         stream (named by the origin in ``prev``): a copy that took a newer path after
         a route change must not overtake an earlier one still on its way."""
-        stream = ev.tag[:tags.STREAM_ID_SIZE]
+        stream = ev.tag[: tags.STREAM_ID_SIZE]
         prev = (header.get("prev") or {}).get(self.settings.router_id, -1)
         head = self._chain_head.get(stream)
         if ev.tag in self.records or prev == -1 or (head is not None and prev <= head):
@@ -361,8 +371,12 @@ class RelayMixin(CoreState):
             return
         topic = self.topics.get(header["topic"])
         owed_here = topic is not None and any(not s.best_effort for s in topic.subscriptions.values())
-        if header.get("rs") and not targets and owed_here \
-                and self.settled.resend_verdict(tag, header.get("inc")) == BEYOND_HORIZON:
+        if (
+            header.get("rs")
+            and not targets
+            and owed_here
+            and self.settled.resend_verdict(tag, header.get("inc")) == BEYOND_HORIZON
+        ):
             self._refuse_forgotten_resend(tag, origin, report_to, out)
             return
         if targets and topic is not None:
@@ -377,8 +391,9 @@ class RelayMixin(CoreState):
             return
         self._new_relayed_record(ev, header, topic, now, out)
 
-    def _known_copy(self, record: DeliveryRecord, origin: str, targets: list[str] | None, report_to: str, now: float,
-                    out: list[Command]) -> None:
+    def _known_copy(
+        self, record: DeliveryRecord, origin: str, targets: list[str] | None, report_to: str, now: float, out: list[Command]
+    ) -> None:
         """A copy of a delivery we hold: a resend (a hop failed, routes changed, its
         publisher resumed elsewhere), never delivered twice."""
         if record.origin_router is None and origin != self.settings.router_id and not targets:
@@ -390,8 +405,7 @@ class RelayMixin(CoreState):
                 # Finished and settled here, its record only lingering: as for a tag
                 # remembered settled, the resend gets the final outcome, or the new
                 # origin would wait for us for ever (issue 16, part 3).
-                self._route_control(report_to, self._settle_message(record.tag, self._final_outcome(record), True),
-                                    out)
+                self._route_control(report_to, self._settle_message(record.tag, self._final_outcome(record), True), out)
                 out.append(Log("dropped", {"delivery": record.delivery_id, "reason": "already settled here"}))
             return
         if record.origin_router is not None and record.origin_router != origin and not targets:
@@ -405,24 +419,52 @@ class RelayMixin(CoreState):
     def _refuse_forgotten_resend(self, tag: bytes, origin: str, report_to: str, out: list[Command]) -> None:
         """A resend of a stream we finished with and forgot: our subscribers may have
         had it. Refused, never delivered as new (docs/resumption.md)."""
-        description = ("resent after router " + self.settings.router_id + " forgot its stream "
-                       "(resume horizon or memory limit): it may have been delivered already")
-        self._route_control(report_to, {"t": "outcome", "d": tag.hex(), "o": outcomes.REJECTED,
-                                        "cond": BEYOND_HORIZON_CONDITION, "desc": description}, out)
-        out.append(Log("resend-beyond-horizon", {"delivery": tag.hex(), "stream": tag[:tags.STREAM_ID_SIZE].hex(),
-                                                 "origin_router": origin}))
+        description = (
+            "resent after router " + self.settings.router_id + " forgot its stream "
+            "(resume horizon or memory limit): it may have been delivered already"
+        )
+        self._route_control(
+            report_to,
+            {"t": "outcome", "d": tag.hex(), "o": outcomes.REJECTED, "cond": BEYOND_HORIZON_CONDITION, "desc": description},
+            out,
+        )
+        out.append(
+            Log(
+                "resend-beyond-horizon",
+                {"delivery": tag.hex(), "stream": tag[: tags.STREAM_ID_SIZE].hex(), "origin_router": origin},
+            )
+        )
 
     def _relayed_record(self, ev: DataReceived, header: dict[str, Any], topic_name: str, now: float) -> DeliveryRecord:
-        record = DeliveryRecord(ev.tag, topic_name, next(self._order), ev.payload, header.get("pub", ""),
-                                header.get("link", ""), bytes.fromhex(header.get("ptag", "")),
-                                header.get("inc", ""), header.get("seq", 0), -1, None, header.get("exp"),
-                                header.get("reuse", 0))
+        record = DeliveryRecord(
+            ev.tag,
+            topic_name,
+            next(self._order),
+            ev.payload,
+            header.get("pub", ""),
+            header.get("link", ""),
+            bytes.fromhex(header.get("ptag", "")),
+            header.get("inc", ""),
+            header.get("seq", 0),
+            -1,
+            None,
+            header.get("exp"),
+            header.get("reuse", 0),
+        )
         record.origin_router = header["origin"]
         record.arrived = now
         return record
 
-    def _new_targeted_record(self, ev: DataReceived, header: dict[str, Any], topic: Topic, targets: list[str], report_to: str,
-                             now: float, out: list[Command]) -> None:
+    def _new_targeted_record(
+        self,
+        ev: DataReceived,
+        header: dict[str, Any],
+        topic: Topic,
+        targets: list[str],
+        report_to: str,
+        now: float,
+        out: list[Command],
+    ) -> None:
         """A copy addressed to particular subscribers here (they moved here from a
         router that died, or resumed here): they answer ``report_to`` individually."""
         record = self._relayed_record(ev, header, topic.name, now)
@@ -431,11 +473,25 @@ class RelayMixin(CoreState):
         self.records[ev.tag] = record
         topic.records[record.order] = record
         self._hold_bytes(topic, record.payload)
-        out.append(Log("received", {
-            "delivery": record.delivery_id, "topic": topic.name, "publisher": record.publisher,
-            "link_name": record.link_name, "pub_tag": header.get("ptag"), "incarnation": record.incarnation,
-            "stream_seq": record.stream_seq, "size": len(ev.payload), "settled": False, "owed": list(targets),
-            "forwarded": [], "origin_router": record.origin_router}))
+        out.append(
+            Log(
+                "received",
+                {
+                    "delivery": record.delivery_id,
+                    "topic": topic.name,
+                    "publisher": record.publisher,
+                    "link_name": record.link_name,
+                    "pub_tag": header.get("ptag"),
+                    "incarnation": record.incarnation,
+                    "stream_seq": record.stream_seq,
+                    "size": len(ev.payload),
+                    "settled": False,
+                    "owed": list(targets),
+                    "forwarded": [],
+                    "origin_router": record.origin_router,
+                },
+            )
+        )
         self.resumption.accept_targeted(record, targets, report_to, now, out)
         self.resumption.fulfil_placeholders(record, now, out)
 
@@ -443,11 +499,25 @@ class RelayMixin(CoreState):
         """A delivery new here: owed to our subscribers, sent to those who can take it."""
         record = self._relayed_record(ev, header, topic.name, now)
         owed, sent_to, best_effort = self._distribute(record, topic, out)
-        out.append(Log("received", {
-            "delivery": record.delivery_id, "topic": topic.name, "publisher": record.publisher,
-            "link_name": record.link_name, "pub_tag": header.get("ptag"), "incarnation": record.incarnation,
-            "stream_seq": record.stream_seq, "size": len(ev.payload), "settled": False,
-            "owed": owed, "forwarded": sent_to, "origin_router": record.origin_router}))
+        out.append(
+            Log(
+                "received",
+                {
+                    "delivery": record.delivery_id,
+                    "topic": topic.name,
+                    "publisher": record.publisher,
+                    "link_name": record.link_name,
+                    "pub_tag": header.get("ptag"),
+                    "incarnation": record.incarnation,
+                    "stream_seq": record.stream_seq,
+                    "size": len(ev.payload),
+                    "settled": False,
+                    "owed": owed,
+                    "forwarded": sent_to,
+                    "origin_router": record.origin_router,
+                },
+            )
+        )
         self._saw_seq(record)
         self.records[ev.tag] = record
         topic.records[record.order] = record
@@ -481,8 +551,12 @@ class RelayMixin(CoreState):
         if state is None:
             return
         code = message.get("o", outcomes.NONE)
-        out.append(Log("outcome-from-router", {"delivery": record.delivery_id, "from_router": sender,
-                                               "outcome": outcomes.NAMES.get(code, str(code))}))
+        out.append(
+            Log(
+                "outcome-from-router",
+                {"delivery": record.delivery_id, "from_router": sender, "outcome": outcomes.NAMES.get(code, str(code))},
+            )
+        )
         if state.outcome is not None:
             if record.pub_settled and sender in record.settle_pending:
                 self._route_control(sender, self._settle_message(record.tag, self._final_outcome(record)), out)
@@ -495,8 +569,9 @@ class RelayMixin(CoreState):
         elif code == outcomes.ACCEPTED:
             state.outcome = OUTCOME_ACCEPTED
         elif code in outcomes.TERMINAL:
-            state.outcome = Outcome(code, message.get("cond"), message.get("desc"),
-                                    bool(message.get("failed")), bool(message.get("undeliv")))
+            state.outcome = Outcome(
+                code, message.get("cond"), message.get("desc"), bool(message.get("failed")), bool(message.get("undeliv"))
+            )
         else:
             raise ProtocolError("amqp:invalid-field", f"outcome code {code!r} from router {sender}")
         if record.outcome is None:
@@ -515,21 +590,36 @@ class RelayMixin(CoreState):
             if final is not None and record.origin_router is not None:
                 record.final = final
             self._settle_record(record, "origin-router", now, out)
-        elif record is not None and message.get("done") and final is not None and record.origin_router is None \
-                and record.pub_delivery is not None and getattr(record, "resent", False):
+        elif (
+            record is not None
+            and message.get("done")
+            and final is not None
+            and record.origin_router is None
+            and record.pub_delivery is not None
+            and getattr(record, "resent", False)
+        ):
             # A resend its publisher made after failing over: that router finished the
             # delivery earlier (as its origin, or taking part) and forgot it. Its
             # subscribers will not take it again; the outcome it was finished with is
             # that router's answer.
             state = record.remote_routers.get(sender)
             if state is not None and state.outcome is None:
-                out.append(Log("outcome-from-router", {"delivery": record.delivery_id, "from_router": sender,
-                                                       "outcome": outcomes.NAMES.get(final, str(final))}))
+                out.append(
+                    Log(
+                        "outcome-from-router",
+                        {"delivery": record.delivery_id, "from_router": sender, "outcome": outcomes.NAMES.get(final, str(final))},
+                    )
+                )
                 state.outcome = OUTCOME_ACCEPTED if final == outcomes.ACCEPTED else Outcome(final)
                 if record.outcome is None:
                     self._maybe_answer_publisher(record, now, out)
-        elif record is not None and message.get("done") and record.origin_router is None \
-                and record.pub_delivery is None and not record.pub_settled:
+        elif (
+            record is not None
+            and message.get("done")
+            and record.origin_router is None
+            and record.pub_delivery is None
+            and not record.pub_settled
+        ):
             # We still act as its origin, but its publisher is not here: it resumed
             # at another router, which finished and settled the delivery meanwhile.
             # Its outcome is the one that router finished it with (what we remember,
@@ -563,8 +653,15 @@ class RelayMixin(CoreState):
         Receivers recognise resent deliveries by their tag."""
         if not self.net.recompute():
             return
-        out.append(Log("routes", {"reachable": sorted(self.net.reachable()),
-                                  "next_hops": [f"{d}>{h}" for d, h in sorted(self.net.routes.next_hop.items())]}))
+        out.append(
+            Log(
+                "routes",
+                {
+                    "reachable": sorted(self.net.reachable()),
+                    "next_hops": [f"{d}>{h}" for d, h in sorted(self.net.routes.next_hop.items())],
+                },
+            )
+        )
         me = self.settings.router_id
         reachable = self.net.reachable()
         for router_id in sorted(self.lost & reachable):

@@ -33,8 +33,13 @@ INCOMPLETE_PROPERTY = "eorouter:incomplete-unsettled"
 # How many resumed publisher streams' unsettled lists a router remembers.
 RESUMED_STREAMS_KEPT = 10_000
 
-_STATE_NAMES = {"none": outcomes.NONE, "accepted": outcomes.ACCEPTED, "rejected": outcomes.REJECTED,
-                "released": outcomes.RELEASED, "modified": outcomes.MODIFIED}
+_STATE_NAMES = {
+    "none": outcomes.NONE,
+    "accepted": outcomes.ACCEPTED,
+    "rejected": outcomes.REJECTED,
+    "released": outcomes.RELEASED,
+    "modified": outcomes.MODIFIED,
+}
 
 
 def reported_unsettled(properties: dict[str, Any] | None) -> tuple[bool, dict[bytes, int], bool]:
@@ -48,8 +53,12 @@ def reported_unsettled(properties: dict[str, Any] | None) -> tuple[bool, dict[by
         for pair in pairs:
             if isinstance(pair, (list, tuple)) and len(pair) == 2:
                 tag, state = pair
-                if isinstance(tag, (bytes, bytearray, memoryview)) and isinstance(state, str) \
-                        and state in _STATE_NAMES and len(tag) <= tags.MAX_TAG_SIZE:
+                if (
+                    isinstance(tag, (bytes, bytearray, memoryview))
+                    and isinstance(state, str)
+                    and state in _STATE_NAMES
+                    and len(tag) <= tags.MAX_TAG_SIZE
+                ):
                     reported[bytes(tag)] = _STATE_NAMES[state]
         resuming = True
     return resuming, reported, props.get(INCOMPLETE_PROPERTY) is True
@@ -79,8 +88,9 @@ class Resumption:
 
     # ------------------------------------------------------------ publishers
 
-    def resume_publisher(self, pub: PublisherLink, properties: dict[str, Any] | None, topic: Topic, now: float,
-                         out: list[Command]) -> list[list[bytes | str]]:
+    def resume_publisher(
+        self, pub: PublisherLink, properties: dict[str, Any] | None, topic: Topic, now: float, out: list[Command]
+    ) -> list[list[bytes | str]]:
         """A publisher re-attached with its incarnation: we become the origin of
         its stream's deliveries we hold. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
@@ -92,9 +102,19 @@ class Resumption:
             if record is not None:
                 answer.append([pub_tag, state_name(record.outcome) if record.outcome else "none"])
         pub.resending = set(reported) or None
-        out.append(Log("resume-requested", {"link": pub.link_id, "role": "publisher", "reported": len(reported),
-                                            "known": len(answer), "incomplete": incomplete}))
-        for record in [r for r in topic.records.values() if r.tag[:tags.STREAM_ID_SIZE] == pub.stream]:
+        out.append(
+            Log(
+                "resume-requested",
+                {
+                    "link": pub.link_id,
+                    "role": "publisher",
+                    "reported": len(reported),
+                    "known": len(answer),
+                    "incomplete": incomplete,
+                },
+            )
+        )
+        for record in [r for r in topic.records.values() if r.tag[: tags.STREAM_ID_SIZE] == pub.stream]:
             if record.pub_settled:
                 continue
             # Before a takeover, which may answer: a record made from another origin's
@@ -112,8 +132,13 @@ class Resumption:
         # router must learn where the publisher is now, complete list or not: an old
         # origin that outlived its link hands its records over, or the copies we send
         # it would wait for its answer for ever (issue 16, part 3).
-        message: dict[str, Any] = {"t": "stream-resumed", "stream": pub.stream.hex(), "at": self.core.settings.router_id,
-                   "n": f"{self.core.epoch}.{pub.link_id}", "unsettled": sorted(t.hex() for t in reported)}
+        message: dict[str, Any] = {
+            "t": "stream-resumed",
+            "stream": pub.stream.hex(),
+            "at": self.core.settings.router_id,
+            "n": f"{self.core.epoch}.{pub.link_id}",
+            "unsettled": sorted(t.hex() for t in reported),
+        }
         if incomplete:
             message["incomplete"] = True
         self.core.flood(message, None, out)
@@ -167,10 +192,11 @@ class Resumption:
             self.core.detach_publisher(pub, "stolen", now, out)
         # Tell it how far we saw the stream numbered (after taking our link down:
         # nothing more of the stream is numbered here).
-        self.core.route_control(at, {"t": "stream-seq", "stream": message["stream"],
-                                 "seq": self.core.stream_seq.get(stream, -1)}, out)
+        self.core.route_control(
+            at, {"t": "stream-seq", "stream": message["stream"], "seq": self.core.stream_seq.get(stream, -1)}, out
+        )
         for record in list(self.core.records.values()):
-            if record.tag[:tags.STREAM_ID_SIZE] != stream or record.pub_settled:
+            if record.tag[: tags.STREAM_ID_SIZE] != stream or record.pub_settled:
                 continue
             if complete and record.pub_tag not in unsettled:
                 self.core.settle_record(record, "publisher-resumed", now, out)
@@ -196,8 +222,12 @@ class Resumption:
         still acted as origin (we were cut off from it, not dead). That router is the
         origin now; we are one of the routers it waits for, answering for our own
         subscribers only."""
-        out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": self.core.settings.router_id,
-                                             "to_router": new_origin}))
+        out.append(
+            Log(
+                "origin-taken-over",
+                {"delivery": record.delivery_id, "from_router": self.core.settings.router_id, "to_router": new_origin},
+            )
+        )
         if record.pub_delivery is not None:
             self.core.by_delivery.pop(record.pub_delivery, None)
             record.pub_delivery = None
@@ -242,13 +272,13 @@ class Resumption:
             if keys:
                 for key in keys:
                     self._owe_moved_or_local(record, key, now, out)
-                out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin,
-                                              "subscribers": keys}))
+                out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin, "subscribers": keys}))
                 self.resend_to_moved(record, out)
         self.core.maybe_answer_publisher(record, now, out)
 
-    def resent_by_publisher(self, record: DeliveryRecord, pub: PublisherLink, ev: MessageReceived, now: float,
-                            out: list[Command]) -> bool:
+    def resent_by_publisher(
+        self, record: DeliveryRecord, pub: PublisherLink, ev: MessageReceived, now: float, out: list[Command]
+    ) -> bool:
         """A resumed publisher resent a delivery we hold: attach the new transfer to
         the record (never forward it twice) and answer it if we can already."""
         if record.pub_delivery is not None:
@@ -279,8 +309,9 @@ class Resumption:
 
     # ------------------------------------------------------------ subscribers
 
-    def resume_subscriber(self, sub: Subscription, properties: dict[str, Any] | None, topic: Topic, now: float,
-                          out: list[Command]) -> list[list[bytes | str]]:
+    def resume_subscriber(
+        self, sub: Subscription, properties: dict[str, Any] | None, topic: Topic, now: float, out: list[Command]
+    ) -> list[list[bytes | str]]:
         """The design's rules for a resuming receiver. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         key = sub.key
@@ -290,7 +321,7 @@ class Resumption:
             if record is None and tag in self.core.settled:
                 continue  # settled and forgotten here: left out of our answer
             if record is None:
-                stream = tag[:tags.STREAM_ID_SIZE]
+                stream = tag[: tags.STREAM_ID_SIZE]
                 still = self.resumed_streams.get(stream)
                 if still is not None and tag not in still:
                     # Its publisher resumed without it: settled (its router died
@@ -315,8 +346,12 @@ class Resumption:
             state.resend = True
             if code in outcomes.TERMINAL and state.outcome is None:
                 state.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(code)
-                out.append(Log("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
-                                               "outcome": outcomes.NAMES[code], "settled": False}))
+                out.append(
+                    Log(
+                        "sub-outcome",
+                        {"delivery": record.delivery_id, "subscriber": key, "outcome": outcomes.NAMES[code], "settled": False},
+                    )
+                )
                 self.core.after_subscriber_outcome(record, key, now, out)
             known.append((tag, record, state))
         if not incomplete:
@@ -328,10 +363,21 @@ class Resumption:
                         self.owe_here(record, key)
         # Its reported outcome may have been the last answer a record needed, and
         # the record settled meanwhile: that one is settled, so left out too.
-        answer: list[list[bytes | str]] = [[tag, state_name(state.outcome)] for tag, record, state in known
-                                           if not record.pub_settled]
-        out.append(Log("resume-requested", {"link": sub.link_id, "role": "subscriber", "reported": len(reported),
-                                            "known": len(answer), "incomplete": incomplete}))
+        answer: list[list[bytes | str]] = [
+            [tag, state_name(state.outcome)] for tag, record, state in known if not record.pub_settled
+        ]
+        out.append(
+            Log(
+                "resume-requested",
+                {
+                    "link": sub.link_id,
+                    "role": "subscriber",
+                    "reported": len(reported),
+                    "known": len(answer),
+                    "incomplete": incomplete,
+                },
+            )
+        )
         return answer
 
     def owe_here(self, record: DeliveryRecord, key: str) -> SubscriberState:
@@ -351,8 +397,11 @@ class Resumption:
         return state
 
     def placeholder_blocks(self, sub: Subscription, record: DeliveryRecord) -> bool:
-        return bool(sub.placeholders) and record.tag[:tags.STREAM_ID_SIZE] in sub.placeholders \
-            and record.tag not in sub.placeholders[record.tag[:tags.STREAM_ID_SIZE]]
+        return (
+            bool(sub.placeholders)
+            and record.tag[: tags.STREAM_ID_SIZE] in sub.placeholders
+            and record.tag not in sub.placeholders[record.tag[: tags.STREAM_ID_SIZE]]
+        )
 
     def after_distribute_to_resumed(self, record: DeliveryRecord, topic: Topic, now: float, out: list[Command]) -> None:
         """A new record was queued (never sent directly) for subscribers holding
@@ -375,7 +424,7 @@ class Resumption:
             if not sub.placeholders:  # the usual case, checked first: this runs per message
                 continue
             if stream is None:
-                stream = record.tag[:tags.STREAM_ID_SIZE]
+                stream = record.tag[: tags.STREAM_ID_SIZE]
             waiting = sub.placeholders.get(stream)
             if not waiting or record.tag not in waiting:
                 continue
@@ -389,7 +438,7 @@ class Resumption:
             self.core.pump(sub, now, out)
 
     def placeholder_expired(self, sub: Subscription, tag: bytes, now: float, out: list[Command]) -> None:
-        stream = tag[:tags.STREAM_ID_SIZE]
+        stream = tag[: tags.STREAM_ID_SIZE]
         waiting = sub.placeholders.get(stream)
         if not waiting or tag not in waiting:
             return
@@ -401,11 +450,11 @@ class Resumption:
 
     def placeholder_settled(self, tag: bytes, now: float, out: list[Command]) -> None:
         """Another router says ``tag`` was settled: placeholders for it wait for nothing."""
-        self._drop_placeholders(tag[:tags.STREAM_ID_SIZE], lambda waiting: [tag] if tag in waiting else [],
-                                now, out)
+        self._drop_placeholders(tag[: tags.STREAM_ID_SIZE], lambda waiting: [tag] if tag in waiting else [], now, out)
 
-    def _drop_placeholders(self, stream: bytes, settled: Callable[[set[bytes]], list[bytes]], now: float,
-                           out: list[Command]) -> None:
+    def _drop_placeholders(
+        self, stream: bytes, settled: Callable[[set[bytes]], list[bytes]], now: float, out: list[Command]
+    ) -> None:
         """Drop the placeholders ``settled(waiting)`` names (settled deliveries will
         never arrive) from every subscription waiting on ``stream``; one left with
         none gets what it held back."""
@@ -441,8 +490,7 @@ class Resumption:
             keys = [str(s.key) for s in self.core.net.membership.subscribers_at(router_id, record.topic) if s.durable]
             for key in keys:
                 self._owe_moved_or_local(record, key, now, out)
-            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id,
-                                          "subscribers": keys}))
+            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id, "subscribers": keys}))
             self.resend_to_moved(record, out)
             if record.outcome is None:
                 self.core.maybe_answer_publisher(record, now, out)
@@ -487,8 +535,12 @@ class Resumption:
             del record.subscribers[key]
             record.waiting = -1
             record.own_moved()[key] = MovedState()
-            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": self.core.settings.router_id,
-                                          "subscribers": [key]}))
+            out.append(
+                Log(
+                    "owed-moved",
+                    {"delivery": record.delivery_id, "from_router": self.core.settings.router_id, "subscribers": [key]},
+                )
+            )
         sub.announced = False  # its new router announces it now
         self.core.end_subscription(sub, now, out, reason="moved")
         self.moved_subscriber_at(key, to_router, now, out)
@@ -528,15 +580,19 @@ class Resumption:
         header["report"] = self.core.settings.router_id
         header["prev"] = {}
         out.append(SendData(hop, record.tag, header, record.payload))
-        out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop,
-                                               "dests": [router_id]}))
+        out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop, "dests": [router_id]}))
 
-    def on_moved_outcome(self, record: DeliveryRecord, key: str, sender: str, message: dict[str, Any], now: float,
-                          out: list[Command]) -> None:
+    def on_moved_outcome(
+        self, record: DeliveryRecord, key: str, sender: str, message: dict[str, Any], now: float, out: list[Command]
+    ) -> None:
         moved = record.moved.get(key)
         code = message.get("o", outcomes.NONE)
-        out.append(Log("outcome-from-router", {"delivery": record.delivery_id, "from_router": sender,
-                                               "outcome": outcomes.NAMES.get(code, str(code))}))
+        out.append(
+            Log(
+                "outcome-from-router",
+                {"delivery": record.delivery_id, "from_router": sender, "outcome": outcomes.NAMES.get(code, str(code))},
+            )
+        )
         if moved is None or moved.outcome is not None:
             if record.pub_settled and sender in record.settle_pending:
                 self.core.route_control(sender, self.core.settle_message(record.tag, self.core.final_outcome(record)), out)
@@ -544,21 +600,25 @@ class Resumption:
         moved.router = sender
         if code == outcomes.NONE:
             return  # not there (any more): keep waiting where it shows up next
-        moved.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(
-            code, message.get("cond"), message.get("desc"), bool(message.get("failed")),
-            bool(message.get("undeliv")))
+        moved.outcome = (
+            OUTCOME_ACCEPTED
+            if code == outcomes.ACCEPTED
+            else Outcome(
+                code, message.get("cond"), message.get("desc"), bool(message.get("failed")), bool(message.get("undeliv"))
+            )
+        )
         if record.outcome is None:
             self.core.maybe_answer_publisher(record, now, out)
 
-    def accept_targeted(self, record: DeliveryRecord, keys: Iterable[str], report_to: str, now: float,
-                        out: list[Command]) -> None:
+    def accept_targeted(
+        self, record: DeliveryRecord, keys: Iterable[str], report_to: str, now: float, out: list[Command]
+    ) -> None:
         """Another router addressed ``record`` to these subscribers here."""
         topic = self.core.topics.get(record.topic)
         for key in keys:
             sub = topic.subscriptions.get(key) if topic is not None else None
             if sub is None:
-                self.core.route_control(report_to, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE,
-                                                "key": key}, out)
+                self.core.route_control(report_to, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE, "key": key}, out)
                 continue
             known = key in record.subscribers
             state = self.owe_here(record, key)

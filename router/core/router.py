@@ -94,10 +94,25 @@ from router.core.settlement import SettlementMixin
 class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, RelayMixin):
     # The core's services to its components (router/core/resumption.py): what they
     # may call, under public names. Everything else of the core is its own.
-    SERVICES = ("pump", "route_control", "maybe_answer_publisher", "add_timer", "settle_record", "final_outcome",
-                "settle_message", "send_towards", "send_publisher_outcome", "refill_credit",
-                "outcome_to_publisher", "flood", "end_subscription", "detach_publisher", "delete", "base_header",
-                "after_subscriber_outcome")
+    SERVICES = (
+        "pump",
+        "route_control",
+        "maybe_answer_publisher",
+        "add_timer",
+        "settle_record",
+        "final_outcome",
+        "settle_message",
+        "send_towards",
+        "send_publisher_outcome",
+        "refill_credit",
+        "outcome_to_publisher",
+        "flood",
+        "end_subscription",
+        "detach_publisher",
+        "delete",
+        "base_header",
+        "after_subscriber_outcome",
+    )
     pump = AdmissionMixin._pump
     route_control = RelayMixin._route_control
     maybe_answer_publisher = SettlementMixin._maybe_answer_publisher
@@ -146,8 +161,9 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         # stream (router/core/settled.py): a resumed publisher's resend of one is
         # answered with its outcome, a resuming subscriber that still reports one is
         # told it is settled (docs/resumption.md).
-        self.settled = SettledMemory(settings.max_in_flight_per_topic, settings.resume_horizon,
-                                           settings.remembered_streams, settings.forgotten_streams)
+        self.settled = SettledMemory(
+            settings.max_in_flight_per_topic, settings.resume_horizon, settings.remembered_streams, settings.forgotten_streams
+        )
         self._sweep_at: float | None = None  # the next sweep of that memory, once armed
         # The byte budget: message bytes every record here holds, what the credit
         # outstanding on every topic may still bring (its count times the topic's
@@ -203,7 +219,6 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
             self._maybe_finish_shutdown(now, out)
         return out
 
-
     def accepted_batch(self, items: list[Any], now: float, out: list[Command]) -> None:
         """``handle(OutcomeReceived(link_id, tag, ACCEPTED, settled), now)`` for each of
         ``items`` ([link_id, tag, settled, link_id, ...], in arrival order), without
@@ -245,10 +260,17 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
             # this subscriber, others still to answer, local subscribers only, its
             # publisher attached, no settlement evidence due. Its only consequence is
             # the sub-outcome line.
-            if not answers[i] and record.waiting > 1 and not record.targeted \
-                    and record.outcome is None and not record.remote_routers and not record.moved \
-                    and record.origin_router is None and record.pub_delivery is not None \
-                    and not (sub.awaiting_evidence and sub.awaiting_evidence[0][0] < record.sent_at):
+            if (
+                not answers[i]
+                and record.waiting > 1
+                and not record.targeted
+                and record.outcome is None
+                and not record.remote_routers
+                and not record.moved
+                and record.origin_router is None
+                and record.pub_delivery is not None
+                and not (sub.awaiting_evidence and sub.awaiting_evidence[0][0] < record.sent_at)
+            ):
                 answers[i] = ANSWER_DONE if settled else ANSWER_ACCEPTED
                 record.waiting -= 1
                 if run is not None and run.subscriber == key and run.settled is settled:
@@ -285,60 +307,15 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
 
     # ------------------------------------------------------------ attaching
 
-
-
-
-
-
     # ------------------------------------------------------------ detaching
-
-
-
-
-
-
-
 
     # ------------------------------------------------------------ messages
 
-
-
-
-
-
-
-
-
-
-
-
-
-
     # ------------------------------------------------------------ outcomes
-
-
-
-
-
-
-
-
-
 
     # ------------------------------------------------------------ settlement
 
-
-
-
-
-
-
     # ------------------------------------------------------------ credit
-
-
-
-
-
 
     # ------------------------------------------------------------ timers
 
@@ -357,8 +334,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
                 self._expire_message(obj, now, out)
             elif kind == _TIMER_SUBSCRIPTION:
                 sub: Subscription = obj
-                if sub.expires_at == deadline and sub.link_id is None and \
-                        self.subscriptions.get(sub.key) is sub:
+                if sub.expires_at == deadline and sub.link_id is None and self.subscriptions.get(sub.key) is sub:
                     self._end_subscription(sub, now, out, reason="expired")
             elif kind == _TIMER_SHUTDOWN:
                 self._release_all_for_shutdown(now, out)
@@ -404,8 +380,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
             self.stream_seq.pop(stream, None)
             self._chain_head.pop(stream, None)
         if forgotten:
-            out.append(Log("streams-forgotten", {"count": len(forgotten),
-                                                 "remembered": len(self.settled.streams)}))
+            out.append(Log("streams-forgotten", {"count": len(forgotten), "remembered": len(self.settled.streams)}))
         self._sweep_at = now + self.settled.sweep_interval()
         self._add_timer(self._sweep_at, _TIMER_SETTLED_SWEEP, None)
 
@@ -413,9 +388,8 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         """Streams with a publisher link here or a record here: never forgotten."""
         in_use = set(self.streams)
         for record in self.records.values():
-            in_use.add(record.tag[:tags.STREAM_ID_SIZE])
+            in_use.add(record.tag[: tags.STREAM_ID_SIZE])
         return in_use
-
 
     # ------------------------------------------------------------ shutdown
 
@@ -430,9 +404,12 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
     def _release_all_for_shutdown(self, now: float, out: list[Command]) -> None:
         for record in list(self.records.values()):
             if record.outcome is None:
-                self._answer_publisher(record, Outcome(outcomes.RELEASED, outcomes.SHUTTING_DOWN,
-                                                       "router shut down before every subscriber answered"),
-                                       now, out)
+                self._answer_publisher(
+                    record,
+                    Outcome(outcomes.RELEASED, outcomes.SHUTTING_DOWN, "router shut down before every subscriber answered"),
+                    now,
+                    out,
+                )
 
     def _maybe_finish_shutdown(self, now: float, out: list[Command]) -> None:
         for record in self.records.values():
@@ -442,29 +419,6 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         out.append(ShutdownComplete())
 
     # ------------------------------------------------------------ network
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
     # ------------------------------------------------------------ helpers
 

@@ -100,8 +100,14 @@ class LinkState(NamedTuple):
     neighbours: tuple[tuple[RouterId, int], ...]
 
     @classmethod
-    def of(cls, origin: RouterId, epoch: int, boot: str, version: int,
-           neighbours: Mapping[RouterId, int] | Iterable[tuple[RouterId, int]]) -> LinkState:
+    def of(
+        cls,
+        origin: RouterId,
+        epoch: int,
+        boot: str,
+        version: int,
+        neighbours: Mapping[RouterId, int] | Iterable[tuple[RouterId, int]],
+    ) -> LinkState:
         """Build one from a mapping or pairs, in any order (sorted here)."""
         pairs = neighbours.items() if isinstance(neighbours, Mapping) else neighbours
         return cls(origin, epoch, boot, version, tuple(sorted(tuple(pair) for pair in pairs)))
@@ -196,8 +202,7 @@ class LinkStateDatabase:
                 return False
             if ls.stamp == current.stamp:
                 if ls != current:
-                    raise ProtocolError("amqp:invalid-field",
-                                        f"two link states of {ls.origin!r} with stamp {tuple(ls.stamp)}")
+                    raise ProtocolError("amqp:invalid-field", f"two link states of {ls.origin!r} with stamp {tuple(ls.stamp)}")
                 return False
         else:
             removed = self._removed.get(ls.origin)
@@ -336,5 +341,4 @@ def split_by_next_hop(routes: Routes, destinations: Iterable[RouterId]) -> Split
             unreachable.add(dest)
         else:
             grouped.setdefault(hop, set()).add(dest)
-    return SplitDestinations({hop: frozenset(dests) for hop, dests in sorted(grouped.items())},
-                             frozenset(unreachable))
+    return SplitDestinations({hop: frozenset(dests) for hop, dests in sorted(grouped.items())}, frozenset(unreachable))

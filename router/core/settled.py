@@ -98,7 +98,7 @@ class SettledMemory:
     def add(self, tag: bytes, outcome: int | None = None, reuse: int = 0) -> None:
         """Remember ``tag`` settled with ``outcome``; ``reuse``: which use of the tag
         (docs/tags.md), kept (as a pair with the outcome) only when not 0."""
-        memory = self.memory_of(tag[:tags.STREAM_ID_SIZE])
+        memory = self.memory_of(tag[: tags.STREAM_ID_SIZE])
         memory.sweep = self.sweeps
         current = memory.current
         current[tag] = (outcome, reuse) if reuse else outcome
@@ -108,18 +108,18 @@ class SettledMemory:
             memory.partial = False
 
     def __contains__(self, tag: bytes) -> bool:
-        memory = self.streams.get(tag[:tags.STREAM_ID_SIZE])
+        memory = self.streams.get(tag[: tags.STREAM_ID_SIZE])
         return memory is not None and (tag in memory.current or tag in memory.previous)
 
     def outcome_of(self, tag: bytes) -> int | None:
         """The final outcome code ``tag`` was settled with, if known here."""
-        memory = self.streams.get(tag[:tags.STREAM_ID_SIZE])
+        memory = self.streams.get(tag[: tags.STREAM_ID_SIZE])
         value = memory.get(tag) if memory is not None else None
         return value[0] if isinstance(value, tuple) else value  # the same test here (no tuple subclass)
 
     def reuse_of(self, tag: bytes) -> int:
         """Which use of ``tag`` (by its publisher, on one link incarnation) was settled."""
-        memory = self.streams.get(tag[:tags.STREAM_ID_SIZE])
+        memory = self.streams.get(tag[: tags.STREAM_ID_SIZE])
         value = memory.get(tag) if memory is not None else None
         return value[1] if type(value) is tuple else 0
 
@@ -132,7 +132,7 @@ class SettledMemory:
     def resend_verdict(self, tag: bytes, incarnation: str | None) -> str:
         """What a resumed publisher's resend of ``tag``, not held in a record here,
         is to this router: KNOWN (settled, remembered), NEW, or BEYOND_HORIZON."""
-        stream = tag[:tags.STREAM_ID_SIZE]
+        stream = tag[: tags.STREAM_ID_SIZE]
         memory = self.streams.get(stream)
         if memory is not None:
             if tag in memory.current or tag in memory.previous:

@@ -74,17 +74,24 @@ class SettlementMixin(CoreState):
                 # the source; ours is released (not delivered, safe to resend).
                 code = _RELEASED
         if code in _TERMINAL and state.outcome is None:
-            state.outcome = Outcome(code, ev.condition, ev.description, ev.delivery_failed,
-                                    ev.undeliverable_here)
+            state.outcome = Outcome(code, ev.condition, ev.description, ev.delivery_failed, ev.undeliverable_here)
             if record.waiting > 0:
                 record.waiting -= 1
-            out.append(_new(Log, ("sub-outcome", {"delivery": record.delivery_id, "subscriber": key,
-                                                  "outcome": _NAMES[code], "settled": settled})))
+            out.append(
+                _new(
+                    Log,
+                    (
+                        "sub-outcome",
+                        {"delivery": record.delivery_id, "subscriber": key, "outcome": _NAMES[code], "settled": settled},
+                    ),
+                )
+            )
         self._answered(sub, record, state, settled, now, out)
         self._after_subscriber_outcome(record, key, now, out)
 
-    def _answered(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool,
-                  now: float, out: list[Command]) -> None:
+    def _answered(
+        self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool, now: float, out: list[Command]
+    ) -> None:
         """What any answer of a subscriber tells besides its outcome: it answered a
         delivery sent at counter ``state.sent``, so it has seen every settlement we
         relayed before that (evidence); and whether it settled its copy."""
@@ -96,8 +103,9 @@ class SettlementMixin(CoreState):
             if record.pub_settled:
                 state.known_settled = True
 
-    def _on_accepted_compact(self, sub: Subscription, record: DeliveryRecord, i: int, settled: bool,
-                             now: float, out: list[Command]) -> None:
+    def _on_accepted_compact(
+        self, sub: Subscription, record: DeliveryRecord, i: int, settled: bool, now: float, out: list[Command]
+    ) -> None:
         """_on_accepted on a compact record, for the answer at ``i`` of its roster:
         the usual case (the copy's first answer, local subscribers only, its publisher
         attached, no settlement evidence due, the count kept) on its answer byte;
@@ -105,9 +113,17 @@ class SettlementMixin(CoreState):
         # Not narrowed by a check or a cast: the callers saw it compact, and this is per copy.
         answers: bytearray = record.answers  # type: ignore[assignment]
         waiting = record.waiting
-        if answers[i] or waiting < 1 or record.targeted or record.outcome is not None or record.remote_routers \
-                or record.moved or record.origin_router is not None or record.pub_delivery is None \
-                or (sub.awaiting_evidence and sub.awaiting_evidence[0][0] < record.sent_at):
+        if (
+            answers[i]
+            or waiting < 1
+            or record.targeted
+            or record.outcome is not None
+            or record.remote_routers
+            or record.moved
+            or record.origin_router is not None
+            or record.pub_delivery is None
+            or (sub.awaiting_evidence and sub.awaiting_evidence[0][0] < record.sent_at)
+        ):
             self._on_accepted(sub, record, record.subscribers[sub.key], settled, now, out)
             return
         answers[i] = ANSWER_DONE if settled else ANSWER_ACCEPTED
@@ -118,13 +134,19 @@ class SettlementMixin(CoreState):
         # The last answer, and (an outcome is only ever accepted in a compact record)
         # all accepted: one "completed" line (docs/event-log.md), as in _on_accepted.
         record.outcome = OUTCOME_ACCEPTED
-        fields = {"delivery": record.delivery_id, "subscriber": sub.key, "outcome": "accepted",
-                  "settled": settled, "pub_outcome": "accepted"}
+        fields = {
+            "delivery": record.delivery_id,
+            "subscriber": sub.key,
+            "outcome": "accepted",
+            "settled": settled,
+            "pub_outcome": "accepted",
+        }
         out.append(_new(Log, ("completed", fields)))
         self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
 
-    def _on_accepted(self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool,
-                     now: float, out: list[Command]) -> None:
+    def _on_accepted(
+        self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool, now: float, out: list[Command]
+    ) -> None:
         """_on_outcome for an accepted outcome: the per-copy path of exactly-once."""
         logged = -1  # where this outcome's line goes in ``out`` (-1: none, it said so before)
         if state.outcome is None:
@@ -137,8 +159,14 @@ class SettlementMixin(CoreState):
             logged = len(out)
             out.append(None)  # type: ignore[arg-type]  # a placeholder, replaced on every path below
         self._answered(sub, record, state, settled, now, out)
-        if not record.targeted and record.outcome is None and not record.remote_routers and not record.moved \
-                and record.origin_router is None and record.pub_delivery is not None:
+        if (
+            not record.targeted
+            and record.outcome is None
+            and not record.remote_routers
+            and not record.moved
+            and record.origin_router is None
+            and record.pub_delivery is not None
+        ):
             # _after_subscriber_outcome, _maybe_answer_publisher and _answer_publisher,
             # inlined for the usual case: local subscribers only, its publisher attached.
             waiting = record.waiting
@@ -159,15 +187,27 @@ class SettlementMixin(CoreState):
             else:
                 record.outcome = OUTCOME_ACCEPTED
                 if logged < 0:
-                    out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id, "outcome": "accepted",
-                                                          "condition": None, "reason": None})))
+                    out.append(
+                        _new(
+                            Log,
+                            (
+                                "pub-outcome",
+                                {"delivery": record.delivery_id, "outcome": "accepted", "condition": None, "reason": None},
+                            ),
+                        )
+                    )
                     self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
                     return
                 # This outcome completed the delivery: its line is one "completed" line
                 # that also stands for the pub-outcome and (when the router settles now)
                 # the settled line (docs/event-log.md, "completed").
-                fields = {"delivery": record.delivery_id, "subscriber": sub.key, "outcome": "accepted",
-                          "settled": settled, "pub_outcome": "accepted"}
+                fields = {
+                    "delivery": record.delivery_id,
+                    "subscriber": sub.key,
+                    "outcome": "accepted",
+                    "settled": settled,
+                    "pub_outcome": "accepted",
+                }
                 out[logged] = _new(Log, ("completed", fields))
                 self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
                 return
@@ -176,8 +216,7 @@ class SettlementMixin(CoreState):
         self._after_subscriber_outcome(record, sub.key, now, out)
 
     def _after_subscriber_outcome(self, record: DeliveryRecord, key: str, now: float, out: list[Command]) -> None:
-        if record.targeted and key in record.targeted and record.subscribers[key].outcome is not None \
-                and not record.pub_settled:
+        if record.targeted and key in record.targeted and record.subscribers[key].outcome is not None and not record.pub_settled:
             self.resumption.report_targeted(record, key, out)
         if record.outcome is None:
             self._maybe_answer_publisher(record, now, out)
@@ -246,17 +285,29 @@ class SettlementMixin(CoreState):
         if record.origin_router is not None:
             self._answer_origin(record, outcome, record.origin_router, out)
             return
-        out.append(_new(Log, ("pub-outcome", {"delivery": record.delivery_id,
-                                              "outcome": _NAMES[outcome.code],
-                                              "condition": outcome.condition, "reason": outcome.description})))
+        out.append(
+            _new(
+                Log,
+                (
+                    "pub-outcome",
+                    {
+                        "delivery": record.delivery_id,
+                        "outcome": _NAMES[outcome.code],
+                        "condition": outcome.condition,
+                        "reason": outcome.description,
+                    },
+                ),
+            )
+        )
         if record.pub_delivery is None:
             if record.pub_link == GONE:
                 self._settle_record(record, "publisher-gone", now, out)
             return  # it hears the outcome when it resumes and resends
         self._outcome_to_publisher(record, outcome, now, out)
 
-    def _outcome_to_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list[Command],
-                              fold: dict[str, Any] | None = None) -> None:
+    def _outcome_to_publisher(
+        self, record: DeliveryRecord, outcome: Outcome, now: float, out: list[Command], fold: dict[str, Any] | None = None
+    ) -> None:
         """Send the final ``outcome`` on the publisher's delivery. On a link whose
         rcv-settle-mode is first, AMQP has the receiver (us) settle spontaneously:
         we settle with the outcome, which settles the delivery for both sides (a
@@ -272,15 +323,15 @@ class SettlementMixin(CoreState):
         if first:
             self._settle_record(record, "router", now, out, fold)
 
-    def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list[Command],
-                                settle: bool = False) -> None:
+    def _send_publisher_outcome(self, record: DeliveryRecord, outcome: Outcome, out: list[Command], settle: bool = False) -> None:
         delivery = record.pub_delivery
         assert delivery is not None  # answered only while its publisher's delivery is here
         if outcome.code == outcomes.REJECTED:
             out.append(SendOutcome(delivery, outcome.code, settle, outcome.condition, outcome.description))
         elif outcome.code == outcomes.MODIFIED:
-            out.append(SendOutcome(delivery, outcome.code, settle, None, None,
-                                   outcome.delivery_failed, outcome.undeliverable_here))
+            out.append(
+                SendOutcome(delivery, outcome.code, settle, None, None, outcome.delivery_failed, outcome.undeliverable_here)
+            )
         else:
             out.append(_new(SendOutcome, (delivery, outcome.code, settle, None, None, False, False)))
 
@@ -291,8 +342,9 @@ class SettlementMixin(CoreState):
         record.pub_delivery = None
         self._settle_record(record, "publisher", now, out)
 
-    def _settle_record(self, record: DeliveryRecord, by: str, now: float, out: list[Command],
-                       fold: dict[str, Any] | None = None) -> None:
+    def _settle_record(
+        self, record: DeliveryRecord, by: str, now: float, out: list[Command], fold: dict[str, Any] | None = None
+    ) -> None:
         """Settle the record (``by`` whom, for the log). ``fold``: the fields of this
         step's "completed" line: the settlement goes into it (by, deleted) instead of
         a "settled" line of its own."""
@@ -316,8 +368,12 @@ class SettlementMixin(CoreState):
             record.outcome = Outcome(outcomes.RELEASED, description="settled by publisher before outcome")
         roster = record.roster  # compact when set (with answers)
         # (bytearray == bytes compares the bytes; mypy (strict bytes) takes them as unrelated types.)
-        if (roster is not None and record.answers == roster.all_done  # type: ignore[comparison-overlap]
-                and not record.remote_routers and not record.moved):
+        if (
+            roster is not None
+            and record.answers == roster.all_done  # type: ignore[comparison-overlap]
+            and not record.remote_routers
+            and not record.moved
+        ):
             # Compact, and every subscriber settled its copy itself: each knows it is
             # settled, nothing to relay, and the record goes now (below): the usual case.
             everyone_knows = True

@@ -71,7 +71,7 @@ def inline_publisher_tag(tag: bytes) -> bytes | None:
     size = tag[STREAM_ID_SIZE]
     if size == _HASHED:
         return None
-    return tag[STREAM_ID_SIZE + 1:STREAM_ID_SIZE + 1 + size]
+    return tag[STREAM_ID_SIZE + 1 : STREAM_ID_SIZE + 1 + size]
 
 
 def fresh_incarnation(boot_id: str, counter: int, minted: float | None = None) -> str:

@@ -52,13 +52,17 @@ def _engine_problem() -> tuple[str | None, list[str]]:
         client.ping()
     except Exception as err:  # noqa: BLE001 - any failure means: no engine here
         where = os.environ.get("DOCKER_HOST", "the default socket")
-        return (f"no Docker engine reachable at {where} ({type(err).__name__}); "
-                f"sudo scripts/containers starts a private one and runs this suite"), []
+        return (
+            f"no Docker engine reachable at {where} ({type(err).__name__}); "
+            f"sudo scripts/containers starts a private one and runs this suite"
+        ), []
     try:
         image = client.images.get(IMAGE)
     except docker.errors.ImageNotFound:
-        return (f"image {IMAGE} not found: scripts/containers imports it, or with a registry "
-                f"`docker build -t eorouter .` and EOROUTER_IMAGE=eorouter"), []
+        return (
+            f"image {IMAGE} not found: scripts/containers imports it, or with a registry "
+            f"`docker build -t eorouter .` and EOROUTER_IMAGE=eorouter"
+        ), []
     finally:
         client.close()
     mounts = (image.labels or {}).get("eorouter.host-mounts", "")
@@ -68,8 +72,7 @@ def _engine_problem() -> tuple[str | None, list[str]]:
 _PROBLEM, HOST_MOUNTS = _engine_problem()
 if _PROBLEM:
     print(f"\ntests/containers: skipped: {_PROBLEM}")
-pytestmark = [pytest.mark.containers, pytest.mark.timeout(240),
-              pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")]
+pytestmark = [pytest.mark.containers, pytest.mark.timeout(240), pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")]
 
 
 class ContainerRouter:
@@ -84,19 +87,23 @@ class ContainerRouter:
         self.data_dir.chmod(0o777)  # the Dockerfile's image runs as an unprivileged user
         self.config_path = self.workdir / f"{router_id}.toml"
         self.log_path = self.workdir / f"{router_id}.container.log"
-        self.config = merge_config(merge_config(DEFAULT_CONFIG, overrides),
-                                   {"router": {"id": router_id, "data_dir": DATA_IN_CONTAINER}})
+        self.config = merge_config(
+            merge_config(DEFAULT_CONFIG, overrides), {"router": {"id": router_id, "data_dir": DATA_IN_CONTAINER}}
+        )
         self.container = None
         self.host = self.port = self.epoch = None
         self.listeners: list[tuple[str, str, int]] = []
 
     def start(self, timeout: float = 60.0) -> ContainerRouter:
         from testcontainers.core.container import DockerContainer
+
         self.config_path.write_text(to_toml(self.config))
-        container = (DockerContainer(IMAGE)
-                     .with_kwargs(network_mode="host", init=False)
-                     .with_volume_mapping(str(self.config_path), CONFIG_IN_CONTAINER, "ro")
-                     .with_volume_mapping(str(self.data_dir), DATA_IN_CONTAINER, "rw"))
+        container = (
+            DockerContainer(IMAGE)
+            .with_kwargs(network_mode="host", init=False)
+            .with_volume_mapping(str(self.config_path), CONFIG_IN_CONTAINER, "ro")
+            .with_volume_mapping(str(self.data_dir), DATA_IN_CONTAINER, "rw")
+        )
         for path in HOST_MOUNTS:
             container.with_volume_mapping(path, path, "ro")
         self.container = container.start()
@@ -185,9 +192,11 @@ class ContainerScenario(Scenario):
     def __init__(self, tmp_path: Path, publishers=("A", "B"), subscribers=("A", "B", "C")):
         self.dir = tmp_path
         self.pubs, self.subs = {}, {}
-        self.net = ContainerNetwork(tmp_path / "routers", parse_topology(TRIANGLE),
-                                    overrides={"delivery": {"record_linger": 1.0},
-                                               "failover": {"publisher_resume_timeout": 20}})
+        self.net = ContainerNetwork(
+            tmp_path / "routers",
+            parse_topology(TRIANGLE),
+            overrides={"delivery": {"record_linger": 1.0}, "failover": {"publisher_resume_timeout": 20}},
+        )
         try:
             self._start(tmp_path, publishers, subscribers)
         except BaseException:
@@ -202,17 +211,28 @@ class ContainerScenario(Scenario):
         for where in subscribers:
             name = f"sub-{where}"
             self.subs[name] = ResumableSubscriber(
-                self.urls(first=where), self.topic, container_id=name, link_name=f"{name}-link",
-                state_path=tmp_path / f"{name}.state", ledger_path=tmp_path / f"{name}.ledger.jsonl",
-                on_message=lambda msg, name=name: self.received[name].append(msg.body), heartbeat=1.0)
+                self.urls(first=where),
+                self.topic,
+                container_id=name,
+                link_name=f"{name}-link",
+                state_path=tmp_path / f"{name}.state",
+                ledger_path=tmp_path / f"{name}.ledger.jsonl",
+                on_message=lambda msg, name=name: self.received[name].append(msg.body),
+                heartbeat=1.0,
+            )
             self.subs[name].start()
             assert self.subs[name].wait_attached(20)
         for where in publishers:
             name = f"pub-{where}"
             self.pubs[name] = ResumablePublisher(
-                self.urls(first=where), self.topic, container_id=name, link_name=f"{name}-link",
-                state_path=tmp_path / f"{name}.state", ledger_path=tmp_path / f"{name}.ledger.jsonl",
-                heartbeat=1.0)
+                self.urls(first=where),
+                self.topic,
+                container_id=name,
+                link_name=f"{name}-link",
+                state_path=tmp_path / f"{name}.state",
+                ledger_path=tmp_path / f"{name}.ledger.jsonl",
+                heartbeat=1.0,
+            )
             self.pubs[name].start()
             assert self.pubs[name].wait_attached(20)
 
@@ -224,6 +244,7 @@ def container_scenario(tmp_path):
     def make(**kw):
         made.append(ContainerScenario(tmp_path, **kw))
         return made[-1]
+
     yield make
     for s in made:
         s.close()
@@ -238,5 +259,4 @@ def test_kill_the_container_of_the_router_with_a_publisher_and_a_subscriber(cont
     assert not s.net.routers["A"].is_running()
     s.finish(threads)
     s.verify(dead={"A"})
-    print(f"\nrecovery after killing A's container (publisher + subscriber): "
-          f"{s.recovery_time(killed_at, 'A'):.2f} s")
+    print(f"\nrecovery after killing A's container (publisher + subscriber): {s.recovery_time(killed_at, 'A'):.2f} s")

@@ -47,14 +47,18 @@ def _problem() -> str | None:
         client.ping()
     except Exception as err:  # noqa: BLE001 - any failure means: no engine here
         where = os.environ.get("DOCKER_HOST", "the default socket")
-        return (f"no Docker engine reachable at {where} ({type(err).__name__}); "
-                f"sudo scripts/containers starts a private one and runs this suite")
+        return (
+            f"no Docker engine reachable at {where} ({type(err).__name__}); "
+            f"sudo scripts/containers starts a private one and runs this suite"
+        )
     try:
         client.images.get(BASE)
     except docker.errors.ImageNotFound:
-        return (f"cannot build the Dockerfile: its base image {BASE} is not in the engine and no image registry "
-                f"is reachable to pull it (docker pull {BASE} where one is, or set EOROUTER_DOCKER_BASE to a "
-                f"local Debian-based image with Python 3.11+)")
+        return (
+            f"cannot build the Dockerfile: its base image {BASE} is not in the engine and no image registry "
+            f"is reachable to pull it (docker pull {BASE} where one is, or set EOROUTER_DOCKER_BASE to a "
+            f"local Debian-based image with Python 3.11+)"
+        )
     finally:
         client.close()
     return None
@@ -63,8 +67,7 @@ def _problem() -> str | None:
 _PROBLEM = _problem()
 if _PROBLEM:
     print(f"\ntests/containers/test_dockerfile.py: skipped: {_PROBLEM}")
-pytestmark = [pytest.mark.containers, pytest.mark.timeout(1800),
-              pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")]
+pytestmark = [pytest.mark.containers, pytest.mark.timeout(1800), pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")]
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +84,9 @@ def image(docker_client):
     import docker
 
     try:
-        built, _ = docker_client.images.build(path=str(REPO), tag=TAG, buildargs={"BASE": BASE},
-                                              network_mode="host", rm=True, forcerm=True, pull=False)
+        built, _ = docker_client.images.build(
+            path=str(REPO), tag=TAG, buildargs={"BASE": BASE}, network_mode="host", rm=True, forcerm=True, pull=False
+        )
     except docker.errors.BuildError as err:
         log = "".join(str(chunk.get("stream") or chunk.get("error") or "") for chunk in err.build_log)
         pytest.fail(f"docker build of the Dockerfile (BASE={BASE}) failed: {err.msg}\n{log[-6000:]}")
@@ -95,9 +99,15 @@ def image(docker_client):
 
 def test_the_image_holds_the_compiled_fast_path(docker_client, image):
     out = docker_client.containers.run(
-        TAG, entrypoint=["python3", "-c", "from router.adapter import _fastpath, fastpath; "
-                                          "print(fastpath.status, _fastpath.__file__)"],
-        working_dir="/", remove=True)
+        TAG,
+        entrypoint=[
+            "python3",
+            "-c",
+            "from router.adapter import _fastpath, fastpath; print(fastpath.status, _fastpath.__file__)",
+        ],
+        working_dir="/",
+        remove=True,
+    )
     status, path = out.decode().split()
     assert status == "compiled", out
     assert path.startswith("/opt/eorouter/lib/python3.") and path.endswith(".so"), out
@@ -112,9 +122,14 @@ def test_a_router_from_the_image_runs_on_the_compiled_path(docker_client, image,
     config = tmp_path / "router.toml"
     config.write_text(to_toml(merge_config(DEFAULT_CONFIG, {"router": {"id": "D", "data_dir": "/var/lib/eorouter"}})))
     container = docker_client.containers.run(
-        TAG, detach=True, network_mode="host",
-        volumes={str(config): {"bind": "/etc/eorouter/router.toml", "mode": "ro"},
-                 str(data): {"bind": "/var/lib/eorouter", "mode": "rw"}})
+        TAG,
+        detach=True,
+        network_mode="host",
+        volumes={
+            str(config): {"bind": "/etc/eorouter/router.toml", "mode": "ro"},
+            str(data): {"bind": "/var/lib/eorouter", "mode": "rw"},
+        },
+    )
     try:
         deadline = time.monotonic() + 60
         while not (ready := READY_RE.search(logs := container.logs().decode(errors="replace"))):
@@ -123,7 +138,7 @@ def test_a_router_from_the_image_runs_on_the_compiled_path(docker_client, image,
             assert time.monotonic() < deadline, f"no ready line in 60 s:\n{logs}"
             time.sleep(0.1)
         assert "subscribers' accepted dispositions: compiled path" in logs, logs
-        (_, host, port), = parse_listeners(ready["listeners"])
+        ((_, host, port),) = parse_listeners(ready["listeners"])
         harness = Harness(timeout=10.0)
         try:
             topic = unique("docker")

@@ -62,8 +62,9 @@ def unusable_reason() -> str | None:
     if made.returncode != 0:
         return f"ip netns add failed: {made.stderr.strip()}"
     try:
-        veth = subprocess.run(["ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
-                              capture_output=True, text=True)
+        veth = subprocess.run(
+            ["ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1"], capture_output=True, text=True
+        )
         if veth.returncode != 0:
             return f"cannot create a veth pair in a namespace: {veth.stderr.strip()}"
     finally:
@@ -141,8 +142,7 @@ class NetnsLab:
         for member in [*self.members, CLIENTS]:
             port = f"v-{member}"[:15]
             # Both ends are created inside namespaces: nothing appears in the root namespace.
-            self.ip("link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", self.ns(member),
-                    ns=self.switch)
+            self.ip("link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", self.ns(member), ns=self.switch)
             self.ip("link", "set", port, "master", "br0", ns=self.switch)
             self.ip("link", "set", port, "up", ns=self.switch)
             self.ip("addr", "add", f"{self.address(member)}/24", "dev", "eth0", ns=self.ns(member))
@@ -164,11 +164,13 @@ class NetnsLab:
     def prelude(self, member: str) -> str:
         """Python source a child runs first: move this (single-threaded) process into
         ``member``'s namespace. For RouterProcess(prelude=...)."""
-        return ("import ctypes, os\n"
-                f"_fd = os.open({str(NETNS_DIR / self.ns(member))!r}, os.O_RDONLY)\n"
-                f"if ctypes.CDLL(None, use_errno=True).setns(_fd, {CLONE_NEWNET}) != 0:\n"
-                f"    raise SystemExit('setns into {self.ns(member)} failed: ' + os.strerror(ctypes.get_errno()))\n"
-                "os.close(_fd)\n")
+        return (
+            "import ctypes, os\n"
+            f"_fd = os.open({str(NETNS_DIR / self.ns(member))!r}, os.O_RDONLY)\n"
+            f"if ctypes.CDLL(None, use_errno=True).setns(_fd, {CLONE_NEWNET}) != 0:\n"
+            f"    raise SystemExit('setns into {self.ns(member)} failed: ' + os.strerror(ctypes.get_errno()))\n"
+            "os.close(_fd)\n"
+        )
 
     @contextlib.contextmanager
     def entered(self, member: str = CLIENTS):
@@ -201,17 +203,23 @@ class NetnsLab:
     def partition(self, a: str, b: str) -> None:
         """Silently drop every packet between ``a`` and ``b`` (both directions, both ends)."""
         for here, there in ((a, b), (b, a)):
-            self.nft(here, f"table inet eor_cut_{there} {{\n"
-                           f"  chain input {{ type filter hook input priority 0; ip saddr {self.address(there)} drop; }}\n"
-                           f"  chain output {{ type filter hook output priority 0; ip daddr {self.address(there)} drop; }}\n"
-                           "}\n")
+            self.nft(
+                here,
+                f"table inet eor_cut_{there} {{\n"
+                f"  chain input {{ type filter hook input priority 0; ip saddr {self.address(there)} drop; }}\n"
+                f"  chain output {{ type filter hook output priority 0; ip daddr {self.address(there)} drop; }}\n"
+                "}\n",
+            )
 
     def isolate(self, member: str) -> None:
         """Silently drop everything in and out of ``member`` except loopback."""
-        self.nft(member, "table inet eor_isolate {\n"
-                         "  chain input { type filter hook input priority 0; policy drop; iif lo accept; }\n"
-                         "  chain output { type filter hook output priority 0; policy drop; oif lo accept; }\n"
-                         "}\n")
+        self.nft(
+            member,
+            "table inet eor_isolate {\n"
+            "  chain input { type filter hook input priority 0; policy drop; iif lo accept; }\n"
+            "  chain output { type filter hook output priority 0; policy drop; oif lo accept; }\n"
+            "}\n",
+        )
 
     def heal(self, a: str, b: str | None = None) -> None:
         """Undo ``partition(a, b)`` or ``isolate(a)``."""

@@ -31,23 +31,36 @@ from router.client import ResumablePublisher, ResumableSubscriber
 
 pytestmark = pytest.mark.timeout(240)
 
-TRIANGLE = '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "C"\n' \
-           '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n[[link]]\nbetween = ["C", "A"]\n'
-RING = '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "C"\n[[router]]\nid = "D"\n' \
-       '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n[[link]]\nbetween = ["C", "D"]\n' \
-       '[[link]]\nbetween = ["D", "A"]\n'
+TRIANGLE = (
+    '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "C"\n'
+    '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n[[link]]\nbetween = ["C", "A"]\n'
+)
+RING = (
+    '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "C"\n[[router]]\nid = "D"\n'
+    '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n[[link]]\nbetween = ["C", "D"]\n'
+    '[[link]]\nbetween = ["D", "A"]\n'
+)
 MESSAGES = 150  # per publisher
 
 
 class Scenario:
-    def __init__(self, tmp_path: Path, publishers=("A", "B"), subscribers=("A", "B", "C"), topology=TRIANGLE,
-                 client_listener: dict | None = None, ssl_domain=None):
+    def __init__(
+        self,
+        tmp_path: Path,
+        publishers=("A", "B"),
+        subscribers=("A", "B", "C"),
+        topology=TRIANGLE,
+        client_listener: dict | None = None,
+        ssl_domain=None,
+    ):
         self.dir = tmp_path / "clients"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.net = RouterNetwork(tmp_path / "routers", parse_topology(topology),
-                                 overrides={"delivery": {"record_linger": 1.0},
-                                            "failover": {"publisher_resume_timeout": 20}},
-                                 client_listener=client_listener or {})
+        self.net = RouterNetwork(
+            tmp_path / "routers",
+            parse_topology(topology),
+            overrides={"delivery": {"record_linger": 1.0}, "failover": {"publisher_resume_timeout": 20}},
+            client_listener=client_listener or {},
+        )
         tls = {"ssl_domain": ssl_domain} if ssl_domain is not None else {}
         self.net.start()
         self.topic = "orders"
@@ -56,18 +69,31 @@ class Scenario:
         for where in subscribers:
             name = f"sub-{where}"
             self.subs[name] = ResumableSubscriber(
-                self.urls(first=where), self.topic, container_id=name, link_name=f"{name}-link",
-                state_path=tmp_path / f"{name}.state", ledger_path=self.dir / f"{name}.ledger.jsonl",
-                on_message=lambda msg, name=name: self.received[name].append(msg.body), heartbeat=1.0, **tls)
+                self.urls(first=where),
+                self.topic,
+                container_id=name,
+                link_name=f"{name}-link",
+                state_path=tmp_path / f"{name}.state",
+                ledger_path=self.dir / f"{name}.ledger.jsonl",
+                on_message=lambda msg, name=name: self.received[name].append(msg.body),
+                heartbeat=1.0,
+                **tls,
+            )
             self.subs[name].start()
             assert self.subs[name].wait_attached(20)
         self.pubs = {}
         for where in publishers:
             name = f"pub-{where}"
             self.pubs[name] = ResumablePublisher(
-                self.urls(first=where), self.topic, container_id=name, link_name=f"{name}-link",
-                state_path=tmp_path / f"{name}.state", ledger_path=self.dir / f"{name}.ledger.jsonl",
-                heartbeat=1.0, **tls)
+                self.urls(first=where),
+                self.topic,
+                container_id=name,
+                link_name=f"{name}-link",
+                state_path=tmp_path / f"{name}.state",
+                ledger_path=self.dir / f"{name}.ledger.jsonl",
+                heartbeat=1.0,
+                **tls,
+            )
             self.pubs[name].start()
             assert self.pubs[name].wait_attached(20)
         self.outcomes: dict[str, list] = {}
@@ -83,6 +109,7 @@ class Scenario:
                 futures.append(pub.send_async(f"{name}:{n + 1}"))
                 time.sleep(0.004)  # steady traffic, not one burst
             self.outcomes[name] = [f.result(120) for f in futures]
+
         threads = [threading.Thread(target=run, args=item, daemon=True) for item in self.pubs.items()]
         for t in threads:
             t.start()
@@ -123,8 +150,9 @@ class Scenario:
                 mine = [int(b.split(":")[1]) for b in got if b.startswith(pub + ":")]
                 assert mine == seqs, f"{name} got {pub} {len(mine)}/{len(seqs)}, in order: {mine == sorted(mine)}"
             delivered = [e["delivery"] for e in self.ledger(name) if e["event"] == "delivered"]
-            assert len(delivered) == len(set(delivered)) == MESSAGES * len(self.pubs), \
+            assert len(delivered) == len(set(delivered)) == MESSAGES * len(self.pubs), (
                 f"{name}'s ledger: {len(delivered)} delivered lines, {len(set(delivered))} distinct"
+            )
         self.wait_no_records(dead)
 
     def wait_no_records(self, dead, timeout=30):
@@ -136,8 +164,11 @@ class Scenario:
                     continue
                 events = [e for e in router.events() if e.get("epoch") == router.epoch]
                 received = {e["delivery"] for e in events if e["event"] == "received" and not e.get("settled")}
-                gone = {e["delivery"] for e in events if e["event"] == "record-deleted"
-                        or (e["event"] == "settled" and e.get("deleted"))}
+                gone = {
+                    e["delivery"]
+                    for e in events
+                    if e["event"] == "record-deleted" or (e["event"] == "settled" and e.get("deleted"))
+                }
                 if received - gone:
                     left[rid] = len(received - gone)
             if not left:
@@ -149,8 +180,11 @@ class Scenario:
         """Kill -> the first outcome the publisher on the killed router (or whose
         traffic it relayed) got from a router still alive: its traffic flows again."""
         dead_url = self.net.routers[killed].url
-        after = [e["ts"] for e in self.ledger(publisher)
-                 if e["event"] == "outcome" and e["ts"] > killed_at and e.get("router") != dead_url]
+        after = [
+            e["ts"]
+            for e in self.ledger(publisher)
+            if e["event"] == "outcome" and e["ts"] > killed_at and e.get("router") != dead_url
+        ]
         return min(after) - killed_at if after else float("nan")
 
     def close(self):
@@ -169,6 +203,7 @@ def scenario(tmp_path):
     def make(**kw):
         made.append(Scenario(tmp_path, **kw))
         return made[-1]
+
     yield make
     for s in made:
         s.close()
@@ -214,9 +249,23 @@ def test_kill_a_router_with_clients_on_tls(scenario, tmp_path):
     s.finish(threads)
     s.verify(dead={"A"})
     s.close()
-    result = subprocess.run([sys.executable, "-m", "router", "reconcile", str(tmp_path / "routers"),
-                             "--clients", str(s.dir), "--out", str(tmp_path / "report"), "--no-html"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "router",
+            "reconcile",
+            str(tmp_path / "routers"),
+            "--clients",
+            str(s.dir),
+            "--out",
+            str(tmp_path / "report"),
+            "--no-html",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["verdict"]["proven_clean"], report["verdict"]
@@ -260,8 +309,14 @@ def test_restart_the_dead_router_and_use_it_again(scenario):
     s.verify(dead={"A"})
     s.net.restart("A")
     # A fresh pair of clients on the restarted router: it serves traffic again.
-    pub = ResumablePublisher([s.net.routers["A"].url], s.topic, container_id="late-pub", link_name="late",
-                             state_path=s.dir / "late.state", ledger_path=s.dir / "late.ledger.jsonl")
+    pub = ResumablePublisher(
+        [s.net.routers["A"].url],
+        s.topic,
+        container_id="late-pub",
+        link_name="late",
+        state_path=s.dir / "late.state",
+        ledger_path=s.dir / "late.ledger.jsonl",
+    )
     pub.start()
     try:
         outcomes = pub.send_many([f"late:{n}" for n in range(20)], timeout=60)
@@ -278,6 +333,7 @@ def test_chaos_random_kills_and_restarts(scenario, seed):
     """Seeded chaos: over several rounds a random router is killed (or stalled, then
     killed) mid-stream and restarted; the same verdict every time."""
     import random
+
     rng = random.Random(seed)
     s = scenario()
     threads = s.publish_in_background()

@@ -53,13 +53,18 @@ class NetnsRouterNetwork(RouterNetwork):
     def _config_for(self, router_id: str) -> dict:
         config = super()._config_for(router_id)
         host = self.lab.address(router_id)
-        config["listener"] = [{"host": host, "port": 5672, "role": "normal"},
-                              {"host": host, "port": 5673, "role": "inter-router"}]
+        config["listener"] = [
+            {"host": host, "port": 5672, "role": "normal"},
+            {"host": host, "port": 5673, "role": "inter-router"},
+        ]
         # As RouterNetwork does: for each link, the router started later dials the earlier one.
         order = self.topology.routers
         peers = [b if a == router_id else a for a, b in self.topology.links if router_id in (a, b)]
-        dials = [{"host": self.lab.address(p), "port": 5673, "role": "inter-router"}
-                 for p in peers if order.index(p) < order.index(router_id)]
+        dials = [
+            {"host": self.lab.address(p), "port": 5673, "role": "inter-router"}
+            for p in peers
+            if order.index(p) < order.index(router_id)
+        ]
         config.pop("connector", None)
         if dials:
             config["connector"] = dials
@@ -67,8 +72,7 @@ class NetnsRouterNetwork(RouterNetwork):
 
     def start(self, timeout: float = 30.0) -> NetnsRouterNetwork:
         for router_id in self.topology.routers:
-            router = RouterProcess(self.workdir, router_id, self._config_for(router_id),
-                                   prelude=self.lab.prelude(router_id))
+            router = RouterProcess(self.workdir, router_id, self._config_for(router_id), prelude=self.lab.prelude(router_id))
             self.routers[router_id] = router
             router.start()
         self.wait_converged(timeout)
@@ -82,10 +86,16 @@ class NetnsScenario(Scenario):
     def __init__(self, tmp_path, lab: NetnsLab, publishers=("A", "B"), subscribers=("A", "B", "C")):
         self.dir = tmp_path
         self.lab = lab
-        self.net = NetnsRouterNetwork(tmp_path / "routers", parse_topology(TRIANGLE), lab,
-                                      overrides={"router": {"idle_timeout": IDLE_TIMEOUT},
-                                                 "delivery": {"record_linger": 1.0, "drain_grace": 1.0},
-                                                 "failover": {"publisher_resume_timeout": 20}})
+        self.net = NetnsRouterNetwork(
+            tmp_path / "routers",
+            parse_topology(TRIANGLE),
+            lab,
+            overrides={
+                "router": {"idle_timeout": IDLE_TIMEOUT},
+                "delivery": {"record_linger": 1.0, "drain_grace": 1.0},
+                "failover": {"publisher_resume_timeout": 20},
+            },
+        )
         self.pubs, self.subs = {}, {}
         try:
             self._start(tmp_path, lab, publishers, subscribers)
@@ -102,16 +112,27 @@ class NetnsScenario(Scenario):
             for where in subscribers:
                 name = f"sub-{where}"
                 self.subs[name] = ResumableSubscriber(
-                    self.urls(first=where), self.topic, container_id=name, link_name=f"{name}-link",
-                    state_path=tmp_path / f"{name}.state", ledger_path=tmp_path / f"{name}.ledger.jsonl",
-                    on_message=lambda msg, name=name: self.received[name].append(msg.body), heartbeat=1.0)
+                    self.urls(first=where),
+                    self.topic,
+                    container_id=name,
+                    link_name=f"{name}-link",
+                    state_path=tmp_path / f"{name}.state",
+                    ledger_path=tmp_path / f"{name}.ledger.jsonl",
+                    on_message=lambda msg, name=name: self.received[name].append(msg.body),
+                    heartbeat=1.0,
+                )
                 self.subs[name].start()
             for where in publishers:
                 name = f"pub-{where}"
                 self.pubs[name] = ResumablePublisher(
-                    self.urls(first=where), self.topic, container_id=name, link_name=f"{name}-link",
-                    state_path=tmp_path / f"{name}.state", ledger_path=tmp_path / f"{name}.ledger.jsonl",
-                    heartbeat=1.0)
+                    self.urls(first=where),
+                    self.topic,
+                    container_id=name,
+                    link_name=f"{name}-link",
+                    state_path=tmp_path / f"{name}.state",
+                    ledger_path=tmp_path / f"{name}.ledger.jsonl",
+                    heartbeat=1.0,
+                )
                 self.pubs[name].start()
         for client in [*self.subs.values(), *self.pubs.values()]:
             assert client.wait_attached(20), f"{client.container_id} never attached"
@@ -126,6 +147,7 @@ class NetnsScenario(Scenario):
             for n in range(MESSAGES):
                 futures.append(pub.send_async(f"{name}:{n + 1}"))
                 time.sleep(0.004)  # steady traffic, not one burst
+
         threads = [threading.Thread(target=run, args=item, daemon=True) for item in self.pubs.items()]
         for t in threads:
             t.start()
@@ -159,13 +181,20 @@ class NetnsScenario(Scenario):
 
     def lost_at(self, router_id: str, peer: str, since: float) -> float | None:
         """When ``router_id`` logged ``peer-lost`` for ``peer`` after ``since`` (None: not yet)."""
-        return next((e["ts"] for e in self.net.routers[router_id].events()
-                     if e["event"] == "peer-lost" and e.get("peer") == peer and e["ts"] >= since), None)
+        return next(
+            (
+                e["ts"]
+                for e in self.net.routers[router_id].events()
+                if e["event"] == "peer-lost" and e.get("peer") == peer and e["ts"] >= since
+            ),
+            None,
+        )
 
     def wait_a_clients_moved(self) -> float:
-        return self.wait(lambda: all(c.attached and c.router != self.net.routers["A"].url
-                                     for c in (self.pubs["pub-A"], self.subs["sub-A"])),
-                         "A's publisher and subscriber failed over")
+        return self.wait(
+            lambda: all(c.attached and c.router != self.net.routers["A"].url for c in (self.pubs["pub-A"], self.subs["sub-A"])),
+            "A's publisher and subscriber failed over",
+        )
 
     def cut_a_off_and_back(self, what: str, cut, restore) -> None:
         """Steady traffic; ``cut()`` takes A (which hosts a publisher and a subscriber)
@@ -184,11 +213,12 @@ class NetnsScenario(Scenario):
         healed = time.time()
         self.finish(threads)
         self.verify()
-        print(f"\n{what}: clients moved {moved - cut_at:.2f} s after the cut; "
-              f"{self.describe_noticed(noticed, cut_at)}; "
-              f"A back in everyone's routes {healed - restored_at:.2f} s after the restore; "
-              f"longest outcome stall per publisher: "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in self.stalls(cut_at).items()))
+        print(
+            f"\n{what}: clients moved {moved - cut_at:.2f} s after the cut; "
+            f"{self.describe_noticed(noticed, cut_at)}; "
+            f"A back in everyone's routes {healed - restored_at:.2f} s after the restore; "
+            f"longest outcome stall per publisher: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.stalls(cut_at).items())
+        )
         self.expect_noticed(noticed, cut_at, "A")
 
     def hold_cut(self, cut_at: float, lost: str, by) -> dict[str, float | None]:
@@ -205,21 +235,26 @@ class NetnsScenario(Scenario):
             time.sleep(0.05)
         self.sockets_when_held = {r: self.lab.sockets(r) for r in by if noticed[r] is None}
         for r, text in self.sockets_when_held.items():  # evidence for the report, shown on failure
-            print(f"\n{r} had not noticed the loss of {lost} {time.time() - cut_at:.1f} s after the cut; "
-                  f"its TCP sockets (ss -tno):\n{text}")
+            print(
+                f"\n{r} had not noticed the loss of {lost} {time.time() - cut_at:.1f} s after the cut; "
+                f"its TCP sockets (ss -tno):\n{text}"
+            )
         return noticed
 
     @staticmethod
     def describe_noticed(noticed: dict, cut_at: float) -> str:
         return "peers noticed after " + ", ".join(
-            f"{r} {t - cut_at:.2f} s" if t else f"{r} never (within {HOLD:g} s)" for r, t in noticed.items())
+            f"{r} {t - cut_at:.2f} s" if t else f"{r} never (within {HOLD:g} s)" for r, t in noticed.items()
+        )
 
     def expect_noticed(self, noticed: dict, cut_at: float, lost: str) -> None:
         """Failure detection: every peer notices a cut link within its idle timeout
         (plus scheduling slack). Checked after the message verdict, which comes first."""
         late = {r: t for r, t in noticed.items() if t is None or t - cut_at > NOTICE_WITHIN}
-        detail = "; ".join(f"{r}: " + (f"no peer-lost for {lost} within {HOLD:g} s" if t is None
-                                       else f"peer-lost after {t - cut_at:.2f} s") for r, t in late.items())
+        detail = "; ".join(
+            f"{r}: " + (f"no peer-lost for {lost} within {HOLD:g} s" if t is None else f"peer-lost after {t - cut_at:.2f} s")
+            for r, t in late.items()
+        )
         sockets = "".join(f"\n{r}'s sockets while cut:\n{text}" for r, text in self.sockets_when_held.items())
         assert not late, f"a peer did not notice the cut within {NOTICE_WITHIN:g} s: {detail}{sockets}"
 
@@ -228,8 +263,7 @@ class NetnsScenario(Scenario):
         previous outcome, or from ``since``), i.e. how long its traffic stood still."""
         out = {}
         for name in self.pubs:
-            times = [since] + sorted(e["ts"] for e in self.ledger(name)
-                                     if e["event"] == "outcome" and e["ts"] > since)
+            times = [since] + sorted(e["ts"] for e in self.ledger(name) if e["event"] == "outcome" and e["ts"] > since)
             out[name] = max((b - a for a, b in zip(times, times[1:])), default=0.0)
         return out
 
@@ -252,6 +286,7 @@ def netscenario(tmp_path, lab):
     def make(**kw):
         made.append(NetnsScenario(tmp_path, lab, **kw))
         return made[-1]
+
     yield make
     for s in made:  # before the lab's finalizer deletes the namespaces
         s.close()
@@ -272,13 +307,17 @@ def test_cut_shorter_than_the_idle_timeout_changes_nothing(netscenario):
     s.lab.link_up("A")
     s.finish(threads)
     s.verify()
-    lost = {r: [e["peer"] for e in s.net.routers[r].events() if e["event"] == "peer-lost" and e["ts"] >= cut_at]
-            for r in s.net.routers}
+    lost = {
+        r: [e["peer"] for e in s.net.routers[r].events() if e["event"] == "peer-lost" and e["ts"] >= cut_at]
+        for r in s.net.routers
+    }
     assert not any(lost.values()), f"a blip shorter than the idle timeout dropped peers: {lost}"
     moved = [c.container_id for c in [*s.pubs.values(), *s.subs.values()] if c.attaches != 1]
     assert not moved, f"clients failed over on a blip: {moved}"
-    print(f"\nblip of {BLIP:g} s on A's link: longest outcome stall per publisher: "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in s.stalls(cut_at).items()))
+    print(
+        f"\nblip of {BLIP:g} s on A's link: longest outcome stall per publisher: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in s.stalls(cut_at).items())
+    )
 
 
 @needs_netns
@@ -302,18 +341,25 @@ def test_silent_partition_between_two_routers(netscenario):
     s.wait_progress(40)
     cut_at = time.time()
     s.lab.partition("A", "B")
-    detected = s.wait(lambda: any(e["event"] == "peer-lost" and e.get("ts", 0) >= cut_at
-                                  for e in s.net.routers["A"].events()), "A noticed B is gone", 15)
+    detected = s.wait(
+        lambda: any(e["event"] == "peer-lost" and e.get("ts", 0) >= cut_at for e in s.net.routers["A"].events()),
+        "A noticed B is gone",
+        15,
+    )
     time.sleep(1.0)  # the partition itself (the injected fault)
     s.lab.heal("A", "B")
     restored_at = time.time()
-    s.wait(lambda: any(e["event"] == "peer-connected" and e.get("ts", 0) >= restored_at
-                       for e in s.net.routers["A"].events()), "A and B linked again", 20)
+    s.wait(
+        lambda: any(e["event"] == "peer-connected" and e.get("ts", 0) >= restored_at for e in s.net.routers["A"].events()),
+        "A and B linked again",
+        20,
+    )
     s.finish(threads)
     s.verify()
-    print(f"\nsilent partition A | B: detected {detected - cut_at:.2f} s after the cut; "
-          f"longest outcome stall per publisher: "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in s.stalls(cut_at).items()))
+    print(
+        f"\nsilent partition A | B: detected {detected - cut_at:.2f} s after the cut; "
+        f"longest outcome stall per publisher: " + ", ".join(f"{k} {v:.2f} s" for k, v in s.stalls(cut_at).items())
+    )
 
 
 @needs_netns
@@ -344,9 +390,12 @@ def test_clients_cut_off_from_a_live_router_resume_elsewhere(netscenario):
     s.lab.heal("A", CLIENTS)
     s.finish(threads)
     s.verify()
-    lost = {r: [e["peer"] for e in s.net.routers[r].events() if e["event"] == "peer-lost" and e["ts"] >= cut_at]
-            for r in s.net.routers}
+    lost = {
+        r: [e["peer"] for e in s.net.routers[r].events() if e["event"] == "peer-lost" and e["ts"] >= cut_at]
+        for r in s.net.routers
+    }
     assert not any(lost.values()), f"routers lost peers although only the clients' link was cut: {lost}"
-    print(f"\nclients cut off from A: they moved {moved - cut_at:.2f} s after the cut; "
-          f"longest outcome stall per publisher: "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in s.stalls(cut_at).items()))
+    print(
+        f"\nclients cut off from A: they moved {moved - cut_at:.2f} s after the cut; "
+        f"longest outcome stall per publisher: " + ", ".join(f"{k} {v:.2f} s" for k, v in s.stalls(cut_at).items())
+    )

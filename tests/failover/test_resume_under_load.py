@@ -40,7 +40,7 @@ MESSAGES = 600
 BLACKHOLE = 12.0  # seconds A's bytes to the publisher are dropped before the cut
 IDLE_TIMEOUT = 8.0
 RESUME_TIMEOUT = 25.0  # the publisher resumes within it; the killed load senders' records end after it
-UNLIMITED = str(10 ** 9)  # messages per load client: more than it can send before it is stopped
+UNLIMITED = str(10**9)  # messages per load client: more than it can send before it is stopped
 
 
 class Proxy:
@@ -118,17 +118,26 @@ class LoadClients:
 
     def __init__(self, routers: dict, seconds: float):
         from eorouter_tools.build import build_c_clients
+
         binaries = build_c_clients()
         self.procs = []
         for rid, router in routers.items():
             topic = f"load-{rid}"
-            self.procs.append(subprocess.Popen(
-                [str(binaries["receive"]), "-t", str(seconds), "127.0.0.1", str(router.port), topic, UNLIMITED],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            self.procs.append(
+                subprocess.Popen(
+                    [str(binaries["receive"]), "-t", str(seconds), "127.0.0.1", str(router.port), topic, UNLIMITED],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
             time.sleep(0.3)
-            self.procs.append(subprocess.Popen(
-                [str(binaries["send"]), "-t", str(seconds), "-w", "1000", "127.0.0.1", str(router.port), topic,
-                 UNLIMITED], stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            self.procs.append(
+                subprocess.Popen(
+                    [str(binaries["send"]), "-t", str(seconds), "-w", "1000", "127.0.0.1", str(router.port), topic, UNLIMITED],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -173,12 +182,17 @@ def wait_no_records(net, timeout: float) -> None:
 
 @pytest.mark.parametrize("subscribers_at", ["B", "A"])
 def test_a_cut_off_publisher_resumes_at_another_router_under_full_load_exactly_once(tmp_path, subscribers_at):
-    net = RouterNetwork(tmp_path / "routers", parse_topology(LINE),
-                        overrides={"router": {"idle_timeout": IDLE_TIMEOUT},
-                                   "limits": {"publisher_credit_window": 1000},
-                                   "delivery": {"record_linger": 1.0},
-                                   "failover": {"publisher_resume_timeout": RESUME_TIMEOUT},
-                                   "eventlog": {"retention": 1000}})
+    net = RouterNetwork(
+        tmp_path / "routers",
+        parse_topology(LINE),
+        overrides={
+            "router": {"idle_timeout": IDLE_TIMEOUT},
+            "limits": {"publisher_credit_window": 1000},
+            "delivery": {"record_linger": 1.0},
+            "failover": {"publisher_resume_timeout": RESUME_TIMEOUT},
+            "eventlog": {"retention": 1000},
+        },
+    )
     net.start()
     proxy = Proxy(("127.0.0.1", net.routers["A"].port))
     clients = tmp_path / "clients"
@@ -190,15 +204,28 @@ def test_a_cut_off_publisher_resumes_at_another_router_under_full_load_exactly_o
         for n in range(2):
             name = f"sub-{n}"
             sub = ResumableSubscriber(
-                [net.routers[subscribers_at].url], "orders", container_id=name, link_name=f"{name}-link",
-                state_path=clients / f"{name}.state", ledger_path=clients / f"{name}.ledger.jsonl",
-                on_message=lambda msg, name=name: received[name].append(msg.body), dedup_window=0, heartbeat=1.0)
+                [net.routers[subscribers_at].url],
+                "orders",
+                container_id=name,
+                link_name=f"{name}-link",
+                state_path=clients / f"{name}.state",
+                ledger_path=clients / f"{name}.ledger.jsonl",
+                on_message=lambda msg, name=name: received[name].append(msg.body),
+                dedup_window=0,
+                heartbeat=1.0,
+            )
             sub.start()
             assert sub.wait_attached(20)
             subs.append(sub)
-        pub = ResumablePublisher([proxy.url, net.routers["B"].url], "orders", container_id="pub",
-                                 link_name="pub-link", state_path=clients / "pub.state",
-                                 ledger_path=clients / "pub.ledger.jsonl", heartbeat=IDLE_TIMEOUT / 2)
+        pub = ResumablePublisher(
+            [proxy.url, net.routers["B"].url],
+            "orders",
+            container_id="pub",
+            link_name="pub-link",
+            state_path=clients / "pub.state",
+            ledger_path=clients / "pub.ledger.jsonl",
+            heartbeat=IDLE_TIMEOUT / 2,
+        )
         pub.start()
         assert pub.wait_attached(20)
         load = LoadClients(net.routers, seconds=30)
@@ -228,10 +255,16 @@ def test_a_cut_off_publisher_resumes_at_another_router_under_full_load_exactly_o
             assert len(got) == len(set(got)), f"{sub.container_id}: {len(got) - len(set(got))} duplicates"
             assert got == [f"m{n + 1}" for n in range(MESSAGES)], f"{sub.container_id}: not every message, in order"
         wait_no_records(net, timeout=RESUME_TIMEOUT + 30)
-        resumes = [(rid, e.get("reported"), e.get("known")) for rid, r in net.routers.items() for e in r.events()
-                   if e["event"] == "resume-requested" and e.get("role") == "publisher"]
-        print(f"\nsubscribers at {subscribers_at}: settled lines per router while black-holed {during}; "
-              f"publisher resumes (router, reported, known): {resumes}")
+        resumes = [
+            (rid, e.get("reported"), e.get("known"))
+            for rid, r in net.routers.items()
+            for e in r.events()
+            if e["event"] == "resume-requested" and e.get("role") == "publisher"
+        ]
+        print(
+            f"\nsubscribers at {subscribers_at}: settled lines per router while black-holed {during}; "
+            f"publisher resumes (router, reported, known): {resumes}"
+        )
     finally:
         if load is not None:
             load.stop()
@@ -240,9 +273,23 @@ def test_a_cut_off_publisher_resumes_at_another_router_under_full_load_exactly_o
                 client.close()
         proxy.close()
         net.stop()
-    result = subprocess.run([sys.executable, "-m", "router", "reconcile", str(tmp_path / "routers"),
-                             "--clients", str(clients), "--out", str(tmp_path / "report"), "--no-html"],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "router",
+            "reconcile",
+            str(tmp_path / "routers"),
+            "--clients",
+            str(clients),
+            "--out",
+            str(tmp_path / "report"),
+            "--no-html",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["verdict"]["proven_clean"], report["verdict"]

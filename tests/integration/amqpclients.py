@@ -47,8 +47,7 @@ class WaitTimeout(AssertionError):
     """A condition a test waited for did not become true within its deadline."""
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 20.0, what: str = "condition",
-               every: float = 0.02):
+def wait_until(condition: Callable[[], object], timeout: float = 20.0, what: str = "condition", every: float = 0.02):
     """Poll ``condition()`` until it is truthy (returned); fail after ``timeout`` seconds.
     For waits on things outside a Harness (router processes, HTTP, files)."""
     deadline = time.monotonic() + timeout
@@ -163,8 +162,7 @@ class _LinkEnd(Handler):
         return self.remote_opened and not self.gone
 
     def wait_attached(self, timeout: float | None = None) -> None:
-        self.harness.wait(lambda: self.remote_opened or self.gone, timeout,
-                          what=f"router's attach for link {self.name!r}")
+        self.harness.wait(lambda: self.remote_opened or self.gone, timeout, what=f"router's attach for link {self.name!r}")
         if self.gone:
             raise AssertionError(f"router refused link {self.name!r}: {self.remote_condition}")
 
@@ -208,13 +206,20 @@ class Publisher(_LinkEnd):
         return str(self._next_tag).encode()
 
     def wait_credit(self, timeout: float | None = None) -> None:
-        self.harness.wait(lambda: self.link.credit > 0 or self.gone, timeout,
-                          what=f"credit on publisher {self.name!r}")
+        self.harness.wait(lambda: self.link.credit > 0 or self.gone, timeout, what=f"credit on publisher {self.name!r}")
         if self.gone:
             raise AssertionError(f"publisher {self.name!r} detached by router: {self.remote_condition}")
 
-    def send(self, body=None, *, message: Message | None = None, raw: bytes | None = None,
-             tag: bytes | None = None, complete: bool = True, wait_credit: bool = True) -> Sent:
+    def send(
+        self,
+        body=None,
+        *,
+        message: Message | None = None,
+        raw: bytes | None = None,
+        tag: bytes | None = None,
+        complete: bool = True,
+        wait_credit: bool = True,
+    ) -> Sent:
         """Send one delivery: ``body`` (wrapped in a Message), a ready ``message``, or
         ``raw`` bytes exactly as given (for malformed input). ``complete=False`` leaves
         the delivery partial (more bytes promised, never sent)."""
@@ -357,8 +362,15 @@ class Subscriber(_LinkEnd):
             message.decode(payload)
         except Exception as exc:  # the router forwarded bytes we cannot read: record it
             message, error = None, repr(exc)
-        rec = Received(tag=tag, payload=payload, delivery=dlv, message=message, decode_error=error,
-                       arrived_settled=bool(dlv.settled), remote_settled=bool(dlv.settled))
+        rec = Received(
+            tag=tag,
+            payload=payload,
+            delivery=dlv,
+            message=message,
+            decode_error=error,
+            arrived_settled=bool(dlv.settled),
+            remote_settled=bool(dlv.settled),
+        )
         self.received.append(rec)
         self._by_tag[tag] = rec
         if rec.arrived_settled:
@@ -387,14 +399,14 @@ class Subscriber(_LinkEnd):
     def release(self, rec: Received, settle: bool | None = None) -> None:
         self._answer(rec, Delivery.RELEASED, settle)
 
-    def reject(self, rec: Received, condition: str | None = None, description: str | None = None,
-               settle: bool | None = None) -> None:
+    def reject(
+        self, rec: Received, condition: str | None = None, description: str | None = None, settle: bool | None = None
+    ) -> None:
         if condition:
             rec.delivery.local.condition = Condition(condition, description)
         self._answer(rec, Delivery.REJECTED, settle)
 
-    def modify(self, rec: Received, failed: bool = False, undeliverable: bool = False,
-               settle: bool | None = None) -> None:
+    def modify(self, rec: Received, failed: bool = False, undeliverable: bool = False, settle: bool | None = None) -> None:
         rec.delivery.local.failed = failed
         rec.delivery.local.undeliverable = undeliverable
         self._answer(rec, Delivery.MODIFIED, settle)
@@ -411,8 +423,13 @@ class Subscriber(_LinkEnd):
     def answer(self, rec: Received, outcome: str, **kw) -> None:
         """Give ``outcome`` by name: accepted / rejected / released / modified, or
         ``settle-only`` (settled with no outcome)."""
-        {"accepted": self.accept, "rejected": self.reject, "released": self.release,
-         "modified": self.modify, "settle-only": self.settle_only}[outcome](rec, **kw)
+        {
+            "accepted": self.accept,
+            "rejected": self.reject,
+            "released": self.release,
+            "modified": self.modify,
+            "settle-only": self.settle_only,
+        }[outcome](rec, **kw)
 
 
 # --------------------------------------------------------------------------- connection
@@ -442,8 +459,7 @@ class _ConnHandler(Handler):
 class Conn:
     """One AMQP connection (one session) to a router."""
 
-    def __init__(self, harness: Harness, url: str, container_id: str, heartbeat: float | None,
-                 sasl: bool = True):
+    def __init__(self, harness: Harness, url: str, container_id: str, heartbeat: float | None, sasl: bool = True):
         self.harness = harness
         self.url = url
         self.container_id = container_id
@@ -458,7 +474,8 @@ class Conn:
         if not sasl:
             kwargs["sasl_enabled"] = False
         self.connection = harness.container.connect(
-            url=url, handler=_ConnHandler(self), reconnect=False, container_id=container_id, **kwargs)
+            url=url, handler=_ConnHandler(self), reconnect=False, container_id=container_id, **kwargs
+        )
         self._session = None
 
     @property
@@ -466,8 +483,7 @@ class Conn:
         return self.remote_closed or self.transport_closed or self.aborted
 
     def wait_open(self, timeout: float | None = None) -> None:
-        self.harness.wait(lambda: self.remote_opened or self.gone, timeout,
-                          what=f"open from router at {self.url}")
+        self.harness.wait(lambda: self.remote_opened or self.gone, timeout, what=f"open from router at {self.url}")
         if not self.remote_opened:
             raise AssertionError(f"connection to {self.url} failed: {self.transport_condition}")
 
@@ -477,8 +493,16 @@ class Conn:
             self._session.open()
         return self._session
 
-    def publisher(self, topic: str | None, name: str | None = None, *, presettled: bool = False,
-                  auto_settle: bool = True, rcv_second: bool = False, wait: bool = True) -> Publisher:
+    def publisher(
+        self,
+        topic: str | None,
+        name: str | None = None,
+        *,
+        presettled: bool = False,
+        auto_settle: bool = True,
+        rcv_second: bool = False,
+        wait: bool = True,
+    ) -> Publisher:
         """A sender link with target address ``topic`` (None: no address at all).
         ``rcv_second`` asks for rcv-settle-mode=second (the router decides)."""
         link = self.session().sender(name or unique(f"pub-{topic}"))
@@ -494,10 +518,20 @@ class Conn:
             pub.wait_attached()
         return pub
 
-    def subscriber(self, topic: str | None, name: str | None = None, *, credit: int = 100,
-                   durable: int = 0, expiry_policy: str | None = None, timeout: int | None = None,
-                   rcv_second: bool = False, at_most_once: bool = False, auto_accept: bool = False,
-                   wait: bool = True) -> Subscriber:
+    def subscriber(
+        self,
+        topic: str | None,
+        name: str | None = None,
+        *,
+        credit: int = 100,
+        durable: int = 0,
+        expiry_policy: str | None = None,
+        timeout: int | None = None,
+        rcv_second: bool = False,
+        at_most_once: bool = False,
+        auto_accept: bool = False,
+        wait: bool = True,
+    ) -> Subscriber:
         """A receiver link with source address ``topic`` (None: no address at all).
 
         ``durable``: 0 none, 1 configuration, 2 unsettled-state. With durable > 0 the
@@ -507,13 +541,14 @@ class Conn:
         link = self.session().receiver(name or unique(f"sub-{topic}"))
         link.source.address = topic
         link.target.address = None
-        link.source.durability = {0: Terminus.NONDURABLE, 1: Terminus.CONFIGURATION,
-                                  2: Terminus.DELIVERIES}[durable]
+        link.source.durability = {0: Terminus.NONDURABLE, 1: Terminus.CONFIGURATION, 2: Terminus.DELIVERIES}[durable]
         policy = expiry_policy or ("never" if durable else None)
         if policy:
             link.source.expiry_policy = {
-                "link-detach": Terminus.EXPIRE_WITH_LINK, "session-end": Terminus.EXPIRE_WITH_SESSION,
-                "connection-close": Terminus.EXPIRE_WITH_CONNECTION, "never": Terminus.EXPIRE_NEVER,
+                "link-detach": Terminus.EXPIRE_WITH_LINK,
+                "session-end": Terminus.EXPIRE_WITH_SESSION,
+                "connection-close": Terminus.EXPIRE_WITH_CONNECTION,
+                "never": Terminus.EXPIRE_NEVER,
             }[policy]
         if timeout is not None:
             link.source.timeout = timeout
@@ -575,8 +610,9 @@ class Harness:
         self.closed = False
         self._busy = False
 
-    def connect(self, url: str, container_id: str | None = None, *, heartbeat: float | None = None,
-                sasl: bool = True, wait: bool = True) -> Conn:
+    def connect(
+        self, url: str, container_id: str | None = None, *, heartbeat: float | None = None, sasl: bool = True, wait: bool = True
+    ) -> Conn:
         """Open a connection (SASL ANONYMOUS by default, as standard clients do)."""
         conn = Conn(self, url, container_id or unique("client"), heartbeat, sasl)
         self.conns.append(conn)

@@ -78,5 +78,4 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed and report.when in ("setup", "call"):
         for router in _routers_of(item):
-            report.sections.append(
-                (f"router {router.id} stderr (last 60 lines of {router.stderr_path})", router.stderr_tail(60)))
+            report.sections.append((f"router {router.id} stderr (last 60 lines of {router.stderr_path})", router.stderr_tail(60)))

@@ -27,8 +27,12 @@ from cproton import ffi, lib
 from proton import Delivery, Endpoint, Handler, Link, symbol
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
-_STATES = {"accepted": Delivery.ACCEPTED, "rejected": Delivery.REJECTED, "released": Delivery.RELEASED,
-           "modified": Delivery.MODIFIED}
+_STATES = {
+    "accepted": Delivery.ACCEPTED,
+    "rejected": Delivery.REJECTED,
+    "released": Delivery.RELEASED,
+    "modified": Delivery.MODIFIED,
+}
 
 
 def free_port() -> int:
@@ -117,6 +121,7 @@ class StubServer:
 
     def drop_connections(self) -> None:
         """Close every client connection's socket abruptly (no close frame)."""
+
         def drop():
             for conn in self._conns:
                 transport = conn.transport
@@ -124,6 +129,7 @@ class StubServer:
                     transport.close_head()
                     transport.close_tail()
             self._conns.clear()
+
         self._call(drop)
 
     def stop(self) -> None:
@@ -135,6 +141,7 @@ class StubServer:
             self._acceptor.close()
             self._injector.close()
             self._container.stop()
+
         self._call(stop)
         self._thread.join(5)
 
@@ -163,9 +170,12 @@ class _StubHandler(Handler):
         conn = event.connection
         conn.container = "stub"
         if self.stub.failover:
-            conn.properties = {symbol("failover-server-list"): [
-                {"hostname": host, "network-host": host, "port": str(port), "scheme": "amqp"}
-                for host, port in self.stub.failover]}
+            conn.properties = {
+                symbol("failover-server-list"): [
+                    {"hostname": host, "network-host": host, "port": str(port), "scheme": "amqp"}
+                    for host, port in self.stub.failover
+                ]
+            }
 
     def on_connection_bound(self, event) -> None:
         if self.stub.max_frame:
@@ -188,12 +198,19 @@ class _StubHandler(Handler):
         terminus = link.remote_target if publisher else link.remote_source
         raw = link.remote_properties
         attach = Attach(
-            conn=getattr(link.connection, "context_id", 0), container_id=link.connection.remote_container,
-            name=link.name, role="publisher" if publisher else "subscriber", address=terminus.address,
+            conn=getattr(link.connection, "context_id", 0),
+            container_id=link.connection.remote_container,
+            name=link.name,
+            role="publisher" if publisher else "subscriber",
+            address=terminus.address,
             properties=_plain(dict(raw)) if raw is not None else None,
-            raw_keys=list(raw.keys()) if raw is not None else [], durable=terminus.durability,
-            expiry_policy=terminus.expiry_policy, timeout=terminus.timeout,
-            rcv_settle_mode=link.remote_rcv_settle_mode, snd_settle_mode=link.remote_snd_settle_mode)
+            raw_keys=list(raw.keys()) if raw is not None else [],
+            durable=terminus.durability,
+            expiry_policy=terminus.expiry_policy,
+            timeout=terminus.timeout,
+            rcv_settle_mode=link.remote_rcv_settle_mode,
+            snd_settle_mode=link.remote_snd_settle_mode,
+        )
         self.stub.attaches.append(attach)
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)

@@ -88,8 +88,7 @@ def test_idle_peer_is_cut_after_the_idle_timeout(router_factory, amqp):
     # idle timeout) stays connected: three idle timeouts with no traffic of its own.
     pub, sub = _pub_sub(amqp, router, unique("keepalive"))
     amqp.pump(3 * idle_timeout)
-    assert not pub.conn.gone and not sub.conn.gone, \
-        (pub.conn.remote_condition, pub.conn.transport_condition)
+    assert not pub.conn.gone and not sub.conn.gone, (pub.conn.remote_condition, pub.conn.transport_condition)
     _send_accepted(amqp, pub, sub, "still here", "after a quiet spell")
 
 

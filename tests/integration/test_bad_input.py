@@ -76,15 +76,12 @@ def _mutations(data: bytes):
     """Strategies that damage a valid encoded message: truncate, flip, insert."""
     n = len(data)
     truncate = st.integers(0, n - 1).map(lambda i: data[:i])
-    flip = st.tuples(st.integers(0, n - 1), st.integers(0, 255)).map(
-        lambda t: data[: t[0]] + bytes([t[1]]) + data[t[0] + 1:])
-    insert = st.tuples(st.integers(0, n), st.binary(min_size=1, max_size=8)).map(
-        lambda t: data[: t[0]] + t[1] + data[t[0]:])
+    flip = st.tuples(st.integers(0, n - 1), st.integers(0, 255)).map(lambda t: data[: t[0]] + bytes([t[1]]) + data[t[0] + 1 :])
+    insert = st.tuples(st.integers(0, n), st.binary(min_size=1, max_size=8)).map(lambda t: data[: t[0]] + t[1] + data[t[0] :])
     return st.one_of(truncate, flip, insert)
 
 
-_VALID = Message(body={"k": [1, 2.5, "three"]}, subject="fuzz", properties={"p": 1},
-                 annotations={"x-opt-a": "b"}).encode()
+_VALID = Message(body={"k": [1, 2.5, "three"]}, subject="fuzz", properties={"p": 1}, annotations={"x-opt-a": "b"}).encode()
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -185,8 +182,7 @@ def test_second_attach_with_same_name_steals_the_link(router, amqp, role):
         old = c1.publisher(topic, name=name)
         new = c2.publisher(topic, name=name)
     old.wait_gone()
-    assert old.remote_condition is not None and old.remote_condition.name == "amqp:link:stolen", \
-        old.remote_condition
+    assert old.remote_condition is not None and old.remote_condition.name == "amqp:link:stolen", old.remote_condition
     assert new.attached, "the newer attach wins"
     assert not c1.gone, "only the link is taken over, not the old connection"
     if role == "subscriber":
@@ -325,9 +321,11 @@ def test_garbage_bytes_are_logged_as_a_bounded_escaped_prefix(router_factory, am
 
     from router.adapter.endpoints import LOG_TEXT_LIMIT
 
-    router = router_factory("G", listener=[{"host": "127.0.0.1", "port": 0, "role": "normal"},
-                                           {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
-                            network={"secret": "s3cret"})
+    router = router_factory(
+        "G",
+        listener=[{"host": "127.0.0.1", "port": 0, "role": "normal"}, {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
+        network={"secret": "s3cret"},
+    )
     http = b"GET / HTTP/1.1\r\nHost: x\r\n" + b"A" * 1100 + b"\r\n\r\n"
     binary = bytes(range(256)) * 4
     for port in (router.port, router.inter_router_port):
@@ -351,17 +349,20 @@ def test_garbage_bytes_are_logged_as_a_bounded_escaped_prefix(router_factory, am
     assert_round_trip(amqp, router)
 
 
-@pytest.mark.parametrize("text, logged", [
-    ("plain", "plain"),
-    ("tab\there\r\n\x00", "tab\\x09here\\x0d\\x0a\\x00"),
-    ("caf\u00e9 \u2028 \U0001f600", "caf\u00e9 \\u2028 \U0001f600"),  # printable non-ASCII stays
-    ("x" * 160, "x" * 160),
-    ("x" * 161, "x" * 160 + "... (1 more characters)"),
-    ("\x01" * 50, "\\x01" * 40 + "... (10 more characters)"),
-    # proton's own escapes are text: a cut never ends inside one
-    ("y" * 158 + "\\x0d" + "z" * 10, "y" * 158 + "... (14 more characters)"),
-    (None, "-"),
-])
+@pytest.mark.parametrize(
+    "text, logged",
+    [
+        ("plain", "plain"),
+        ("tab\there\r\n\x00", "tab\\x09here\\x0d\\x0a\\x00"),
+        ("caf\u00e9 \u2028 \U0001f600", "caf\u00e9 \\u2028 \U0001f600"),  # printable non-ASCII stays
+        ("x" * 160, "x" * 160),
+        ("x" * 161, "x" * 160 + "... (1 more characters)"),
+        ("\x01" * 50, "\\x01" * 40 + "... (10 more characters)"),
+        # proton's own escapes are text: a cut never ends inside one
+        ("y" * 158 + "\\x0d" + "z" * 10, "y" * 158 + "... (14 more characters)"),
+        (None, "-"),
+    ],
+)
 def test_printable(text, logged):
     from router.adapter.endpoints import printable
 
@@ -390,17 +391,20 @@ def test_every_refused_attach_is_logged_the_same_way(router_factory, amqp):
         link = (conn.publisher if role == "publisher" else conn.subscriber)(address, name=name, wait=False)
         link.wait_gone()
         assert link.remote_condition is not None and link.remote_condition.name == condition, link.remote_condition
-    line = re.compile(r"INFO eorouter\.adapter: connection \d+ \(127\.0\.0\.1:\d+\): refused (?P<role>publisher|"
-                      r"subscriber) link '(?P<name>[^']*)' \(address (?P<address>.*?)\): (?P<condition>amqp:\S+): "
-                      r"(?P<reason>.+)$")
+    line = re.compile(
+        r"INFO eorouter\.adapter: connection \d+ \(127\.0\.0\.1:\d+\): refused (?P<role>publisher|"
+        r"subscriber) link '(?P<name>[^']*)' \(address (?P<address>.*?)\): (?P<condition>amqp:\S+): "
+        r"(?P<reason>.+)$"
+    )
     deadline = time.monotonic() + 5
     while True:
         found = [m.groupdict() for m in map(line.search, router.stderr_since_start().splitlines()) if m]
         if len(found) >= len(attempts) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert [(f["role"], f["name"], f["condition"]) for f in found] == \
-        [(role, name, condition) for role, _, name, condition in attempts], router.stderr_since_start()
+    assert [(f["role"], f["name"], f["condition"]) for f in found] == [
+        (role, name, condition) for role, _, name, condition in attempts
+    ], router.stderr_since_start()
     assert [f["address"] for f in found[:3]] == ["None", "None", "'_eorouter/control'"]
     assert found[3]["address"].endswith("more characters)")  # bounded like any peer text
     assert "needs a target address" in found[0]["reason"] and "needs a source address" in found[1]["reason"]

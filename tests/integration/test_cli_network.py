@@ -60,8 +60,9 @@ class NetworkCommand:
         self.cwd = cwd
         self.out_path, self.err_path = cwd / "network-cmd.stdout", cwd / "network-cmd.stderr"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([str(EOROUTER), *argv[1:]], cwd=cwd, stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=err, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [str(EOROUTER), *argv[1:]], cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+            )
 
     def stdout(self) -> str:
         return self.out_path.read_text()
@@ -74,8 +75,9 @@ class NetworkCommand:
         deadline = time.monotonic() + timeout
         while READY not in self.stdout():
             if self.proc.poll() is not None:
-                pytest.fail(f"eorouter network exited with {self.proc.returncode} before it was ready:\n"
-                            f"{self.stdout()}{self.stderr()}")
+                pytest.fail(
+                    f"eorouter network exited with {self.proc.returncode} before it was ready:\n{self.stdout()}{self.stderr()}"
+                )
             if time.monotonic() > deadline:
                 pytest.fail(f"eorouter network not ready after {timeout} s:\n{self.stdout()}{self.stderr()}")
             time.sleep(0.1)
@@ -178,7 +180,7 @@ def test_a_router_that_cannot_start_is_one_line_and_the_others_stop(tmp_path):
         assert message.startswith("eorouter network: router B exited with 1 before it was ready: "), message
         assert "is in use by another router process" in message, message
         assert str(tmp_path / "network" / "B.stderr") in message, "the line names the file with B's output"
-        (pid, _), = router_pids(tmp_path / "network")  # A started; B never opened its log
+        ((pid, _),) = router_pids(tmp_path / "network")  # A started; B never opened its log
         assert not alive(pid), "router A must be stopped when B cannot start"
         assert "router-stopping" in [e["event"] for e in read_event_log(tmp_path / "network" / "A")]
     finally:
@@ -198,6 +200,7 @@ def test_a_bad_topology_file_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "ring.toml").write_text('[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[link]]\nbetwen = ["A", "B"]\n')
     cmd = NetworkCommand(tmp_path, ["eorouter", "network", "--topology", "ring.toml"])
     assert cmd.wait_exit() == 2
-    assert cmd.stderr() == ("eorouter network: ring.toml: link[0].betwen: unknown key (did you mean 'between'?); "
-                            "known keys in [[link]]: between\n")
+    assert cmd.stderr() == (
+        "eorouter network: ring.toml: link[0].betwen: unknown key (did you mean 'between'?); known keys in [[link]]: between\n"
+    )
     assert not (tmp_path / "network").exists(), "nothing is started for a bad file"

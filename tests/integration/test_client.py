@@ -48,8 +48,15 @@ class Clients:
 
     def publisher(self, urls, topic, name, **kw) -> ResumablePublisher:
         kw.setdefault("heartbeat", HEARTBEAT)
-        pub = ResumablePublisher(urls, topic, container_id=name, link_name=f"{name}-link",
-                                 state_path=self.dir / f"{name}.state", ledger_path=self.dir / f"{name}.jsonl", **kw)
+        pub = ResumablePublisher(
+            urls,
+            topic,
+            container_id=name,
+            link_name=f"{name}-link",
+            state_path=self.dir / f"{name}.state",
+            ledger_path=self.dir / f"{name}.jsonl",
+            **kw,
+        )
         self.all.append(pub)
         return pub.start()
 
@@ -57,8 +64,15 @@ class Clients:
         kw.setdefault("heartbeat", HEARTBEAT)
         if got is not None:
             kw["on_message"] = lambda m: got.append(m)
-        sub = ResumableSubscriber(urls, topic, container_id=name, link_name=f"{name}-link",
-                                  state_path=self.dir / f"{name}.state", ledger_path=self.dir / f"{name}.jsonl", **kw)
+        sub = ResumableSubscriber(
+            urls,
+            topic,
+            container_id=name,
+            link_name=f"{name}-link",
+            state_path=self.dir / f"{name}.state",
+            ledger_path=self.dir / f"{name}.jsonl",
+            **kw,
+        )
         self.all.append(sub)
         return sub.start()
 
@@ -135,10 +149,24 @@ def test_publish_subscribe_exactly_once_with_ledgers(router_factory, clients):
     pub_ledger = clients.ledger("pub-1")
     assert_exactly_once(pub_ledger, {"sub-1": clients.ledger("sub-1"), "sub-2": clients.ledger("sub-2")}, 300)
     # the ledger format (docs/ledger.md)
-    fields = ["ts", "client", "link", "role", "event", "topic", "delivery", "pub_tag", "seq", "outcome", "router",
-              "incarnation", "digest", "message_id"]
+    fields = [
+        "ts",
+        "client",
+        "link",
+        "role",
+        "event",
+        "topic",
+        "delivery",
+        "pub_tag",
+        "seq",
+        "outcome",
+        "router",
+        "incarnation",
+        "digest",
+        "message_id",
+    ]
     sent = [line for line in pub_ledger if line["event"] == "sent"]
-    assert len(sent) == 300 and list(sent[0])[:len(fields)] == fields
+    assert len(sent) == 300 and list(sent[0])[: len(fields)] == fields
     assert sent[0]["client"] == "pub-1" and sent[0]["link"] == "pub-1-link" and sent[0]["role"] == "publisher"
     assert sent[0]["pub_tag"] == b"1".hex() and sent[0]["router"] == router.url and sent[0]["topic"] == "orders"
     assert sent[0]["incarnation"] == pub.incarnation
@@ -192,8 +220,7 @@ def test_connection_drops_mid_stream_are_invisible_to_the_application(router_fac
     resumed = [line for line in clients.ledger("pub-d") if line["event"] == "resumed"]
     assert len(resumed) == pub.attaches - 1
     # the router saw the publisher come back under the same incarnation
-    attached = [e for e in read_event_log(router.data_dir)
-                if e["event"] == "link-attached" and e["container"] == "pub-d"]
+    attached = [e for e in read_event_log(router.data_dir) if e["event"] == "link-attached" and e["container"] == "pub-d"]
     assert [e["resumed"] for e in attached] == [False] + [True] * (len(attached) - 1)
     assert {e["incarnation"] for e in attached} == {pub.incarnation}
     subs = [e for e in read_event_log(router.data_dir) if e["event"] == "link-attached" and e["container"] == "sub-d"]
@@ -201,9 +228,26 @@ def test_connection_drops_mid_stream_are_invisible_to_the_application(router_fac
 
 
 def _client_cmd(kind: str, urls, topic: str, name: str, directory: Path, *extra) -> list[str]:
-    cmd = [sys.executable, "-m", "router.client", kind, "--topic", topic, "--container-id", name,
-           "--link", f"{name}-link", "--state", str(directory / f"{name}.state"),
-           "--ledger", str(directory / f"{name}.jsonl"), "--heartbeat", str(HEARTBEAT), "--timeout", "60"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "router.client",
+        kind,
+        "--topic",
+        topic,
+        "--container-id",
+        name,
+        "--link",
+        f"{name}-link",
+        "--state",
+        str(directory / f"{name}.state"),
+        "--ledger",
+        str(directory / f"{name}.jsonl"),
+        "--heartbeat",
+        str(HEARTBEAT),
+        "--timeout",
+        "60",
+    ]
     for url in urls:
         cmd += ["--url", url]
     return cmd + [str(x) for x in extra]
@@ -211,8 +255,9 @@ def _client_cmd(kind: str, urls, topic: str, name: str, directory: Path, *extra)
 
 def _spawn(cmd, directory: Path, tag: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)}
-    return subprocess.Popen(cmd, cwd=directory, env=env, stdout=open(directory / f"{tag}.out", "w"),
-                            stderr=open(directory / f"{tag}.err", "w"))
+    return subprocess.Popen(
+        cmd, cwd=directory, env=env, stdout=open(directory / f"{tag}.out", "w"), stderr=open(directory / f"{tag}.err", "w")
+    )
 
 
 def _finish(proc: subprocess.Popen, directory: Path, tag: str, timeout: float = 60) -> dict:
@@ -233,8 +278,7 @@ def test_publisher_process_killed_mid_stream_resumes_from_its_state_file(router_
     sub = clients.subscriber([router.url], "restart-p", "sub-r", got)
     assert sub.wait_attached(10)
     d = clients.dir
-    cmd = _client_cmd("publish", [router.url], "restart-p", "pub-proc", d, "--count", 400, "--rate", 400,
-                      "--window", 50)
+    cmd = _client_cmd("publish", [router.url], "restart-p", "pub-proc", d, "--count", 400, "--rate", 400, "--window", 50)
     proc = _spawn(cmd, d, "pub1")
     _wait(lambda: len(final_outcomes(clients.ledger("pub-proc"))) >= 100, what="100 outcomes before the kill")
     proc.send_signal(signal.SIGKILL)
@@ -249,8 +293,7 @@ def test_publisher_process_killed_mid_stream_resumes_from_its_state_file(router_
     # the second run resumed (same incarnation) and resent what the first left unsettled
     resumed = [line for line in clients.ledger("pub-proc") if line["event"] == "resumed"]
     assert len(resumed) == 1 and resumed[0]["incarnation"] == summary["incarnation"]
-    attached = [e for e in read_event_log(router.data_dir)
-                if e["event"] == "link-attached" and e["container"] == "pub-proc"]
+    attached = [e for e in read_event_log(router.data_dir) if e["event"] == "link-attached" and e["container"] == "pub-proc"]
     assert [e["resumed"] for e in attached] == [False, True]
     assert attached[0]["incarnation"] == attached[1]["incarnation"] == summary["incarnation"]
 
@@ -258,8 +301,7 @@ def test_publisher_process_killed_mid_stream_resumes_from_its_state_file(router_
 def test_subscriber_process_killed_mid_stream_resumes_from_its_state_file(router_factory, clients):
     router = router_factory("A")
     d = clients.dir
-    cmd = _client_cmd("subscribe", [router.url], "restart-s", "sub-proc", d, "--expect", 300, "--delay", 0.004,
-                      "--prefetch", 20)
+    cmd = _client_cmd("subscribe", [router.url], "restart-s", "sub-proc", d, "--expect", 300, "--delay", 0.004, "--prefetch", 20)
     proc = _spawn(cmd, d, "sub1")
     _wait(lambda: (d / "sub1.out").exists() and "ready" in (d / "sub1.out").read_text(), what="subscriber ready")
     pub = clients.publisher([router.url], "restart-s", "pub-s")
@@ -275,8 +317,7 @@ def test_subscriber_process_killed_mid_stream_resumes_from_its_state_file(router
     assert {r.state for r in results} == {"accepted"}
     pub.close()
     assert_exactly_once(clients.ledger("pub-s"), {"sub-proc": clients.ledger("sub-proc")}, 300)
-    attached = [e for e in read_event_log(router.data_dir)
-                if e["event"] == "link-attached" and e["container"] == "sub-proc"]
+    attached = [e for e in read_event_log(router.data_dir) if e["event"] == "link-attached" and e["container"] == "sub-proc"]
     assert [e["resumed"] for e in attached] == [False, True]
 
 
@@ -308,9 +349,8 @@ def test_client_stays_with_its_state_across_a_clean_restart(router_factory, clie
 
 def _network(tmp_path, ids=("A", "B", "C")) -> RouterNetwork:
     lines = [f'[[router]]\nid = "{r}"' for r in ids]
-    links = [f'[[link]]\nbetween = ["{a}", "{b}"]' for i, a in enumerate(ids) for b in ids[i + 1:]]
-    net = RouterNetwork(tmp_path / "net", parse_topology("\n".join(lines + links)),
-                        overrides={"router": {"idle_timeout": 2.0}})
+    links = [f'[[link]]\nbetween = ["{a}", "{b}"]' for i, a in enumerate(ids) for b in ids[i + 1 :]]
+    net = RouterNetwork(tmp_path / "net", parse_topology("\n".join(lines + links)), overrides={"router": {"idle_timeout": 2.0}})
     return net
 
 
@@ -339,8 +379,11 @@ def test_publisher_fails_over_when_its_router_is_killed(tmp_path, clients):
         assert reattached, pub.history
         print(f"publisher resumed on {c.url} {reattached[0] - killed_at:.2f} s after the kill")
         assert {r.state for r in results} == {"accepted"}
-        _wait(lambda: not sub.state.unsettled, what="the router to settle every delivery to the subscriber: "
-              f"{[(t[16:].hex(), s) for t, s in sub.state.entries()]} still unsettled")
+        _wait(
+            lambda: not sub.state.unsettled,
+            what="the router to settle every delivery to the subscriber: "
+            f"{[(t[16:].hex(), s) for t, s in sub.state.entries()]} still unsettled",
+        )
         pub.close(), sub.close()
         assert_exactly_once(clients.ledger("pub-fo"), {"sub-fo": clients.ledger("sub-fo")}, 400)
         assert pub.router is None or pub.router == c.url
@@ -395,8 +438,13 @@ def stubs():
 
 def test_attach_properties_carry_the_documented_values(stubs, clients):
     tag_a, tag_b = b"\x11" * 16 + b"\x011", b"\x11" * 16 + b"\x012"
-    stub = stubs(outcome=None, subscriber_messages=[(tag_a, Message(body="a", properties={"seq": 1}).encode()),
-                                                    (tag_b, Message(body="b", properties={"seq": 2}).encode())])
+    stub = stubs(
+        outcome=None,
+        subscriber_messages=[
+            (tag_a, Message(body="a", properties={"seq": 1}).encode()),
+            (tag_b, Message(body="b", properties={"seq": 2}).encode()),
+        ],
+    )
     pub = clients.publisher([stub.url], "wire", "pub-w")
     assert pub.wait_attached(10)
     for i in range(3):

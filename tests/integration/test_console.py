@@ -24,9 +24,13 @@ def _metrics_port(router) -> int:
 @pytest.fixture(scope="module")
 def triangle(tmp_path_factory):
     text = "".join(f'[[router]]\nid = "{r}"\n' for r in "ABC") + "".join(
-        f'[[link]]\nbetween = ["{a}", "{b}"]\n' for a, b in ("AB", "BC", "CA"))
-    net = RouterNetwork(tmp_path_factory.mktemp("console"), parse_topology(text),
-                        overrides={"metrics": {"port": 0}, "delivery": {"record_linger": 0.5}})
+        f'[[link]]\nbetween = ["{a}", "{b}"]\n' for a, b in ("AB", "BC", "CA")
+    )
+    net = RouterNetwork(
+        tmp_path_factory.mktemp("console"),
+        parse_topology(text),
+        overrides={"metrics": {"port": 0}, "delivery": {"record_linger": 0.5}},
+    )
     try:
         net.start()
     except BaseException:
@@ -42,6 +46,7 @@ def browser():
         pytest.skip("needs chromium and chromium-driver (sudo scripts/setup-root)")
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
+
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):

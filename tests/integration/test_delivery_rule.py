@@ -33,9 +33,10 @@ def subscribers(amqp, router, topic, n=N, **kw):
 
 
 def wait_received(amqp, subs, count):
-    amqp.wait(lambda: all(len(s.received) >= count for s in subs),
-              what=f"every subscriber to receive {count} message(s): "
-                   f"{[len(s.received) for s in subs]}")
+    amqp.wait(
+        lambda: all(len(s.received) >= count for s in subs),
+        what=f"every subscriber to receive {count} message(s): {[len(s.received) for s in subs]}",
+    )
 
 
 # --------------------------------------------------------------------------- fan-out
@@ -56,8 +57,7 @@ def test_fan_out_each_subscriber_gets_every_message_once_in_order(router, amqp):
         assert sub.bodies() == expected
         assert len({r.tag for r in sub.received}) == count, "outgoing tags must be distinct"
     # One record per publisher delivery, one outgoing (disambiguated) tag for all subscribers.
-    assert [r.tag for r in subs[0].received] == [r.tag for r in subs[1].received] \
-        == [r.tag for r in subs[2].received]
+    assert [r.tag for r in subs[0].received] == [r.tag for r in subs[1].received] == [r.tag for r in subs[2].received]
     assert all(len(r.tag) <= 32 for r in subs[0].received)
 
 
@@ -118,16 +118,23 @@ def test_message_content_relayed_intact_multi_frame(router, amqp):
     sub = amqp.connect(router.url).subscriber(topic, auto_accept=True)
     pub = amqp.connect(router.url).publisher(topic)
     big = bytes(range(256)) * 800  # 200 KiB: several transfer frames each way
-    msg = Message(body=big, subject="subj", id="msg-1", correlation_id="corr-1",
-                  content_type="application/octet-stream", durable=True, priority=7,
-                  properties={"app": "prop", "n": 42}, annotations={"x-opt-mine": "kept"})
+    msg = Message(
+        body=big,
+        subject="subj",
+        id="msg-1",
+        correlation_id="corr-1",
+        content_type="application/octet-stream",
+        durable=True,
+        priority=7,
+        properties={"app": "prop", "n": 42},
+        annotations={"x-opt-mine": "kept"},
+    )
     sent = pub.send(message=msg)
     amqp.wait(lambda: sent.outcome, what="outcome of a 200 KiB message")
     assert sent.outcome == "accepted"
     got = sub.received[0].message
     assert got.body == big
-    assert (got.subject, got.id, got.correlation_id, got.content_type) == ("subj", "msg-1", "corr-1",
-                                                                          "application/octet-stream")
+    assert (got.subject, got.id, got.correlation_id, got.content_type) == ("subj", "msg-1", "corr-1", "application/octet-stream")
     assert got.durable and got.priority == 7
     assert got.properties == {"app": "prop", "n": 42}
     assert got.annotations.get("x-opt-mine") == "kept", got.annotations
@@ -137,8 +144,7 @@ def test_drain_with_nothing_to_send_spends_credit(router, amqp):
     sub = amqp.connect(router.url).subscriber(unique("drain"), credit=0)
     sub.link.drain(10)
     amqp.flush()
-    amqp.wait(lambda: sub.link.credit == 0 and not sub.link.draining(),
-              what="the router to answer a drain with nothing to send")
+    amqp.wait(lambda: sub.link.credit == 0 and not sub.link.draining(), what="the router to answer a drain with nothing to send")
 
 
 # --------------------------------------------------------------------------- acceptance waits for all
@@ -197,18 +203,21 @@ def test_rejection_does_not_short_circuit_the_wait(router, amqp):
     assert sent.outcome == "rejected"
 
 
-@pytest.mark.parametrize("answers, expected", [
-    (("accepted", "accepted", "accepted"), "accepted"),
-    (("accepted", "accepted", "rejected"), "rejected"),
-    (("released", "accepted", "accepted"), "released"),
-    (("accepted", "released", "released"), "released"),
-    (("released", "modified", "accepted"), "modified"),
-    (("accepted", "released", "modified"), "modified"),
-    (("rejected", "modified", "released"), "rejected"),
-    (("modified", "rejected", "accepted"), "rejected"),
-    # settled without a terminal outcome counts as released (docs/delivery-rule.md)
-    (("accepted", "settle-only", "accepted"), "released"),
-])
+@pytest.mark.parametrize(
+    "answers, expected",
+    [
+        (("accepted", "accepted", "accepted"), "accepted"),
+        (("accepted", "accepted", "rejected"), "rejected"),
+        (("released", "accepted", "accepted"), "released"),
+        (("accepted", "released", "released"), "released"),
+        (("released", "modified", "accepted"), "modified"),
+        (("accepted", "released", "modified"), "modified"),
+        (("rejected", "modified", "released"), "rejected"),
+        (("modified", "rejected", "accepted"), "rejected"),
+        # settled without a terminal outcome counts as released (docs/delivery-rule.md)
+        (("accepted", "settle-only", "accepted"), "released"),
+    ],
+)
 def test_outcome_priority(router, amqp, answers, expected):
     topic = unique("prio")
     subs = subscribers(amqp, router, topic, n=len(answers))
@@ -293,13 +302,16 @@ def test_presettled_publisher_best_effort_never_waits(router, amqp):
     pub = amqp.connect(router.url).publisher(topic, presettled=True)
     for i in range(20):
         pub.send(f"p{i}")  # waits for credit: a held-up router would stall here
-    amqp.wait(lambda: len(eager.received) == 20 and len(withholding.received) == 20,
-              what=f"best-effort relay: {len(eager.received)}, {len(withholding.received)}")
+    amqp.wait(
+        lambda: len(eager.received) == 20 and len(withholding.received) == 20,
+        what=f"best-effort relay: {len(eager.received)}, {len(withholding.received)}",
+    )
     expected = [f"p{i}" for i in range(20)]
     assert eager.bodies() == expected
     assert withholding.bodies() == expected
-    assert all(r.arrived_settled for r in eager.received + withholding.received), \
+    assert all(r.arrived_settled for r in eager.received + withholding.received), (
         "a pre-settled publisher's messages are relayed pre-settled"
+    )
     assert all(s.outcome is None for s in pub.sent)
 
 
@@ -461,8 +473,12 @@ def test_non_durable_subscriber_leaving_stops_counting(router, amqp, how):
     wait_received(amqp, [stays, leaves], 1)
     amqp.pump(HOLD)  # negative check: held for the silent subscriber
     assert sent.outcome is None
-    {"close-link": leaves.close, "detach-link": leaves.detach,
-     "close-connection": leaves.conn.close, "abort-connection": leaves.conn.abort}[how]()
+    {
+        "close-link": leaves.close,
+        "detach-link": leaves.detach,
+        "close-connection": leaves.conn.close,
+        "abort-connection": leaves.conn.abort,
+    }[how]()
     amqp.wait(lambda: sent.outcome, what=f"publisher outcome after the subscriber left ({how})")
     assert sent.outcome == "accepted", "the remaining subscriber accepted; the one that left is not owed"
     assert_round_trip(amqp, router)
@@ -518,12 +534,13 @@ def test_event_log_tells_the_delivery_story(router, amqp):
     # a folded line share its seq) and have no gaps
     this_epoch = [e["seq"] for e in read_events(router.data_dir, raw=True) if e.get("epoch") == router.epoch]
     assert this_epoch == list(range(1, len(this_epoch) + 1))
+
     # The record is settled and deleted: at once (the subscribers settled first, so they
     # know), or after record_linger (2 s).
     def record_gone():
         story = [e for e in router.events() if e.get("delivery") == delivery]
-        return any(e["event"] == "record-deleted" or (e["event"] == "settled" and e.get("deleted"))
-                   for e in story)
+        return any(e["event"] == "record-deleted" or (e["event"] == "settled" and e.get("deleted")) for e in story)
+
     amqp.wait(record_gone, timeout=15, what="the delivery's record deleted")
 
 
@@ -531,8 +548,7 @@ def test_event_log_records_links_and_start(router, amqp):
     topic = unique("loglinks")
     sub = amqp.connect(router.url).subscriber(topic)
     sub.close()
-    amqp.wait(lambda: "link-detached" in {e["event"] for e in router.events()},
-              timeout=5, what="link-detached in the event log")
+    amqp.wait(lambda: "link-detached" in {e["event"] for e in router.events()}, timeout=5, what="link-detached in the event log")
     kinds = _by_kind(router.events())
     assert kinds.get("router-started"), "router-started missing"
     assert kinds.get("link-attached")

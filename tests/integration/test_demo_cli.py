@@ -35,8 +35,13 @@ def test_a_demo_whose_router_cannot_start_says_so_in_one_line(tmp_path, demo):
     lock = os.open(data / "lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        done = subprocess.run([sys.executable, "-m", "router", *demo, "--workdir", str(tmp_path)],
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-m", "router", *demo, "--workdir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
     finally:
         os.close(lock)
     message = done.stderr.strip()

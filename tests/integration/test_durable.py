@@ -22,8 +22,7 @@ HOLD = 0.5
 
 
 def durable_subscriber(amqp, router, topic, container_id, name, durable=2, **kw):
-    return amqp.connect(router.url, container_id=container_id).subscriber(
-        topic, name=name, durable=durable, **kw)
+    return amqp.connect(router.url, container_id=container_id).subscriber(topic, name=name, durable=durable, **kw)
 
 
 def go_away(sub, how):
@@ -90,9 +89,16 @@ def test_reattach_after_the_publisher_left(router, amqp):
     again = durable_subscriber(amqp, router, topic, cid, name, auto_accept=True)
     amqp.wait(lambda: len(again.received) == 1, what="the orphaned delivery to reach the subscriber")
     assert again.bodies() == ["orphan"]
-    amqp.wait(lambda: again.received[0].remote_settled or any(
-        e["event"] == "settled" and e.get("by") == "publisher-gone" and e.get("delivery") == again.received[0].tag.hex()
-        for e in router.events()), what="the router settling for the departed publisher")
+    amqp.wait(
+        lambda: (
+            again.received[0].remote_settled
+            or any(
+                e["event"] == "settled" and e.get("by") == "publisher-gone" and e.get("delivery") == again.received[0].tag.hex()
+                for e in router.events()
+            )
+        ),
+        what="the router settling for the departed publisher",
+    )
 
 
 def test_reattach_gets_in_doubt_delivery_again_first(router, amqp):
@@ -172,8 +178,7 @@ def test_durable_subscription_expires_after_its_timeout(router, amqp):
     amqp.wait(lambda: len(other.received) == 1, what="attached subscriber receives")
     amqp.wait(lambda: sent.outcome, timeout=10, what="publisher outcome once the subscription expired")
     assert sent.outcome in TERMINAL
-    assert any(e["event"] == "subscription-expired" for e in router.events()), \
-        "expiry of a durable subscription must be logged"
+    assert any(e["event"] == "subscription-expired" for e in router.events()), "expiry of a durable subscription must be logged"
     again = pub.send("y")
     amqp.wait(lambda: again.outcome, what="next outcome")
     assert again.outcome == "accepted", "an expired subscription is not owed new messages"
@@ -200,15 +205,22 @@ def test_stealing_link_takes_over_unanswered_deliveries(router, amqp, durable):
     assert [r.tag for r in new.received] == [r.tag for r in old.received[1:]]
 
 
-@pytest.mark.parametrize("policy, requested, granted", [
-    ("session-end", 0, 60), ("session-end", 5, 5), ("connection-close", 5, 5),
-    ("session-end", 999999, 3600), ("never", 5, 3600),
-])
+@pytest.mark.parametrize(
+    "policy, requested, granted",
+    [
+        ("session-end", 0, 60),
+        ("session-end", 5, 5),
+        ("connection-close", 5, 5),
+        ("session-end", 999999, 3600),
+        ("never", 5, 3600),
+    ],
+)
 def test_terminus_timeout_is_bounded(router, amqp, policy, requested, granted):
     """0 asks for the default, more than the cap gets the cap; expiry-policy never
     gets the cap (documented in docs/delivery-rule.md)."""
-    sub = durable_subscriber(amqp, router, unique("durtimeout"), unique("dt-client"), unique("dt-link"),
-                             timeout=requested, expiry_policy=policy)
+    sub = durable_subscriber(
+        amqp, router, unique("durtimeout"), unique("dt-client"), unique("dt-link"), timeout=requested, expiry_policy=policy
+    )
     assert sub.link.remote_source.timeout == granted
     assert sub.link.remote_source.durability == 2
     sub.close()

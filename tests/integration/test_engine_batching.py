@@ -41,12 +41,11 @@ class RecordingCore:
     def handle(self, event, now):
         self.calls.append(event)
         if isinstance(event, LinkAttached):
-            return [OpenLink(event.link_id)] + [Forward(event.link_id, tag, b"\x00Sw\xa1\x01x", False)
-                                                for tag in TAGS]
+            return [OpenLink(event.link_id)] + [Forward(event.link_id, tag, b"\x00Sw\xa1\x01x", False) for tag in TAGS]
         return []
 
     def accepted_batch(self, items, now, out):
-        triples = [tuple(items[i:i + 3]) for i in range(0, len(items), 3)]
+        triples = [tuple(items[i : i + 3]) for i in range(0, len(items), 3)]
         self.calls.append(("accepted_batch", triples))
         for n, (_link, tag, _settled) in enumerate(triples):
             if n == self.fail_after:

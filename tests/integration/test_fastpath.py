@@ -24,8 +24,7 @@ from router.core.events import LinkAttached, OutcomeReceived
 
 pytestmark = pytest.mark.timeout(120)
 
-compiled_only = pytest.mark.skipif(fastpath.take_accepted is None,
-                                   reason=f"compiled fast path not in use: {fastpath.status}")
+compiled_only = pytest.mark.skipif(fastpath.take_accepted is None, reason=f"compiled fast path not in use: {fastpath.status}")
 
 PAYLOAD = b"\x00Sw\xa1\x01x"  # an AMQP value section: the engine forwards bytes as they are
 
@@ -33,6 +32,7 @@ PAYLOAD = b"\x00Sw\xa1\x01x"  # an AMQP value section: the engine forwards bytes
 def test_the_compiled_fast_path_is_built_and_bound():
     """A plain install builds it (setup.py); only EOROUTER_FASTPATH=0 turns it off."""
     import os
+
     if os.environ.get(fastpath.ENV, "1") == "0":
         pytest.skip("EOROUTER_FASTPATH=0")
     assert fastpath.status == "compiled", fastpath.status
@@ -56,14 +56,15 @@ class ScriptedCore:
         self.calls.append(event)
         if isinstance(event, LinkAttached):
             self.links.append(event.link_id)
-            return [OpenLink(event.link_id)] + [Forward(event.link_id, tag, PAYLOAD, False)
-                                                for tag in self.tags(len(self.links) - 1)]
+            return [OpenLink(event.link_id)] + [
+                Forward(event.link_id, tag, PAYLOAD, False) for tag in self.tags(len(self.links) - 1)
+            ]
         if isinstance(event, OutcomeReceived) and not event.settled and event.tag in self.settle_back:
             return [SettleOutgoing(event.link_id, event.tag)]
         return []
 
     def accepted_batch(self, items, now, out):
-        triples = [tuple(items[i:i + 3]) for i in range(0, len(items), 3)]
+        triples = [tuple(items[i : i + 3]) for i in range(0, len(items), 3)]
         self.calls.append(("accepted_batch", triples))
         for link_id, tag, settled in triples:
             if not settled and tag in self.settle_back:
@@ -87,21 +88,26 @@ ACTIONS = {
     "received": (lib.PN_RECEIVED, False),
 }
 
-steps = st.lists(st.one_of(
-    st.tuples(st.just("act"), st.integers(0, 2), st.integers(0, 4), st.sampled_from(sorted(ACTIONS))),
-    st.tuples(st.just("read")),
-    st.tuples(st.just("detach"), st.integers(0, 2)),
-), max_size=40)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("act"), st.integers(0, 2), st.integers(0, 4), st.sampled_from(sorted(ACTIONS))),
+        st.tuples(st.just("read")),
+        st.tuples(st.just("detach"), st.integers(0, 2)),
+    ),
+    max_size=40,
+)
 
 
 def play(script: list, links: int, per_link: int, settle_back: frozenset, compiled: bool):
     saved = fastpath.take_accepted
     taken = [0]
     if compiled:
+
         def counting(*args):
             n = saved(*args)
             taken[0] += n
             return n
+
         fastpath.take_accepted = counting
     else:
         fastpath.take_accepted = None
@@ -143,8 +149,12 @@ def play(script: list, links: int, per_link: int, settle_back: frozenset, compil
 
 @compiled_only
 @settings(max_examples=150, deadline=None)
-@given(script=steps, links=st.integers(1, 3), per_link=st.integers(1, 5),
-       settle_back=st.frozensets(st.sampled_from([f"L{a}-{b}".encode() for a in range(3) for b in range(5)])))
+@given(
+    script=steps,
+    links=st.integers(1, 3),
+    per_link=st.integers(1, 5),
+    settle_back=st.frozensets(st.sampled_from([f"L{a}-{b}".encode() for a in range(3) for b in range(5)])),
+)
 def test_the_compiled_path_gives_the_core_what_the_python_path_gives(script, links, per_link, settle_back):
     calls_c, counts_c, _ = play(script, links, per_link, settle_back, compiled=True)
     calls_py, counts_py, taken = play(script, links, per_link, settle_back, compiled=False)
@@ -156,8 +166,14 @@ def test_the_compiled_path_gives_the_core_what_the_python_path_gives(script, lin
 def test_the_compiled_path_takes_the_usual_answers_and_leaves_the_rest():
     """Accepted + settled dispositions go through it; others (here an accept that waits
     for our settlement, and a rejection) reach the core through the Python path, in order."""
-    script = [("act", 0, 0, "accept+settle"), ("act", 0, 1, "accept"), ("act", 0, 2, "reject+settle"),
-              ("act", 0, 3, "accept+settle"), ("act", 0, 4, "accept+settle"), ("read",)]
+    script = [
+        ("act", 0, 0, "accept+settle"),
+        ("act", 0, 1, "accept"),
+        ("act", 0, 2, "reject+settle"),
+        ("act", 0, 3, "accept+settle"),
+        ("act", 0, 4, "accept+settle"),
+        ("read",),
+    ]
     calls, counts, taken = play(script, 1, 5, frozenset({b"L0-1"}), compiled=True)
     assert taken == 3
     answers = [c for c in calls if type(c) is tuple or isinstance(c, OutcomeReceived)]
@@ -173,6 +189,7 @@ def test_the_compiled_path_takes_the_usual_answers_and_leaves_the_rest():
 
 
 # ------------------------------------------------------------------ real router processes
+
 
 def _fan_out_round(router, amqp, topic: str) -> None:
     """Three subscribers accept (and settle) 30 messages: every copy answered through

@@ -66,8 +66,9 @@ class Node:
         self.id = router_id
         self.core = FakeCore()
         self.log = FakeLog(epoch, f"boot-{router_id}")
-        self.engine = Engine(self.core, self.log, max_message_size=1 << 20, router_id=router_id,
-                             secret=secret, handshake_timeout=30.0)
+        self.engine = Engine(
+            self.core, self.log, max_message_size=1 << 20, router_id=router_id, secret=secret, handshake_timeout=30.0
+        )
         self.peers = self.engine.peers
         self.conns: list[Conn] = []
 
@@ -196,12 +197,18 @@ def test_data_relayed_with_tag_header_and_bytes():
     pipe = Pipe(a, b)
     run([a, b], [pipe])
     big = bytes(range(256)) * 2048  # 512 KiB: several frames
-    b.engine.execute([SendData("A", b"\x01" * 32, {"origin": "B", "dests": ["A"]}, b"small"),
-                      SendData("A", b"tag-2", {"origin": "B", "dests": ["A"], "seq": 2}, big)])
+    b.engine.execute(
+        [
+            SendData("A", b"\x01" * 32, {"origin": "B", "dests": ["A"]}, b"small"),
+            SendData("A", b"tag-2", {"origin": "B", "dests": ["A"], "seq": 2}, big),
+        ]
+    )
     run([a, b], [pipe])
     got = a.core.of(DataReceived)
-    assert got == [DataReceived(pipe.ca.conn_id, "B", b"\x01" * 32, {"origin": "B", "dests": ["A"]}, b"small"),
-                   DataReceived(pipe.ca.conn_id, "B", b"tag-2", {"origin": "B", "dests": ["A"], "seq": 2}, big)]
+    assert got == [
+        DataReceived(pipe.ca.conn_id, "B", b"\x01" * 32, {"origin": "B", "dests": ["A"]}, b"small"),
+        DataReceived(pipe.ca.conn_id, "B", b"tag-2", {"origin": "B", "dests": ["A"], "seq": 2}, big),
+    ]
     assert lib.pn_link_credit(b.peers.current["A"].data_out) == DATA_WINDOW - 2  # topped up at half the window
 
 
@@ -260,5 +267,7 @@ def test_a_router_connecting_to_itself_is_refused():
     pipe = Pipe(a, also_a)
     run([a, also_a], [pipe])
     assert not a.core.events and not also_a.core.events
-    assert a.log.records[0] == ("peer-refused", {"peer": "A", "conn": pipe.ca.conn_id,
-                                                 "reason": "the peer claims our own router id 'A'"})
+    assert a.log.records[0] == (
+        "peer-refused",
+        {"peer": "A", "conn": pipe.ca.conn_id, "reason": "the peer claims our own router id 'A'"},
+    )

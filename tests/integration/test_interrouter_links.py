@@ -42,9 +42,12 @@ def acceptor_router(routers, router_id="A", secret=SECRET, **overrides):
 
 
 def connector_router(routers, router_id, to, secret=SECRET, **overrides):
-    return routers(router_id, connector=[{"host": "127.0.0.1", "port": to.inter_router_port,
-                                          "role": "inter-router", "name": f"to-{to.id}"}],
-                   network={"secret": secret, "reconnect_delay": 0.1, "reconnect_max": 0.4}, **overrides)
+    return routers(
+        router_id,
+        connector=[{"host": "127.0.0.1", "port": to.inter_router_port, "role": "inter-router", "name": f"to-{to.id}"}],
+        network={"secret": secret, "reconnect_delay": 0.1, "reconnect_max": 0.4},
+        **overrides,
+    )
 
 
 def peer_events(router, kind=None) -> list[dict]:
@@ -84,10 +87,18 @@ def test_two_routers_connect_prove_and_relay(router_factory, amqp):
     b = connector_router(router_factory, "B", a)
     up_a = wait_for(lambda: peer_events(a, "peer-connected"), "A reporting B", routers=(a, b))
     up_b = wait_for(lambda: peer_events(b, "peer-connected"), "B reporting A", routers=(a, b))
-    assert (up_a[0]["peer"], up_a[0]["peer_epoch"], up_a[0]["peer_boot"], up_a[0]["role"]) == \
-        ("B", b.epoch, boot_of(b), "acceptor")
-    assert (up_b[0]["peer"], up_b[0]["peer_epoch"], up_b[0]["peer_boot"], up_b[0]["role"]) == \
-        ("A", a.epoch, boot_of(a), "connector")
+    assert (up_a[0]["peer"], up_a[0]["peer_epoch"], up_a[0]["peer_boot"], up_a[0]["role"]) == (
+        "B",
+        b.epoch,
+        boot_of(b),
+        "acceptor",
+    )
+    assert (up_b[0]["peer"], up_b[0]["peer_epoch"], up_b[0]["peer_boot"], up_b[0]["role"]) == (
+        "A",
+        a.epoch,
+        boot_of(a),
+        "connector",
+    )
     assert not peer_events(a, "peer-refused") and not peer_events(b, "peer-refused")
 
     # End to end through both adapters (control: subscription announcements and
@@ -104,8 +115,11 @@ def test_two_routers_connect_prove_and_relay(router_factory, amqp):
 def test_wrong_secret_is_refused_on_both_sides_and_retried(router_factory):
     a = acceptor_router(router_factory, "A")
     b = connector_router(router_factory, "B", a, secret="not the secret")
-    refused_b = wait_for(lambda: len(peer_events(b, "peer-refused")) >= 3 and peer_events(b, "peer-refused"),
-                         "B refusing A three times (it keeps re-dialling)", routers=(a, b))
+    refused_b = wait_for(
+        lambda: len(peer_events(b, "peer-refused")) >= 3 and peer_events(b, "peer-refused"),
+        "B refusing A three times (it keeps re-dialling)",
+        routers=(a, b),
+    )
     refused_a = wait_for(lambda: peer_events(a, "peer-refused"), "A recording the refusal", routers=(a, b))
     # The connector checks the acceptor's proof first, so it is the one that says no.
     assert refused_b[0]["peer"] == "A" and "wrong proof" in refused_b[0]["reason"], refused_b[0]
@@ -125,8 +139,11 @@ def test_lost_peer_is_reported_and_the_connector_comes_back(router_factory):
     assert lost[0]["peer"] == "B" and lost[0]["conn"] == first_up["conn"], lost
 
     b.restart()  # a new epoch: the connector dials again and proves its new identity
-    again = wait_for(lambda: len(peer_events(a, "peer-connected")) == 2 and peer_events(a, "peer-connected"),
-                     "A reporting B's new incarnation", routers=(a, b))
+    again = wait_for(
+        lambda: len(peer_events(a, "peer-connected")) == 2 and peer_events(a, "peer-connected"),
+        "A reporting B's new incarnation",
+        routers=(a, b),
+    )
     assert again[1]["peer_epoch"] == b.epoch == first_up["peer_epoch"] + 1
 
     # The acceptor goes away and comes back on the same port: the connector retries until then.
@@ -135,24 +152,33 @@ def test_lost_peer_is_reported_and_the_connector_comes_back(router_factory):
     wait_for(lambda: peer_events(b, "peer-lost"), "B reporting A lost", routers=(b,))
     a.config["listener"][1]["port"] = port
     a.restart()
-    wait_for(lambda: any(e["peer_epoch"] == a.epoch for e in peer_events(b, "peer-connected")),
-             "B reconnecting to A's new incarnation", routers=(a, b))
+    wait_for(
+        lambda: any(e["peer_epoch"] == a.epoch for e in peer_events(b, "peer-connected")),
+        "B reconnecting to A's new incarnation",
+        routers=(a, b),
+    )
 
 
 def test_routers_dialling_each_other_get_two_connections(router_factory, amqp):
     a = acceptor_router(router_factory, "A")
-    b = acceptor_router(router_factory, "B", connector=[{"host": "127.0.0.1", "port": a.inter_router_port,
-                                                         "role": "inter-router"}])
+    b = acceptor_router(
+        router_factory, "B", connector=[{"host": "127.0.0.1", "port": a.inter_router_port, "role": "inter-router"}]
+    )
     a.config["connector"] = [{"host": "127.0.0.1", "port": b.inter_router_port, "role": "inter-router"}]
     a.terminate()
     a.config["listener"][1]["port"] = a.inter_router_port
     a.restart()
+
     # Only the new epoch counts: B may dial A while A is still shutting down, so
     # the first incarnation may or may not have reported B before it exited.
     def after_restart():
         return [e for e in peer_events(a, "peer-connected") if e["epoch"] == a.epoch]
-    both = wait_for(lambda: len(after_restart()) >= 2 and after_restart(),
-                    "A reporting B on both connections after its restart", routers=(a, b))
+
+    both = wait_for(
+        lambda: len(after_restart()) >= 2 and after_restart(),
+        "A reporting B on both connections after its restart",
+        routers=(a, b),
+    )
     assert {e["role"] for e in both} == {"acceptor", "connector"}
     topic = unique("twice")
     sub = amqp.connect(b.url).subscriber(topic, credit=10, auto_accept=True)
@@ -174,8 +200,9 @@ def test_client_cannot_attach_to_reserved_addresses(router_factory, amqp):
     sub = conn.subscriber("_eorouter/data", name="sneaky-sub", wait=False)
     for link in (pub, sub):
         amqp.wait(lambda link=link: link.gone, what=f"refusal of {link.name}")
-        assert link.remote_condition is not None and link.remote_condition.name == "amqp:unauthorized-access", \
+        assert link.remote_condition is not None and link.remote_condition.name == "amqp:unauthorized-access", (
             link.remote_condition
+        )
     assert not conn.gone, "only the links are refused"
     names = {e.get("name") for e in a.events() if e["event"] == "link-attached"}
     assert not names & {"sneaky-pub", "sneaky-sub"}, "the core never heard of them"
@@ -202,8 +229,7 @@ def test_inter_router_listener_refuses_a_plain_client(router_factory, amqp):
     a = acceptor_router(router_factory, "A")
     conn = amqp.connect(_ir_url(a), wait=False)
     amqp.wait(lambda: conn.gone, what="refusal of a client on the inter-router listener")
-    assert conn.remote_condition is not None and conn.remote_condition.name == "amqp:unauthorized-access", \
-        conn.remote_condition
+    assert conn.remote_condition is not None and conn.remote_condition.name == "amqp:unauthorized-access", conn.remote_condition
     assert wait_for(lambda: peer_events(a, "peer-refused"), "peer-refused", routers=(a,))
 
 
@@ -216,8 +242,10 @@ def test_fake_connector_with_the_right_secret_is_reported(router_factory, amqp):
     assert fake.remote["eorouter:router-id"] == "A" and fake.remote["eorouter:epoch"] == a.epoch
     assert fake.remote["eorouter:proto"] == 1 and isinstance(fake.remote["eorouter:proto"], int32)
     fake.attach_and_prove()
-    amqp.wait(lambda: {"_eorouter/control", "_eorouter/data"} <= set(fake.incoming),
-              what="the router attaching its control and data links once the proof is in")
+    amqp.wait(
+        lambda: {"_eorouter/control", "_eorouter/data"} <= set(fake.incoming),
+        what="the router attaching its control and data links once the proof is in",
+    )
     assert fake.incoming["_eorouter/control"].name == "eorouter-control-A"
     assert fake.incoming["_eorouter/data"].name == "eorouter-data-A"
     assert fake.incoming["_eorouter/control"].remote_snd_settle_mode == Link.SND_SETTLED
@@ -258,11 +286,14 @@ def test_connector_that_never_proves_itself_is_cut(router_factory, amqp):
     assert "handshake not finished" in refused[0]["reason"]
 
 
-@pytest.mark.parametrize("what,condition", [
-    ("forged-from", "amqp:unauthorized-access"),
-    ("bad-control", "amqp:decode-error"),
-    ("bad-data", "amqp:decode-error"),
-])
+@pytest.mark.parametrize(
+    "what,condition",
+    [
+        ("forged-from", "amqp:unauthorized-access"),
+        ("bad-control", "amqp:decode-error"),
+        ("bad-data", "amqp:decode-error"),
+    ],
+)
 def test_bad_transfers_after_the_handshake_close_the_connection(router_factory, amqp, what, condition):
     a = acceptor_router(router_factory, "A")
     fake = FakeRouter(amqp, _ir_url(a), "F", SECRET)
@@ -318,11 +349,16 @@ class FakeRouter(Handler):
         self.outgoing: dict[str, Link] = {}  # ours
         self.control: list[dict] = []  # decoded control transfers received
         self._tag = 0
-        props = {symbol("eorouter:router-id"): router_id, symbol("eorouter:epoch"): epoch,
-                 symbol("eorouter:boot"): self.boot, symbol("eorouter:nonce"): self.nonce,
-                 symbol("eorouter:proto"): int32(1)}
-        self.connection = harness.container.connect(url=url, handler=self, reconnect=False, properties=props,
-                                                    container_id=f"fake-{router_id}", sasl_enabled=False)
+        props = {
+            symbol("eorouter:router-id"): router_id,
+            symbol("eorouter:epoch"): epoch,
+            symbol("eorouter:boot"): self.boot,
+            symbol("eorouter:nonce"): self.nonce,
+            symbol("eorouter:proto"): int32(1),
+        }
+        self.connection = harness.container.connect(
+            url=url, handler=self, reconnect=False, properties=props, container_id=f"fake-{router_id}", sasl_enabled=False
+        )
         harness.conns.append(self)  # closed with the harness
 
     # -- state
@@ -340,8 +376,11 @@ class FakeRouter(Handler):
 
     def acceptor_proof_ok(self) -> bool:
         r = self.remote
-        expected = _mac(self.secret, f"eorouter-v1|acceptor|{r['eorouter:router-id']}|{r['eorouter:epoch']}|"
-                                     f"{r['eorouter:boot']}|{self.nonce}|{r['eorouter:nonce']}")
+        expected = _mac(
+            self.secret,
+            f"eorouter-v1|acceptor|{r['eorouter:router-id']}|{r['eorouter:epoch']}|"
+            f"{r['eorouter:boot']}|{self.nonce}|{r['eorouter:nonce']}",
+        )
         return hmac.compare_digest(expected, str(r.get("eorouter:auth")))
 
     # -- actions
@@ -355,13 +394,16 @@ class FakeRouter(Handler):
             link.snd_settle_mode = Link.SND_SETTLED
             link.open()
             self.outgoing[address] = link
-        mac = _mac(self.secret, f"eorouter-v1|connector|{self.router_id}|{self.epoch}|{self.boot}|"
-                                f"{self.remote['eorouter:nonce']}|{self.nonce}")
+        mac = _mac(
+            self.secret,
+            f"eorouter-v1|connector|{self.router_id}|{self.epoch}|{self.boot}|{self.remote['eorouter:nonce']}|{self.nonce}",
+        )
         self.send_control([{"t": "auth", "mac": mac}])
 
     def send_control(self, msgs: list, sender: str | None = None) -> None:
-        body = json.dumps({"v": 1, "from": sender or self.router_id, "epoch": self.epoch, "boot": self.boot,
-                           "msgs": msgs}).encode()
+        body = json.dumps(
+            {"v": 1, "from": sender or self.router_id, "epoch": self.epoch, "boot": self.boot, "msgs": msgs}
+        ).encode()
         self.send_raw("_eorouter/control", _data_section(body))
 
     def send_raw(self, address: str, payload: bytes) -> None:
@@ -410,8 +452,8 @@ class FakeRouter(Handler):
         if link.remote_target.address == "_eorouter/control":
             assert payload[:3] == b"\x00\x53\x75", payload[:8]
             if payload[3] == 0xA0:
-                body = payload[5:5 + payload[4]]
+                body = payload[5 : 5 + payload[4]]
             else:
-                body = payload[8:8 + struct.unpack(">I", payload[4:8])[0]]
+                body = payload[8 : 8 + struct.unpack(">I", payload[4:8])[0]]
             self.control.append(json.loads(body))
         link.flow(1)

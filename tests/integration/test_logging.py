@@ -59,8 +59,10 @@ def test_a_slow_subscriber_is_named(router_factory, amqp):
     amqp.wait(lambda: len(slow.received) == 3, what="3 deliveries")
 
     def warnings():
-        return [json.loads(line) for line in _lines(router) if line.startswith("{")
-                and json.loads(line)["logger"] == "eorouter.slow"]
+        return [
+            json.loads(line) for line in _lines(router) if line.startswith("{") and json.loads(line)["logger"] == "eorouter.slow"
+        ]
+
     amqp.wait(lambda: warnings(), what="a slow-subscriber warning", timeout=10)
     first = warnings()[0]
     assert first["level"] == "WARNING" and first["subscriber"] == "slowpoke/s" and first["topic"] == topic

@@ -18,8 +18,9 @@ SECRET = {"network": {"secret": "management-test-secret"}}
 
 def stat(router_or_bus, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
     bus = router_or_bus if isinstance(router_or_bus, str) else f"{router_or_bus.host}:{router_or_bus.port}"
-    return subprocess.run([sys.executable, "-m", "router", "stat", "-b", bus, *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "router", "stat", "-b", bus, *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def rows(router, view: str, *extra: str) -> list[dict]:
@@ -40,8 +41,13 @@ def test_the_stuck_subscriber_is_the_one_every_record_waits_on(router_factory, a
     pub = amqp.connect(router.url, container_id="pub-app").publisher(topic, name="pub")
     sent = [pub.send(f"m{n}") for n in range(3)]
     amqp.wait(lambda: len(stuck.received) == 3 and len(quick.received) == 3, what="3 deliveries each")
-    amqp.wait(lambda: all(s.get("waiting_on") == ["stuck-app/stuck"] for s in rows(router, "inflight"))
-              and len(rows(router, "inflight")) == 3, what="records waiting on the stuck subscriber only")
+    amqp.wait(
+        lambda: (
+            all(s.get("waiting_on") == ["stuck-app/stuck"] for s in rows(router, "inflight"))
+            and len(rows(router, "inflight")) == 3
+        ),
+        what="records waiting on the stuck subscriber only",
+    )
     inflight = rows(router, "inflight", "--topic", topic)
     assert [r["pub_tag"] for r in inflight] == [s.tag.hex() for s in sent]  # oldest first
     assert all(r["subscribers"] == {"quick-app/quick": "accepted", "stuck-app/stuck": "sent"} for r in inflight)
@@ -55,7 +61,10 @@ def test_the_stuck_subscriber_is_the_one_every_record_waits_on(router_factory, a
     assert all(c["role"] == "client" for c in connections)
     links = rows(router, "links")
     assert {(lk["container"], lk["role"], lk["address"]) for lk in links} >= {
-        ("quick-app", "subscriber", topic), ("stuck-app", "subscriber", topic), ("pub-app", "publisher", topic)}
+        ("quick-app", "subscriber", topic),
+        ("stuck-app", "subscriber", topic),
+        ("pub-app", "publisher", topic),
+    }
     topics = rows(router, "topics", "--topic", topic)
     assert len(topics) == 1 and topics[0]["records"] == 3 and topics[0]["published"] == 3
 
@@ -112,22 +121,25 @@ def test_the_network_view_before_and_after_a_router_dies(router_factory, amqp):
     """B sees A up, one hop away, with A's subscriber known; after A is killed, B
     shows it down (and its subscriber still known, retained for failover)."""
     port = _free_port()
-    a = router_factory("A", **SECRET, listener=[{"host": "127.0.0.1", "port": 0},
-                                                 {"host": "127.0.0.1", "port": port, "role": "inter-router"}])
+    a = router_factory(
+        "A", **SECRET, listener=[{"host": "127.0.0.1", "port": 0}, {"host": "127.0.0.1", "port": port, "role": "inter-router"}]
+    )
     b = router_factory("B", **SECRET, connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router"}])
     topic = unique("net")
     sub = amqp.connect(a.url, container_id="far-app").subscriber(topic, name="far", auto_accept=True)
     sub.wait_attached()
-    amqp.wait(lambda: any(p["name"] == "A" and p["up"] and "far-app/far" in (p["subscribers"] or [])
-                          for p in rows(b, "network")), what="B to know A and its subscriber", timeout=30)
+    amqp.wait(
+        lambda: any(p["name"] == "A" and p["up"] and "far-app/far" in (p["subscribers"] or []) for p in rows(b, "network")),
+        what="B to know A and its subscriber",
+        timeout=30,
+    )
     peer = next(p for p in rows(b, "network") if p["name"] == "A")
     assert peer["next_hop"] == "A" and peer["cost"] == 1
     text = stat(b, "--network").stdout
     assert "Network" in text and "far-app/far" in text
 
     a.kill()
-    amqp.wait(lambda: not next(p for p in rows(b, "network") if p["name"] == "A")["up"], what="A down at B",
-              timeout=30)
+    amqp.wait(lambda: not next(p for p in rows(b, "network") if p["name"] == "A")["up"], what="A down at B", timeout=30)
 
 
 @pytest.mark.parametrize("flag", ["--router", "--connections", "--links", "--topics", "--network", "--inflight"])
@@ -138,8 +150,12 @@ def test_every_view_prints_a_table(router, flag):
 
 
 def manage(router, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "router", "manage", "-b", f"{router.host}:{router.port}", *args],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "router", "manage", "-b", f"{router.host}:{router.port}", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_an_operator_detaches_a_link_and_expires_an_away_subscription(router_factory, amqp):
@@ -149,8 +165,7 @@ def test_an_operator_detaches_a_link_and_expires_an_away_subscription(router_fac
     by the subscriber that remains."""
     router = router_factory("A")
     topic = unique("writes")
-    durable = amqp.connect(router.url, container_id="away-app").subscriber(topic, name="away", durable=1,
-                                                                          timeout=3600)
+    durable = amqp.connect(router.url, container_id="away-app").subscriber(topic, name="away", durable=1, timeout=3600)
     live = amqp.connect(router.url, container_id="live-app").subscriber(topic, name="live", auto_accept=True)
     durable.wait_attached()
     live.wait_attached()
@@ -164,8 +179,10 @@ def test_an_operator_detaches_a_link_and_expires_an_away_subscription(router_fac
 
     pub = amqp.connect(router.url).publisher(topic)
     sent = pub.send("waits")
-    amqp.wait(lambda: rows(router, "inflight") and rows(router, "inflight")[0]["waiting_on"] == ["away-app/away"],
-              what="the delivery to wait on the away subscriber")
+    amqp.wait(
+        lambda: rows(router, "inflight") and rows(router, "inflight")[0]["waiting_on"] == ["away-app/away"],
+        what="the delivery to wait on the away subscriber",
+    )
     assert sent.outcome is None
     done = manage(router, "expire-subscription", "away-app/away")
     assert done.returncode == 0, done.stderr
@@ -185,8 +202,7 @@ def test_an_operator_closes_a_connection(router_factory, amqp):
     ident = next(c["identity"] for c in rows(router, "connections") if c["container"] == "noisy-app")
     done = manage(router, "close-connection", str(ident))
     assert done.returncode == 0 and "done" in done.stdout, done.stderr
-    amqp.wait(lambda: "noisy-app" not in {c["container"] for c in rows(router, "connections")},
-              what="the connection to go")
+    amqp.wait(lambda: "noisy-app" not in {c["container"] for c in rows(router, "connections")}, what="the connection to go")
     assert manage(router, "close-connection", str(ident)).returncode == 1  # gone now: 404
 
 
@@ -200,16 +216,22 @@ def test_a_three_router_network_before_and_after_a_router_dies(tmp_path_factory,
     from router.client import ResumableSubscriber
 
     text = "".join(f'[[router]]\nid = "{r}"\n' for r in "ABC") + "".join(
-        f'[[link]]\nbetween = ["{a}", "{b}"]\n' for a, b in ("AB", "BC", "CA"))
-    net = RouterNetwork(tmp_path_factory.mktemp("failover-stat"), parse_topology(text),
-                        overrides={"metrics": {"port": 0}})
+        f'[[link]]\nbetween = ["{a}", "{b}"]\n' for a, b in ("AB", "BC", "CA")
+    )
+    net = RouterNetwork(tmp_path_factory.mktemp("failover-stat"), parse_topology(text), overrides={"metrics": {"port": 0}})
     net.start()
     sub = None
     try:
         b, c = net.routers["B"], net.routers["C"]
         got: list = []
-        sub = ResumableSubscriber([c.url, b.url], unique("failover"), container_id="mover", link_name="mover-link",
-                                  state_path=tmp_path / "mover.state", on_message=got.append).start()
+        sub = ResumableSubscriber(
+            [c.url, b.url],
+            unique("failover"),
+            container_id="mover",
+            link_name="mover-link",
+            state_path=tmp_path / "mover.state",
+            on_message=got.append,
+        ).start()
         assert sub.wait_attached(10)
         network = {p["name"]: p for p in rows(b, "network")}
         assert network["A"]["up"] and network["C"]["up"]

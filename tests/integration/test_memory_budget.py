@@ -131,14 +131,14 @@ def wait(condition, what, timeout=60.0):
 
 
 def test_stuck_topics_of_large_messages_stay_inside_the_budget_and_the_rest_flows(router_factory):
-    router = router_factory("A", limits={"max_bytes_in_flight": BUDGET, "max_bytes_in_flight_per_topic": TOPIC_BUDGET,
-                                         "max_message_size": MIB})
+    router = router_factory(
+        "A", limits={"max_bytes_in_flight": BUDGET, "max_bytes_in_flight_per_topic": TOPIC_BUDGET, "max_message_size": MIB}
+    )
     url = router.url
     base = rss(router.proc.pid)
     large = {f"stuck-{n}": 60 for n in range(5)}
     large["slow"] = 60
-    subs = {topic: Subscriber(url, topic, hold=topic.startswith("stuck"), rate=5 if topic == "slow" else None)
-            for topic in large}
+    subs = {topic: Subscriber(url, topic, hold=topic.startswith("stuck"), rate=5 if topic == "slow" else None) for topic in large}
     subs["live"] = Subscriber(url, "live")
     for sub in subs.values():
         run(sub)
@@ -148,25 +148,25 @@ def test_stuck_topics_of_large_messages_stay_inside_the_budget_and_the_rest_flow
     for pub in pubs.values():
         run(pub)
     # The stuck topics fill up to their budgets (and the router's), then wait.
-    wait(lambda: sum(len(subs[t].bodies) for t in large if t.startswith("stuck")) >= 100,
-         "the stuck topics filled up")
+    wait(lambda: sum(len(subs[t].bodies) for t in large if t.startswith("stuck")) >= 100, "the stuck topics filled up")
     peak = 0
     live_before = len(subs["live"].bodies)
     for _ in range(25):  # 5 s at the budget
         peak = max(peak, rss(router.proc.pid))
         time.sleep(0.2)
-    assert peak < BUDGET + OVERHEAD + base, \
+    assert peak < BUDGET + OVERHEAD + base, (
         f"RSS {peak / MIB:.0f} MiB at the budget ({BUDGET / MIB:.0f} MiB + {OVERHEAD / MIB:.0f} MiB overhead)"
+    )
     held = sum(pubs[t].sent for t in large if t.startswith("stuck"))
     assert held * len(LARGE) <= BUDGET + 5 * 4 * MIB, f"{held} messages of 1 MB taken for stuck subscribers"
-    assert len(subs["live"].bodies) > live_before or len(subs["live"].bodies) == 3000, \
+    assert len(subs["live"].bodies) > live_before or len(subs["live"].bodies) == 3000, (
         "the small-message topic stopped while the others sat at their budgets"
+    )
     assert any(e["event"] == "budget" and e["state"] == "reached" for e in router.events())
     # Now every stuck subscriber answers: everything finishes, exactly once.
     for sub in subs.values():
         sub.release.set()
-    wait(lambda: all(sum(p.outcomes.values()) == p.count for p in pubs.values()), "every publisher's outcomes",
-         timeout=120)
+    wait(lambda: all(sum(p.outcomes.values()) == p.count for p in pubs.values()), "every publisher's outcomes", timeout=120)
     for topic, pub in pubs.items():
         assert pub.outcomes == {"accepted": pub.count}, (topic, pub.outcomes)
         bodies = subs[topic].bodies
@@ -175,5 +175,6 @@ def test_stuck_topics_of_large_messages_stay_inside_the_budget_and_the_rest_flow
             assert bodies == [f"small-{n}" for n in range(1, 3001)]
     time.sleep(3.0)  # records linger, then go
     after = rss(router.proc.pid)
-    assert after < base + 60 * MIB, \
+    assert after < base + 60 * MIB, (
         f"RSS {after / MIB:.0f} MiB once everything finished (started at {base / MIB:.0f} MiB): not given back"
+    )

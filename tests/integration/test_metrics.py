@@ -34,8 +34,11 @@ def scrape(router) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value} of one /metrics."""
     status, text = get(router, "/metrics")
     assert status == 200, text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples, name, **labels) -> float | None:
@@ -84,8 +87,7 @@ def test_metrics_show_what_the_clients_do(router_factory, amqp):
         sub.accept(rec)
     amqp.wait(lambda: all(s.outcome for s in sent), what="publisher outcomes")
     assert [s.outcome for s in sent] == ["accepted"] * 5
-    wait_for(lambda: value(scrape(router), "eorouter_topic_records_in_flight", topic=topic) in (0, None),
-             "the records to go")
+    wait_for(lambda: value(scrape(router), "eorouter_topic_records_in_flight", topic=topic) in (0, None), "the records to go")
     gone = scrape(router)
     assert value(gone, "eorouter_records_in_flight") == 0
     assert value(gone, "eorouter_bytes_held") == 0
@@ -115,8 +117,7 @@ def test_counters_equal_what_the_clients_saw(router_factory, amqp):
     assert told == {"accepted": 11, "rejected": 1}
     samples = scrape(router)
     assert value(samples, "eorouter_topic_published_total", topic=topic) == 12
-    assert value(samples, "eorouter_topic_copies_sent_total", topic=topic) == \
-        sum(len(sub.received) for sub in subs) == 24
+    assert value(samples, "eorouter_topic_copies_sent_total", topic=topic) == sum(len(sub.received) for sub in subs) == 24
     assert value(samples, "eorouter_topic_outcomes_total", topic=topic, outcome="accepted") == 11
     assert value(samples, "eorouter_topic_outcomes_total", topic=topic, outcome="rejected") == 1
     assert value(samples, "eorouter_topic_outcomes_total", topic=topic, outcome="released") is None
@@ -145,8 +146,9 @@ def test_a_network_member_is_ready_once_its_routes_converge(router_factory):
     Once A is up and the two have exchanged link state, B is ready and shows A up;
     when A dies, B stays ready (its clients are still served) and shows A down."""
     port = _free_port()
-    b = router_factory("B", metrics={"port": 0}, **SECRET,
-                       connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router"}])
+    b = router_factory(
+        "B", metrics={"port": 0}, **SECRET, connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router"}]
+    )
     status, body = get(b, "/readyz")
     assert status == 503, body
     checks = json.loads(body)["checks"]
@@ -154,9 +156,12 @@ def test_a_network_member_is_ready_once_its_routes_converge(router_factory):
     assert "connector(s) not up yet" in checks["routes"] and str(port) in checks["routes"]
     assert value(scrape(b), "eorouter_ready") == 0
 
-    a = router_factory("A", metrics={"port": 0}, **SECRET,
-                       listener=[{"host": "127.0.0.1", "port": 0},
-                                 {"host": "127.0.0.1", "port": port, "role": "inter-router"}])
+    a = router_factory(
+        "A",
+        metrics={"port": 0},
+        **SECRET,
+        listener=[{"host": "127.0.0.1", "port": 0}, {"host": "127.0.0.1", "port": port, "role": "inter-router"}],
+    )
     wait_for(lambda: get(b, "/readyz")[0] == 200, "B ready", timeout=30)
     samples = scrape(b)
     assert value(samples, "eorouter_peer_up", router="A") == 1
@@ -183,10 +188,17 @@ def test_resumed_links_are_counted(router_factory, tmp_path):
     router = router_factory("A", metrics={"port": 0})
     topic = unique("resumed")
     got: list = []
-    sub = ResumableSubscriber([router.url], topic, container_id="sub-m", link_name="sub-m-link",
-                              state_path=tmp_path / "sub.state", on_message=got.append).start()
-    pub = ResumablePublisher([router.url], topic, container_id="pub-m", link_name="pub-m-link",
-                             state_path=tmp_path / "pub.state").start()
+    sub = ResumableSubscriber(
+        [router.url],
+        topic,
+        container_id="sub-m",
+        link_name="sub-m-link",
+        state_path=tmp_path / "sub.state",
+        on_message=got.append,
+    ).start()
+    pub = ResumablePublisher(
+        [router.url], topic, container_id="pub-m", link_name="pub-m-link", state_path=tmp_path / "pub.state"
+    ).start()
     try:
         assert sub.wait_attached(10) and pub.wait_attached(10)
         assert pub.send_async("one").result(timeout=20).state == "accepted"
@@ -198,8 +210,11 @@ def test_resumed_links_are_counted(router_factory, tmp_path):
         for role in ("publisher", "subscriber"):
             assert value(samples, "eorouter_link_attaches_total", role=role, resumed="false") == 1
             assert value(samples, "eorouter_link_attaches_total", role=role, resumed="true") == 1
-            resumed = sum(v for (name, labels), v in samples.items()
-                          if name == "eorouter_link_resumptions_total" and ("role", role) in labels)
+            resumed = sum(
+                v
+                for (name, labels), v in samples.items()
+                if name == "eorouter_link_resumptions_total" and ("role", role) in labels
+            )
             assert resumed == 1, samples
         assert [m.body for m in got] == ["one", "two"]
     finally:
@@ -207,13 +222,17 @@ def test_resumed_links_are_counted(router_factory, tmp_path):
         sub.close()
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[router]\nid = "A"\n[metrics]\nhost = "127.0.0.1"\n', "metrics.port"),
-    ('[router]\nid = "A"\n[metrics]\nport = 70000\n', "a port number from 0 to 65535"),
-    ('[router]\nid = "A"\n[metrics]\nport = 9100\npath = "/m"\n', "unknown key"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[router]\nid = "A"\n[metrics]\nhost = "127.0.0.1"\n', "metrics.port"),
+        ('[router]\nid = "A"\n[metrics]\nport = 70000\n', "a port number from 0 to 65535"),
+        ('[router]\nid = "A"\n[metrics]\nport = 9100\npath = "/m"\n', "unknown key"),
+    ],
+)
 def test_a_bad_metrics_table_is_a_clear_config_error(text, message):
     import tomllib
+
     with pytest.raises(ConfigError) as err:
         parse_config(tomllib.loads(text), "r.toml")
     assert message in str(err.value)
@@ -221,6 +240,7 @@ def test_a_bad_metrics_table_is_a_clear_config_error(text, message):
 
 def test_no_metrics_table_no_listener():
     import tomllib
+
     assert parse_config(tomllib.loads('[router]\nid = "A"\n'), "r.toml").metrics is None
     settings = parse_config(tomllib.loads('[router]\nid = "A"\n[metrics]\nport = 9100\n'), "r.toml").metrics
     assert settings is not None and (settings.host, settings.port) == ("127.0.0.1", 9100)

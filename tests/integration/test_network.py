@@ -25,8 +25,9 @@ def topology(routers: str, links: list[str]) -> str:
 
 
 def start_network(tmp_path_factory, name, routers, links):
-    net = RouterNetwork(tmp_path_factory.mktemp(name), parse_topology(topology(routers, links)),
-                        overrides={"delivery": {"record_linger": 1.0}})
+    net = RouterNetwork(
+        tmp_path_factory.mktemp(name), parse_topology(topology(routers, links)), overrides={"delivery": {"record_linger": 1.0}}
+    )
     try:
         net.start()
     except BaseException:
@@ -69,8 +70,9 @@ def test_every_subscriber_everywhere_gets_every_message_once(line, amqp):
         assert sub.bodies() == [f"m{n}" for n in range(30)], f"subscriber on {r}"
         tags = [rec.tag for rec in sub.received]
         assert len(set(tags)) == 30
-    assert [rec.tag for rec in subs["A"].received] == [rec.tag for rec in subs["C"].received], \
+    assert [rec.tag for rec in subs["A"].received] == [rec.tag for rec in subs["C"].received], (
         "every router uses the same disambiguated tag"
+    )
 
 
 def test_the_publisher_waits_for_the_farthest_subscriber(line, amqp):
@@ -122,8 +124,7 @@ def test_subscription_churn_during_traffic(triangle, amqp):
     pub = amqp.connect(triangle.routers["A"].url).publisher(topic)
     sent = []
     for round_ in range(5):
-        sub = amqp.connect(triangle.routers["B"].url).subscriber(topic, name=f"churn-{round_}",
-                                                                  auto_accept=True)
+        sub = amqp.connect(triangle.routers["B"].url).subscriber(topic, name=f"churn-{round_}", auto_accept=True)
         sub.wait_attached()
         sent += [pub.send(f"r{round_}m{n}") for n in range(5)]
         sub.close()
@@ -158,11 +159,13 @@ def test_records_return_to_zero_on_every_router(line, amqp):
         for r, router in line.routers.items():
             events = [e for e in router.events() if e.get("topic") == topic or e.get("delivery")]
             received = {e["delivery"] for e in events if e["event"] == "received" and e.get("topic") == topic}
-            gone = {e["delivery"] for e in events if e["event"] == "record-deleted"
-                    or (e["event"] == "settled" and e.get("deleted"))}
+            gone = {
+                e["delivery"] for e in events if e["event"] == "record-deleted" or (e["event"] == "settled" and e.get("deleted"))
+            }
             if received - gone:
                 left[r] = len(received - gone)
         return left
+
     amqp.wait(lambda: not leftovers(), timeout=15, what="every router's records deleted")
 
 
@@ -188,6 +191,7 @@ def test_removing_the_middle_router_of_a_ring_reroutes(tmp_path_factory, amqp):
 
 def test_open_frame_offers_the_other_routers_as_failover_servers(triangle):
     from proton.utils import BlockingConnection
+
     conn = BlockingConnection(triangle.routers["A"].url, timeout=10)
     try:
         servers = conn.conn.remote_properties["failover-server-list"]

@@ -36,8 +36,9 @@ def _topology() -> str:
 
 @pytest.fixture(scope="module")
 def triangle(tmp_path_factory):
-    net = RouterNetwork(tmp_path_factory.mktemp("races"), parse_topology(_topology()),
-                        overrides={"delivery": {"record_linger": 1.0}})
+    net = RouterNetwork(
+        tmp_path_factory.mktemp("races"), parse_topology(_topology()), overrides={"delivery": {"record_linger": 1.0}}
+    )
     try:
         net.start()
         yield net
@@ -59,8 +60,12 @@ def cpu_load():
 
 def _round(net, amqp, seed: int) -> list:
     topic = unique("close-after-accept")
-    sub = subprocess.Popen([sys.executable, str(SCRIPTS / "take_then_close.py"), net.routers["C"].url, topic,
-                            str(MESSAGES)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sub = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "take_then_close.py"), net.routers["C"].url, topic, str(MESSAGES)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert sub.stdout.readline().strip() == "attached", sub.stderr.read()
         time.sleep(random.Random(seed).uniform(0.2, 1.2))

@@ -34,9 +34,21 @@ def pki(tmp_path_factory):
 @pytest.fixture
 def router(router_factory, pki):
     cert, key = pki.server()
-    return router_factory("A", policy=POLICY, listener=[
-        {"host": "127.0.0.1", "port": 0, "tls_cert_file": str(cert), "tls_key_file": str(key),
-         "tls_ca_file": str(pki.ca), "tls_require_client_cert": True, "tls_allow_plain": True}])
+    return router_factory(
+        "A",
+        policy=POLICY,
+        listener=[
+            {
+                "host": "127.0.0.1",
+                "port": 0,
+                "tls_cert_file": str(cert),
+                "tls_key_file": str(key),
+                "tls_ca_file": str(pki.ca),
+                "tls_require_client_cert": True,
+                "tls_allow_plain": True,
+            }
+        ],
+    )
 
 
 def as_user(pki, user: str | None) -> SSLDomain:
@@ -71,17 +83,20 @@ def attach_error(router, pki, user, role: str, topic: str) -> str | None:
             pass
 
 
-@pytest.mark.parametrize("user, role, topic, allowed", [
-    ("writer", "publisher", "orders", True),
-    ("writer", "publisher", "orders/eu/1", True),
-    ("writer", "subscriber", "orders", False),
-    ("writer", "publisher", "payroll", False),
-    ("reader", "subscriber", "orders/eu", True),
-    ("reader", "subscriber", "orders/eu/1", False),
-    ("reader", "publisher", "orders", False),
-    ("stranger", "subscriber", "news", True),  # not listed: the default group
-    ("stranger", "publisher", "news", False),
-])
+@pytest.mark.parametrize(
+    "user, role, topic, allowed",
+    [
+        ("writer", "publisher", "orders", True),
+        ("writer", "publisher", "orders/eu/1", True),
+        ("writer", "subscriber", "orders", False),
+        ("writer", "publisher", "payroll", False),
+        ("reader", "subscriber", "orders/eu", True),
+        ("reader", "subscriber", "orders/eu/1", False),
+        ("reader", "publisher", "orders", False),
+        ("stranger", "subscriber", "news", True),  # not listed: the default group
+        ("stranger", "publisher", "news", False),
+    ],
+)
 def test_attaches_follow_the_policy(router, pki, user, role, topic, allowed):
     error = attach_error(router, pki, user, role, topic)
     if allowed:
@@ -93,11 +108,23 @@ def test_attaches_follow_the_policy(router, pki, user, role, topic, allowed):
 
 def test_an_allowed_pair_carries_messages_exactly_once(router, pki, tmp_path):
     got: list = []
-    sub = ResumableSubscriber([_url(router)], "orders/eu", container_id="r", link_name="r-l",
-                              state_path=tmp_path / "r.state", ssl_domain=as_user(pki, "reader"),
-                              on_message=got.append).start()
-    pub = ResumablePublisher([_url(router)], "orders/eu", container_id="w", link_name="w-l",
-                             state_path=tmp_path / "w.state", ssl_domain=as_user(pki, "writer")).start()
+    sub = ResumableSubscriber(
+        [_url(router)],
+        "orders/eu",
+        container_id="r",
+        link_name="r-l",
+        state_path=tmp_path / "r.state",
+        ssl_domain=as_user(pki, "reader"),
+        on_message=got.append,
+    ).start()
+    pub = ResumablePublisher(
+        [_url(router)],
+        "orders/eu",
+        container_id="w",
+        link_name="w-l",
+        state_path=tmp_path / "w.state",
+        ssl_domain=as_user(pki, "writer"),
+    ).start()
     try:
         assert sub.wait_attached(10) and pub.wait_attached(10)
         assert {pub.send_async(f"m{i}").result(timeout=20).state for i in range(10)} == {"accepted"}
@@ -134,7 +161,8 @@ def test_management_needs_an_admin(router, pki):
         try:
             if allowed:
                 reply = SyncRequestResponse(conn, "$management").call(
-                    Message(properties={"operation": "QUERY", "type": "org.eorouter.router"}, body={}))
+                    Message(properties={"operation": "QUERY", "type": "org.eorouter.router"}, body={})
+                )
                 assert reply.properties["statusCode"] == 200
             else:
                 with pytest.raises(Exception, match="unauthorized-access"):
@@ -149,7 +177,15 @@ def test_a_bad_policy_is_a_config_error(router_factory):
     assert router.wait_exit(20) == 2
     router.expected_exit = 2
     assert "policy.users.u" in router.stderr_since_start() and "'nosuch'" in router.stderr_since_start()
-    done = subprocess.run([sys.executable, "-c", "import tomllib; from router.config import parse_config; "
-                           "parse_config(tomllib.loads('[router]\\nid=\"A\"\\n[policy.groups.g]\\npublish=[\"a/#/b\"]\\n'),"
-                           " 'r.toml')"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tomllib; from router.config import parse_config; "
+            'parse_config(tomllib.loads(\'[router]\\nid="A"\\n[policy.groups.g]\\npublish=["a/#/b"]\\n\'),'
+            " 'r.toml')",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert "'#' must be a whole level, and the last" in done.stderr

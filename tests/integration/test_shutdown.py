@@ -43,8 +43,9 @@ def test_in_flight_publisher_deliveries_released_at_shutdown(router_factory, amq
     amqp.wait(lambda: len(holder.received) == 3, what="the holding subscriber receives all")
     assert starved.received == []
     router.send_signal(signum)
-    amqp.wait(lambda: all(s.outcome for s in sent), timeout=15,
-              what="every in-flight publisher delivery answered during shutdown")
+    amqp.wait(
+        lambda: all(s.outcome for s in sent), timeout=15, what="every in-flight publisher delivery answered during shutdown"
+    )
     # AMQP's released carries no error condition: the reason is in the event log.
     assert [s.outcome for s in sent] == ["released"] * 3
     assert router.terminate(timeout=15, signum=signum) == 0
@@ -65,8 +66,7 @@ def test_in_flight_delivery_may_finish_within_grace(router_factory, amqp):
     sent = pub.send("finishing")
     amqp.wait(lambda: len(sub.received) == 1, what="subscriber receives")
     router.send_signal(signal.SIGTERM)
-    amqp.wait(lambda: "router-stopping" in _kinds(router), timeout=10,
-              what="the router to log that it is stopping")
+    amqp.wait(lambda: "router-stopping" in _kinds(router), timeout=10, what="the router to log that it is stopping")
     assert router.is_running(), "the router must wait (up to drain_grace) for in-flight deliveries"
     late = pub.send("late", wait_credit=False) if pub.credit > 0 else None
     if late is not None:  # a delivery arriving during the drain is released at once
@@ -111,16 +111,18 @@ def test_second_router_on_the_same_data_dir_refuses_to_start(router_factory):
 
 def test_a_port_in_use_names_the_address_and_the_listener(router_factory):
     first = router_factory("P")
-    second = router_factory("Q", start=False, listener=[{"host": "127.0.0.1", "port": 0},
-                                                         {"host": "127.0.0.1", "port": first.port}])
+    second = router_factory(
+        "Q", start=False, listener=[{"host": "127.0.0.1", "port": 0}, {"host": "127.0.0.1", "port": first.port}]
+    )
     second.spawn()
     code = second.wait_exit(timeout=20)
     second.expected_exit = code
     message = second.stderr_since_start().strip()
     assert code == 1, f"exit {code}; stderr:\n{message}"
     # Its one line (after the INFO line of the listener it did bind) says which one failed.
-    assert message.splitlines()[-1] == (f"eorouter: cannot listen on 127.0.0.1:{first.port} (normal listener): "
-                                        f"Address already in use"), message
+    assert message.splitlines()[-1] == (
+        f"eorouter: cannot listen on 127.0.0.1:{first.port} (normal listener): Address already in use"
+    ), message
     assert "Traceback" not in message
     first.check_alive("a refused second router must not disturb the first")
 

@@ -146,14 +146,13 @@ def _run_soak(router_factory, amqp, per_publisher: int, timeout: float) -> SoakR
     topic = unique("soak")
     total = 2 * per_publisher
 
-    plain = amqp.connect(router.url, container_id=unique("plain")).subscriber(
-        topic, credit=SUB_WINDOW, auto_accept=True)
+    plain = amqp.connect(router.url, container_id=unique("plain")).subscriber(topic, credit=SUB_WINDOW, auto_accept=True)
     second = amqp.connect(router.url, container_id=unique("second")).subscriber(
-        topic, credit=SUB_WINDOW, rcv_second=True, auto_accept=True)
+        topic, credit=SUB_WINDOW, rcv_second=True, auto_accept=True
+    )
     durable_cid, durable_name = unique("durable"), unique("durable-link")
     durable_conn = amqp.connect(router.url, container_id=durable_cid)
-    durable = durable_conn.subscriber(topic, name=durable_name, durable=2, credit=SUB_WINDOW,
-                                      auto_accept=True)
+    durable = durable_conn.subscriber(topic, name=durable_name, durable=2, credit=SUB_WINDOW, auto_accept=True)
     durable_key = f"{durable_cid}/{durable_name}"
     current_durable = [durable]  # the link before, then after, the re-attach
     pubs = [amqp.connect(router.url, container_id=unique(f"pub{i}")).publisher(topic) for i in range(2)]
@@ -179,12 +178,15 @@ def _run_soak(router_factory, amqp, per_publisher: int, timeout: float) -> SoakR
 
     def step(until, what: str):
         feed()
-        lost = [link for link in (plain, second, current_durable[-1], *pubs)
-                if link.gone and link is not durable]
+        lost = [link for link in (plain, second, current_durable[-1], *pubs) if link.gone and link is not durable]
         if lost:  # fail now, not at the deadline
-            raise AssertionError(f"{what}: link(s) lost: " + ", ".join(
-                f"{link.name} ({link.remote_condition or link.conn.remote_condition or link.conn.transport_condition})"
-                for link in lost))
+            raise AssertionError(
+                f"{what}: link(s) lost: "
+                + ", ".join(
+                    f"{link.name} ({link.remote_condition or link.conn.remote_condition or link.conn.transport_condition})"
+                    for link in lost
+                )
+            )
         return until()
 
     def drive(until, what: str) -> None:
@@ -198,20 +200,23 @@ def _run_soak(router_factory, amqp, per_publisher: int, timeout: float) -> SoakR
     # Phase 2: the durable subscription is away but still owed; go on until the in-flight
     # bound holds the publishers back (or enough was sent while it was away).
     sent_at_detach = sent_count()
-    drive(lambda: sent_count() >= min(total, sent_at_detach + 500)
-          or not any(p.credit and len(p.sent) < per_publisher for p in pubs),
-          "publishing while the durable subscriber is away")
+    drive(
+        lambda: (
+            sent_count() >= min(total, sent_at_detach + 500) or not any(p.credit and len(p.sent) < per_publisher for p in pubs)
+        ),
+        "publishing while the durable subscriber is away",
+    )
     assert sent_count() < total, "the durable subscriber must re-attach before the end"
     # Phase 3: re-attach (same container-id, same link name) and finish.
-    again = durable_conn.subscriber(topic, name=durable_name, durable=2, credit=SUB_WINDOW,
-                                    auto_accept=True)
+    again = durable_conn.subscriber(topic, name=durable_name, durable=2, credit=SUB_WINDOW, auto_accept=True)
     current_durable.append(again)
     settled = [Prefix(p.sent, lambda s: s.outcome and s.locally_settled) for p in pubs]
-    drive(lambda: sent_count() == total and sum(done() for done in settled) == total,
-          "every publisher delivery answered and settled")
+    drive(
+        lambda: sent_count() == total and sum(done() for done in settled) == total,
+        "every publisher delivery answered and settled",
+    )
     second_settled = Prefix(second.received, lambda r: r.locally_settled)
-    drive(lambda: second_settled() == len(second.received),
-          "the rcv-settle-mode=second subscriber settling after the router did")
+    drive(lambda: second_settled() == len(second.received), "the rcv-settle-mode=second subscriber settling after the router did")
     seconds = time.monotonic() - start
 
     # --- publishers: every delivery accepted
@@ -223,8 +228,9 @@ def _run_soak(router_factory, amqp, per_publisher: int, timeout: float) -> SoakR
         bodies = sub.bodies()
         for i in range(2):
             mine = [b for b in bodies if b.startswith(f"p{i}-")]
-            assert mine == [f"p{i}-{j}" for j in range(per_publisher)], \
+            assert mine == [f"p{i}-{j}" for j in range(per_publisher)], (
                 f"{sub.name}: publisher {i}'s messages: {len(mine)} received, not each once in order"
+            )
         assert len(bodies) == total
         assert len({r.tag for r in sub.received}) == total, f"{sub.name}: tags must be distinct"
         assert not any(r.arrived_settled for r in sub.received)
@@ -242,10 +248,12 @@ def _run_soak(router_factory, amqp, per_publisher: int, timeout: float) -> SoakR
     body_of = {r.tag: r.body for r in plain.received}
     assert all(r.body == body_of[r.tag] for r in durable.received + again.received)
     redelivered = set(first_tags) & set(again_tags)
-    answered_while_attached = [r.tag for r in durable.received if r.at < detached_at and r.outcome] \
-        + [r.tag for r in again.received if r.outcome]
-    assert len(answered_while_attached) == len(set(answered_while_attached)), \
+    answered_while_attached = [r.tag for r in durable.received if r.at < detached_at and r.outcome] + [
+        r.tag for r in again.received if r.outcome
+    ]
+    assert len(answered_while_attached) == len(set(answered_while_attached)), (
         "a delivery the durable subscriber accepted while attached was delivered again"
+    )
 
     # End the durable subscription (nothing is left behind on the router) and close every
     # connection before reading the event log: reading half a million lines keeps this
@@ -257,8 +265,7 @@ def _run_soak(router_factory, amqp, per_publisher: int, timeout: float) -> SoakR
 
     # --- the event log: every delivery owed to all three, accepted once by each, one
     # publisher outcome, and every record deleted again (linger deletions included)
-    keys = frozenset({f"{plain.conn.container_id}/{plain.name}",
-                      f"{second.conn.container_id}/{second.name}", durable_key})
+    keys = frozenset({f"{plain.conn.container_id}/{plain.name}", f"{second.conn.container_id}/{second.name}", durable_key})
     all_ids = {t.hex() for t in all_tags}
     deadline = time.monotonic() + LINGER + 10
     while log.poll().undeleted() and time.monotonic() < deadline:
@@ -270,16 +277,21 @@ def _run_soak(router_factory, amqp, per_publisher: int, timeout: float) -> SoakR
     assert log.presettled_forwards == 0, "an unsettled publisher delivery is never forwarded pre-settled"
     assert set(log.accepted) == {(d, k) for d in all_ids for k in keys}, "an accept from every subscriber"
     twice = {key: n for key, n in log.accepted.items() if n > 1}
-    assert not twice, f"{len(twice)} deliveries accepted more than once by one subscriber: " \
-                      f"{list(twice.items())[:5]}"
+    assert not twice, f"{len(twice)} deliveries accepted more than once by one subscriber: {list(twice.items())[:5]}"
     assert log.pub_outcomes == Counter({(d, "accepted"): 1 for d in all_ids})
     assert log.durable_detached
     resent_answered = {t.hex() for t in redelivered} & log.durable_answered_before_detach
     assert not resent_answered, f"resent after re-attach though answered: {sorted(resent_answered)[:5]}"
 
     rss_after = rss_bytes(pid)
-    return SoakResult(seconds=round(seconds, 2), messages=total, log_lines=log.lines,
-                      rss_before=rss_before, rss_after=rss_after, durable_redelivered=len(redelivered))
+    return SoakResult(
+        seconds=round(seconds, 2),
+        messages=total,
+        log_lines=log.lines,
+        rss_before=rss_before,
+        rss_after=rss_after,
+        durable_redelivered=len(redelivered),
+    )
 
 
 @pytest.mark.timeout(120)
@@ -294,5 +306,6 @@ def test_soak_long_records_and_memory_return(router_factory, amqp):
     result = run_soak(router_factory, amqp, per_publisher=50_000, timeout=1500)
     print(f"soak: {result}")
     growth = result.rss_after - result.rss_before
-    assert growth < 20 * MIB, \
+    assert growth < 20 * MIB, (
         f"router RSS grew by {growth / MIB:.1f} MiB ({result.rss_before / MIB:.1f} -> {result.rss_after / MIB:.1f} MiB)"
+    )

@@ -54,11 +54,18 @@ def test_resumable_clients_publish_and_subscribe_over_tls(router_factory, pki, t
     url = f"amqps://localhost:{router.port}"
     topic = unique("tls")
     got: list = []
-    sub = ResumableSubscriber([url], topic, container_id="tls-sub", link_name="tls-sub-l",
-                              state_path=tmp_path / "sub.state", ssl_domain=client_tls(pki),
-                              on_message=got.append).start()
-    pub = ResumablePublisher([url], topic, container_id="tls-pub", link_name="tls-pub-l",
-                             state_path=tmp_path / "pub.state", ssl_domain=client_tls(pki)).start()
+    sub = ResumableSubscriber(
+        [url],
+        topic,
+        container_id="tls-sub",
+        link_name="tls-sub-l",
+        state_path=tmp_path / "sub.state",
+        ssl_domain=client_tls(pki),
+        on_message=got.append,
+    ).start()
+    pub = ResumablePublisher(
+        [url], topic, container_id="tls-pub", link_name="tls-pub-l", state_path=tmp_path / "pub.state", ssl_domain=client_tls(pki)
+    ).start()
     try:
         assert sub.wait_attached(10) and pub.wait_attached(10)
         results = [pub.send_async(f"m{i}") for i in range(20)]
@@ -82,8 +89,7 @@ def test_plain_clients_are_refused_unless_allowed(router_factory, pki):
 
 
 def test_client_certificates_when_required(router_factory, pki, tmp_path):
-    router = router_factory("A", listener=[tls_listener(pki, tls_require_client_cert=True,
-                                                      tls_ca_file=str(pki.ca))])
+    router = router_factory("A", listener=[tls_listener(pki, tls_require_client_cert=True, tls_ca_file=str(pki.ca))])
     url = f"amqps://localhost:{router.port}"
     assert not _connects(url, client_tls(pki))  # no certificate
     cert, key = pki.issue("app", "app-client")
@@ -97,9 +103,18 @@ def test_client_certificates_when_required(router_factory, pki, tmp_path):
 
 def test_an_encrypted_key_opens_with_its_password_file(router_factory, pki):
     cert, key = pki.issue("locked", "localhost", ("DNS:localhost", "IP:127.0.0.1"), password="s3cret")
-    router = router_factory("A", listener=[{"host": "127.0.0.1", "port": 0, "tls_cert_file": str(cert),
-                                            "tls_key_file": str(key),
-                                            "tls_key_password_file": str(pki.dir / "locked.password")}])
+    router = router_factory(
+        "A",
+        listener=[
+            {
+                "host": "127.0.0.1",
+                "port": 0,
+                "tls_cert_file": str(cert),
+                "tls_key_file": str(key),
+                "tls_key_password_file": str(pki.dir / "locked.password"),
+            }
+        ],
+    )
     assert _connects(f"amqps://localhost:{router.port}", client_tls(pki))
 
 
@@ -112,14 +127,21 @@ def test_bad_tls_settings_are_clear_errors(router_factory, pki, case):
     listener = {
         "missing-file": {"tls_cert_file": str(pki.dir / "nope.pem"), "tls_key_file": str(key)},
         "wrong-key": {"tls_cert_file": str(cert), "tls_key_file": str(other_key)},
-        "wrong-password": {"tls_cert_file": str(locked_cert), "tls_key_file": str(locked_key),
-                           "tls_key_password_file": str(pki.dir / "wrong.password")},
+        "wrong-password": {
+            "tls_cert_file": str(locked_cert),
+            "tls_key_file": str(locked_key),
+            "tls_key_password_file": str(pki.dir / "wrong.password"),
+        },
         "ca-needed": {"tls_cert_file": str(cert), "tls_key_file": str(key), "tls_require_client_cert": True},
         "half-pair": {"tls_cert_file": str(cert)},
     }[case]
-    expected = {"missing-file": "no such file", "wrong-key": "cannot load the certificate",
-                "wrong-password": "cannot load the certificate", "ca-needed": "tls_ca_file",
-                "half-pair": "tls_key_file"}[case]
+    expected = {
+        "missing-file": "no such file",
+        "wrong-key": "cannot load the certificate",
+        "wrong-password": "cannot load the certificate",
+        "ca-needed": "tls_ca_file",
+        "half-pair": "tls_key_file",
+    }[case]
     router = router_factory("A", start=False, listener=[{"host": "127.0.0.1", "port": 0, **listener}])
     router.spawn()
     assert router.wait_exit(20) == 2
@@ -139,29 +161,58 @@ def test_routers_talk_over_mutual_tls(router_factory, pki, amqp):
     port = port_probe.getsockname()[1]
     port_probe.close()
     a_cert, a_key = pki.issue("router-a", "A", ("DNS:localhost",))  # its name for TLS, its router id for us
-    a = router_factory("A", **SECRET, listener=[
-        {"host": "127.0.0.1", "port": 0},
-        {"host": "127.0.0.1", "port": port, "role": "inter-router", "tls_cert_file": str(a_cert),
-         "tls_key_file": str(a_key), "tls_require_client_cert": True, "tls_ca_file": str(pki.ca)}])
+    a = router_factory(
+        "A",
+        **SECRET,
+        listener=[
+            {"host": "127.0.0.1", "port": 0},
+            {
+                "host": "127.0.0.1",
+                "port": port,
+                "role": "inter-router",
+                "tls_cert_file": str(a_cert),
+                "tls_key_file": str(a_key),
+                "tls_require_client_cert": True,
+                "tls_ca_file": str(pki.ca),
+            },
+        ],
+    )
     b_cert, b_key = pki.issue("router-b", "B")
-    b = router_factory("B", **SECRET, connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router",
-                                                   "tls": True, "tls_ca_file": str(pki.ca),
-                                                   # proton checks names, not IP addresses: the
-                                                   # certificate's name, for the address dialled
-                                                   "tls_server_name": "localhost",
-                                                   "tls_cert_file": str(b_cert), "tls_key_file": str(b_key)}])
+    b = router_factory(
+        "B",
+        **SECRET,
+        connector=[
+            {
+                "host": "127.0.0.1",
+                "port": port,
+                "role": "inter-router",
+                "tls": True,
+                "tls_ca_file": str(pki.ca),
+                # proton checks names, not IP addresses: the
+                # certificate's name, for the address dialled
+                "tls_server_name": "localhost",
+                "tls_cert_file": str(b_cert),
+                "tls_key_file": str(b_key),
+            }
+        ],
+    )
 
     def network_of(router):
-        done = subprocess.run([sys.executable, "-m", "router", "stat", "-b", f"127.0.0.1:{router.port}",
-                               "--network", "--json"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            [sys.executable, "-m", "router", "stat", "-b", f"127.0.0.1:{router.port}", "--network", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return {r["name"]: r for r in map(json.loads, done.stdout.splitlines())}
 
     amqp.wait(lambda: network_of(b).get("A", {}).get("up"), what="B connected to A over TLS", timeout=30)
     topic = unique("mtls")
     sub = amqp.connect(a.url).subscriber(topic, auto_accept=True)
     sub.wait_attached()
-    amqp.wait(lambda: "A" in {r for r, p in network_of(b).items() if p["subscribers"]}, what="A's subscriber known at B",
-              timeout=30)
+    amqp.wait(
+        lambda: "A" in {r for r, p in network_of(b).items() if p["subscribers"]}, what="A's subscriber known at B", timeout=30
+    )
     pub = amqp.connect(b.url).publisher(topic)
     sent = [pub.send(f"x{i}") for i in range(5)]
     amqp.wait(lambda: all(s.outcome for s in sent), what="outcomes", timeout=30)
@@ -170,32 +221,58 @@ def test_routers_talk_over_mutual_tls(router_factory, pki, amqp):
 
     # C presents a certificate of the network's CA that names B: A refuses it.
     c_cert, c_key = pki.issue("router-c-as-b", "B")
-    c = router_factory("C", **SECRET, connector=[{"host": "127.0.0.1", "port": port, "role": "inter-router",
-                                                   "tls": True, "tls_ca_file": str(pki.ca), "tls_server_name": "localhost",
-                                                   "tls_cert_file": str(c_cert), "tls_key_file": str(c_key)}])
-    amqp.wait(lambda: any(e["event"] == "peer-refused" and e.get("peer") == "C" for e in a.events()),
-              what="A to refuse C", timeout=30)
+    c = router_factory(
+        "C",
+        **SECRET,
+        connector=[
+            {
+                "host": "127.0.0.1",
+                "port": port,
+                "role": "inter-router",
+                "tls": True,
+                "tls_ca_file": str(pki.ca),
+                "tls_server_name": "localhost",
+                "tls_cert_file": str(c_cert),
+                "tls_key_file": str(c_key),
+            }
+        ],
+    )
+    amqp.wait(
+        lambda: any(e["event"] == "peer-refused" and e.get("peer") == "C" for e in a.events()), what="A to refuse C", timeout=30
+    )
     refusal = next(e for e in a.events() if e["event"] == "peer-refused" and e.get("peer") == "C")
     assert "certificate names 'B', not the router id 'C'" in refusal["reason"]
     assert not network_of(c).get("A", {}).get("up")
 
 
-@pytest.mark.parametrize("entry, key, message", [
-    ({"role": "inter-router", "tls_ca_file": "CA"}, "tls_require_client_cert", "expected true"),
-])
+@pytest.mark.parametrize(
+    "entry, key, message",
+    [
+        ({"role": "inter-router", "tls_ca_file": "CA"}, "tls_require_client_cert", "expected true"),
+    ],
+)
 def test_inter_router_tls_is_mutual(pki, tmp_path, entry, key, message):
     import tomllib
 
     from router.config import ConfigError, parse_config
+
     cert, tls_key = pki.server()
-    listener = {"host": "127.0.0.1", "port": 5673, "tls_cert_file": str(cert), "tls_key_file": str(tls_key),
-                **{k: (str(pki.ca) if v == "CA" else v) for k, v in entry.items()}}
+    listener = {
+        "host": "127.0.0.1",
+        "port": 5673,
+        "tls_cert_file": str(cert),
+        "tls_key_file": str(tls_key),
+        **{k: (str(pki.ca) if v == "CA" else v) for k, v in entry.items()},
+    }
     text = '[router]\nid = "A"\n[network]\nsecret = "s"\n[[listener]]\n' + "".join(
-        f"{k} = {json.dumps(v)}\n" for k, v in listener.items())
+        f"{k} = {json.dumps(v)}\n" for k, v in listener.items()
+    )
     with pytest.raises(ConfigError) as err:
         parse_config(tomllib.loads(text), str(tmp_path / "r.toml"))
     assert key in str(err.value) and message in str(err.value)
-    connector = ('[router]\nid = "A"\n[network]\nsecret = "s"\n[[connector]]\nhost = "h"\nport = 1\n'
-                 f'role = "inter-router"\ntls = true\ntls_ca_file = {json.dumps(str(pki.ca))}\n')
+    connector = (
+        '[router]\nid = "A"\n[network]\nsecret = "s"\n[[connector]]\nhost = "h"\nport = 1\n'
+        f'role = "inter-router"\ntls = true\ntls_ca_file = {json.dumps(str(pki.ca))}\n'
+    )
     with pytest.raises(ConfigError, match="tls_cert_file"):
         parse_config(tomllib.loads(connector), str(tmp_path / "r.toml"))

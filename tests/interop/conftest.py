@@ -45,8 +45,9 @@ between = ["A", "B"]
 
 
 def pytest_addoption(parser):
-    parser.addoption("--interop-matrix", metavar="PATH", default=None,
-                     help="print the interop matrix at the end and write it to PATH")
+    parser.addoption(
+        "--interop-matrix", metavar="PATH", default=None, help="print the interop matrix at the end and write it to PATH"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -61,8 +62,7 @@ def interop_ready() -> dict[str, str | None]:
 @pytest.fixture(scope="session")
 def interop_topologies(tmp_path_factory, interop_ready):
     single = RouterSet(tmp_path_factory.mktemp("interop-one"))
-    net = RouterNetwork(tmp_path_factory.mktemp("interop-two"), parse_topology(TWO_ROUTERS),
-                        overrides=matrix.ROUTER_OVERRIDES)
+    net = RouterNetwork(tmp_path_factory.mktemp("interop-two"), parse_topology(TWO_ROUTERS), overrides=matrix.ROUTER_OVERRIDES)
     try:
         a = single("A", **matrix.ROUTER_OVERRIDES)
         net.start()
@@ -93,20 +93,24 @@ def interop_cell(interop_topologies, tmp_path):
         cause = matrix.known_cause(result)
         if cause:
             pytest.xfail(f"known: {cause}")
-        assert result.status == "pass", (f"{scenario} {pub} -> {sub} ({topology}):\n  " + "\n  ".join(result.problems)
-                                         + f"\n{result.diagnostics}")
+        assert result.status == "pass", (
+            f"{scenario} {pub} -> {sub} ({topology}):\n  " + "\n  ".join(result.problems) + f"\n{result.diagnostics}"
+        )
         return result
+
     return run
 
 
 def _header() -> str:
     try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         rev = "?"
-    return (f"eorouter interop matrix ({datetime.date.today().isoformat()}, commit {rev or '?'} + working tree; "
-            f"{len(RESULTS)} cells)")
+    return (
+        f"eorouter interop matrix ({datetime.date.today().isoformat()}, commit {rev or '?'} + working tree; {len(RESULTS)} cells)"
+    )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

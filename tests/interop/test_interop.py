@@ -19,6 +19,5 @@ PAIRS = [(REFERENCE, REFERENCE)] + [pair for s in STACKS if s != REFERENCE for p
 
 @pytest.mark.parametrize("topology", ["one router", "2-router path"], ids=["one-router", "two-routers"])
 @pytest.mark.parametrize("pub,sub", PAIRS, ids=[f"{p}-to-{s}" for p, s in PAIRS])
-def test_every_subscriber_gets_every_message_once_and_the_publisher_accepted_after_all(interop_cell, pub, sub,
-                                                                                       topology):
+def test_every_subscriber_gets_every_message_once_and_the_publisher_accepted_after_all(interop_cell, pub, sub, topology):
     interop_cell("accept", pub, sub, topology)

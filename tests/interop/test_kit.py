@@ -25,10 +25,17 @@ def test_the_digest_is_blake2b_128_of_the_body_as_proton_encodes_it(size):
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_the_rhea_peers_compute_the_same_digest():
     bodies = [clientkit.body("t", n, size) for n, size in enumerate([0, 12, 255, 256, 300000])]
-    script = ("const {digest} = require(process.argv[1]); let s = ''; process.stdin.on('data', d => s += d); "
-              "process.stdin.on('end', () => console.log(JSON.stringify(JSON.parse(s).map(digest))))")
-    out = subprocess.run(["node", "-e", script, str(INTEROP / "rhea" / "common.js")], input=json.dumps(bodies),
-                         capture_output=True, text=True, check=True).stdout
+    script = (
+        "const {digest} = require(process.argv[1]); let s = ''; process.stdin.on('data', d => s += d); "
+        "process.stdin.on('end', () => console.log(JSON.stringify(JSON.parse(s).map(digest))))"
+    )
+    out = subprocess.run(
+        ["node", "-e", script, str(INTEROP / "rhea" / "common.js")],
+        input=json.dumps(bodies),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert json.loads(out) == [clientkit.digest(b) for b in bodies]
 
 
@@ -43,10 +50,10 @@ def test_the_matrix_groups_failures_by_known_cause(monkeypatch):
     # No cause is known today: a made-up one for the accept scenario.
     monkeypatch.setitem(matrix.KNOWN_CAUSES, "accept", ("a client cannot do this", "no settled disposition"))
     cause_text = matrix.KNOWN_CAUSES["accept"][1]
-    results = [matrix.Result("accept", "one router", p, s) for p in matrix.STACKS for s in matrix.STACKS
-               if p != "azure"]
-    results += [matrix.Result("accept", "one router", "azure", s, "fail", [f"pub: no outcome ({cause_text})"])
-                for s in matrix.STACKS]
+    results = [matrix.Result("accept", "one router", p, s) for p in matrix.STACKS for s in matrix.STACKS if p != "azure"]
+    results += [
+        matrix.Result("accept", "one router", "azure", s, "fail", [f"pub: no outcome ({cause_text})"]) for s in matrix.STACKS
+    ]
     results.append(matrix.Result("reject", "one router", "rhea", "python", "fail", ["sub: missing seq 3"]))
     text = matrix.render(results)
     assert "  rhea      1/2 [1]" in text

@@ -26,8 +26,10 @@ from interop import matrix, peers
 
 pytestmark = pytest.mark.timeout(150)
 
-TRIANGLE = '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "C"\n' \
-           '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n[[link]]\nbetween = ["C", "A"]\n'
+TRIANGLE = (
+    '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "C"\n'
+    '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n[[link]]\nbetween = ["C", "A"]\n'
+)
 TOPOLOGY = "3 routers, A killed"
 
 
@@ -42,14 +44,20 @@ def _matrix_results(config) -> list | None:
 
 def _events(net: RouterNetwork):
     """{router: this epoch's event log} for the live routers."""
+
     def events(dead) -> dict:
-        return {rid: [e for e in read_event_log(router.data_dir) if e.get("epoch") == router.epoch]
-                for rid, router in net.routers.items() if rid not in dead and router.is_running()}
+        return {
+            rid: [e for e in read_event_log(router.data_dir) if e.get("epoch") == router.epoch]
+            for rid, router in net.routers.items()
+            if rid not in dead and router.is_running()
+        }
+
     return events
 
 
 def _leftovers(net: RouterNetwork):
     """{router: deliveries it received and still holds} for the live routers (tests/failover's check)."""
+
     def left(dead) -> dict:
         out = {}
         for rid, router in net.routers.items():
@@ -57,11 +65,13 @@ def _leftovers(net: RouterNetwork):
                 continue
             events = [e for e in read_event_log(router.data_dir) if e.get("epoch") == router.epoch]
             received = {e["delivery"] for e in events if e["event"] == "received" and not e.get("settled")}
-            gone = {e["delivery"] for e in events if e["event"] == "record-deleted"
-                    or (e["event"] == "settled" and e.get("deleted"))}
+            gone = {
+                e["delivery"] for e in events if e["event"] == "record-deleted" or (e["event"] == "settled" and e.get("deleted"))
+            }
             if received - gone:
                 out[rid] = len(received - gone)
         return out
+
     return left
 
 
@@ -77,14 +87,20 @@ def rhea_ready():
 def test_rhea_resumable_clients_survive_a_router_kill(rhea_ready, tmp_path, request, scenario):
     # placeholder_timeout 5 s (30 by default): a placeholder nothing fulfils would hold the subscriber's stream
     # that long; a regression then fails in seconds rather than half a minute
-    net = RouterNetwork(tmp_path / "routers", parse_topology(TRIANGLE),
-                        overrides={"delivery": {"record_linger": 1.0},
-                                   "failover": {"publisher_resume_timeout": 20, "placeholder_timeout": 5}})
+    net = RouterNetwork(
+        tmp_path / "routers",
+        parse_topology(TRIANGLE),
+        overrides={"delivery": {"record_linger": 1.0}, "failover": {"publisher_resume_timeout": 20, "placeholder_timeout": 5}},
+    )
     try:
         net.start()
-        topo = matrix.FailoverTopology(TOPOLOGY, {rid: (r.host, r.port) for rid, r in net.routers.items()},
-                                       kill=lambda rid: net.routers[rid].kill(), leftovers=_leftovers(net),
-                                       events=_events(net))
+        topo = matrix.FailoverTopology(
+            TOPOLOGY,
+            {rid: (r.host, r.port) for rid, r in net.routers.items()},
+            kill=lambda rid: net.routers[rid].kill(),
+            leftovers=_leftovers(net),
+            events=_events(net),
+        )
         result = matrix.run_failover_scenario(scenario, "rhea", "rhea", topo, tmp_path / "peers")
         results = _matrix_results(request.config)
         if results is not None:
@@ -101,5 +117,6 @@ def test_rhea_resumable_clients_survive_a_router_kill(rhea_ready, tmp_path, requ
     if cause:
         # a router defect, not the client's: shown as such (and in the matrix), never as a pass
         pytest.xfail(f"known: {cause}; router data: {tmp_path / 'routers'}")
-    assert result.status == "pass", (f"{scenario}:\n  " + "\n  ".join(result.problems) + f"\n{result.diagnostics}"
-                                     + f"\nrouter data: {tmp_path / 'routers'}")
+    assert result.status == "pass", (
+        f"{scenario}:\n  " + "\n  ".join(result.problems) + f"\n{result.diagnostics}" + f"\nrouter data: {tmp_path / 'routers'}"
+    )

@@ -25,12 +25,16 @@ def spark():
         pytest.skip("Spark needs Java (17+): apt-get install openjdk-17-jre-headless")
     from spark.load import get_session
 
-    session = get_session("local[2]", app_name="eorouter-tests", conf={
-        "spark.sql.shuffle.partitions": "4",
-        "spark.ui.enabled": "false",
-        "spark.sql.adaptive.enabled": "false",
-        "spark.driver.memory": "1g",
-    })
+    session = get_session(
+        "local[2]",
+        app_name="eorouter-tests",
+        conf={
+            "spark.sql.shuffle.partitions": "4",
+            "spark.ui.enabled": "false",
+            "spark.sql.adaptive.enabled": "false",
+            "spark.driver.memory": "1g",
+        },
+    )
     yield session
     session.stop()
 

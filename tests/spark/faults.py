@@ -66,6 +66,7 @@ class Logs:
 
     def namespaced(self, ns: str) -> Logs:
         """Prefix router ids, client container ids and delivery ids with ``ns``."""
+
         def key(k):
             return None if k is None else ns + k
 
@@ -116,8 +117,12 @@ class Logs:
     # ----------------------------------------------------------------- queries
 
     def accepted(self) -> list[str]:
-        return [e["delivery"] for _, line in self.all() for e in unfold(line)
-                if e["event"] == "pub-outcome" and e.get("outcome") == "accepted" and e.get("delivery")]
+        return [
+            e["delivery"]
+            for _, line in self.all()
+            for e in unfold(line)
+            if e["event"] == "pub-outcome" and e.get("outcome") == "accepted" and e.get("delivery")
+        ]
 
     def find(self, router: str, pred) -> list[int]:
         return [i for i, e in enumerate(self.by_router[router]) if pred(e)]
@@ -136,16 +141,17 @@ class Logs:
         ts = events[at - 1]["ts"]
         template = events[at - 1]
         for n, line in enumerate(lines):
-            line = {"seq": 0, "ts": ts, "router": router, "epoch": template["epoch"], "boot": template["boot"],
-                    **line}
+            line = {"seq": 0, "ts": ts, "router": router, "epoch": template["epoch"], "boot": template["boot"], **line}
             events.insert(at + n, line)
 
 
 def pub_id(received: dict) -> str:
     import re
+
     m = re.search(r"\.(\d+)$", received["delivery"])
-    return "|".join([received["publisher"], received["link_name"], received["incarnation"], received["pub_tag"],
-                     m.group(1) if m else ""])
+    return "|".join(
+        [received["publisher"], received["link_name"], received["incarnation"], received["pub_tag"], m.group(1) if m else ""]
+    )
 
 
 # ----------------------------------------------------------------------------- the faults
@@ -155,8 +161,11 @@ def drop_accept(logs: Logs) -> dict:
     """A subscriber's accept of a delivery its publisher was told accepted is missing."""
     for d in logs.accepted():
         for router, events in logs.by_router.items():
-            idx = [i for i, e in enumerate(events) if e["event"] == "sub-outcome" and e["delivery"] == d
-                   and e["outcome"] == "accepted"]
+            idx = [
+                i
+                for i, e in enumerate(events)
+                if e["event"] == "sub-outcome" and e["delivery"] == d and e["outcome"] == "accepted"
+            ]
             if idx:
                 del events[idx[0]]
                 logs.renumber()
@@ -169,8 +178,7 @@ def duplicate_other_tag(logs: Logs) -> dict:
     delivery id (as if it derived a different tag for it); the subscriber accepts it."""
     for d in logs.accepted()[2:]:
         for router, events in logs.by_router.items():
-            accepts = [e for e in events if e["event"] == "sub-outcome" and e["delivery"] == d
-                       and e["outcome"] == "accepted"]
+            accepts = [e for e in events if e["event"] == "sub-outcome" and e["delivery"] == d and e["outcome"] == "accepted"]
             recv = [e for e in events if e["event"] == "received" and e["delivery"] == d]
             if not accepts or not recv:
                 continue
@@ -178,11 +186,14 @@ def duplicate_other_tag(logs: Logs) -> dict:
             d2 = hashlib.blake2b(d.encode(), digest_size=17).hexdigest()
             clone = {k: v for k, v in recv[0].items() if k not in ("seq", "ts", "router", "epoch", "boot")}
             clone.update(delivery=d2, owed=[sub], forwarded=[sub])
-            logs._insert_before_stop(router, [
-                clone,
-                {"event": "sub-outcome", "delivery": d2, "subscriber": sub, "outcome": "accepted", "settled": True},
-                {"event": "settled", "delivery": d2, "by": "origin-router", "deleted": True},
-            ])
+            logs._insert_before_stop(
+                router,
+                [
+                    clone,
+                    {"event": "sub-outcome", "delivery": d2, "subscriber": sub, "outcome": "accepted", "settled": True},
+                    {"event": "settled", "delivery": d2, "by": "origin-router", "deleted": True},
+                ],
+            )
             logs.renumber()
             return {"duplicated": {f"{sub}|{pub_id(recv[0])}"}}
     raise AssertionError("no place for a duplicate")
@@ -206,15 +217,18 @@ def reorder_pair(logs: Logs) -> dict:
                 if ea["event"] != eb["event"]:
                     continue
                 ia, ib = logs.ident(ea["delivery"]), logs.ident(eb["delivery"])
-                same_stream = (ia["publisher"], ia["link_name"], ia["incarnation"]) == \
-                    (ib["publisher"], ib["link_name"], ib["incarnation"])
+                same_stream = (ia["publisher"], ia["link_name"], ia["incarnation"]) == (
+                    ib["publisher"],
+                    ib["link_name"],
+                    ib["incarnation"],
+                )
                 if not same_stream or ib["stream_seq"] != ia["stream_seq"] + 1:
                     continue
                 if ea["event"] == "received" and (ea.get("owed") != [sub] or eb.get("owed") != [sub]):
                     continue
                 # Only the two sends change places: nothing about either delivery lies
                 # between them (a send moved past its own answer would be another fault).
-                if any(e.get("delivery") in (ea["delivery"], eb["delivery"]) for e in events[a + 1:b]):
+                if any(e.get("delivery") in (ea["delivery"], eb["delivery"]) for e in events[a + 1 : b]):
                     continue
                 events[a], events[b] = eb, ea
                 logs.renumber()
@@ -227,8 +241,9 @@ def accept_never_published(logs: Logs) -> dict:
     router = sorted(logs.by_router)[-1]
     sub = next(e["subscriber"] for _, e in logs.all() if e["event"] == "sub-outcome")
     d = hashlib.blake2b(b"never published", digest_size=18).hexdigest()
-    logs._insert_before_stop(router, [{"event": "sub-outcome", "delivery": d, "subscriber": sub,
-                                       "outcome": "accepted", "settled": True}])
+    logs._insert_before_stop(
+        router, [{"event": "sub-outcome", "delivery": d, "subscriber": sub, "outcome": "accepted", "settled": True}]
+    )
     logs.renumber()
     return {"invented": {d}}
 
@@ -237,8 +252,11 @@ def leftover_record(logs: Logs) -> dict:
     """A router never forgets one record: its deletion is missing."""
     for d in logs.accepted()[1:]:
         for router, events in logs.by_router.items():
-            idx = [i for i, e in enumerate(events) if e.get("delivery") == d and (
-                e["event"] == "record-deleted" or (e["event"] == "settled" and e.get("deleted")))]
+            idx = [
+                i
+                for i, e in enumerate(events)
+                if e.get("delivery") == d and (e["event"] == "record-deleted" or (e["event"] == "settled" and e.get("deleted")))
+            ]
             if len(idx) == 1:
                 del events[idx[0]]
                 logs.renumber()
@@ -273,12 +291,16 @@ def drop_from_batch(logs: Logs) -> dict:
         middle = len(deliveries) // 2
         for i in sorted(range(len(deliveries)), key=lambda i: abs(i - middle)):  # one inside the run, not an end
             d = deliveries[i]
-            others = [e for _, other in logs.all() for e in unfold(other) if e["event"] == "sub-outcome"
-                      and e["delivery"] == d and e["subscriber"] == line["subscriber"]]
+            others = [
+                e
+                for _, other in logs.all()
+                for e in unfold(other)
+                if e["event"] == "sub-outcome" and e["delivery"] == d and e["subscriber"] == line["subscriber"]
+            ]
             if d in accepted and len(others) == 1:
                 del deliveries[i]
                 return {"lost": {d}}
-    raise AssertionError("no accepted delivery inside a \"sub-outcomes\" line")
+    raise AssertionError('no accepted delivery inside a "sub-outcomes" line')
 
 
 def repeat_in_batch(logs: Logs) -> dict:
@@ -288,7 +310,7 @@ def repeat_in_batch(logs: Logs) -> dict:
         d = deliveries[len(deliveries) // 2]
         deliveries.insert(len(deliveries) // 2 + 1, d)
         return {"duplicated": {f"{line['subscriber']}|{d}"}}
-    raise AssertionError("no \"sub-outcomes\" line of accepts")
+    raise AssertionError('no "sub-outcomes" line of accepts')
 
 
 BATCH_FAULTS = {

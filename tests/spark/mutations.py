@@ -22,6 +22,7 @@ import orjson
 @dataclass
 class Exit2:
     """The command must exit 2 and say this."""
+
     text: str
 
 
@@ -29,6 +30,7 @@ class Exit2:
 class Copy:
     """A run's logs under ``base``: ``files[router][name]`` is the raw lines of one
     log file (each with its newline), ``ledgers`` the ledger directory."""
+
     base: Path
     files: dict[str, dict[str, list[bytes]]]
     ledgers: Path
@@ -40,8 +42,10 @@ class Copy:
         files: dict = {}
         for data_dir in run["routers"]:
             router = Path(data_dir).name
-            files[router] = {p.name: p.read_bytes().splitlines(keepends=True)
-                             for p in sorted((Path(data_dir) / "events").glob("events-*.jsonl"))}
+            files[router] = {
+                p.name: p.read_bytes().splitlines(keepends=True)
+                for p in sorted((Path(data_dir) / "events").glob("events-*.jsonl"))
+            }
         ledgers = base / "clients"
         shutil.copytree(run["clients"], ledgers, ignore=shutil.ignore_patterns("*.state"))
         return cls(base, files, ledgers, sorted(files))
@@ -76,8 +80,9 @@ class Copy:
         raise AssertionError(f"no such line on router {router}")
 
     def put(self, router: str, file: str, index: int, line: dict | bytes) -> None:
-        self.files[router][file][index] = line if isinstance(line, bytes) else orjson.dumps(
-            line, option=orjson.OPT_APPEND_NEWLINE)
+        self.files[router][file][index] = (
+            line if isinstance(line, bytes) else orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        )
 
     def first_file(self, router: str) -> str:
         return sorted(self.files[router])[0]
@@ -85,11 +90,16 @@ class Copy:
 
 def _delivery_from(copy: Copy, origin: str, remote: str) -> str:
     """A delivery whose publisher is attached at ``origin``, sent to ``remote``, told accepted."""
-    accepted = {e["delivery"] for _, _, e in copy.events(origin) if e["event"] == "pub-outcome"
-                and e.get("outcome") == "accepted"}
+    accepted = {
+        e["delivery"] for _, _, e in copy.events(origin) if e["event"] == "pub-outcome" and e.get("outcome") == "accepted"
+    }
     for _, _, e in copy.events(origin):
-        if e["event"] == "received" and e.get("origin_router") is None and remote in (e.get("routers") or []) \
-                and e["delivery"] in accepted:
+        if (
+            e["event"] == "received"
+            and e.get("origin_router") is None
+            and remote in (e.get("routers") or [])
+            and e["delivery"] in accepted
+        ):
             return e["delivery"]
     raise AssertionError(f"no delivery from {origin} to {remote}")
 
@@ -136,8 +146,7 @@ def binary_garbage_in_the_middle(copy: Copy) -> dict:
 def seq_a_string(copy: Copy) -> dict:
     """Valid JSON with a wrong type: the line is malformed, and its seq unreadable."""
     file, index, line = copy.find("A", lambda e: e["event"] == "peer-connected")
-    copy.put("A", file, index, orjson.dumps(line).replace(b'"seq":%d' % line["seq"], b'"seq":"%d"' % line["seq"], 1)
-             + b"\n")
+    copy.put("A", file, index, orjson.dumps(line).replace(b'"seq":%d' % line["seq"], b'"seq":"%d"' % line["seq"], 1) + b"\n")
     return {"malformed-line": {f"{copy.uri('A', file)}:{index + 1}"}, "seq-gap": {f"A|{line['epoch']}|{line['seq']}"}}
 
 
@@ -169,8 +178,14 @@ def accept_from_a_stranger(copy: Copy) -> dict:
     """An accept from a subscriber that never attached and was never owed it."""
     d = _delivery_from(copy, "A", "B")
     file, index, line = copy.find("B", lambda e: e["event"] == "received" and e["delivery"] == d)
-    stranger = {**{k: line[k] for k in ("seq", "ts", "router", "epoch", "boot")}, "event": "sub-outcome",
-                "delivery": d, "subscriber": "mallory-app/mallory-in", "outcome": "accepted", "settled": True}
+    stranger = {
+        **{k: line[k] for k in ("seq", "ts", "router", "epoch", "boot")},
+        "event": "sub-outcome",
+        "delivery": d,
+        "subscriber": "mallory-app/mallory-in",
+        "outcome": "accepted",
+        "settled": True,
+    }
     copy.put("B", file, index, line)
     _insert_after(copy, "B", file, index, stranger)
     return {"accept-unowed": {f"mallory-app/mallory-in|{d}"}}
@@ -189,8 +204,9 @@ def accept_without_send(copy: Copy) -> dict:
 def forward_deleted(copy: Copy) -> dict:
     """The origin's forward to a router deleted, while that router logged the arrival."""
     d = _delivery_from(copy, "A", "B")
-    file, index, _ = copy.find("A", lambda e: e["event"] == "forwarded-to-router" and e["delivery"] == d
-                               and e.get("to_router") == "B")
+    file, index, _ = copy.find(
+        "A", lambda e: e["event"] == "forwarded-to-router" and e["delivery"] == d and e.get("to_router") == "B"
+    )
     _delete(copy, "A", file, index)
     return {"arrival-unforwarded": {f"B|{d}"}}
 
@@ -200,8 +216,9 @@ def answer_deleted_on_both_sides(copy: Copy) -> dict:
     d = _delivery_from(copy, "A", "B")
     file, index, _ = copy.find("B", lambda e: e["event"] == "outcome-to-router" and e["delivery"] == d)
     _delete(copy, "B", file, index)
-    file, index, _ = copy.find("A", lambda e: e["event"] == "outcome-from-router" and e["delivery"] == d
-                               and e.get("from_router") == "B")
+    file, index, _ = copy.find(
+        "A", lambda e: e["event"] == "outcome-from-router" and e["delivery"] == d and e.get("from_router") == "B"
+    )
     _delete(copy, "A", file, index)
     return {"answer-missing": {f"A|B|{d}"}}
 
@@ -213,9 +230,13 @@ def restarted_router_answers_for_its_previous_life(copy: Copy) -> dict:
     boot = "f" * 16
     common = {"ts": last["ts"] + 1, "router": "B", "epoch": last["epoch"] + 1, "boot": boot}
     name = f"events-{last['epoch'] + 1:06d}-000001.jsonl"
-    copy.files["B"][name] = [orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE) for line in (
-        {"seq": 1, **common, "event": "router-started", "pid": 1, "version": "0.1.0"},
-        {"seq": 2, **common, "event": "outcome-to-router", "delivery": d, "to_router": "A", "outcome": "accepted"})]
+    copy.files["B"][name] = [
+        orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        for line in (
+            {"seq": 1, **common, "event": "router-started", "pid": 1, "version": "0.1.0"},
+            {"seq": 2, **common, "event": "outcome-to-router", "delivery": d, "to_router": "A", "outcome": "accepted"},
+        )
+    ]
     return {"record-missing": {f"B|{last['epoch'] + 1}|{d}"}}
 
 
@@ -225,23 +246,20 @@ def publisher_told_released_though_all_accepted(copy: Copy) -> dict:
     d = _delivery_from(copy, "A", "B")
     file, index, line = copy.find("A", lambda e: e["event"] == "pub-outcome" and e["delivery"] == d)
     copy.put("A", file, index, {**line, "outcome": "released", "reason": "no subscribers left"})
-    _ledger_outcome(copy, "p1", copy.find("A", lambda e: e["event"] == "received" and e["delivery"] == d)[2],
-                    "released")
+    _ledger_outcome(copy, "p1", copy.find("A", lambda e: e["event"] == "received" and e["delivery"] == d)[2], "released")
     return {"outcome-disagrees": {d}}
 
 
 def publisher_told_accepted_though_one_rejected(copy: Copy) -> dict:
     """The other way round: carol@C rejected the poison message, yet its origin B
     told the publisher accepted (and p2's ledger says so)."""
-    poison = {e["delivery"] for _, _, e in copy.events("C") if e["event"] == "sub-outcome"
-              and e.get("outcome") == "rejected"}
+    poison = {e["delivery"] for _, _, e in copy.events("C") if e["event"] == "sub-outcome" and e.get("outcome") == "rejected"}
     assert len(poison) == 1, poison
     d = poison.pop()
     file, index, line = copy.find("B", lambda e: e["event"] == "pub-outcome" and e["delivery"] == d)
     assert line["outcome"] == "rejected", line
     copy.put("B", file, index, {**line, "outcome": "accepted", "condition": None, "reason": None})
-    _ledger_outcome(copy, "p2", copy.find("B", lambda e: e["event"] == "received" and e["delivery"] == d)[2],
-                    "accepted")
+    _ledger_outcome(copy, "p2", copy.find("B", lambda e: e["event"] == "received" and e["delivery"] == d)[2], "accepted")
     # carol never accepted what its publisher was told accepted: lost for carol, too
     return {"outcome-disagrees": {d}, "lost": {d}}
 
@@ -254,9 +272,22 @@ def answer_deleted_after_an_early_unreachable_route(copy: Copy) -> dict:
     d = _delivery_from(copy, "A", "B")
     file, index, started = copy.find("A", lambda e: e["event"] == "router-started")
     others = sorted(r for r in copy.files if r not in ("A", "B"))
-    _insert_after(copy, "A", file, index, {"seq": started["seq"], "ts": started["ts"], "router": "A",
-                                           "epoch": started["epoch"], "boot": started["boot"], "event": "routes",
-                                           "reachable": others, "next_hops": others})
+    _insert_after(
+        copy,
+        "A",
+        file,
+        index,
+        {
+            "seq": started["seq"],
+            "ts": started["ts"],
+            "router": "A",
+            "epoch": started["epoch"],
+            "boot": started["boot"],
+            "event": "routes",
+            "reachable": others,
+            "next_hops": others,
+        },
+    )
     return {"answer-missing": {f"A|B|{d}"}}
 
 
@@ -267,8 +298,12 @@ def application_handed_a_delivery_no_router_received(copy: Copy) -> dict:
     lines = ledger.read_bytes().splitlines(keepends=True)
     last = next(orjson.loads(raw) for raw in reversed(lines) if orjson.loads(raw)["event"] == "delivered")
     invented = "ab" * 20
-    lines.append(orjson.dumps({**last, "ts": last["ts"] + 0.001, "delivery": invented, "pub_tag": None,
-                               "seq": None, "message_id": None}, option=orjson.OPT_APPEND_NEWLINE))
+    lines.append(
+        orjson.dumps(
+            {**last, "ts": last["ts"] + 0.001, "delivery": invented, "pub_tag": None, "seq": None, "message_id": None},
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+    )
     ledger.write_bytes(b"".join(lines))
     return {"ledger": {f"unsent|{last['client']}/{last['link']}|{invented}"}}
 
@@ -287,13 +322,25 @@ def resend_refused_beyond_the_horizon(copy: Copy) -> dict:
     common = {"ts": last["ts"], "router": "A", "epoch": last["epoch"], "boot": last["boot"]}
     condition = "eorouter:resend-beyond-horizon"
     reason = "resent after the router forgot its stream (resume horizon or memory limit): it may have been delivered already"
-    _insert_after(copy, "A", file, index, {"seq": last["seq"], **common, "event": "resend-beyond-horizon",
-                                           "delivery": d, "stream": d[:32]})
-    _insert_after(copy, "A", file, index + 1, {"seq": last["seq"] + 1, **common, "event": "pub-outcome",
-                                               "delivery": d, "outcome": "rejected", "condition": condition,
-                                               "reason": reason})
-    _ledger_outcome(copy, "p1", copy.find("A", lambda e: e["event"] == "received" and e["delivery"] == d)[2],
-                    "rejected")
+    _insert_after(
+        copy, "A", file, index, {"seq": last["seq"], **common, "event": "resend-beyond-horizon", "delivery": d, "stream": d[:32]}
+    )
+    _insert_after(
+        copy,
+        "A",
+        file,
+        index + 1,
+        {
+            "seq": last["seq"] + 1,
+            **common,
+            "event": "pub-outcome",
+            "delivery": d,
+            "outcome": "rejected",
+            "condition": condition,
+            "reason": reason,
+        },
+    )
+    _ledger_outcome(copy, "p1", copy.find("A", lambda e: e["event"] == "received" and e["delivery"] == d)[2], "rejected")
     return {}
 
 
@@ -304,8 +351,11 @@ def _ledger_outcome(copy: Copy, client: str, received: dict, outcome: str) -> No
     changed = 0
     for i, raw in enumerate(lines):
         entry = orjson.loads(raw)
-        if entry["event"] == "outcome" and entry["pub_tag"] == received["pub_tag"] \
-                and entry["incarnation"] == received["incarnation"]:
+        if (
+            entry["event"] == "outcome"
+            and entry["pub_tag"] == received["pub_tag"]
+            and entry["incarnation"] == received["incarnation"]
+        ):
             lines[i] = orjson.dumps({**entry, "outcome": outcome}, option=orjson.OPT_APPEND_NEWLINE)
             changed += 1
     assert changed == 1, (client, received["pub_tag"])
@@ -355,6 +405,10 @@ MUTATIONS = {
 
 #: The mutations also reconciled without the applications' ledgers: the routers'
 #: logs alone must give the same violations, less the ledger's own.
-WITHOUT_LEDGERS = ("an accept with no preceding send", "publisher told released though every subscriber accepted",
-                   "publisher told accepted though a subscriber rejected", "a router's log missing",
-                   "a resend refused beyond the resume horizon (clean)")
+WITHOUT_LEDGERS = (
+    "an accept with no preceding send",
+    "publisher told released though every subscriber accepted",
+    "publisher told accepted though a subscriber rejected",
+    "a router's log missing",
+    "a resend refused beyond the resume horizon (clean)",
+)

@@ -56,19 +56,32 @@ def run(workdir: Path, messages: int = 20, one_router: bool = False) -> dict:
             def on_message(msg):
                 received[name] += 1
                 return "rejected" if (name == "carol" and msg.body == POISON) else "accepted"
+
             return on_message
 
         for name, router in (("alice", "A"), ("bob", "B"), ("carol", "C")):
-            sub = ResumableSubscriber([url[router]], TOPIC, container_id=f"{name}-app", link_name=f"{name}-in",
-                                      state_path=clients / f"{name}.state", ledger_path=clients / f"{name}.jsonl",
-                                      on_message=handler(name))
+            sub = ResumableSubscriber(
+                [url[router]],
+                TOPIC,
+                container_id=f"{name}-app",
+                link_name=f"{name}-in",
+                state_path=clients / f"{name}.state",
+                ledger_path=clients / f"{name}.jsonl",
+                on_message=handler(name),
+            )
             started.append(sub)
             sub.start()
             sub.wait_attached(20)
         pubs = {}
         for name, router in (("p1", "A"), ("p2", "B")):
-            pub = ResumablePublisher([url[router]], TOPIC, container_id=f"{name}-app", link_name=f"{name}-out",
-                                     state_path=clients / f"{name}.state", ledger_path=clients / f"{name}.jsonl")
+            pub = ResumablePublisher(
+                [url[router]],
+                TOPIC,
+                container_id=f"{name}-app",
+                link_name=f"{name}-out",
+                state_path=clients / f"{name}.state",
+                ledger_path=clients / f"{name}.jsonl",
+            )
             started.append(pub)
             pub.start()
             pub.wait_attached(20)
@@ -85,8 +98,14 @@ def run(workdir: Path, messages: int = 20, one_router: bool = False) -> dict:
         deadline = time.monotonic() + 15
         while records_left(data_dirs) and time.monotonic() < deadline:
             time.sleep(0.1)
-        return {"routers": [str(d) for d in data_dirs], "clients": str(clients), "sent": len(futures),
-                "outcomes": sorted(outcomes), "received": dict(received), "left": records_left(data_dirs)}
+        return {
+            "routers": [str(d) for d in data_dirs],
+            "clients": str(clients),
+            "sent": len(futures),
+            "outcomes": sorted(outcomes),
+            "received": dict(received),
+            "left": records_left(data_dirs),
+        }
     finally:
         for client in started:
             try:

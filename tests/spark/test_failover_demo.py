@@ -16,8 +16,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_demo_kills_restarts_and_proves(spark, tmp_path, capsys):
-    code = failover_demo.main(["--messages", "30", "--rate", "60", "--restart-after", "0.5",
-                               "--workdir", str(tmp_path), "--master", "local[2]"])
+    code = failover_demo.main(
+        ["--messages", "30", "--rate", "60", "--restart-after", "0.5", "--workdir", str(tmp_path), "--master", "local[2]"]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     killed = re.search(r"^\*\*\* killed router A \(SIGKILL\) at [\d.]+ s \*\*\*$", out, re.M)

@@ -29,6 +29,7 @@ def faulty(spark, real_run, tmp_path_factory):
     out = base / "report"
     import contextlib
     import io
+
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = reconcile_main([*dirs, "--out", str(out), "--first", "1000", "--no-html"])

@@ -24,13 +24,21 @@ BATCH = 5
 @st.composite
 def specs(draw):
     return Spec(
-        routers=draw(st.integers(1, 3)), publishers=draw(st.integers(1, 3)), subscribers=draw(st.integers(1, 4)),
-        topics=draw(st.integers(1, 2)), deliveries=draw(st.integers(3, 30)), round_size=draw(st.integers(4, 20)),
+        routers=draw(st.integers(1, 3)),
+        publishers=draw(st.integers(1, 3)),
+        subscribers=draw(st.integers(1, 4)),
+        topics=draw(st.integers(1, 2)),
+        deliveries=draw(st.integers(3, 30)),
+        round_size=draw(st.integers(4, 20)),
         seed=draw(st.integers(0, 2**32 - 1)),
-        p_reject=draw(st.sampled_from([0.0, 0.1])), p_expire=draw(st.sampled_from([0.0, 0.1])),
-        p_detach=draw(st.sampled_from([0.0, 0.5])), p_presettled=draw(st.sampled_from([0.0, 0.2])),
-        p_refused=draw(st.sampled_from([0.0, 0.1])), p_late=draw(st.sampled_from([0.0, 0.5])),
-        p_restart=draw(st.sampled_from([0.0, 0.3])), p_fold=draw(st.sampled_from([0.0, 1.0])),
+        p_reject=draw(st.sampled_from([0.0, 0.1])),
+        p_expire=draw(st.sampled_from([0.0, 0.1])),
+        p_detach=draw(st.sampled_from([0.0, 0.5])),
+        p_presettled=draw(st.sampled_from([0.0, 0.2])),
+        p_refused=draw(st.sampled_from([0.0, 0.1])),
+        p_late=draw(st.sampled_from([0.0, 0.5])),
+        p_restart=draw(st.sampled_from([0.0, 0.3])),
+        p_fold=draw(st.sampled_from([0.0, 1.0])),
         p_batch=draw(st.sampled_from([0.0, 1.0])),
         faults=tuple(draw(st.lists(st.sampled_from(FAULTS + LEDGER_FAULTS), max_size=2, unique=True))),
     )
@@ -49,8 +57,7 @@ def violations_by_history(result: dict, prefixes) -> dict[str, dict]:
     return found
 
 
-@settings(max_examples=3, deadline=None, derandomize=CI,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=3, deadline=None, derandomize=CI, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batch=st.lists(specs(), min_size=BATCH, max_size=BATCH))
 def test_verdict_matches_known_truth(spark, tmp_path_factory, batch):
     base = tmp_path_factory.mktemp("histories")
@@ -84,10 +91,30 @@ def test_folded_lines_give_the_same_verdicts(spark, tmp_path):
     clients = tmp_path / "clients"
     clients.mkdir()
     routers, truth, folded = [], {}, 0
-    for n, faults in enumerate([(), ("drop-accept",), ("dup-tag",), ("reorder",), ("invented",), ("leftover",),
-                                ("ledger-missing",), ("ledger-pub-outcome",)]):
-        spec = Spec(routers=2, publishers=2, subscribers=3, deliveries=40, round_size=10, seed=n, p_restart=0.2,
-                    p_fold=1.0, faults=faults, prefix=f"h{n}.")
+    for n, faults in enumerate(
+        [
+            (),
+            ("drop-accept",),
+            ("dup-tag",),
+            ("reorder",),
+            ("invented",),
+            ("leftover",),
+            ("ledger-missing",),
+            ("ledger-pub-outcome",),
+        ]
+    ):
+        spec = Spec(
+            routers=2,
+            publishers=2,
+            subscribers=3,
+            deliveries=40,
+            round_size=10,
+            seed=n,
+            p_restart=0.2,
+            p_fold=1.0,
+            faults=faults,
+            prefix=f"h{n}.",
+        )
         info = generate(tmp_path / f"h{n}", spec)
         folded += info["folded_lines"]
         truth[spec.prefix] = {check: set(items) for check, items in info["truth"].items()}
@@ -109,14 +136,33 @@ def test_batched_lines_give_the_same_verdicts(spark, tmp_path):
     clients = tmp_path / "clients"
     clients.mkdir()
     routers, truth, batched = [], {}, 0
-    histories = [(), ("drop-accept",), ("dup-tag",), ("reorder",), ("invented",), ("leftover",),
-                 ("ledger-missing",), ("ledger-pub-outcome",)] + sorted(BATCH_FAULTS)
+    histories = [
+        (),
+        ("drop-accept",),
+        ("dup-tag",),
+        ("reorder",),
+        ("invented",),
+        ("leftover",),
+        ("ledger-missing",),
+        ("ledger-pub-outcome",),
+    ] + sorted(BATCH_FAULTS)
     for n, faults in enumerate(histories):
         hidden = faults if isinstance(faults, str) else None
         # No detaching subscriber where an accept goes missing: its leaving would excuse it.
-        spec = Spec(routers=2, publishers=2, subscribers=3, deliveries=40, round_size=10, seed=n, p_restart=0.2,
-                    p_fold=0.5, p_batch=1.0, p_detach=0.0 if hidden else 0.3, faults=() if hidden else faults,
-                    prefix=f"h{n}.")
+        spec = Spec(
+            routers=2,
+            publishers=2,
+            subscribers=3,
+            deliveries=40,
+            round_size=10,
+            seed=n,
+            p_restart=0.2,
+            p_fold=0.5,
+            p_batch=1.0,
+            p_detach=0.0 if hidden else 0.3,
+            faults=() if hidden else faults,
+            prefix=f"h{n}.",
+        )
         out = tmp_path / f"h{n}"
         info = generate(out, spec)
         batched += info["batched_lines"]

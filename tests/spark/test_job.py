@@ -37,6 +37,7 @@ def test_the_driver_hashes_names_as_spark_does(spark):
     @given(st.text(max_size=80))
     def collect(name):
         seen.append(name)
+
     collect()
     rows = spark.createDataFrame([(n,) for n in seen], "n string").select("n", F.xxhash64("n").alias("h")).collect()
     assert [r["h"] for r in rows] == [spark_hash(r["n"]) for r in rows]
@@ -116,15 +117,17 @@ def test_report_marks_restarts_and_deaths_and_lists_violations(spark, history, t
     for ledger in (tmp_path / "bad" / "clients").glob("*.jsonl"):
         ledger.rename(net / "clients" / ledger.name)
     out = tmp_path / "report"
-    result = run_reconcile(spark, [str(net / r) for r in info["routers"]]
-                           + [str(tmp_path / "bad" / r) for r in bad["routers"]],
-                           clients=str(net / "clients"), out=out)
+    result = run_reconcile(
+        spark,
+        [str(net / r) for r in info["routers"]] + [str(tmp_path / "bad" / r) for r in bad["routers"]],
+        clients=str(net / "clients"),
+        out=out,
+    )
     assert result["counts"] == {"lost": {"rows": 1, "items": 1}}
     assert {v["item"] for v in result["violations"]} == set(bad["truth"]["lost"])
     epochs = result["summary"]["epochs"]
     died = [e for e in epochs if not e["stopped"]]
-    assert [(e["router"], e["epoch"]) for e in died] == [(victim, max(e["epoch"] for e in epochs
-                                                                      if e["router"] == victim))]
+    assert [(e["router"], e["epoch"]) for e in died] == [(victim, max(e["epoch"] for e in epochs if e["router"] == victim))]
     assert any(e["epoch"] > 1 for e in epochs)  # restarts
     report = json.loads((out / "report.json").read_text())
     assert report["summary"]["latency_series"] and report["summary"]["series"]

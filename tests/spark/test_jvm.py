@@ -18,6 +18,7 @@ def test_the_archive_is_named_for_this_java_and_this_spark(monkeypatch, tmp_path
         pytest.skip("no java on PATH")
     assert path.parent == tmp_path / "eorouter" and path.name.startswith("spark-classes-")
     import pyspark
+
     monkeypatch.setattr(pyspark, "__version__", pyspark.__version__ + ".other")
     assert jvm.archive_path() != path  # another Spark: another archive, never a stale one
     assert jvm.java_options() == []  # not built yet: nothing to map, and no error

@@ -32,8 +32,9 @@ def reconcile(copy: Copy, out, ledgers: bool = True) -> tuple[int, str, str, dic
     dirs = copy.write()
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        rc = reconcile_main([*dirs, *(["--clients", str(copy.ledgers)] if ledgers else []), "--out", str(out),
-                             "--first", "1000", "--no-html"])
+        rc = reconcile_main(
+            [*dirs, *(["--clients", str(copy.ledgers)] if ledgers else []), "--out", str(out), "--first", "1000", "--no-html"]
+        )
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
     return rc, stdout.getvalue(), stderr.getvalue(), report
 

@@ -30,8 +30,14 @@ def test_real_run_is_proven_clean(json_report, real_run):
     verdict = report["verdict"]
     assert verdict["proven_clean"] is True
     assert verdict["line"].startswith("0 lost, 0 duplicated, 0 out of order, 0 invented, 0 left unsettled")
-    assert {c["check"] for c in verdict["checks"]} >= {"lost", "duplicated", "out-of-order", "invented",
-                                                        "left-unsettled", "ledger"}
+    assert {c["check"] for c in verdict["checks"]} >= {
+        "lost",
+        "duplicated",
+        "out-of-order",
+        "invented",
+        "left-unsettled",
+        "ledger",
+    }
     assert report["violations"] == []
     s = report["summary"]
     assert s["routers"] == ["A", "B", "C"]
@@ -66,6 +72,7 @@ def test_compacted_parquet_gives_the_same_verdict(spark, json_report, real_run, 
     # Parquet keeps the lines as written; the job counts the events they stand for
     # (a folded line is several: router.eventschema.FOLDED).
     from router.eventlog import read_events
+
     lines = sum(1 for d in real_run["routers"] for _ in read_events(d, raw=True))
     events = sum(1 for d in real_run["routers"] for _ in read_events(d))
     assert spark.read.parquet(str(out)).count() == lines

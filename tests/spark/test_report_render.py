@@ -26,8 +26,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 def restarts(spark, tmp_path_factory):
     """A 5-router history in which every router restarts often, reconciled once."""
     base = tmp_path_factory.mktemp("restarts")
-    info = generate(base / "logs", Spec(routers=5, publishers=4, subscribers=8, topics=3, deliveries=6000,
-                                        round_size=100, p_restart=0.25, seed=7))
+    info = generate(
+        base / "logs",
+        Spec(routers=5, publishers=4, subscribers=8, topics=3, deliveries=6000, round_size=100, p_restart=0.25, seed=7),
+    )
     out = base / "report"
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         rc = reconcile_main([str(base / "logs"), "--clients", str(base / "logs" / "clients"), "--out", str(out)])
@@ -48,6 +50,7 @@ def test_no_two_texts_of_a_figure_overlap(restarts):
 
 def test_the_overlap_check_can_see_an_overlap():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -75,10 +78,23 @@ def _render_and_check(page, tmp_path, min_rows_with_colour: int = 800) -> None:
     import numpy as np
 
     shot = tmp_path / "report.png"
-    run = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                          "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,6000",
-                          f"--screenshot={shot}", page.resolve().as_uri()],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1280,6000",
+            f"--screenshot={shot}",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
     pixels = mpimg.imread(shot)[:, :, :3]
     assert pixels.shape[:2] == (6000, 1280)
@@ -102,13 +118,50 @@ def test_the_10m_event_report_is_readable(tmp_path):
     import sys
 
     logs = tmp_path / "logs"
-    subprocess.run([sys.executable, "-m", "spark", "generate", str(logs), "--events", "10000000", "--routers", "3",
-                    "--publishers", "6", "--subscribers", "6", "--topics", "2", "--restart", "0.002",
-                    "--round", "500"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark",
+            "generate",
+            str(logs),
+            "--events",
+            "10000000",
+            "--routers",
+            "3",
+            "--publishers",
+            "6",
+            "--subscribers",
+            "6",
+            "--topics",
+            "2",
+            "--restart",
+            "0.002",
+            "--round",
+            "500",
+        ],
+        check=True,
+        capture_output=True,
+    )
     routers = [str(logs / r) for r in json.loads((logs / "truth.json").read_text())["routers"]]
     out = tmp_path / "report"
-    run = subprocess.run([sys.executable, "-m", "spark", "reconcile", *routers, "--clients", str(logs / "clients"),
-                          "--out", str(out), "--master", "local[2]"], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark",
+            "reconcile",
+            *routers,
+            "--clients",
+            str(logs / "clients"),
+            "--out",
+            str(out),
+            "--master",
+            "local[2]",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == EXIT_CLEAN, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["summary"]["events"] >= 10_000_000

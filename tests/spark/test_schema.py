@@ -9,8 +9,13 @@ from pyspark.sql import types as T
 from router.eventschema import EVENT_SCHEMA, EVENTS, spark_schema_fields, validate_event
 from spark.schema import LEDGER_FIELDS, event_schema, ledger_schema
 
-SPARK = {"string": T.StringType(), "long": T.LongType(), "double": T.DoubleType(), "boolean": T.BooleanType(),
-         "array<string>": T.ArrayType(T.StringType())}
+SPARK = {
+    "string": T.StringType(),
+    "long": T.LongType(),
+    "double": T.DoubleType(),
+    "boolean": T.BooleanType(),
+    "array<string>": T.ArrayType(T.StringType()),
+}
 SAMPLE = {"string": "x-1", "long": 7, "double": 1.5, "boolean": True, "array<string>": ["a", "b"]}
 
 
@@ -54,12 +59,28 @@ def test_the_fields_the_proof_reads_are_the_writers():
     for name in LINE_FIELDS:
         assert schema[name].dataType == SPARK[writer[name]], name
     # What it leaves out is what no check reads.
-    assert set(writer) - set(LINE_FIELDS) == {"pid", "version", "conn", "size", "peer_boot", "next_hops",
-                                              "missing_seq", "reported", "known", "incomplete", "incarnation",
-                                              # issue 16's counters: budget, memory sweeps, stream numbering
-                                              "bytes", "router_bytes", "limit", "state", "count", "remembered",
-                                              "next_seq", "stream"} - \
-        set(LINE_FIELDS)
+    assert set(writer) - set(LINE_FIELDS) == {
+        "pid",
+        "version",
+        "conn",
+        "size",
+        "peer_boot",
+        "next_hops",
+        "missing_seq",
+        "reported",
+        "known",
+        "incomplete",
+        "incarnation",
+        # issue 16's counters: budget, memory sweeps, stream numbering
+        "bytes",
+        "router_bytes",
+        "limit",
+        "state",
+        "count",
+        "remembered",
+        "next_seq",
+        "stream",
+    } - set(LINE_FIELDS)
 
 
 def test_spark_reads_every_kind_with_every_field(spark, tmp_path):
@@ -90,10 +111,12 @@ def test_inputs_resolve(tmp_path, layout):
         d.mkdir(parents=True)
         (d / "events-000001-000001.jsonl").write_text("{}\n")
         (d / "events-000002-000001.jsonl").write_text("{}\n")
-    given = {"data_dir": [tmp_path / "net" / "A", tmp_path / "net" / "B"],
-             "events_dir": [tmp_path / "net" / "A" / "events", tmp_path / "net" / "B" / "events"],
-             "file": [tmp_path / "net" / "A" / "events" / "events-000001-000001.jsonl"],
-             "dir_of_dirs": [tmp_path / "net"]}[layout]
+    given = {
+        "data_dir": [tmp_path / "net" / "A", tmp_path / "net" / "B"],
+        "events_dir": [tmp_path / "net" / "A" / "events", tmp_path / "net" / "B" / "events"],
+        "file": [tmp_path / "net" / "A" / "events" / "events-000001-000001.jsonl"],
+        "dir_of_dirs": [tmp_path / "net"],
+    }[layout]
     sources = resolve([str(p) for p in given])
     assert len(sources) == 1 and sources[0].fmt == "json"
     assert len(sources[0].paths) == (1 if layout == "file" else 4)

@@ -121,11 +121,13 @@ def expected_by_source(function) -> set[str]:
         value = node.value
         if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "Exit2":
             continue
-        assert isinstance(value, ast.Dict), (f"{function.__name__}: cannot read what it expects (line {node.lineno}: "
-                                             "return a dict literal of check names)")
+        assert isinstance(value, ast.Dict), (
+            f"{function.__name__}: cannot read what it expects (line {node.lineno}: return a dict literal of check names)"
+        )
         for key in value.keys:
-            assert isinstance(key, ast.Constant) and isinstance(key.value, str), \
+            assert isinstance(key, ast.Constant) and isinstance(key.value, str), (
                 f"{function.__name__}: a key that is not a check's name (line {node.lineno})"
+            )
             checks.add(key.value)
     return checks
 
@@ -150,9 +152,17 @@ class GeneratorTruth:
         while self.next_seed.get(fault, 1) <= self.SEEDS:
             seed = self.next_seed.get(fault, 1)
             self.next_seed[fault] = seed + 1
-            spec = generate.Spec(routers=3 if fault == "seq-repeated" else 2, publishers=2, subscribers=3,
-                                 deliveries=10, round_size=10, seed=seed, p_reject=0.2,
-                                 p_restart=0.5 if fault == "restart-answer" else 0.0, faults=(fault,))
+            spec = generate.Spec(
+                routers=3 if fault == "seq-repeated" else 2,
+                publishers=2,
+                subscribers=3,
+                deliveries=10,
+                round_size=10,
+                seed=seed,
+                p_reject=0.2,
+                p_restart=0.5 if fault == "restart-answer" else 0.0,
+                faults=(fault,),
+            )
             try:
                 info = generate.generate(self.base / f"{fault}-{seed}", spec)
             except generate.CannotInject:
@@ -236,7 +246,8 @@ def test_mutations_expect_exactly_the_checks_whose_rows_name_them(rows):
         expected = expected_by_source(mutation)
         assert expected <= set(CHECK_NAMES), (name, expected - set(CHECK_NAMES))
         assert named.get(name, set()) == expected, (
-            f"mutation {name!r} expects {sorted(expected)}; the table names it under {sorted(named.get(name, ()))}")
+            f"mutation {name!r} expects {sorted(expected)}; the table names it under {sorted(named.get(name, ()))}"
+        )
 
 
 def test_injectors_expect_exactly_the_checks_whose_rows_name_them(rows):
@@ -245,7 +256,8 @@ def test_injectors_expect_exactly_the_checks_whose_rows_name_them(rows):
         expected = expected_by_source(injector)
         assert expected, f"faults:{name} must expect a violation"
         assert named.get(name, set()) == expected, (
-            f"faults:{name} expects {sorted(expected)}; the table names it under {sorted(named.get(name, ()))}")
+            f"faults:{name} expects {sorted(expected)}; the table names it under {sorted(named.get(name, ()))}"
+        )
 
 
 def test_generator_faults_expect_exactly_the_checks_whose_rows_name_them(rows, generator_truth):
@@ -256,8 +268,8 @@ def test_generator_faults_expect_exactly_the_checks_whose_rows_name_them(rows, g
         expected = generator_truth.checks[fault]
         assert expected <= set(CHECK_NAMES), (fault, expected - set(CHECK_NAMES))
         assert named.get(fault, set()) == expected, (
-            f"--fault {fault}: its truth names {sorted(expected)}; the table names it under "
-            f"{sorted(named.get(fault, ()))}")
+            f"--fault {fault}: its truth names {sorted(expected)}; the table names it under {sorted(named.get(fault, ()))}"
+        )
 
 
 def test_the_doc_mentions_every_test(doc):

@@ -65,22 +65,54 @@ class Harness:
         self.logs.extend(c for c in out if isinstance(c, LOG_KINDS))
         return [c for c in out if not isinstance(c, LOG_KINDS)]
 
-    def attach_publisher(self, link, topic="t", name=None, container="pub", conn=None, settled=False,
-                         properties=None, rcv_first=False):
+    def attach_publisher(
+        self, link, topic="t", name=None, container="pub", conn=None, settled=False, properties=None, rcv_first=False
+    ):
         """``rcv_first=False`` (rcv-settle-mode=second): the two-step flow most exact
         command lists here follow (outcome unsettled, then the publisher settles);
         tests of the first-mode answer (outcome and settlement at once) pass True."""
-        return self.do(LinkAttached(link, conn if conn is not None else link, container, name or f"p{link}",
-                                    PUBLISHER, topic, snd_settle_mode=SND_SETTLED if settled else SND_MIXED,
-                                    rcv_settle_mode=RCV_FIRST if rcv_first else RCV_SECOND,
-                                    properties=properties))
+        return self.do(
+            LinkAttached(
+                link,
+                conn if conn is not None else link,
+                container,
+                name or f"p{link}",
+                PUBLISHER,
+                topic,
+                snd_settle_mode=SND_SETTLED if settled else SND_MIXED,
+                rcv_settle_mode=RCV_FIRST if rcv_first else RCV_SECOND,
+                properties=properties,
+            )
+        )
 
-    def attach_subscriber(self, link, topic="t", name=None, container="sub", conn=None, durable=DURABLE_NONE,
-                          rcv_second=False, expiry_policy="session-end", timeout=0, best_effort=False):
-        return self.do(LinkAttached(link, conn if conn is not None else link, container, name or f"s{link}",
-                                    SUBSCRIBER, topic, durable=durable, expiry_policy=expiry_policy,
-                                    timeout=timeout, snd_settle_mode=SND_SETTLED if best_effort else SND_MIXED,
-                                    rcv_settle_mode=RCV_SECOND if rcv_second else RCV_FIRST))
+    def attach_subscriber(
+        self,
+        link,
+        topic="t",
+        name=None,
+        container="sub",
+        conn=None,
+        durable=DURABLE_NONE,
+        rcv_second=False,
+        expiry_policy="session-end",
+        timeout=0,
+        best_effort=False,
+    ):
+        return self.do(
+            LinkAttached(
+                link,
+                conn if conn is not None else link,
+                container,
+                name or f"s{link}",
+                SUBSCRIBER,
+                topic,
+                durable=durable,
+                expiry_policy=expiry_policy,
+                timeout=timeout,
+                snd_settle_mode=SND_SETTLED if best_effort else SND_MIXED,
+                rcv_settle_mode=RCV_SECOND if rcv_second else RCV_FIRST,
+            )
+        )
 
     def credit(self, link, credit, drain=False):
         return self.do(CreditChanged(link, credit, drain))
@@ -130,9 +162,13 @@ def record_states(core) -> dict:
     result = {}
     for tag, record in core.records.items():
         states = record.expanded_states() if record.compact else record.subscribers
-        result[tag] = (record.outcome, record.waiting, record.pub_settled, record.payload is None,
-                       {key: tuple(getattr(state, name) for name in SubscriberState.__slots__)
-                        for key, state in states.items()})
+        result[tag] = (
+            record.outcome,
+            record.waiting,
+            record.pub_settled,
+            record.payload is None,
+            {key: tuple(getattr(state, name) for name in SubscriberState.__slots__) for key, state in states.items()},
+        )
     return result
 
 
@@ -152,8 +188,7 @@ class TwinHarness(Harness):
             record.subscribers  # expand it: the twin's records leave the compact form
         # A run of accepted answers is one SubOutcomes on the compact path and one
         # SubOutcome each on the general one: the same log lines.
-        assert one_by_one(twin_commands) == one_by_one(commands), \
-            "the compact path decided otherwise than the general path"
+        assert one_by_one(twin_commands) == one_by_one(commands), "the compact path decided otherwise than the general path"
         assert record_states(self.twin) == record_states(self.core)
         if any(record.compact for record in self.core.records.values()):
             self.compact_steps += 1

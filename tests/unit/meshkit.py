@@ -44,10 +44,10 @@ class Mesh:
         expanded to SubscriberStates after every step (corekit.TwinHarness): it must
         give the same commands and states."""
         self.now = 1000.0
-        self.cores = {n: RouterCore(CoreSettings(router_id=n, **settings), boot_id=f"boot-{n}", epoch=1)
-                      for n in names}
-        self.twins = {n: RouterCore(core.settings, boot_id=core.boot_id, epoch=1)
-                      for n, core in self.cores.items()} if twins else {}
+        self.cores = {n: RouterCore(CoreSettings(router_id=n, **settings), boot_id=f"boot-{n}", epoch=1) for n in names}
+        self.twins = (
+            {n: RouterCore(core.settings, boot_id=core.boot_id, epoch=1) for n, core in self.cores.items()} if twins else {}
+        )
         self.inflight: deque = deque()
         self.links: dict[frozenset, int] = {}
         self.client: dict[str, list] = {n: [] for n in names}
@@ -77,8 +77,7 @@ class Mesh:
                 self._send(name, c.router_id, lambda conn, w=wire: ControlReceived(conn, name, [w]))
             elif isinstance(c, SendData):
                 header = orjson.loads(orjson.dumps(c.header))
-                self._send(name, c.router_id,
-                           lambda conn, c=c, h=header: DataReceived(conn, name, c.tag, h, c.payload))
+                self._send(name, c.router_id, lambda conn, c=c, h=header: DataReceived(conn, name, c.tag, h, c.payload))
             elif isinstance(c, (Log, SubOutcome)):
                 self.logs[name].append(c)
             else:
@@ -168,8 +167,20 @@ class Mesh:
         """``rcv_first``: the router settles with the outcome (rcv-settle-mode=first);
         otherwise the test settles the publisher's delivery itself (settle_publisher)."""
         link = next(self._link)
-        self.feed(router, LinkAttached(link, link, container, name, PUBLISHER, "t", snd_settle_mode=SND_MIXED,
-                                       rcv_settle_mode=0 if rcv_first else 1, properties=properties))
+        self.feed(
+            router,
+            LinkAttached(
+                link,
+                link,
+                container,
+                name,
+                PUBLISHER,
+                "t",
+                snd_settle_mode=SND_MIXED,
+                rcv_settle_mode=0 if rcv_first else 1,
+                properties=properties,
+            ),
+        )
         self.settle()
         return link
 
@@ -207,4 +218,5 @@ class Mesh:
 
     def opened(self, router, link):
         from router.core.commands import OpenLink
+
         return any(isinstance(c, OpenLink) and c.link_id == link for c in self.client[router])

@@ -39,8 +39,7 @@ def budget_lines(h):
 
 
 def test_a_topic_at_its_byte_budget_gets_no_more_credit_until_deliveries_finish():
-    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB,
-                max_bytes_in_flight=64 * 1024 * KB)
+    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB, max_bytes_in_flight=64 * 1024 * KB)
     h.attach_subscriber(1, topic="big")
     h.credit(1, 1000)
     h.attach_publisher(2, topic="big", rcv_first=True)
@@ -57,8 +56,7 @@ def test_a_topic_at_its_byte_budget_gets_no_more_credit_until_deliveries_finish(
 
 
 def test_the_router_wide_budget_holds_across_topics_and_credit_returns_where_it_waited():
-    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB,
-                max_bytes_in_flight=1536 * KB)
+    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB, max_bytes_in_flight=1536 * KB)
     for n, topic in ((1, "a"), (3, "b")):
         h.attach_subscriber(n, topic=topic)
         h.credit(n, 1000)
@@ -92,14 +90,12 @@ def test_small_messages_are_not_throttled_by_the_budget():
     assert sent == 3000, f"credit ran out after {sent} small messages"
     assert h.core.topics["small"].est < 4 * KB, "the size estimate followed the messages down"
     assert budget_lines(h) == []
-    assert h.core.bytes_held == 0 and h.core._promised == h.core.topics["small"].outstanding_credit * \
-        h.core.topics["small"].est
+    assert h.core.bytes_held == 0 and h.core._promised == h.core.topics["small"].outstanding_credit * h.core.topics["small"].est
 
 
 def test_a_topic_keeps_flowing_while_stuck_topics_hold_the_whole_router_budget():
     """Every topic may hold a few largest messages whatever the others hold."""
-    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB,
-                max_bytes_in_flight=2048 * KB)
+    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=1024 * KB, max_bytes_in_flight=2048 * KB)
     for n, topic in ((1, "stuck-1"), (3, "stuck-2")):
         h.attach_subscriber(n, topic=topic)
         h.credit(n, 1000)
@@ -121,17 +117,23 @@ def test_a_topic_keeps_flowing_while_stuck_topics_hold_the_whole_router_budget()
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.one_of(
-    st.tuples(st.just("publish"), st.integers(0, 1), st.sampled_from([10, 3000, 5000, 70_000, 120_000])),
-    st.tuples(st.just("answer"), st.integers(0, 1), st.booleans()),
-    st.tuples(st.just("detach"), st.integers(0, 1), st.just(0)),
-), max_size=80))
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("publish"), st.integers(0, 1), st.sampled_from([10, 3000, 5000, 70_000, 120_000])),
+            st.tuples(st.just("answer"), st.integers(0, 1), st.booleans()),
+            st.tuples(st.just("detach"), st.integers(0, 1), st.just(0)),
+        ),
+        max_size=80,
+    )
+)
 def test_the_byte_count_follows_the_records_exactly(plan):
     """Whatever happens, the bytes counted are the payloads the records hold (of
     those counted), the promise is each topic's outstanding credit at its estimate,
     and once every delivery finished nothing is counted."""
-    h = Harness(max_message_size=128 * KB, max_bytes_in_flight_per_topic=512 * KB,
-                max_bytes_in_flight=768 * KB, record_linger=0.0)
+    h = Harness(
+        max_message_size=128 * KB, max_bytes_in_flight_per_topic=512 * KB, max_bytes_in_flight=768 * KB, record_linger=0.0
+    )
     for n in (0, 1):
         h.attach_subscriber(10 + n, topic=f"t{n}")
         h.credit(10 + n, 100_000)
@@ -152,9 +154,10 @@ def test_the_byte_count_follows_the_records_exactly(plan):
             pubs[n] = 30 + tick
             h.attach_publisher(pubs[n], topic=f"t{n}", rcv_first=True)
         core = h.core
-        counted = {name: sum(len(r.payload) for r in t.records.values()
-                             if r.payload is not None and len(r.payload) >= 4096)
-                   for name, t in core.topics.items()}
+        counted = {
+            name: sum(len(r.payload) for r in t.records.values() if r.payload is not None and len(r.payload) >= 4096)
+            for name, t in core.topics.items()
+        }
         assert {name: t.bytes for name, t in core.topics.items()} == counted
         assert core.bytes_held == sum(counted.values())
         assert core._promised == sum(t.outstanding_credit * t.est for t in core.topics.values())

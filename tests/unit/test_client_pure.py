@@ -210,19 +210,22 @@ def test_entry_size_bounds_proton_encoding():
     assert encoded_size([[t, s] for t, s in entries]) <= list_size(entries)
 
 
-@given(st.lists(st.tuples(st.binary(min_size=1, max_size=32),
-                          st.sampled_from(["none", "accepted", "rejected", "released", "modified"])),
-                max_size=80),
-       st.integers(0, 4000))
+@given(
+    st.lists(
+        st.tuples(st.binary(min_size=1, max_size=32), st.sampled_from(["none", "accepted", "rejected", "released", "modified"])),
+        max_size=80,
+    ),
+    st.integers(0, 4000),
+)
 def test_cut_is_the_longest_fitting_prefix(entries, budget):
     reported, incomplete = cut_unsettled(entries, budget)
-    assert reported == entries[:len(reported)]
+    assert reported == entries[: len(reported)]
     assert incomplete == (len(reported) < len(entries))
     if reported:
         assert list_size(reported) <= budget
         assert encoded_size([[t, s] for t, s in reported]) <= budget
     if incomplete:
-        assert list_size(entries[:len(reported) + 1]) > budget
+        assert list_size(entries[: len(reported) + 1]) > budget
 
 
 def test_resume_properties_and_budget():
@@ -238,9 +241,9 @@ def test_resume_properties_and_budget():
     small = unsettled_budget(4096, name="link", address="topic")
     props, reported, incomplete = resume_properties(entries, small)
     assert incomplete and props[INCOMPLETE] is True and 0 < len(reported) < 500
-    assert reported == entries[:len(reported)]
+    assert reported == entries[: len(reported)]
     assert unsettled_budget(512) == 0  # AMQP's minimum frame: nothing fits, everything is "incomplete"
-    assert unsettled_budget(0) == unsettled_budget(2 ** 32 - 1)  # 0: no limit, our cap applies
+    assert unsettled_budget(0) == unsettled_budget(2**32 - 1)  # 0: no limit, our cap applies
     with pytest.raises(ResumeError):
         resume_properties([(b"x" * 33, "none")], 1000)
     with pytest.raises(ResumeError):
@@ -271,17 +274,23 @@ def test_publisher_tag_of_a_disambiguated_tag():
 
 
 def test_failover_urls_and_merge():
-    props = {symbol("failover-server-list"): [
-        {"hostname": "r2.example", "network-host": "127.0.0.1", "port": "5772", "scheme": "amqp"},
-        {"hostname": "127.0.0.2", "port": 5872},
-        {"network-host": "127.0.0.3", "port": "5972", "scheme": "amqps"},  # not ours: skipped
-        {"network-host": "::1", "port": 5672},
-        "garbage", {"port": 1},
-    ]}
+    props = {
+        symbol("failover-server-list"): [
+            {"hostname": "r2.example", "network-host": "127.0.0.1", "port": "5772", "scheme": "amqp"},
+            {"hostname": "127.0.0.2", "port": 5872},
+            {"network-host": "127.0.0.3", "port": "5972", "scheme": "amqps"},  # not ours: skipped
+            {"network-host": "::1", "port": 5672},
+            "garbage",
+            {"port": 1},
+        ]
+    }
     assert failover_urls(props) == ["127.0.0.1:5772", "127.0.0.2:5872", "[::1]:5672"]
     assert failover_urls({}) == [] and failover_urls(None) == []
-    assert merge_urls(["amqp://127.0.0.1:5672", "127.0.0.1:5772"], ["127.0.0.1:5772", "h:1"]) == \
-        ["127.0.0.1:5672", "127.0.0.1:5772", "h:1"]
+    assert merge_urls(["amqp://127.0.0.1:5672", "127.0.0.1:5772"], ["127.0.0.1:5772", "h:1"]) == [
+        "127.0.0.1:5672",
+        "127.0.0.1:5772",
+        "h:1",
+    ]
     assert normalise_url("amqp://user@host") == "host:5672"
     assert normalise_url("amqps://host:1") == "host:1"  # TLS is the client's ssl_domain, for every router
     with pytest.raises(ValueError):
@@ -314,12 +323,11 @@ def test_ledger_lines(tmp_path):
     with open(path, "a") as fh:
         fh.write('{"ts": 1, "cli')  # torn tail
     lines = read_ledger(path)
-    assert [list(line)[:len(FIELDS)] for line in lines] == [list(FIELDS)] * 2
+    assert [list(line)[: len(FIELDS)] for line in lines] == [list(FIELDS)] * 2
     assert lines[0]["event"] == "delivered" and lines[0]["client"] == "c1" and lines[0]["seq"] == 1
     assert lines[1]["reported"] == 3 and lines[1]["delivery"] is None
 
 
 def test_client_package_is_not_imported_by_the_core():
-    code = ("import router.core.router, router.adapter, sys; "
-            "assert not [m for m in sys.modules if m.startswith('router.client')]")
+    code = "import router.core.router, router.adapter, sys; assert not [m for m in sys.modules if m.startswith('router.client')]"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -146,44 +146,79 @@ BAD_VALUES = [
     ('[router]\nid = "A"\nidle_timeout = inf', "router.idle_timeout", "a positive number", "found inf"),
     ('[router]\nid = "A"\nidle_timeout = "abc"', "router.idle_timeout", "a positive number", "found 'abc'"),
     ('[router]\nid = "A"\nidle_timeout = true', "router.idle_timeout", "a positive number", "found true"),
-    ('[router]\nid = "A"\n[[listener]]\nport = 65536', "listener[0].port", "a port number from 0 to 65535",
-     "found 65536"),
+    ('[router]\nid = "A"\n[[listener]]\nport = 65536', "listener[0].port", "a port number from 0 to 65535", "found 65536"),
     ('[router]\nid = "A"\n[[listener]]\nport = -1', "listener[0].port", "a port number", "found -1"),
     ('[router]\nid = "A"\n[[listener]]\nport = "5672"', "listener[0].port", "a port number", "found '5672'"),
-    ('[router]\nid = "A"\n[[listener]]\nport = 1\n[[listener]]\nhost = ""', "listener[1].host",
-     "a host name or IP address", "found ''"),
+    (
+        '[router]\nid = "A"\n[[listener]]\nport = 1\n[[listener]]\nhost = ""',
+        "listener[1].host",
+        "a host name or IP address",
+        "found ''",
+    ),
     ('[router]\nid = "A"\n[[listener]]\nrole = "broker"', "listener[0].role", "one of 'normal'", "found 'broker'"),
-    ('[router]\nid = "A"\n[limits]\nmax_message_size = "abc"', "limits.max_message_size",
-     "a positive integer", "found 'abc'"),
-    ('[router]\nid = "A"\n[limits]\nmax_message_size = 0', "limits.max_message_size", "a positive integer",
-     "found 0"),
-    ('[router]\nid = "A"\n[limits]\nmax_message_size = 1.5e6', "limits.max_message_size", "a positive integer",
-     "found 1500000.0"),
-    ('[router]\nid = "A"\n[limits]\nmax_in_flight_per_topic = -3', "limits.max_in_flight_per_topic",
-     "a positive integer", "found -3"),
-    ('[router]\nid = "A"\n[limits]\npublisher_credit_window = 0', "limits.publisher_credit_window",
-     "an integer from 1 to 4294967295", "found 0"),
-    ('[router]\nid = "A"\n[limits]\ndefault_terminus_timeout = -1', "limits.default_terminus_timeout",
-     "an integer from 0 to 4294967295", "found -1"),
-    ('[router]\nid = "A"\n[limits]\nmax_terminus_timeout = 4294967296', "limits.max_terminus_timeout",
-     "an integer from 0", "found 4294967296"),
-    ('[router]\nid = "A"\n[limits]\ndefault_terminus_timeout = 100\nmax_terminus_timeout = 50',
-     "limits.default_terminus_timeout", "at most max_terminus_timeout (50)", "(100)"),
-    ('[router]\nid = "A"\n[delivery]\nno_subscribers = "dropped"', "delivery.no_subscribers",
-     "one of 'released', 'rejected', 'accepted', 'modified'", "found 'dropped'"),
-    ('[router]\nid = "A"\n[delivery]\nno_subscribers = "none"', "delivery.no_subscribers", "one of",
-     "found 'none'"),
-    ('[router]\nid = "A"\n[delivery]\nrecord_linger = -0.1', "delivery.record_linger",
-     "a non-negative number of seconds", "found -0.1"),
-    ('[router]\nid = "A"\n[delivery]\ndrain_grace = nan', "delivery.drain_grace", "a non-negative number",
-     "found nan"),
+    ('[router]\nid = "A"\n[limits]\nmax_message_size = "abc"', "limits.max_message_size", "a positive integer", "found 'abc'"),
+    ('[router]\nid = "A"\n[limits]\nmax_message_size = 0', "limits.max_message_size", "a positive integer", "found 0"),
+    (
+        '[router]\nid = "A"\n[limits]\nmax_message_size = 1.5e6',
+        "limits.max_message_size",
+        "a positive integer",
+        "found 1500000.0",
+    ),
+    (
+        '[router]\nid = "A"\n[limits]\nmax_in_flight_per_topic = -3',
+        "limits.max_in_flight_per_topic",
+        "a positive integer",
+        "found -3",
+    ),
+    (
+        '[router]\nid = "A"\n[limits]\npublisher_credit_window = 0',
+        "limits.publisher_credit_window",
+        "an integer from 1 to 4294967295",
+        "found 0",
+    ),
+    (
+        '[router]\nid = "A"\n[limits]\ndefault_terminus_timeout = -1',
+        "limits.default_terminus_timeout",
+        "an integer from 0 to 4294967295",
+        "found -1",
+    ),
+    (
+        '[router]\nid = "A"\n[limits]\nmax_terminus_timeout = 4294967296',
+        "limits.max_terminus_timeout",
+        "an integer from 0",
+        "found 4294967296",
+    ),
+    (
+        '[router]\nid = "A"\n[limits]\ndefault_terminus_timeout = 100\nmax_terminus_timeout = 50',
+        "limits.default_terminus_timeout",
+        "at most max_terminus_timeout (50)",
+        "(100)",
+    ),
+    (
+        '[router]\nid = "A"\n[delivery]\nno_subscribers = "dropped"',
+        "delivery.no_subscribers",
+        "one of 'released', 'rejected', 'accepted', 'modified'",
+        "found 'dropped'",
+    ),
+    ('[router]\nid = "A"\n[delivery]\nno_subscribers = "none"', "delivery.no_subscribers", "one of", "found 'none'"),
+    (
+        '[router]\nid = "A"\n[delivery]\nrecord_linger = -0.1',
+        "delivery.record_linger",
+        "a non-negative number of seconds",
+        "found -0.1",
+    ),
+    ('[router]\nid = "A"\n[delivery]\ndrain_grace = nan', "delivery.drain_grace", "a non-negative number", "found nan"),
     ('[router]\nid = "A"\n[eventlog]\nmax_bytes = 0', "eventlog.max_bytes", "a positive integer", "found 0"),
     ('[router]\nid = "A"\n[eventlog]\nretention = 0', "eventlog.retention", "a positive integer", "found 0"),
     ('[router]\nid = "A"\n[eventlog]\nfsync = "yes"', "eventlog.fsync", "true or false", "found 'yes'"),
     ('[router]\nid = "A"\n[eventlog]\nfsync = 1', "eventlog.fsync", "true or false", "found 1"),
     ('[router]\nid = "A"\nlimits = 5', "router.limits", "unknown key", "'limits' is a table of its own"),
-    ('[router]\nid = "A"\n[limits]\nmax_message_size = 1979-05-27', "limits.max_message_size",
-     "a positive integer", "found 1979-05-27"),
+    (
+        '[router]\nid = "A"\n[limits]\nmax_message_size = 1979-05-27',
+        "limits.max_message_size",
+        "a positive integer",
+        "found 1979-05-27",
+    ),
     ('router = "A"', "router", "expected a table", "found 'A'"),
     ('[router]\nid = "A"\neventlog = 3', "router.eventlog", "unknown key", "known keys in [router]"),
 ]
@@ -240,8 +275,10 @@ reconnect_max = 8
 def test_inter_router_listeners_connectors_and_network(tmp_path):
     config = load_config(write(tmp_path, NETWORK))
     assert config.listeners == (Listener("127.0.0.1", 0, "normal"), Listener("127.0.0.1", 5673, "inter-router"))
-    assert config.connectors == (Connector("10.0.0.1", 5673, "inter-router", "to-A"),
-                                 Connector("10.0.0.2", 5673, "inter-router", "10.0.0.2:5673"))
+    assert config.connectors == (
+        Connector("10.0.0.1", 5673, "inter-router", "to-A"),
+        Connector("10.0.0.2", 5673, "inter-router", "10.0.0.2:5673"),
+    )
     assert config.network == NetworkSettings(secret="s3cret", reconnect_delay=0.25, reconnect_max=8.0)
     assert "s3cret" not in repr(config), "the secret is never printed"
 
@@ -255,46 +292,75 @@ def test_network_defaults(tmp_path):
 def test_secret_file_is_relative_to_the_config_and_stripped(tmp_path):
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "secret.txt").write_text("  s3cret from a file \n\n")
-    path = write(tmp_path / "etc", '[router]\nid = "A"\n[[listener]]\nrole = "inter-router"\n'
-                                   '[network]\nsecret_file = "secret.txt"\n')
+    path = write(
+        tmp_path / "etc", '[router]\nid = "A"\n[[listener]]\nrole = "inter-router"\n[network]\nsecret_file = "secret.txt"\n'
+    )
     assert load_config(path).network.secret == "s3cret from a file"
 
 
-@pytest.mark.parametrize("text,key,fragment", [
-    ('[router]\nid = "A"\n[[listener]]\nrole = "inter-router"\n', "network.secret",
-     "required key is missing (needed by the inter-router listener[0]"),
-    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n', "network.secret",
-     "connector[0]"),
-    ('[router]\nid = "A"\n[network]\nsecret = "a"\nsecret_file = "b"\n', "network.secret_file", "found both"),
-    ('[router]\nid = "A"\n[network]\nsecret_file = "missing.txt"\n', "network.secret_file", "cannot read"),
-    ('[router]\nid = "A"\n[network]\nsecret = "   "\n', "network.secret", "a non-empty string"),
-    ('[router]\nid = "A"\n[network]\nsecret = 5\n', "network.secret", "found 5"),
-    ('[router]\nid = "A"\n[network]\nreconnect_delay = 0\n', "network.reconnect_delay",
-     "a positive number of seconds"),
-    ('[router]\nid = "A"\n[network]\nreconnect_delay = 3\n', "network.reconnect_delay",
-     "reconnect_delay (3) to be at most reconnect_max (2)"),
-    ('[router]\nid = "A"\n[network]\nreconnect_max = 0.1\n', "network.reconnect_max", "at most reconnect_max"),
-    ('[router]\nid = "A"\n[network]\nsecrt = "x"\n', "network.secrt", "did you mean 'network.secret'"),
-    ('[router]\nid = "A"\n[[connector]]\nport = 1\nrole = "inter-router"\n', "connector[0].host",
-     "required key is missing"),
-    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nrole = "inter-router"\n', "connector[0].port",
-     "required key is missing"),
-    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\n', "connector[0].role", "required key is missing"),
-    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "normal"\n', "connector[0].role",
-     "expected one of 'inter-router', found 'normal'"),
-    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 0\nrole = "inter-router"\n', "connector[0].port",
-     "a port number from 1 to 65535, found 0"),
-    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nname = ""\n',
-     "connector[0].name", "a non-empty string"),
-    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nhots = 1\n',
-     "connector[0].hots", "did you mean 'connector[0].host'"),
-    ('[router]\nid = "A"\n[connector]\nhost = "h"\n', "connector", "write [[connector]]"),
-    ('[router]\nid = "A"\n[network]\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n'
-     '[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n', "connector[1]", "duplicates connector[0]"),
-    ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nname = "x"\n'
-     '[[connector]]\nhost = "h"\nport = 2\nrole = "inter-router"\nname = "x"\n', "connector[1].name",
-     "no other connector has"),
-])
+@pytest.mark.parametrize(
+    "text,key,fragment",
+    [
+        (
+            '[router]\nid = "A"\n[[listener]]\nrole = "inter-router"\n',
+            "network.secret",
+            "required key is missing (needed by the inter-router listener[0]",
+        ),
+        ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n', "network.secret", "connector[0]"),
+        ('[router]\nid = "A"\n[network]\nsecret = "a"\nsecret_file = "b"\n', "network.secret_file", "found both"),
+        ('[router]\nid = "A"\n[network]\nsecret_file = "missing.txt"\n', "network.secret_file", "cannot read"),
+        ('[router]\nid = "A"\n[network]\nsecret = "   "\n', "network.secret", "a non-empty string"),
+        ('[router]\nid = "A"\n[network]\nsecret = 5\n', "network.secret", "found 5"),
+        ('[router]\nid = "A"\n[network]\nreconnect_delay = 0\n', "network.reconnect_delay", "a positive number of seconds"),
+        (
+            '[router]\nid = "A"\n[network]\nreconnect_delay = 3\n',
+            "network.reconnect_delay",
+            "reconnect_delay (3) to be at most reconnect_max (2)",
+        ),
+        ('[router]\nid = "A"\n[network]\nreconnect_max = 0.1\n', "network.reconnect_max", "at most reconnect_max"),
+        ('[router]\nid = "A"\n[network]\nsecrt = "x"\n', "network.secrt", "did you mean 'network.secret'"),
+        ('[router]\nid = "A"\n[[connector]]\nport = 1\nrole = "inter-router"\n', "connector[0].host", "required key is missing"),
+        (
+            '[router]\nid = "A"\n[[connector]]\nhost = "h"\nrole = "inter-router"\n',
+            "connector[0].port",
+            "required key is missing",
+        ),
+        ('[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\n', "connector[0].role", "required key is missing"),
+        (
+            '[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "normal"\n',
+            "connector[0].role",
+            "expected one of 'inter-router', found 'normal'",
+        ),
+        (
+            '[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 0\nrole = "inter-router"\n',
+            "connector[0].port",
+            "a port number from 1 to 65535, found 0",
+        ),
+        (
+            '[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nname = ""\n',
+            "connector[0].name",
+            "a non-empty string",
+        ),
+        (
+            '[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nhots = 1\n',
+            "connector[0].hots",
+            "did you mean 'connector[0].host'",
+        ),
+        ('[router]\nid = "A"\n[connector]\nhost = "h"\n', "connector", "write [[connector]]"),
+        (
+            '[router]\nid = "A"\n[network]\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n'
+            '[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\n',
+            "connector[1]",
+            "duplicates connector[0]",
+        ),
+        (
+            '[router]\nid = "A"\n[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\nname = "x"\n'
+            '[[connector]]\nhost = "h"\nport = 2\nrole = "inter-router"\nname = "x"\n',
+            "connector[1].name",
+            "no other connector has",
+        ),
+    ],
+)
 def test_network_errors(tmp_path, text, key, fragment):
     error = error_of(tmp_path, text)
     assert error.key == key, str(error)
@@ -319,8 +385,7 @@ def test_listener_shape_errors(tmp_path):
         ('[router]\nid = "A"\n[limits]\nmax_mesage_size = 3', "limits.max_mesage_size", "limits.max_message_size"),
         ('[router]\nid = "A"\nidle_timout = 3', "router.idle_timout", "router.idle_timeout"),
         ('[router]\nid = "A"\n[[listener]]\nhots = "h"', "listener[0].hots", "listener[0].host"),
-        ('[router]\nid = "A"\n[delivery]\nno_subscriber = "released"', "delivery.no_subscriber",
-         "delivery.no_subscribers"),
+        ('[router]\nid = "A"\n[delivery]\nno_subscriber = "released"', "delivery.no_subscriber", "delivery.no_subscribers"),
         ('[router]\nid = "A"\nmax_bytes = 3', "router.max_bytes", "eventlog.max_bytes"),  # wrong table
         ('[router]\nid = "A"\n[event_log]\nfsync = true', None, "eventlog"),
         ('[routr]\nid = "A"', None, "router"),

@@ -75,8 +75,13 @@ def test_one_subscriber_full_life_of_a_delivery():
     # The subscriber's accept completed the delivery: one "completed" line stands for
     # its sub-outcome and the pub-outcome; the publisher's settle comes later.
     assert h.log_kinds() == ["link-attached", "link-attached", "received", "completed", "settled"]
-    assert h.logs[3].fields == {"delivery": tag.hex(), "subscriber": "sub/s2", "outcome": "accepted",
-                                "settled": True, "pub_outcome": "accepted"}
+    assert h.logs[3].fields == {
+        "delivery": tag.hex(),
+        "subscriber": "sub/s2",
+        "outcome": "accepted",
+        "settled": True,
+        "pub_outcome": "accepted",
+    }
     received, settled = h.logs[2].fields, h.logs[-1].fields
     assert (received["owed"], received["forwarded"]) == (["sub/s2"], ["sub/s2"])
     assert settled["deleted"] is True
@@ -120,12 +125,21 @@ def test_the_usual_path_keeps_records_compact_until_they_go():
     assert h.answer(2, t1) == [] and all_compact()
     assert h.accepted_batch([3, t1, True, 3, t2, True, 2, t2, True, 2, t3, True]) == [] and all_compact()
     assert h.accepted_batch([4, t2, True, 4, t1, True]) == [
-        SendOutcome(deliveries[t2], outcomes.ACCEPTED, True), SendOutcome(deliveries[t1], outcomes.ACCEPTED, True)]
+        SendOutcome(deliveries[t2], outcomes.ACCEPTED, True),
+        SendOutcome(deliveries[t1], outcomes.ACCEPTED, True),
+    ]
     assert h.core.record_count() == 1 and all_compact()
     assert h.answer(3, t3) == [] and h.answer(4, t3) == [SendOutcome(deliveries[t3], outcomes.ACCEPTED, True)]
     assert h.core.record_count() == 0
-    assert h.log_kinds()[-7:] == ["sub-outcome", "sub-outcomes", "sub-outcomes", "completed", "completed",
-                                  "sub-outcome", "completed"]
+    assert h.log_kinds()[-7:] == [
+        "sub-outcome",
+        "sub-outcomes",
+        "sub-outcomes",
+        "completed",
+        "completed",
+        "sub-outcome",
+        "completed",
+    ]
 
 
 def _accepted_batch_against_events(steps, cuts, pub_settled_first=(), rcv_first=True):
@@ -148,13 +162,12 @@ def _accepted_batch_against_events(steps, cuts, pub_settled_first=(), rcv_first=
             start = 0
             for cut in [*sorted(cuts), len(steps)]:
                 out = []
-                h.core.accepted_batch(items[3 * start:3 * cut], h.now, out)
+                h.core.accepted_batch(items[3 * start : 3 * cut], h.now, out)
                 commands.extend(out)
                 start = max(start, cut)
         else:
             for i in range(0, len(items), 3):
-                commands.extend(h.core.handle(OutcomeReceived(items[i], items[i + 1], outcomes.ACCEPTED,
-                                                              items[i + 2]), h.now))
+                commands.extend(h.core.handle(OutcomeReceived(items[i], items[i + 1], outcomes.ACCEPTED, items[i + 2]), h.now))
         # Then the publisher settles what it has not: what the core does then depends
         # on what it remembered of the subscribers' settlements.
         for ptag, delivery in deliveries.items():
@@ -167,10 +180,15 @@ def _accepted_batch_against_events(steps, cuts, pub_settled_first=(), rcv_first=
 
 
 def _core_state(core) -> dict:
-    return {tag: (r.outcome, r.waiting, r.pub_settled,
-                  {key: (s.outcome, s.remote_settled, s.known_settled, s.settle_relayed)
-                   for key, s in r.subscribers.items()})
-            for tag, r in core.records.items()}
+    return {
+        tag: (
+            r.outcome,
+            r.waiting,
+            r.pub_settled,
+            {key: (s.outcome, s.remote_settled, s.known_settled, s.settle_relayed) for key, s in r.subscribers.items()},
+        )
+        for tag, r in core.records.items()
+    }
 
 
 def test_accepted_batch_answers_as_the_events_do():
@@ -178,9 +196,21 @@ def test_accepted_batch_answers_as_the_events_do():
     read in one go) gives the commands handle(OutcomeReceived(..., ACCEPTED, ...))
     gives for each, in the same order; a subscriber's consecutive lines come as one
     SubOutcomes."""
-    steps = [(2, b"1", True), (2, b"2", True), (2, b"3", True), (3, b"2", False), (3, b"1", True),
-             (3, b"2", True), (9, b"1", True), (2, b"x", True), (4, b"1", False), (4, b"1", True),
-             (4, b"2", True), (3, b"3", True), (4, b"3", True)]
+    steps = [
+        (2, b"1", True),
+        (2, b"2", True),
+        (2, b"3", True),
+        (3, b"2", False),
+        (3, b"1", True),
+        (3, b"2", True),
+        (9, b"1", True),
+        (2, b"x", True),
+        (4, b"1", False),
+        (4, b"1", True),
+        (4, b"2", True),
+        (3, b"3", True),
+        (4, b"3", True),
+    ]
     events, flat, batched = _accepted_batch_against_events(steps, cuts=[])
     assert flat == events
     assert [c.__class__.__name__ for c in flat].count("SendOutcome") == 3
@@ -189,11 +219,14 @@ def test_accepted_batch_answers_as_the_events_do():
 
 
 @settings(max_examples=200)
-@given(steps=st.lists(st.tuples(st.sampled_from([2, 3, 4, 9]), st.sampled_from([b"1", b"2", b"3", b"x"]),
-                                st.booleans()), max_size=14),
-       cuts=st.lists(st.integers(min_value=0, max_value=14), max_size=4),
-       pub_settled_first=st.lists(st.sampled_from([b"1", b"2"]), max_size=2, unique=True),
-       rcv_first=st.booleans())
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from([2, 3, 4, 9]), st.sampled_from([b"1", b"2", b"3", b"x"]), st.booleans()), max_size=14
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=14), max_size=4),
+    pub_settled_first=st.lists(st.sampled_from([b"1", b"2"]), max_size=2, unique=True),
+    rcv_first=st.booleans(),
+)
 def test_accepted_batch_equals_the_events_in_any_batches(steps, cuts, pub_settled_first, rcv_first):
     events, flat, _ = _accepted_batch_against_events(steps, cuts, pub_settled_first, rcv_first)
     assert flat == events
@@ -226,7 +259,9 @@ def test_one_release_among_accepts_gives_released():
     # Anything but an accept turns the record into SubscriberStates, with what the bytes said.
     assert not record.compact
     assert {k: (s.outcome.code, s.remote_settled) for k, s in record.subscribers.items()} == {
-        "sub/s2": (outcomes.ACCEPTED, False), "sub/s3": (outcomes.RELEASED, True)}
+        "sub/s2": (outcomes.ACCEPTED, False),
+        "sub/s3": (outcomes.RELEASED, True),
+    }
     # The publisher settles: sub/s2 did not settle its copy, so the settlement is relayed to it.
     assert h.settle(1, delivery) == [SettleOutgoing(2, tag)]
 
@@ -242,7 +277,8 @@ def test_rejection_wins_and_carries_its_condition():
     h.answer(2, tag, outcomes.RELEASED)
     h.answer(3, tag, outcomes.REJECTED, condition="app:bad", description="nope")
     assert h.answer(4, tag, outcomes.MODIFIED, delivery_failed=True) == [
-        SendOutcome(delivery, outcomes.REJECTED, False, "app:bad", "nope")]
+        SendOutcome(delivery, outcomes.REJECTED, False, "app:bad", "nope")
+    ]
 
 
 def test_modified_flags_are_merged():
@@ -255,7 +291,8 @@ def test_modified_flags_are_merged():
     tag = stream_tag(b"1")
     h.answer(2, tag, outcomes.MODIFIED, delivery_failed=True)
     assert h.answer(3, tag, outcomes.MODIFIED, undeliverable_here=True) == [
-        SendOutcome(delivery, outcomes.MODIFIED, False, None, None, True, True)]
+        SendOutcome(delivery, outcomes.MODIFIED, False, None, None, True, True)
+    ]
 
 
 @pytest.mark.parametrize("answer", ["released", "rejected", "accepted", "modified"])
@@ -407,8 +444,7 @@ def test_durable_terminus_timeout_is_bounded():
     h = Harness(default_terminus_timeout=60, max_terminus_timeout=100)
     assert h.attach_subscriber(2, name="a", durable=DURABLE_CONFIGURATION)[0] == OpenLink(2, 60, None)
     assert h.attach_subscriber(3, name="b", durable=DURABLE_CONFIGURATION, timeout=500)[0] == OpenLink(3, 100, None)
-    assert h.attach_subscriber(4, name="c", durable=DURABLE_CONFIGURATION,
-                               expiry_policy="never")[0] == OpenLink(4, 100, None)
+    assert h.attach_subscriber(4, name="c", durable=DURABLE_CONFIGURATION, expiry_policy="never")[0] == OpenLink(4, 100, None)
 
 
 def test_second_link_with_same_identity_steals_the_first():
@@ -418,8 +454,9 @@ def test_second_link_with_same_identity_steals_the_first():
     h.credit(2, 5)
     h.publish(1, b"1")
     commands = h.attach_subscriber(3, name="s", container="c")
-    assert commands[0] == DetachLink(2, "amqp:link:stolen",
-                                     "a newer link with the same container-id and name attached", close=False)
+    assert commands[0] == DetachLink(
+        2, "amqp:link:stolen", "a newer link with the same container-id and name attached", close=False
+    )
     # The newer link takes over the terminus: what the old one held unanswered is resent.
     assert commands[1:] == [OpenLink(3, 0, None)]
     (fwd,) = h.credit(3, 5)
@@ -465,8 +502,15 @@ def test_rcv_first_publisher_gets_its_outcome_settled_and_that_settles_the_deliv
     assert h.core.record_count() == 0  # the subscriber settled first: it knows
     # One line for the subscriber's accept, the publisher's outcome and the settlement.
     assert h.log_kinds()[-2:] == ["received", "completed"]
-    assert h.logs[-1].fields == {"delivery": tag.hex(), "subscriber": "sub/s2", "outcome": "accepted",
-                                 "settled": True, "pub_outcome": "accepted", "by": "router", "deleted": True}
+    assert h.logs[-1].fields == {
+        "delivery": tag.hex(),
+        "subscriber": "sub/s2",
+        "outcome": "accepted",
+        "settled": True,
+        "pub_outcome": "accepted",
+        "by": "router",
+        "deleted": True,
+    }
     assert h.settle(1, delivery) == []  # a crossing settle from the publisher changes nothing
 
 
@@ -482,7 +526,9 @@ def test_rcv_first_publisher_gets_a_rejection_settled_too():
     assert h.answer(3, tag) == []
     # The second-mode subscriber holds its copy unsettled until the delivery is settled.
     assert h.answer(2, tag, outcomes.REJECTED, settled=False, condition="app:bad", description="no") == [
-        SendOutcome(delivery, outcomes.REJECTED, True, "app:bad", "no"), SettleOutgoing(2, tag)]
+        SendOutcome(delivery, outcomes.REJECTED, True, "app:bad", "no"),
+        SettleOutgoing(2, tag),
+    ]
     assert h.core.record_count() == 1  # 2 has not yet shown it saw the settlement
 
 
@@ -494,8 +540,7 @@ def test_rcv_first_publisher_released_at_shutdown_is_settled():
     d1, _ = h.publish(1, b"1")
     assert h.shutdown(grace=3) == []
     commands = h.advance(3.1)
-    assert commands == [SendOutcome(d1, outcomes.RELEASED, True), SettleOutgoing(2, stream_tag(b"1")),
-                        ShutdownComplete()]
+    assert commands == [SendOutcome(d1, outcomes.RELEASED, True), SettleOutgoing(2, stream_tag(b"1")), ShutdownComplete()]
 
 
 def test_last_delivery_record_lingers_then_goes():
@@ -540,8 +585,8 @@ def test_message_ttl_expires_while_queued():
     delivery, commands = h.publish(1, b"1", ttl=1.5)
     assert commands == []
     assert outcomes_sent(h.advance(1.6)) == [
-        SendOutcome(delivery, outcomes.REJECTED, False, outcomes.EXPIRED,
-                    "message expired before it reached every subscriber")]
+        SendOutcome(delivery, outcomes.REJECTED, False, outcomes.EXPIRED, "message expired before it reached every subscriber")
+    ]
     assert forwarded(h.credit(2, 5)) == []
 
 
@@ -649,16 +694,17 @@ def test_shutdown_with_nothing_in_flight_completes_at_once():
 
 
 def test_importing_the_core_does_not_import_proton():
-    code = ("import sys, router.core.router, router.core.message, router.core.tags; "
-            "assert not [m for m in sys.modules if m.startswith(('proton', 'cproton'))], 'proton imported'")
+    code = (
+        "import sys, router.core.router, router.core.message, router.core.tags; "
+        "assert not [m for m in sys.modules if m.startswith(('proton', 'cproton'))], 'proton imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_expiry_policy_link_detach_with_no_timeout_ends_at_detach():
     h = Harness()
     h.attach_publisher(1)
-    assert h.attach_subscriber(2, name="d", durable=DURABLE_CONFIGURATION,
-                               expiry_policy="link-detach")[0] == OpenLink(2, 0, None)
+    assert h.attach_subscriber(2, name="d", durable=DURABLE_CONFIGURATION, expiry_policy="link-detach")[0] == OpenLink(2, 0, None)
     h.detach(2)
     delivery, commands = h.publish(1, b"1")
     assert outcomes_sent(commands) == [SendOutcome(delivery, outcomes.RELEASED)]
@@ -666,6 +712,7 @@ def test_expiry_policy_link_detach_with_no_timeout_ends_at_detach():
 
 def test_a_client_cannot_forge_the_origin_annotation():
     from router.core.message import Origin, prepare
+
     h = Harness()
     h.attach_publisher(1)
     h.attach_subscriber(2)

@@ -68,8 +68,9 @@ class CoreHistory(RuleBasedStateMachine):
             if isinstance(command, Forward):
                 role = self._role_of(command.link_id)
                 assert (command.link_id, command.tag) not in self.received[role], "duplicate on one link"
-                assert (command.tag, role) not in self.answers or \
-                    self.answers[(command.tag, role)] is None, "resent after a terminal answer"
+                assert (command.tag, role) not in self.answers or self.answers[(command.tag, role)] is None, (
+                    "resent after a terminal answer"
+                )
                 self.received[role].append((command.link_id, command.tag))
                 self.unanswered[role].append(command.tag)
             elif isinstance(command, SendOutcome):
@@ -108,10 +109,11 @@ class CoreHistory(RuleBasedStateMachine):
         if link is not None:
             self._run(self.h.credit(link, credit))
 
-    @rule(role=st.sampled_from((PLAIN, DURABLE, SECOND)),
-          code=st.sampled_from([outcomes.ACCEPTED] * 6 + [outcomes.RELEASED, outcomes.REJECTED,
-                                                         outcomes.MODIFIED]),
-          pick=st.integers(0, 3))
+    @rule(
+        role=st.sampled_from((PLAIN, DURABLE, SECOND)),
+        code=st.sampled_from([outcomes.ACCEPTED] * 6 + [outcomes.RELEASED, outcomes.REJECTED, outcomes.MODIFIED]),
+        pick=st.integers(0, 3),
+    )
     def answer(self, role, code, pick):
         link = self.links[role]
         pending = self.unanswered[role]

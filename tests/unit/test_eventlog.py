@@ -21,29 +21,58 @@ REPO = Path(__file__).resolve().parents[2]
 
 SAMPLE_FIELDS = {
     "router-started": {"pid": 1234, "version": "0.1.0"},
-    "link-attached": {"link": 3, "conn": 1, "container": "sub-1", "name": "recv-1", "role": "subscriber",
-                      "address": "orders", "durable": 2, "incarnation": "9f2c", "resumed": False},
-    "link-detached": {"link": 3, "container": "sub-1", "name": "recv-1", "role": "subscriber", "closed": False,
-                      "reason": "connection-lost"},
+    "link-attached": {
+        "link": 3,
+        "conn": 1,
+        "container": "sub-1",
+        "name": "recv-1",
+        "role": "subscriber",
+        "address": "orders",
+        "durable": 2,
+        "incarnation": "9f2c",
+        "resumed": False,
+    },
+    "link-detached": {
+        "link": 3,
+        "container": "sub-1",
+        "name": "recv-1",
+        "role": "subscriber",
+        "closed": False,
+        "reason": "connection-lost",
+    },
     "subscription-expired": {"container": "sub-1", "name": "recv-1", "address": "orders"},
-    "received": {"delivery": "a1b2", "topic": "orders", "publisher": "pub-1", "link_name": "send-1",
-                 "pub_tag": "00000001", "incarnation": "77aa", "stream_seq": 1, "size": 100, "settled": False,
-                 "owed": ["sub-1/recv-1", "sub-2/recv-1"]},
+    "received": {
+        "delivery": "a1b2",
+        "topic": "orders",
+        "publisher": "pub-1",
+        "link_name": "send-1",
+        "pub_tag": "00000001",
+        "incarnation": "77aa",
+        "stream_seq": 1,
+        "size": 100,
+        "settled": False,
+        "owed": ["sub-1/recv-1", "sub-2/recv-1"],
+    },
     "forwarded": {"delivery": "a1b2", "subscriber": "sub-1/recv-1", "link": 3, "settled": False},
     "sub-outcome": {"delivery": "a1b2", "subscriber": "sub-1/recv-1", "outcome": "accepted", "settled": True},
     "pub-outcome": {"delivery": "a1b2", "outcome": "accepted", "condition": None, "reason": None},
     "settled": {"delivery": "a1b2", "by": "publisher"},
-    "completed": {"delivery": "a1b2", "subscriber": "sub-1/recv-1", "outcome": "accepted", "settled": True,
-                  "pub_outcome": "accepted", "by": "router", "deleted": True},
-    "sub-outcomes": {"deliveries": ["a1b2", "c3d4"], "subscriber": "sub-1/recv-1", "outcome": "accepted",
-                     "settled": True},
+    "completed": {
+        "delivery": "a1b2",
+        "subscriber": "sub-1/recv-1",
+        "outcome": "accepted",
+        "settled": True,
+        "pub_outcome": "accepted",
+        "by": "router",
+        "deleted": True,
+    },
+    "sub-outcomes": {"deliveries": ["a1b2", "c3d4"], "subscriber": "sub-1/recv-1", "outcome": "accepted", "settled": True},
     "record-deleted": {"delivery": "a1b2", "reason": "settled"},
     "expired": {"delivery": "a1b2", "subscriber": "sub-1/recv-1"},
     "router-stopping": {"reason": "SIGTERM"},
     "tag-collision": {"delivery": "a1b2", "link": 4, "container": "pub-1", "name": "send-1", "incarnation": "77aa"},
     "dropped": {"delivery": None, "reason": "malformed pre-settled message"},
-    "peer-connected": {"peer": "B", "conn": 7, "peer_epoch": 2, "peer_boot": "422ab44afffadaaf",
-                       "role": "connector"},
+    "peer-connected": {"peer": "B", "conn": 7, "peer_epoch": 2, "peer_boot": "422ab44afffadaaf", "role": "connector"},
     "peer-lost": {"peer": "B", "conn": 7, "reason": "amqp:resource-limit-exceeded: local-idle-timeout expired"},
     "peer-refused": {"peer": "B", "conn": 8, "reason": "wrong proof (auth): the secrets differ"},
     "forwarded-to-router": {"delivery": "ab12", "to_router": "B", "dests": ["C", "D"]},
@@ -165,21 +194,27 @@ def test_line_layout_common_fields_first(tmp_path):
 def test_lines_are_the_bytes_of_one_merged_dict(tmp_path):
     """append() joins cached pieces instead of encoding one merged dict: same bytes,
     whatever the timestamp's type, across timestamps and with no fields at all."""
-    cases = [("sub-outcome", 1763785201.503, SAMPLE_FIELDS["sub-outcome"]),
-             ("sub-outcome", 1763785201.503, SAMPLE_FIELDS["sub-outcome"]),
-             ("received", 1763785201.504, SAMPLE_FIELDS["received"]),
-             ("router-stopping", 1763785202, {"reason": "x"}),
-             ("router-stopping", 1763785202.0, {}),
-             ("pub-outcome", 0.1, {"delivery": "é\u2028", "outcome": "accepted", "condition": None})]
-    with EventLog(tmp_path, "A\"") as log:
+    cases = [
+        ("sub-outcome", 1763785201.503, SAMPLE_FIELDS["sub-outcome"]),
+        ("sub-outcome", 1763785201.503, SAMPLE_FIELDS["sub-outcome"]),
+        ("received", 1763785201.504, SAMPLE_FIELDS["received"]),
+        ("router-stopping", 1763785202, {"reason": "x"}),
+        ("router-stopping", 1763785202.0, {}),
+        ("pub-outcome", 0.1, {"delivery": "é\u2028", "outcome": "accepted", "condition": None}),
+    ]
+    with EventLog(tmp_path, 'A"') as log:
         for kind, ts, fields in cases:
             log.append(kind, ts, fields)
         boot, epoch = log.boot_id, log.epoch
         path = log.path
     lines = path.read_bytes().splitlines(keepends=True)[1:]
-    expected = [orjson.dumps({"seq": n, "ts": ts, "router": "A\"", "epoch": epoch, "boot": boot, "event": kind,
-                              **fields}, option=orjson.OPT_APPEND_NEWLINE)
-                for n, (kind, ts, fields) in enumerate(cases, start=2)]
+    expected = [
+        orjson.dumps(
+            {"seq": n, "ts": ts, "router": 'A"', "epoch": epoch, "boot": boot, "event": kind, **fields},
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+        for n, (kind, ts, fields) in enumerate(cases, start=2)
+    ]
     assert lines == expected
 
 
@@ -334,8 +369,13 @@ def test_validate_event_catches_mistakes():
     good = {"seq": 1, "ts": 1.0, "router": "A", "epoch": 1, "boot": "00", "event": "settled", "delivery": "ab"}
     validate_event(good)
     validate_event({**good, "by": None})
-    for bad in ({**good, "seq": "1"}, {**good, "by": 3}, {**good, "subscriber": "x"}, {**good, "event": "nope"},
-                {k: v for k, v in good.items() if k != "boot"}):
+    for bad in (
+        {**good, "seq": "1"},
+        {**good, "by": 3},
+        {**good, "subscriber": "x"},
+        {**good, "event": "nope"},
+        {k: v for k, v in good.items() if k != "boot"},
+    ):
         with pytest.raises(ValueError):
             validate_event(bad)
 
@@ -426,23 +466,38 @@ def test_completed_unfolds_into_the_three_events_it_stands_for(tmp_path):
     with EventLog(tmp_path, "A") as log:
         log.append("received", 1.0, SAMPLE_FIELDS["received"])
         log.append("completed", 2.0, SAMPLE_FIELDS["completed"])
-        log.append("completed", 3.0, {"delivery": "c3d4", "subscriber": "s/l", "outcome": "accepted",
-                                      "settled": True, "pub_outcome": "accepted"})  # publisher settles later
+        log.append(
+            "completed",
+            3.0,
+            {"delivery": "c3d4", "subscriber": "s/l", "outcome": "accepted", "settled": True, "pub_outcome": "accepted"},
+        )  # publisher settles later
         log.append("settled", 4.0, {"delivery": "c3d4", "by": "publisher", "deleted": True})
     raw = events_of(tmp_path)
     assert [e["event"] for e in raw] == ["router-started", "received", "completed", "completed", "settled"]
     events = events_of(tmp_path, raw=False)
     assert [(e["seq"], e["event"]) for e in events] == [
-        (1, "router-started"), (2, "received"), (3, "sub-outcome"), (3, "pub-outcome"), (3, "settled"),
-        (4, "sub-outcome"), (4, "pub-outcome"), (5, "settled")]
+        (1, "router-started"),
+        (2, "received"),
+        (3, "sub-outcome"),
+        (3, "pub-outcome"),
+        (3, "settled"),
+        (4, "sub-outcome"),
+        (4, "pub-outcome"),
+        (5, "settled"),
+    ]
     for event in events:
         validate_event(event)
     common = {k: raw[2][k] for k in EVENT_SCHEMA if k != "event"}
     sub, pub, settled = events[2:5]
-    assert sub == {**common, "event": "sub-outcome", "delivery": "a1b2", "subscriber": "sub-1/recv-1",
-                   "outcome": "accepted", "settled": True}
-    assert pub == {**common, "event": "pub-outcome", "delivery": "a1b2", "outcome": "accepted", "condition": None,
-                   "reason": None}
+    assert sub == {
+        **common,
+        "event": "sub-outcome",
+        "delivery": "a1b2",
+        "subscriber": "sub-1/recv-1",
+        "outcome": "accepted",
+        "settled": True,
+    }
+    assert pub == {**common, "event": "pub-outcome", "delivery": "a1b2", "outcome": "accepted", "condition": None, "reason": None}
     assert settled == {**common, "event": "settled", "delivery": "a1b2", "by": "router", "deleted": True}
     assert unfold(SAMPLE_FIELDS["received"] | {"event": "received"}) == [SAMPLE_FIELDS["received"] | {"event": "received"}]
     assert set(FOLDED) == {"completed", "sub-outcomes"}
@@ -452,8 +507,12 @@ def test_completed_unfolds_into_the_three_events_it_stands_for(tmp_path):
 def test_append_sub_outcome_writes_the_bytes_append_writes(tmp_path):
     """The per-copy path's sub-outcome line is byte for byte the generic one, for
     subscriber keys JSON must escape too, across timestamps and the tail cache."""
-    cases = [("ab" * 16, "sub/s2", "accepted", True), ("cd" * 16 + ".2", 'c"o\\n/é\n', "accepted", False),
-             ("ef" * 16, "sub/s2", "rejected", True), ("ab" * 16, "sub/s2", "accepted", True)]
+    cases = [
+        ("ab" * 16, "sub/s2", "accepted", True),
+        ("cd" * 16 + ".2", 'c"o\\n/é\n', "accepted", False),
+        ("ef" * 16, "sub/s2", "rejected", True),
+        ("ab" * 16, "sub/s2", "accepted", True),
+    ]
     written = []
     for fast in (False, True):
         with EventLog(tmp_path / str(fast), "A") as log:
@@ -462,8 +521,11 @@ def test_append_sub_outcome_writes_the_bytes_append_writes(tmp_path):
                     if fast:
                         log.append_sub_outcome(ts, delivery, subscriber, outcome, settled)
                     else:
-                        log.append("sub-outcome", ts, {"delivery": delivery, "subscriber": subscriber,
-                                                       "outcome": outcome, "settled": settled})
+                        log.append(
+                            "sub-outcome",
+                            ts,
+                            {"delivery": delivery, "subscriber": subscriber, "outcome": outcome, "settled": settled},
+                        )
             path, boot = log.path, log.boot_id
         lines = path.read_bytes().replace(boot.encode(), b"BOOT").splitlines()[1:]  # after router-started
         for line in lines:
@@ -489,8 +551,11 @@ def test_a_run_of_sub_outcomes_is_one_line_that_unfolds_into_them(tmp_path):
         log.append_sub_outcome(ts, "d4", "s/a", "accepted", True)
         log.append_sub_outcome(ts, "d5", "s/a", "accepted", False)  # not settled: a new run
         log.append_sub_outcome(ts, "d6", "s/a", "accepted", False)
-        log.append("completed", ts, {"delivery": "d6", "subscriber": "s/b", "outcome": "accepted",
-                                     "settled": True, "pub_outcome": "accepted"})  # ends the run first
+        log.append(
+            "completed",
+            ts,
+            {"delivery": "d6", "subscriber": "s/b", "outcome": "accepted", "settled": True, "pub_outcome": "accepted"},
+        )  # ends the run first
         log.append_sub_outcome(ts, "d7", "s/a", "released", True)
         log.append_sub_outcome(ts, "d8", "s/a", "accepted", True)  # another outcome
         log.append_sub_outcome(later, "d9", "s/a", "accepted", True)  # the next loop iteration
@@ -500,21 +565,39 @@ def test_a_run_of_sub_outcomes_is_one_line_that_unfolds_into_them(tmp_path):
         log.append_sub_outcome(later, "d11", "s/a", "accepted", True)
     raw = events_of(tmp_path)[1:]
     assert [(e["seq"], e["event"], e.get("deliveries") or e["delivery"]) for e in raw] == [
-        (2, "sub-outcomes", ["d1", "d2", "d3"]), (3, "sub-outcome", "d3"), (4, "sub-outcome", "d4"),
-        (5, "sub-outcomes", ["d5", "d6"]), (6, "completed", "d6"), (7, "sub-outcome", "d7"),
-        (8, "sub-outcome", "d8"), (9, "sub-outcome", "d9"), (10, "sub-outcomes", ["d10", "d11"])]
+        (2, "sub-outcomes", ["d1", "d2", "d3"]),
+        (3, "sub-outcome", "d3"),
+        (4, "sub-outcome", "d4"),
+        (5, "sub-outcomes", ["d5", "d6"]),
+        (6, "completed", "d6"),
+        (7, "sub-outcome", "d7"),
+        (8, "sub-outcome", "d8"),
+        (9, "sub-outcome", "d9"),
+        (10, "sub-outcomes", ["d10", "d11"]),
+    ]
     for line in raw:
         validate_event(line)
     events = events_of(tmp_path, raw=False)[1:]
-    subs = [(e["seq"], e["delivery"], e["subscriber"], e["outcome"], e["settled"], e["ts"])
-            for e in events if e["event"] == "sub-outcome"]
-    assert subs == [(2, "d1", "s/a", "accepted", True, ts), (2, "d2", "s/a", "accepted", True, ts),
-                    (2, "d3", "s/a", "accepted", True, ts), (3, "d3", "s/b", "accepted", True, ts),
-                    (4, "d4", "s/a", "accepted", True, ts), (5, "d5", "s/a", "accepted", False, ts),
-                    (5, "d6", "s/a", "accepted", False, ts), (6, "d6", "s/b", "accepted", True, ts),
-                    (7, "d7", "s/a", "released", True, ts), (8, "d8", "s/a", "accepted", True, ts),
-                    (9, "d9", "s/a", "accepted", True, later), (10, "d10", "s/a", "accepted", True, later),
-                    (10, "d11", "s/a", "accepted", True, later)]
+    subs = [
+        (e["seq"], e["delivery"], e["subscriber"], e["outcome"], e["settled"], e["ts"])
+        for e in events
+        if e["event"] == "sub-outcome"
+    ]
+    assert subs == [
+        (2, "d1", "s/a", "accepted", True, ts),
+        (2, "d2", "s/a", "accepted", True, ts),
+        (2, "d3", "s/a", "accepted", True, ts),
+        (3, "d3", "s/b", "accepted", True, ts),
+        (4, "d4", "s/a", "accepted", True, ts),
+        (5, "d5", "s/a", "accepted", False, ts),
+        (5, "d6", "s/a", "accepted", False, ts),
+        (6, "d6", "s/b", "accepted", True, ts),
+        (7, "d7", "s/a", "released", True, ts),
+        (8, "d8", "s/a", "accepted", True, ts),
+        (9, "d9", "s/a", "accepted", True, later),
+        (10, "d10", "s/a", "accepted", True, later),
+        (10, "d11", "s/a", "accepted", True, later),
+    ]
     for event in events:
         validate_event(event)
     assert all(set(e) == set(EVENT_SCHEMA) | set(EVENTS["sub-outcome"]) for e in events if e["event"] == "sub-outcome")
@@ -535,15 +618,14 @@ def _folded_parts(draw):
     settled = draw(st.booleans())
     if kind == "sub-outcomes":
         deliveries = draw(st.lists(_names, min_size=1, max_size=5))
-        return kind, [{"delivery": d, "subscriber": subscriber, "outcome": outcome, "settled": settled}
-                      for d in deliveries]
+        return kind, [{"delivery": d, "subscriber": subscriber, "outcome": outcome, "settled": settled} for d in deliveries]
     d = draw(_names)
-    parts = [{"delivery": d, "subscriber": subscriber, "outcome": outcome, "settled": settled},
-             {"delivery": d, "outcome": "accepted", "condition": draw(st.none() | _names),
-              "reason": draw(st.none() | _names)}]
+    parts = [
+        {"delivery": d, "subscriber": subscriber, "outcome": outcome, "settled": settled},
+        {"delivery": d, "outcome": "accepted", "condition": draw(st.none() | _names), "reason": draw(st.none() | _names)},
+    ]
     if draw(st.booleans()):
-        parts.append({"delivery": d, "by": draw(st.sampled_from(["publisher", "router"])),
-                      "deleted": draw(st.booleans())})
+        parts.append({"delivery": d, "by": draw(st.sampled_from(["publisher", "router"])), "deleted": draw(st.booleans())})
     return kind, parts
 
 
@@ -555,9 +637,11 @@ def test_a_folded_line_unfolds_to_the_events_it_was_folded_from(case):
     common = {"seq": 7, "ts": 1.5, "router": "A", "epoch": 1, "boot": "00" * 8}
     line = {**common, "event": kind, **fold(kind, parts)}
     events = unfold(line)
-    assert [e["event"] for e in events] == [FOLDED[kind][i] if kind == "completed" else FOLDED[kind][0]
-                                            for i in range(len(parts))]
+    assert [e["event"] for e in events] == [
+        FOLDED[kind][i] if kind == "completed" else FOLDED[kind][0] for i in range(len(parts))
+    ]
     for event, part in zip(events, parts, strict=True):
-        assert {k: v for k, v in event.items() if k not in common and k != "event" and v is not None} == \
-            {k: v for k, v in part.items() if v is not None}
+        assert {k: v for k, v in event.items() if k not in common and k != "event" and v is not None} == {
+            k: v for k, v in part.items() if v is not None
+        }
         assert all(event[k] == v for k, v in common.items())

@@ -37,8 +37,12 @@ def test_publisher_resumes_at_another_router_and_nothing_is_delivered_twice():
     mesh.answer("C", sub, copies[0].tag)  # #1 accepted before A dies; #2, #3 in doubt
     mesh.kill("A")
     unsettled = [[str(n).encode(), "none"] for n in (1, 2, 3)]
-    resumed = mesh.publisher("B", name="p", container="P", properties={
-        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": unsettled})
+    resumed = mesh.publisher(
+        "B",
+        name="p",
+        container="P",
+        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": unsettled},
+    )
     assert open_properties(mesh, "B", resumed)[INCARNATION_PROPERTY] == incarnation
     deliveries = [mesh.publish("B", resumed, str(n).encode(), payload=payloads[n]) for n in (1, 2, 3)]
     assert len(mesh.forwarded("C", sub)) == 3, "C recognised the resent deliveries by their tag"
@@ -60,8 +64,9 @@ def test_subscriber_resumes_at_another_router_and_gets_what_it_was_owed():
     (first,) = mesh.forwarded("C", sub)
     mesh.kill("C")  # dies before the subscriber answered
     d2 = mesh.publish("A", pub, b"2", body="two")  # owed to it while it re-attaches
-    resumed = mesh.subscriber("B", "k", durable=2, timeout=60, properties={
-        "eorouter:resume": True, "eorouter:unsettled": [[first.tag, "none"]]})
+    resumed = mesh.subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": [[first.tag, "none"]]}
+    )
     got = mesh.forwarded("B", resumed)
     assert [decode(c.payload).body for c in got] == ["one", "two"], "in publisher order, once each"
     assert mesh.outcomes_for("A", d1) == []
@@ -98,9 +103,22 @@ def test_placeholder_holds_the_stream_until_the_delivery_arrives():
     mesh.inflight.clear()
     resumed_link = 999
     from router.core.events import SUBSCRIBER, CreditChanged, LinkAttached
-    mesh.feed("B", LinkAttached(resumed_link, resumed_link, "S-k", "k", SUBSCRIBER, "t", durable=2, timeout=60,
-                                rcv_settle_mode=1, properties={"eorouter:resume": True,
-                                                               "eorouter:unsettled": [[first.tag, "none"]]}))
+
+    mesh.feed(
+        "B",
+        LinkAttached(
+            resumed_link,
+            resumed_link,
+            "S-k",
+            "k",
+            SUBSCRIBER,
+            "t",
+            durable=2,
+            timeout=60,
+            rcv_settle_mode=1,
+            properties={"eorouter:resume": True, "eorouter:unsettled": [[first.tag, "none"]]},
+        ),
+    )
     mesh.feed("B", CreditChanged(resumed_link, 100))
     assert any(e.kind == "placeholder-created" for e in mesh.logs["B"])
     mesh.settle()
@@ -118,14 +136,16 @@ def test_a_reported_delivery_settled_and_forgotten_here_is_not_a_placeholder():
     d1 = mesh.publish("A", pub, b"1", body="one")
     (first,) = mesh.forwarded("A", sub)
     from router.core.events import OutcomeReceived
+
     mesh.feed("A", OutcomeReceived(sub, first.tag, outcomes.ACCEPTED, False))  # rcv-settle-mode=second
     mesh.detach("A", sub)
     mesh.settle_publisher("A", pub, d1)
     mesh.advance(1.5)  # record_linger: forgotten
     assert mesh.cores["A"].record_count() == 0
     mesh.publish("A", pub, b"2", body="two")
-    resumed = mesh.subscriber("A", "k", durable=2, timeout=60, properties={
-        "eorouter:resume": True, "eorouter:unsettled": [[first.tag, "accepted"]]})
+    resumed = mesh.subscriber(
+        "A", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": [[first.tag, "accepted"]]}
+    )
     assert open_properties(mesh, "A", resumed)["eorouter:unsettled"] == []
     assert not any(e.kind == "placeholder-created" for e in mesh.logs["A"])
     assert [decode(c.payload).body for c in mesh.forwarded("A", resumed)] == ["two"]
@@ -143,8 +163,12 @@ def test_takeover_does_not_answer_with_the_old_origins_partial_outcome():
     mesh.publish("A", pub, b"1", payload=payload)
     mesh.answer("B", sb, mesh.forwarded("B", sb)[0].tag)  # B's part is done; C holds its answer
     mesh.kill("A")
-    resumed = mesh.publisher("B", name="p", container="P", properties={
-        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]})
+    resumed = mesh.publisher(
+        "B",
+        name="p",
+        container="P",
+        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]},
+    )
     delivery = mesh.publish("B", resumed, b"1", payload=payload)
     assert mesh.outcomes_for("B", delivery) == [], "C's subscriber has not answered yet"
     mesh.answer("C", sc, mesh.forwarded("C", sc)[0].tag)
@@ -157,13 +181,19 @@ def test_takeover_does_not_answer_with_the_old_origins_partial_outcome():
 def _accept_unsettled(mesh, router, link, tag):
     """A rcv-settle-mode=second subscriber's answer: accepted, not yet settled."""
     from router.core.events import OutcomeReceived
+
     mesh.feed(router, OutcomeReceived(link, tag, outcomes.ACCEPTED, False))
     mesh.settle()
 
 
 def _resume_subscriber(mesh, router, name, reported):
-    return mesh.subscriber(router, name, durable=2, timeout=60, properties={
-        "eorouter:resume": True, "eorouter:unsettled": [[tag, state] for tag, state in reported]})
+    return mesh.subscriber(
+        router,
+        name,
+        durable=2,
+        timeout=60,
+        properties={"eorouter:resume": True, "eorouter:unsettled": [[tag, state] for tag, state in reported]},
+    )
 
 
 def _kill_a_with_one_settled_delivery(mesh):
@@ -182,9 +212,17 @@ def _kill_a_with_one_settled_delivery(mesh):
 
 
 def _resume_publisher(mesh, router, incarnation, unsettled):
-    return mesh.publisher(router, name="p", container="P", rcv_first=True, properties={
-        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True,
-        "eorouter:unsettled": [[n, "none"] for n in unsettled]})
+    return mesh.publisher(
+        router,
+        name="p",
+        container="P",
+        rcv_first=True,
+        properties={
+            INCARNATION_PROPERTY: incarnation,
+            "eorouter:resume": True,
+            "eorouter:unsettled": [[n, "none"] for n in unsettled],
+        },
+    )
 
 
 def test_a_delivery_its_publisher_settled_before_resuming_here_gets_no_placeholder():
@@ -227,6 +265,7 @@ def test_a_new_delivery_waits_behind_a_placeholder_of_its_stream():
     """The subscriber has credit and an empty queue: a new delivery of a stream it
     holds a placeholder for must still wait for that placeholder."""
     from router.core import tags
+
     mesh = Mesh("A", [])
     pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
     incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
@@ -292,6 +331,7 @@ def test_a_live_router_whose_publisher_resumed_elsewhere_hands_its_stream_over()
     mesh.publish("A", pub, b"1", payload=payload)  # C has not answered yet
     resumed = _resume_publisher(mesh, "B", incarnation, [b"1"])
     from router.core.commands import DetachLink
+
     assert DetachLink(pub, "amqp:link:stolen", "the link resumed at router B", False) in mesh.client["A"]
     assert [e.fields.get("to_router") for e in mesh.logs["A"] if e.kind == "origin-taken-over"] == ["B"]
     d = mesh.publish("B", resumed, b"1", payload=payload)
@@ -304,8 +344,11 @@ def test_a_live_router_whose_publisher_resumed_elsewhere_hands_its_stream_over()
 
 
 # C never saw #1: it reaches C only as A's copy, once A noticed the old link drop.
-@pytest.mark.parametrize("to, answer_first", [("B", True), ("B", False), ("C", False)],
-                         ids=["to-the-origin-answered-before-A-noticed", "to-the-origin", "to-a-third-router"])
+@pytest.mark.parametrize(
+    "to, answer_first",
+    [("B", True), ("B", False), ("C", False)],
+    ids=["to-the-origin-answered-before-A-noticed", "to-the-origin", "to-a-third-router"],
+)
 def test_a_live_router_whose_subscriber_moved_away_answers_the_origin_for_it(to, answer_first):
     """Only the subscriber's link to A was cut (A lives on): it resumes at ``to`` and
     accepts there; A sees its old link drop before or after that. The router it moved
@@ -382,8 +425,7 @@ def test_a_reused_tag_is_a_new_delivery_even_where_the_old_one_is_remembered_set
         assert all(core.record_count() == 0 for core in mesh.cores.values())
     got = mesh.forwarded(where, sub)
     assert [decode(c.payload).body for c in got] == ["one", "two"]
-    assert [e.fields["delivery"] for e in mesh.logs[where] if e.kind == "received"] == [
-        got[0].tag.hex(), got[0].tag.hex() + ".1"]
+    assert [e.fields["delivery"] for e in mesh.logs[where] if e.kind == "received"] == [got[0].tag.hex(), got[0].tag.hex() + ".1"]
 
 
 def test_a_resumed_subscriber_sees_the_settlement_of_a_delivery_settled_before_the_resend():
@@ -394,6 +436,7 @@ def test_a_resumed_subscriber_sees_the_settlement_of_a_delivery_settled_before_t
     #1 unsettled for ever."""
     from router.core.commands import Forward, SettleOutgoing
     from router.core.events import CreditChanged, OutcomeReceived
+
     mesh = Mesh("A", [], record_linger=30.0)
     sub = mesh.subscriber("A", "k", durable=2, timeout=60)
     pub = mesh.publisher("A")
@@ -403,8 +446,14 @@ def test_a_resumed_subscriber_sees_the_settlement_of_a_delivery_settled_before_t
     mesh.settle()
     assert mesh.outcomes_for("A", d) == [SendOutcome(d, outcomes.ACCEPTED)]
     mesh.detach("A", sub)
-    resumed = mesh.subscriber("A", "k", credit=0, durable=2, timeout=60, properties={
-        "eorouter:resume": True, "eorouter:unsettled": [[copy.tag, "accepted"]]})
+    resumed = mesh.subscriber(
+        "A",
+        "k",
+        credit=0,
+        durable=2,
+        timeout=60,
+        properties={"eorouter:resume": True, "eorouter:unsettled": [[copy.tag, "accepted"]]},
+    )
     mesh.settle_publisher("A", pub, d)
     assert mesh.cores["A"].record_count() == 1, "kept until the subscriber saw the settlement"
     mesh.feed("A", CreditChanged(resumed, 10))
@@ -433,8 +482,12 @@ def test_takeover_owes_the_dead_origins_own_subscribers(subscriber_first):
     mesh.kill("A")  # its copy to its own subscriber never left
     if subscriber_first:
         sa = _resume_subscriber(mesh, "B", "sa", [])
-    resumed = mesh.publisher("B", name="p", container="P", properties={
-        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]})
+    resumed = mesh.publisher(
+        "B",
+        name="p",
+        container="P",
+        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]},
+    )
     delivery = mesh.publish("B", resumed, b"1", payload=payload)
     if not subscriber_first:
         assert mesh.outcomes_for("B", delivery) == [], "A's subscriber has not had it yet"
@@ -489,6 +542,7 @@ def test_a_stream_resumed_at_a_router_that_never_saw_it_continues_its_numbering(
     how far it saw the stream numbered before it gives the link credit."""
     from router.core.commands import GrantCredit
     from router.core.events import PUBLISHER, LinkAttached
+
     mesh = Mesh(*TRIANGLE, record_linger=0.5)
     subs = {r: mesh.subscriber(r, f"k{r}", durable=2, timeout=60) for r in subscribers}
     pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
@@ -501,8 +555,19 @@ def test_a_stream_resumed_at_a_router_that_never_saw_it_continues_its_numbering(
     mesh.detach("A", pub)
     mesh.advance(2)
     # The resumed attach: no credit until A and C have answered "stream-seq".
-    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", rcv_settle_mode=0, properties={
-        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": []}))
+    mesh.feed(
+        "B",
+        LinkAttached(
+            500,
+            500,
+            "P",
+            "p",
+            PUBLISHER,
+            "t",
+            rcv_settle_mode=0,
+            properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": []},
+        ),
+    )
     assert not [c for c in mesh.client["B"] if isinstance(c, GrantCredit) and c.link_id == 500]
     mesh.settle()
     assert [c for c in mesh.client["B"] if isinstance(c, GrantCredit) and c.link_id == 500]
@@ -520,12 +585,23 @@ def test_a_resumed_publisher_waits_for_its_numbering_no_longer_than_the_timeout(
     the resumed link's credit only by ``stream_seq_timeout``."""
     from router.core.commands import GrantCredit
     from router.core.events import PUBLISHER, LinkAttached
+
     mesh = Mesh(*TRIANGLE, stream_seq_timeout=2.0)
     pub = mesh.publisher("A", name="p", container="P")
     incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
     mesh.detach("A", pub)
-    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", properties={
-        INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": []}))
+    mesh.feed(
+        "B",
+        LinkAttached(
+            500,
+            500,
+            "P",
+            "p",
+            PUBLISHER,
+            "t",
+            properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": []},
+        ),
+    )
     mesh.deliver_from("B", "C", len(mesh.in_flight("B", "C")))
     mesh.inflight = type(mesh.inflight)(x for x in mesh.inflight if x[2] != "A")  # A hears nothing
     mesh.settle()
@@ -573,8 +649,7 @@ def test_resends_are_answered_from_memory_however_busy_the_other_streams_were(wh
         assert [a.outcome for a in mesh.outcomes_for("A", delivery)] == [outcomes.ACCEPTED], n
     mesh.advance(3)
     resumed = _resume_publisher(mesh, "B", incarnation, [str(n).encode() for n in payloads])
-    answers = [mesh.outcomes_for("B", mesh.publish("B", resumed, str(n).encode(), payload=payloads[n]))
-               for n in payloads]
+    answers = [mesh.outcomes_for("B", mesh.publish("B", resumed, str(n).encode(), payload=payloads[n])) for n in payloads]
     assert [[a.outcome for a in answer] for answer in answers] == [[outcomes.ACCEPTED]] * 20
     for r, link in subs.items():
         bodies = [decode(c.payload).body for c in mesh.forwarded(r, link)]
@@ -593,10 +668,10 @@ def test_a_resend_after_the_horizon_is_refused_visibly_never_delivered_twice(whe
         mesh.advance(10.0)
     assert any(e.kind == "streams-forgotten" for e in mesh.logs["A"])
     resumed = _resume_publisher(mesh, "B", incarnation, [str(n).encode() for n in payloads])
-    answers = [mesh.outcomes_for("B", mesh.publish("B", resumed, str(n).encode(), payload=payloads[n]))
-               for n in payloads]
-    assert [[(a.outcome, a.condition) for a in answer] for answer in answers] == \
-        [[(outcomes.REJECTED, "eorouter:resend-beyond-horizon")]] * 3
+    answers = [mesh.outcomes_for("B", mesh.publish("B", resumed, str(n).encode(), payload=payloads[n])) for n in payloads]
+    assert [[(a.outcome, a.condition) for a in answer] for answer in answers] == [
+        [(outcomes.REJECTED, "eorouter:resend-beyond-horizon")]
+    ] * 3
     logged = [e for r in "AB" for e in mesh.logs[r] if e.kind == "resend-beyond-horizon"]
     assert len(logged) == 3
     for r, link in subs.items():

@@ -30,15 +30,19 @@ from router.core.router import INCARNATION_PROPERTY
 
 TRIANGLE = ("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
 
-steps = st.lists(st.one_of(
-    st.tuples(st.just("publish"), st.integers(0, 0)),
-    st.tuples(st.just("deliver"), st.integers(0, 50)),
-    st.tuples(st.just("answer"), st.integers(0, 10)),
-    st.tuples(st.just("tick"), st.integers(0, 3)),
-    st.tuples(st.just("cut"), st.integers(0, 0)),
-    st.tuples(st.just("notice"), st.integers(0, 0)),
-    st.tuples(st.just("resume"), st.sampled_from("BC")),
-), min_size=5, max_size=60)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(0, 0)),
+        st.tuples(st.just("deliver"), st.integers(0, 50)),
+        st.tuples(st.just("answer"), st.integers(0, 10)),
+        st.tuples(st.just("tick"), st.integers(0, 3)),
+        st.tuples(st.just("cut"), st.integers(0, 0)),
+        st.tuples(st.just("notice"), st.integers(0, 0)),
+        st.tuples(st.just("resume"), st.sampled_from("BC")),
+    ),
+    min_size=5,
+    max_size=60,
+)
 
 
 @settings(max_examples=100, deadline=None)
@@ -64,7 +68,7 @@ def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, 
         if router == "A" and state["cut"]:
             return
         commands = mesh.client[router]
-        for c in commands[state["seen"]:]:
+        for c in commands[state["seen"] :]:
             if isinstance(c, SendOutcome):
                 for n, (r, d) in delivery_of.items():
                     if r == router and d == c.delivery and n not in heard:
@@ -85,9 +89,17 @@ def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, 
             state["cut"] = True
         unsettled = [str(n).encode() for n in sent if n not in heard]
         state.update(router=router, seen=len(mesh.client[router]))
-        state["link"] = mesh.publisher(router, name="p", container="P", rcv_first=first, properties={
-            INCARNATION_PROPERTY: incarnation, "eorouter:resume": True,
-            "eorouter:unsettled": [[t, "none"] for t in unsettled]})
+        state["link"] = mesh.publisher(
+            router,
+            name="p",
+            container="P",
+            rcv_first=first,
+            properties={
+                INCARNATION_PROPERTY: incarnation,
+                "eorouter:resume": True,
+                "eorouter:unsettled": [[t, "none"] for t in unsettled],
+            },
+        )
         for tag in unsettled:
             publish(int(tag))
 
@@ -153,4 +165,5 @@ def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, 
 
 def mesh_timer():
     from router.core.events import TimerFired
+
     return TimerFired()

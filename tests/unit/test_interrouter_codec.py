@@ -16,20 +16,30 @@ from router import interrouter_codec as codec
 from router.interrouter_codec import CodecError
 
 # JSON values orjson round-trips exactly (64-bit ints, finite floats, str keys).
-json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | \
-    st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4) |
-                           st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-control_messages = st.builds(lambda t, rest: {**rest, "t": t}, st.text(min_size=1, max_size=12),
-                             st.dictionaries(st.text(max_size=8), json_values, max_size=5))
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+control_messages = st.builds(
+    lambda t, rest: {**rest, "t": t},
+    st.text(min_size=1, max_size=12),
+    st.dictionaries(st.text(max_size=8), json_values, max_size=5),
+)
 router_ids = st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True)
 
 
 # --------------------------------------------------------------------------- control
 
 
-@given(router_ids, st.integers(0, 2**63 - 1), st.text(min_size=1, max_size=20),
-       st.lists(control_messages, max_size=20))
+@given(router_ids, st.integers(0, 2**63 - 1), st.text(min_size=1, max_size=20), st.lists(control_messages, max_size=20))
 def test_control_round_trip(sender, epoch, boot, msgs):
     payload = codec.encode_control(sender, epoch, boot, msgs)
     assert codec.decode_control(payload) == (sender, epoch, boot, msgs)
@@ -56,8 +66,7 @@ def test_control_section_is_valid_amqp_for_proton():
         payload = codec.encode_control("A", 3, "9f1c", msgs)
         message = Message()
         message.decode(payload)
-        assert orjson.loads(bytes(message.body)) == {"v": 1, "from": "A", "epoch": 3, "boot": "9f1c",
-                                                     "msgs": msgs}
+        assert orjson.loads(bytes(message.body)) == {"v": 1, "from": "A", "epoch": 3, "boot": "9f1c", "msgs": msgs}
 
 
 GOOD = {"v": 1, "from": "A", "epoch": 1, "boot": "b", "msgs": [{"t": "ls"}]}
@@ -67,27 +76,30 @@ def _section(body: bytes) -> bytes:
     return b"\x00\x53\x75\xb0" + struct.pack(">I", len(body)) + body
 
 
-@pytest.mark.parametrize("payload,fragment", [
-    (b"", "one AMQP data section"),
-    (b"\x00\x53\x77\xa0\x00", "one AMQP data section"),  # amqp-value, not data
-    (b"\x00\x53\x75\xa1\x02{}", "expected binary"),  # str8 instead of vbin8
-    (b"\x00\x53\x75\xb0\x00\x00", "cut short"),
-    (b"\x00\x53\x75\xa0\x05{}", "says 5 bytes, the transfer has 2"),
-    (b"\x00\x53\x75\xa0\x02{}xx", "says 2 bytes, the transfer has 4"),  # trailing bytes
-    (_section(b"{nope"), "not JSON"),
-    (_section(b"\xff\xfe"), "not JSON"),
-    (_section(b"[1,2]"), "a JSON object"),
-    (_section(orjson.dumps({**GOOD, "v": 2})), "expected v = 1"),
-    (_section(orjson.dumps({**GOOD, "v": True})), "expected v = 1"),
-    (_section(orjson.dumps({k: v for k, v in GOOD.items() if k != "from"})), "'from'"),
-    (_section(orjson.dumps({**GOOD, "from": ""})), "'from'"),
-    (_section(orjson.dumps({**GOOD, "epoch": -1})), "'epoch'"),
-    (_section(orjson.dumps({**GOOD, "epoch": "1"})), "'epoch'"),
-    (_section(orjson.dumps({**GOOD, "boot": 5})), "'boot'"),
-    (_section(orjson.dumps({**GOOD, "msgs": {"t": "ls"}})), "'msgs' must be a list"),
-    (_section(orjson.dumps({**GOOD, "msgs": [{"t": "ls"}, {"x": 1}]})), "msgs[1]"),
-    (_section(orjson.dumps({**GOOD, "msgs": [["t"]]})), "msgs[0]"),
-])
+@pytest.mark.parametrize(
+    "payload,fragment",
+    [
+        (b"", "one AMQP data section"),
+        (b"\x00\x53\x77\xa0\x00", "one AMQP data section"),  # amqp-value, not data
+        (b"\x00\x53\x75\xa1\x02{}", "expected binary"),  # str8 instead of vbin8
+        (b"\x00\x53\x75\xb0\x00\x00", "cut short"),
+        (b"\x00\x53\x75\xa0\x05{}", "says 5 bytes, the transfer has 2"),
+        (b"\x00\x53\x75\xa0\x02{}xx", "says 2 bytes, the transfer has 4"),  # trailing bytes
+        (_section(b"{nope"), "not JSON"),
+        (_section(b"\xff\xfe"), "not JSON"),
+        (_section(b"[1,2]"), "a JSON object"),
+        (_section(orjson.dumps({**GOOD, "v": 2})), "expected v = 1"),
+        (_section(orjson.dumps({**GOOD, "v": True})), "expected v = 1"),
+        (_section(orjson.dumps({k: v for k, v in GOOD.items() if k != "from"})), "'from'"),
+        (_section(orjson.dumps({**GOOD, "from": ""})), "'from'"),
+        (_section(orjson.dumps({**GOOD, "epoch": -1})), "'epoch'"),
+        (_section(orjson.dumps({**GOOD, "epoch": "1"})), "'epoch'"),
+        (_section(orjson.dumps({**GOOD, "boot": 5})), "'boot'"),
+        (_section(orjson.dumps({**GOOD, "msgs": {"t": "ls"}})), "'msgs' must be a list"),
+        (_section(orjson.dumps({**GOOD, "msgs": [{"t": "ls"}, {"x": 1}]})), "msgs[1]"),
+        (_section(orjson.dumps({**GOOD, "msgs": [["t"]]})), "msgs[0]"),
+    ],
+)
 def test_bad_control_transfers(payload, fragment):
     with pytest.raises(CodecError) as info:
         codec.decode_control(payload)
@@ -115,11 +127,18 @@ def test_truncated_control_transfer_is_a_clean_error(msgs, data):
 
 # --------------------------------------------------------------------------- data
 
-headers = st.fixed_dictionaries({
-    "origin": router_ids, "epoch": st.integers(0, 2**40), "boot": st.text(max_size=16),
-    "topic": st.text(max_size=30), "dests": st.lists(router_ids, max_size=4),
-    "seq": st.integers(0, 2**40), "exp": st.none() | st.integers(0, 2**50),
-}, optional={"extra": json_values})
+headers = st.fixed_dictionaries(
+    {
+        "origin": router_ids,
+        "epoch": st.integers(0, 2**40),
+        "boot": st.text(max_size=16),
+        "topic": st.text(max_size=30),
+        "dests": st.lists(router_ids, max_size=4),
+        "seq": st.integers(0, 2**40),
+        "exp": st.none() | st.integers(0, 2**50),
+    },
+    optional={"extra": json_values},
+)
 
 
 @given(headers, st.binary(max_size=300))
@@ -127,20 +146,23 @@ def test_data_round_trip(header, message):
     payload = codec.encode_data(header, message)
     assert payload[:4] == b"EOR1"
     (n,) = struct.unpack(">I", payload[4:8])
-    assert orjson.loads(payload[8:8 + n]) == header and payload[8 + n:] == message
+    assert orjson.loads(payload[8 : 8 + n]) == header and payload[8 + n :] == message
     assert codec.decode_data(payload) == (header, message)
     assert codec.decode_data(memoryview(payload)) == (header, message)
 
 
-@pytest.mark.parametrize("payload,fragment", [
-    (b"", "EOR1 magic"),
-    (b"EOR1\x00\x00\x00", "EOR1 magic"),
-    (b"EOR2\x00\x00\x00\x02{}", "EOR1 magic"),
-    (b"EOR1\x00\x00\x00\x09{}", "runs past the transfer"),
-    (b"EOR1\xff\xff\xff\xff{}", "runs past the transfer"),
-    (b"EOR1\x00\x00\x00\x05{nopeAMQP", "not JSON"),
-    (b"EOR1\x00\x00\x00\x02[]AMQP", "JSON object"),
-])
+@pytest.mark.parametrize(
+    "payload,fragment",
+    [
+        (b"", "EOR1 magic"),
+        (b"EOR1\x00\x00\x00", "EOR1 magic"),
+        (b"EOR2\x00\x00\x00\x02{}", "EOR1 magic"),
+        (b"EOR1\x00\x00\x00\x09{}", "runs past the transfer"),
+        (b"EOR1\xff\xff\xff\xff{}", "runs past the transfer"),
+        (b"EOR1\x00\x00\x00\x05{nopeAMQP", "not JSON"),
+        (b"EOR1\x00\x00\x00\x02[]AMQP", "JSON object"),
+    ],
+)
 def test_bad_data_transfers(payload, fragment):
     with pytest.raises(CodecError) as info:
         codec.decode_data(payload)
@@ -174,24 +196,27 @@ def test_hello_round_trip():
     assert codec.parse_hello(hello(**{"eorouter:auth": mac}), expect_auth=True).auth == mac
 
 
-@pytest.mark.parametrize("changes,expect_auth,fragment", [
-    ({"eorouter:router-id": None}, False, "carries no eorouter:router-id"),
-    ({"eorouter:router-id": "has space"}, False, "eorouter:router-id"),
-    ({"eorouter:router-id": 7}, False, "eorouter:router-id"),
-    ({"eorouter:proto": 2}, False, "eorouter:proto"),
-    ({"eorouter:proto": None}, False, "eorouter:proto"),
-    ({"eorouter:proto": True}, False, "eorouter:proto"),
-    ({"eorouter:epoch": -1}, False, "eorouter:epoch"),
-    ({"eorouter:epoch": "2"}, False, "eorouter:epoch"),
-    ({"eorouter:boot": ""}, False, "eorouter:boot"),
-    ({"eorouter:boot": "x" * 65}, False, "eorouter:boot"),
-    ({"eorouter:nonce": "ab" * 15}, False, "eorouter:nonce"),
-    ({"eorouter:nonce": "AB" * 16}, False, "eorouter:nonce"),
-    ({"eorouter:nonce": None}, False, "eorouter:nonce"),
-    ({"eorouter:auth": "0f" * 32}, False, "only the acceptor"),
-    ({}, True, "eorouter:auth"),
-    ({"eorouter:auth": "0f" * 31}, True, "eorouter:auth"),
-])
+@pytest.mark.parametrize(
+    "changes,expect_auth,fragment",
+    [
+        ({"eorouter:router-id": None}, False, "carries no eorouter:router-id"),
+        ({"eorouter:router-id": "has space"}, False, "eorouter:router-id"),
+        ({"eorouter:router-id": 7}, False, "eorouter:router-id"),
+        ({"eorouter:proto": 2}, False, "eorouter:proto"),
+        ({"eorouter:proto": None}, False, "eorouter:proto"),
+        ({"eorouter:proto": True}, False, "eorouter:proto"),
+        ({"eorouter:epoch": -1}, False, "eorouter:epoch"),
+        ({"eorouter:epoch": "2"}, False, "eorouter:epoch"),
+        ({"eorouter:boot": ""}, False, "eorouter:boot"),
+        ({"eorouter:boot": "x" * 65}, False, "eorouter:boot"),
+        ({"eorouter:nonce": "ab" * 15}, False, "eorouter:nonce"),
+        ({"eorouter:nonce": "AB" * 16}, False, "eorouter:nonce"),
+        ({"eorouter:nonce": None}, False, "eorouter:nonce"),
+        ({"eorouter:auth": "0f" * 32}, False, "only the acceptor"),
+        ({}, True, "eorouter:auth"),
+        ({"eorouter:auth": "0f" * 31}, True, "eorouter:auth"),
+    ],
+)
 def test_bad_hellos_are_unauthorized(changes, expect_auth, fragment):
     with pytest.raises(CodecError) as info:
         codec.parse_hello(hello(**changes), expect_auth=expect_auth)
@@ -217,15 +242,12 @@ def test_nonces_are_fresh_16_bytes_hex():
 def test_proofs_are_the_documented_hmacs():
     secret, cn, an = "s3cret", "11" * 16, "22" * 16
     acceptor = hmac.new(b"s3cret", f"eorouter-v1|acceptor|A|3|bootA|{cn}|{an}".encode(), hashlib.sha256).hexdigest()
-    connector = hmac.new(b"s3cret", f"eorouter-v1|connector|B|5|bootB|{an}|{cn}".encode(),
-                         hashlib.sha256).hexdigest()
+    connector = hmac.new(b"s3cret", f"eorouter-v1|connector|B|5|bootB|{an}|{cn}".encode(), hashlib.sha256).hexdigest()
     assert codec.acceptor_proof(secret, "A", 3, "bootA", cn, an) == acceptor
     assert codec.connector_proof(secret, "B", 5, "bootB", an, cn) == connector
     # Each side's proof is bound to its role, its identity and both nonces.
-    assert codec.acceptor_proof(secret, "A", 3, "bootA", cn, an) != codec.connector_proof(secret, "A", 3, "bootA",
-                                                                                          cn, an)
-    assert codec.acceptor_proof(secret, "A", 3, "bootA", cn, an) != codec.acceptor_proof(secret, "A", 3, "bootA",
-                                                                                          "33" * 16, an)
+    assert codec.acceptor_proof(secret, "A", 3, "bootA", cn, an) != codec.connector_proof(secret, "A", 3, "bootA", cn, an)
+    assert codec.acceptor_proof(secret, "A", 3, "bootA", cn, an) != codec.acceptor_proof(secret, "A", 3, "bootA", "33" * 16, an)
     assert codec.acceptor_proof("other", "A", 3, "bootA", cn, an) != acceptor
 
 

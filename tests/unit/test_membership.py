@@ -31,11 +31,17 @@ S1 = SubscriberKey("client-1", "sub")
 S2 = SubscriberKey("client-2", "sub")
 
 
-def attach(announcer: LocalAnnouncer, key: SubscriberKey = S1, topic: str = "t", *, durable: bool = False,
-           resumed: bool = False, timeout: int | None = None) -> SubscriberAttached:
+def attach(
+    announcer: LocalAnnouncer,
+    key: SubscriberKey = S1,
+    topic: str = "t",
+    *,
+    durable: bool = False,
+    resumed: bool = False,
+    timeout: int | None = None,
+) -> SubscriberAttached:
     timeout = (30 if durable else 0) if timeout is None else timeout
-    return announcer.attached(topic, key.container_id, key.link_name, durable=durable, resumed=resumed,
-                              timeout=timeout)
+    return announcer.attached(topic, key.container_id, key.link_name, durable=durable, resumed=resumed, timeout=timeout)
 
 
 def detach(announcer: LocalAnnouncer, key: SubscriberKey = S1, *, closed: bool = False) -> SubscriberDetached:
@@ -64,6 +70,7 @@ def truth(announcers) -> set[tuple]:
 
 
 # --- apply and ignore ---------------------------------------------------------------------------
+
 
 def test_an_attach_is_added_and_a_duplicate_changes_nothing():
     a, table = LocalAnnouncer("A", 1, "a"), MembershipTable("X")
@@ -101,8 +108,7 @@ def test_detach_reasons_and_a_retained_durable_subscription():
     [held] = table.subscribers_at("A", "t")
     assert (held.key, held.attached, held.durable, held.timeout) == (S2, False, True, 30)
     # It re-attaches at A, then closes.
-    assert table.apply(attach(a, S2, durable=True, resumed=True)) == [added("A", S2, durable=True, resumed=True,
-                                                                            timeout=30)]
+    assert table.apply(attach(a, S2, durable=True, resumed=True)) == [added("A", S2, durable=True, resumed=True, timeout=30)]
     assert table.apply(detach(a, S2, closed=True)) == [RemoteSubscriberRemoved("A", S2, "t", REASON_CLOSED)]
     assert table.routers_with_subscribers("t") == frozenset()
 
@@ -119,8 +125,7 @@ def test_a_retained_subscription_that_expires_at_its_router_is_removed():
 def test_reattaching_on_another_topic_at_the_same_router_replaces_the_old_one():
     a, table = LocalAnnouncer("A", 1, "a"), MembershipTable("X")
     table.apply(attach(a, topic="t"))
-    assert table.apply(attach(a, topic="u")) == [RemoteSubscriberRemoved("A", S1, "t", REASON_SUPERSEDED),
-                                                  added("A", topic="u")]
+    assert table.apply(attach(a, topic="u")) == [RemoteSubscriberRemoved("A", S1, "t", REASON_SUPERSEDED), added("A", topic="u")]
     assert table.routers_with_subscribers("t") == frozenset()
     assert table.routers_with_subscribers("u") == {"A"}
 
@@ -132,23 +137,42 @@ def test_announcements_claiming_our_own_id_are_ignored():
     assert table.all_subscribers() == ()
 
 
-@pytest.mark.parametrize("bad", [
-    SubscriberAttached("A", 1, "a", 0, "t", "c", "l", False, False, 0),  # version starts at 1
-    SubscriberAttached("A", 1, "a", 1, "t", "c", "l", 1, False, 0),  # not a bool
-    SubscriberAttached("A", 1, "a", 1, "t", "c", "l", False, False, -1),
-    SubscriberAttached("", 1, "a", 1, "t", "c", "l", False, False, 0),
-    SubscriberAttached("A", -1, "a", 1, "t", "c", "l", False, False, 0),
-    SubscriberAttached("A", 1, "a", 1, None, "c", "l", False, False, 0),
-    SubscriberDetached("A", 1, "a", 1, "t", "c", "l", "yes"),
-    ("A", 1, "a", 1, "t", "c", "l", False, False, 0),
-    SubscribersSnapshot("A", 1, "a", -1, ()),
-    SubscribersSnapshot("A", 1, "a", 2, (SubscriberAttached("B", 1, "a", 1, "t", "c", "l", False, False, 0),)),
-    SubscribersSnapshot("A", 1, "a", 2, (SubscriberAttached("A", 1, "a", 1, "t", "c", "l", False, False, 0),
-                                         SubscriberAttached("A", 1, "a", 2, "t", "c", "l", False, False, 0))),
-    SubscribersSnapshot("A", 1, "a", 2, (SubscriberAttached("A", 1, "a", 1, "t", "c", "l", False, False, 0),
-                                         SubscriberAttached("A", 1, "a", 1, "t", "c", "m", False, False, 0))),
-    SubscribersSnapshot("A", 1, "a", 2, [SubscriberAttached("A", 1, "a", 1, "t", "c", "l", False, False, 0)]),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        SubscriberAttached("A", 1, "a", 0, "t", "c", "l", False, False, 0),  # version starts at 1
+        SubscriberAttached("A", 1, "a", 1, "t", "c", "l", 1, False, 0),  # not a bool
+        SubscriberAttached("A", 1, "a", 1, "t", "c", "l", False, False, -1),
+        SubscriberAttached("", 1, "a", 1, "t", "c", "l", False, False, 0),
+        SubscriberAttached("A", -1, "a", 1, "t", "c", "l", False, False, 0),
+        SubscriberAttached("A", 1, "a", 1, None, "c", "l", False, False, 0),
+        SubscriberDetached("A", 1, "a", 1, "t", "c", "l", "yes"),
+        ("A", 1, "a", 1, "t", "c", "l", False, False, 0),
+        SubscribersSnapshot("A", 1, "a", -1, ()),
+        SubscribersSnapshot("A", 1, "a", 2, (SubscriberAttached("B", 1, "a", 1, "t", "c", "l", False, False, 0),)),
+        SubscribersSnapshot(
+            "A",
+            1,
+            "a",
+            2,
+            (
+                SubscriberAttached("A", 1, "a", 1, "t", "c", "l", False, False, 0),
+                SubscriberAttached("A", 1, "a", 2, "t", "c", "l", False, False, 0),
+            ),
+        ),
+        SubscribersSnapshot(
+            "A",
+            1,
+            "a",
+            2,
+            (
+                SubscriberAttached("A", 1, "a", 1, "t", "c", "l", False, False, 0),
+                SubscriberAttached("A", 1, "a", 1, "t", "c", "m", False, False, 0),
+            ),
+        ),
+        SubscribersSnapshot("A", 1, "a", 2, [SubscriberAttached("A", 1, "a", 1, "t", "c", "l", False, False, 0)]),
+    ],
+)
 def test_malformed_messages_are_refused_and_change_nothing(bad):
     a, table = LocalAnnouncer("A", 1, "a"), MembershipTable("X")
     table.apply(attach(a))
@@ -159,6 +183,7 @@ def test_malformed_messages_are_refused_and_change_nothing(bad):
 
 
 # --- a subscriber that moves ----------------------------------------------------------------------
+
 
 def test_a_subscriber_moves_and_the_late_detach_from_the_old_router_does_not_undo_it():
     """S1 was at A, re-attached at B; A's detach arrives after B's attach."""
@@ -194,15 +219,18 @@ def test_where_is_the_attach_learnt_last_while_attached_at_two_routers():
 
 # --- restarts -------------------------------------------------------------------------------------
 
+
 def test_a_newer_epoch_replaces_the_old_incarnations_subscribers():
     old, table = LocalAnnouncer("A", 1, "a1"), MembershipTable("X")
     table.apply(attach(old, S1))
     table.apply(attach(old, S2))
     late = detach(old, S1)
     new = LocalAnnouncer("A", 2, "a2")
-    assert table.apply(attach(new, S1)) == [RemoteSubscriberRemoved("A", S1, "t", REASON_RESTARTED),
-                                            RemoteSubscriberRemoved("A", S2, "t", REASON_RESTARTED),
-                                            added("A")]
+    assert table.apply(attach(new, S1)) == [
+        RemoteSubscriberRemoved("A", S1, "t", REASON_RESTARTED),
+        RemoteSubscriberRemoved("A", S2, "t", REASON_RESTARTED),
+        added("A"),
+    ]
     assert table.incarnation_of("A") == Incarnation(2, "a2")
     # The old incarnation's news, however late and whatever its version, changes nothing.
     assert table.apply(late) == []
@@ -219,10 +247,10 @@ def test_a_newer_epoch_wins_even_with_a_lower_version():
 
 # --- snapshots ------------------------------------------------------------------------------------
 
+
 def test_a_joining_router_gets_full_snapshots_then_deltas():
     a, b, relay = LocalAnnouncer("A", 1, "a"), LocalAnnouncer("B", 1, "b"), MembershipTable("B")
-    for message in (attach(a, S1), attach(a, S2, durable=True), detach(a, S1), detach(a, S2),
-                    attach(b, S1)):
+    for message in (attach(a, S1), attach(a, S2, durable=True), detach(a, S1), detach(a, S2), attach(b, S1)):
         relay.apply(message)
     joiner = MembershipTable("J")
     for snapshot in relay.full_snapshot() + [b.snapshot()]:
@@ -267,12 +295,15 @@ def test_a_relayed_snapshot_carries_the_detaches_above_its_through():
 
 # --- lost routers ---------------------------------------------------------------------------------
 
+
 def test_lost_router_subscribers_wait_to_reattach_then_expire():
     a, b, table = LocalAnnouncer("A", 1, "a"), LocalAnnouncer("B", 1, "b"), MembershipTable("X")
     table.apply(attach(a, S1, durable=True, timeout=30))
     table.apply(attach(a, S2))
-    assert table.router_lost("A", now=100.0) == [RemoteSubscriberLost("A", S1, "t", 100.0),
-                                                  RemoteSubscriberLost("A", S2, "t", 100.0)]
+    assert table.router_lost("A", now=100.0) == [
+        RemoteSubscriberLost("A", S1, "t", 100.0),
+        RemoteSubscriberLost("A", S2, "t", 100.0),
+    ]
     assert table.router_lost("A", now=101.0) == []  # already lost
     assert table.lost_routers() == {"A"}
     assert table.routers_with_subscribers("t") == frozenset()
@@ -281,7 +312,9 @@ def test_lost_router_subscribers_wait_to_reattach_then_expire():
     assert {s.lost_at for s in table.subscribers_at("A", "t")} == {100.0}
     # S1 re-attaches at B.
     assert table.apply(attach(b, S1, durable=True, resumed=True, timeout=30)) == [
-        added("B", S1, durable=True, resumed=True, timeout=30), SubscriberMoved(S1, "A", "B")]
+        added("B", S1, durable=True, resumed=True, timeout=30),
+        SubscriberMoved(S1, "A", "B"),
+    ]
     assert table.awaiting_reattach("A") == {S2}
     assert table.where(S1) == "B"
     # S2 was not durable: nothing to wait for once the expiry runs; S1's timeout is 30 s.
@@ -319,6 +352,7 @@ def test_a_lost_router_that_restarts_replaces_its_old_subscribers():
 
 # --- the local side -------------------------------------------------------------------------------
 
+
 def test_local_announcer_numbers_and_remembers():
     a = LocalAnnouncer("A", 3, "a3")
     first = attach(a, S1, durable=True)
@@ -351,10 +385,17 @@ ROUTERS = ("A", "B", "C")
 KEYS = (S1, S2, SubscriberKey("client-3", "x"))
 TOPICS = ("t", "u")
 
-operations = st.lists(st.tuples(
-    st.sampled_from(ROUTERS),
-    st.sampled_from(["attach", "attach", "detach", "detach", "expire", "restart", "snapshot"]),
-    st.sampled_from(KEYS), st.sampled_from(TOPICS), st.booleans(), st.booleans()), max_size=40)
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(ROUTERS),
+        st.sampled_from(["attach", "attach", "detach", "detach", "expire", "restart", "snapshot"]),
+        st.sampled_from(KEYS),
+        st.sampled_from(TOPICS),
+        st.booleans(),
+        st.booleans(),
+    ),
+    max_size=40,
+)
 
 
 def run_history(ops):
@@ -415,8 +456,7 @@ def test_any_order_with_duplicates_and_snapshots_converges(ops, data):
     relayed = relay.full_snapshot()
 
     stream = made + data.draw(st.lists(st.sampled_from(made), max_size=10)) if made else []
-    stream = stream + data.draw(st.lists(st.sampled_from(snapshots + relayed), max_size=6)) \
-        if snapshots + relayed else stream
+    stream = stream + data.draw(st.lists(st.sampled_from(snapshots + relayed), max_size=6)) if snapshots + relayed else stream
     stream = data.draw(st.permutations(stream))
     table, mirror = MembershipTable("X"), Mirror()
     for message in stream:

@@ -36,18 +36,34 @@ ROOT = Path(__file__).resolve().parents[2]
 ORIGIN = Origin("publisher-1", "pub-link", b"\x00\x01tag", "incarnation-7", "router-A")
 OTHER = Origin("someone-else", "other-link", b"zz", "inc-0", "router-B")
 
-CODES = {"header": 0x70, "delivery-annotations": 0x71, "message-annotations": 0x72, "properties": 0x73,
-         "application-properties": 0x74, "data": 0x75, "amqp-sequence": 0x76, "amqp-value": 0x77, "footer": 0x78}
+CODES = {
+    "header": 0x70,
+    "delivery-annotations": 0x71,
+    "message-annotations": 0x72,
+    "properties": 0x73,
+    "application-properties": 0x74,
+    "data": 0x75,
+    "amqp-sequence": 0x76,
+    "amqp-value": 0x77,
+    "footer": 0x78,
+}
 SYMBOLS = {
-    0x70: "amqp:header:list", 0x71: "amqp:delivery-annotations:map", 0x72: "amqp:message-annotations:map",
-    0x73: "amqp:properties:list", 0x74: "amqp:application-properties:map", 0x75: "amqp:data:binary",
-    0x76: "amqp:amqp-sequence:list", 0x77: "amqp:amqp-value:*", 0x78: "amqp:footer:map",
+    0x70: "amqp:header:list",
+    0x71: "amqp:delivery-annotations:map",
+    0x72: "amqp:message-annotations:map",
+    0x73: "amqp:properties:list",
+    0x74: "amqp:application-properties:map",
+    0x75: "amqp:data:binary",
+    0x76: "amqp:amqp-sequence:list",
+    0x77: "amqp:amqp-value:*",
+    0x78: "amqp:footer:map",
 }
 CODE_OF_SYMBOL = {v: k for k, v in SYMBOLS.items()}
 MA = 0x72
 
 
 # --------------------------------------------------------------------------- references
+
 
 def norm(value):
     """proton hands binaries out as memoryviews; make values comparable and safe to keep."""
@@ -93,10 +109,30 @@ def decode(payload: bytes) -> Message:
     return message
 
 
-FIELDS = ("durable", "priority", "ttl", "first_acquirer", "delivery_count", "id", "user_id", "address",
-          "subject", "reply_to", "correlation_id", "content_type", "content_encoding", "expiry_time",
-          "creation_time", "group_id", "group_sequence", "reply_to_group_id", "inferred", "body",
-          "properties", "instructions")
+FIELDS = (
+    "durable",
+    "priority",
+    "ttl",
+    "first_acquirer",
+    "delivery_count",
+    "id",
+    "user_id",
+    "address",
+    "subject",
+    "reply_to",
+    "correlation_id",
+    "content_type",
+    "content_encoding",
+    "expiry_time",
+    "creation_time",
+    "group_id",
+    "group_sequence",
+    "reply_to_group_id",
+    "inferred",
+    "body",
+    "properties",
+    "instructions",
+)
 
 
 def view(message: Message) -> dict:
@@ -142,15 +178,15 @@ def check_splice(before: bytes, result: Prepared, origin: Origin = ORIGIN) -> No
         assert after[:start] == before[:start] and after[new_end:] == before[end:]
         assert new_start == start
         size = descriptor_size(before[start:end])
-        assert after[start:start + size] == before[start:start + size]
+        assert after[start : start + size] == before[start : start + size]
     else:  # a new section right after header and delivery-annotations
         assert added == {}
         insert_at = next((s[1] for s in old if s[0] >= 0x73), len(before))
         assert new_start == insert_at
         assert after[:insert_at] == before[:insert_at] and after[new_end:] == before[insert_at:]
-        assert after[new_start:new_start + 3] == b"\x00\x53\x72"
+        assert after[new_start : new_start + 3] == b"\x00\x53\x72"
     assert [(c, after[s:e]) for c, s, e, _ in new if c != MA] == [(c, before[s:e]) for c, s, e, _ in old if c != MA]
-    old_count = map_count(before[old_ma[0][1]:old_ma[0][2]]) if old_ma else 0
+    old_count = map_count(before[old_ma[0][1] : old_ma[0][2]]) if old_ma else 0
     check_map_header(after[new_start:new_end], old_count + 2)
     # Idempotent: a second router leaves it alone and reports the first origin.
     again = prepare(after, OTHER)
@@ -181,7 +217,7 @@ def map_count(section: bytes) -> int:
     if constructor == 0xC1:
         return section[at + 2]
     assert constructor == 0xD1
-    return int.from_bytes(section[at + 5:at + 9], "big")
+    return int.from_bytes(section[at + 5 : at + 9], "big")
 
 
 def check_map_header(section: bytes, count: int) -> None:
@@ -195,8 +231,8 @@ def check_map_header(section: bytes, count: int) -> None:
     else:
         assert constructor == 0xD1, hex(constructor)
         entries = len(section) - at - 9
-        assert int.from_bytes(section[at + 1:at + 5], "big") == entries + 4
-        assert int.from_bytes(section[at + 5:at + 9], "big") == count
+        assert int.from_bytes(section[at + 1 : at + 5], "big") == entries + 4
+        assert int.from_bytes(section[at + 5 : at + 9], "big") == count
         assert entries + 1 > 255 or count > 255, "a map that fits a map8 must be written as one"
 
 
@@ -216,6 +252,7 @@ def prepared_ok(before: bytes, origin: Origin = ORIGIN) -> Prepared:
 
 
 # --------------------------------------------------------------------------- building messages
+
 
 def section(code: int, value: bytes, form: str = "small") -> bytes:
     """A section with its descriptor in the given form: small (0x53 code), ulong
@@ -267,12 +304,28 @@ def sym(name: str) -> bytes:
 
 
 def full_message(**extra) -> Message:
-    message = Message(body="hello", durable=True, priority=7, ttl=30, first_acquirer=True, delivery_count=2,
-                      id=12345, user_id=b"user", address="topic/a", subject="subj", reply_to="back",
-                      correlation_id=uuid.UUID(int=7), content_type="text/plain", content_encoding="utf-8",
-                      group_id="g", group_sequence=3, reply_to_group_id="rg",
-                      properties={"k": "v", "n": 1}, instructions={symbol("x-opt-i"): 1},
-                      annotations={symbol("x-opt-a"): "b", ulong(9): [1, 2]})
+    message = Message(
+        body="hello",
+        durable=True,
+        priority=7,
+        ttl=30,
+        first_acquirer=True,
+        delivery_count=2,
+        id=12345,
+        user_id=b"user",
+        address="topic/a",
+        subject="subj",
+        reply_to="back",
+        correlation_id=uuid.UUID(int=7),
+        content_type="text/plain",
+        content_encoding="utf-8",
+        group_id="g",
+        group_sequence=3,
+        reply_to_group_id="rg",
+        properties={"k": "v", "n": 1},
+        instructions={symbol("x-opt-i"): 1},
+        annotations={symbol("x-opt-a"): "b", ulong(9): [1, 2]},
+    )
     message.expiry_time = 2_000_000_000.5
     message.creation_time = 1_700_000_000.25
     for name, value in extra.items():
@@ -365,13 +418,17 @@ def test_bytes_like_payloads():
     assert read_origin(memoryview(expected)) == ORIGIN
 
 
-@pytest.mark.parametrize("origin", [
-    Origin("c" * 300, "l", b"t", "i", "r"),  # str32 field
-    Origin("c", "l", bytes(range(256)) * 2, "i", "r"),  # vbin32 tag, list32
-    Origin("", "", b"", "", ""),
-    Origin("conteneur-é-漢字-🙂", "lien/ü", b"\xff\x00", "incarnation-ß", "routeur-ø"),
-    Origin("c" * 240, "l", b"", "", ""),  # list just past list8
-], ids=["str32", "vbin32", "empty", "unicode", "list32-boundary"])
+@pytest.mark.parametrize(
+    "origin",
+    [
+        Origin("c" * 300, "l", b"t", "i", "r"),  # str32 field
+        Origin("c", "l", bytes(range(256)) * 2, "i", "r"),  # vbin32 tag, list32
+        Origin("", "", b"", "", ""),
+        Origin("conteneur-é-漢字-🙂", "lien/ü", b"\xff\x00", "incarnation-ß", "routeur-ø"),
+        Origin("c" * 240, "l", b"", "", ""),  # list just past list8
+    ],
+    ids=["str32", "vbin32", "empty", "unicode", "list32-boundary"],
+)
 def test_origin_encodings(origin):
     for before in (Message(body="x").encode(), Message(body="x", annotations={symbol("x-opt-a"): 1}).encode()):
         result = prepared_ok(before, origin)
@@ -409,12 +466,11 @@ def test_map8_count_near_limit():
 def test_descriptor_forms(form):
     proton_sections = ref_split(full_message().encode())
     raw = full_message().encode()
-    rebuilt = b"".join(section(code, raw[start + 3:end], form) for code, start, end, _ in proton_sections)
+    rebuilt = b"".join(section(code, raw[start + 3 : end], form) for code, start, end, _ in proton_sections)
     assert [s[0] for s in ref_split(rebuilt)] == [0x70, 0x71, 0x72, 0x73, 0x74, 0x77]
     result = prepared_ok(rebuilt)
     assert (result.ttl_ms, result.absolute_expiry_ms) == (30_000, 2_000_000_000_500)
-    without_ma = b"".join(section(code, raw[start + 3:end], form)
-                          for code, start, end, _ in proton_sections if code != MA)
+    without_ma = b"".join(section(code, raw[start + 3 : end], form) for code, start, end, _ in proton_sections if code != MA)
     prepared_ok(without_ma)
     if form != "symbol":  # proton's Message ignores symbolically described sections
         check_with_proton(rebuilt, result)
@@ -456,7 +512,7 @@ def test_insert_position():
         (section(0x78, map8([])), 0),
     ):
         result = prepared_ok(before)
-        assert result.payload[at:at + 3] == b"\x00\x53\x72"
+        assert result.payload[at : at + 3] == b"\x00\x53\x72"
         assert result.payload[:at] == before[:at]
 
 
@@ -464,6 +520,7 @@ def test_fast_path_for_empty_header_and_properties_and_a_data_body_agrees_with_t
     """_scan answers [header list0][properties list0] data without its general loop;
     the same message with the data descriptor written as a ulong takes the loop."""
     from router.core.message import _scan
+
     header, props = section(0x70, b"\x45"), section(0x73, b"\x45")
     for body in (b"", b"x", b"y" * 255, b"z" * 256, b"w" * 70000):
         value = (b"\xa0" + bytes((len(body),)) if len(body) < 256 else b"\xb0" + len(body).to_bytes(4, "big")) + body
@@ -552,8 +609,7 @@ MALFORMED = {
     "annotations-inner-array-bad-constructor": section(0x72, map8([(sym("k"), b"\xe0\x02\x01\x99")])) + VALUE,
     "annotations-nested-too-deep": section(0x72, annotations_map([(sym("k"), nested_lists(65))])) + VALUE,
     "annotations-arrays-nested-too-deep": section(0x72, annotations_map([(sym("k"), nested_arrays(66))])) + VALUE,
-    "annotations-described-array-constructor-twice": section(
-        0x72, map8([(sym("k"), b"\xe0\x05\x01\x00\x00\x53\x01")])) + VALUE,
+    "annotations-described-array-constructor-twice": section(0x72, map8([(sym("k"), b"\xe0\x05\x01\x00\x00\x53\x01")])) + VALUE,
     "delivery-annotations-inner-overrun": section(0x71, map8([(sym("k"), b"\xc0\x02\x05\x40")])) + VALUE,
     "delivery-annotations-string-key": section(0x71, map8([(encode("k"), b"\x40")])) + VALUE,
     "application-properties-odd-count": section(0x74, b"\xc1\x02\x01\x40") + VALUE,
@@ -608,8 +664,13 @@ def test_accepted_unusual_but_legal_encodings():
         section(0x70, b"\xd0\x00\x00\x00\x05\x00\x00\x00\x01\x41") + VALUE,  # list32 header
         section(0x70, b"\xc0\x09\x05\x56\x01\x50\x05\x52\x09\x42\x43") + VALUE,  # each field's compact form
         section(0x72, b"\xd1\x00\x00\x00\x04\x00\x00\x00\x00") + VALUE,  # empty map32
-        section(0x72, map8([(b"\x80" + bytes(8), b"\x40"), (b"\x53\x07", b"\x40"), (b"\x44", b"\x40"),
-                            (b"\xb3\x00\x00\x00\x01k", b"\x40")])) + VALUE,  # every key form
+        section(
+            0x72,
+            map8(
+                [(b"\x80" + bytes(8), b"\x40"), (b"\x53\x07", b"\x40"), (b"\x44", b"\x40"), (b"\xb3\x00\x00\x00\x01k", b"\x40")]
+            ),
+        )
+        + VALUE,  # every key form
         section(0x72, map8([(sym("k"), b"\xe0\x05\x03\x54\x01\x02\x03")])) + VALUE,  # array of bytes
         section(0x72, map8([(sym("k"), b"\xe0\x06\x02\xa1\x01a\x01b")])) + VALUE,  # array of str8
         section(0x72, map8([(sym("k"), b"\xe0\x08\x02\xc0\x02\x01\x41\x02\x01\x42")])) + VALUE,  # array of lists
@@ -651,8 +712,9 @@ PATHOLOGICAL = {
     "huge-size": b"\x00\x53\x77\xb0\xff\xff\xff\xff" + bytes(100),
     "many-data-sections": section(0x75, b"\xa0\x00") * 50_000,
     "array-of-many-nulls": section(0x72, map8([(sym("k"), b"\xf0\x00\x00\x00\x05\xff\xff\xff\xff\x40")])),
-    "array-many-str": section(0x72, b"\xd1\x00\x01\x86\xaa\x00\x00\x00\x02\xa3\x01k\xf0\x00\x01\x86\xa0"
-                                    b"\x00\x00\xc3\x50\xa1" + b"\x00" * 100_000),
+    "array-many-str": section(
+        0x72, b"\xd1\x00\x01\x86\xaa\x00\x00\x00\x02\xa3\x01k\xf0\x00\x01\x86\xa0\x00\x00\xc3\x50\xa1" + b"\x00" * 100_000
+    ),
 }
 
 
@@ -677,12 +739,20 @@ def test_module_does_not_import_proton():
 texts = st.text(st.characters(codec="utf-8"), max_size=30)
 symbols = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=20).map(symbol)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), texts,
-    st.binary(max_size=30), symbols, st.integers(0, 2**64 - 1).map(ulong),
-    st.integers(-(2**62), 2**62).map(timestamp), st.uuids(),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    texts,
+    st.binary(max_size=30),
+    symbols,
+    st.integers(0, 2**64 - 1).map(ulong),
+    st.integers(-(2**62), 2**62).map(timestamp),
+    st.uuids(),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
-                      max_leaves=12)
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4), max_leaves=12
+)
 annotation_keys = st.one_of(symbols.filter(lambda k: k != ORIGIN_KEY), st.integers(0, 2**64 - 1).map(ulong))
 origins = st.builds(Origin, texts, texts, st.binary(max_size=300), texts, texts)
 seconds = st.integers(-(2**40), 2**40).map(lambda ms: ms / 1000)
@@ -718,8 +788,13 @@ def proton_messages(draw) -> Message:
         message.group_sequence = draw(st.integers(0, 2**32 - 1))
     message.properties = draw(st.one_of(st.none(), st.dictionaries(texts, scalars, max_size=5)))
     message.instructions = draw(st.one_of(st.none(), st.dictionaries(annotation_keys, values, max_size=4)))
-    message.annotations = draw(st.one_of(st.none(), st.dictionaries(annotation_keys, values, max_size=4),
-                                         st.dictionaries(annotation_keys, scalars, min_size=10, max_size=40)))
+    message.annotations = draw(
+        st.one_of(
+            st.none(),
+            st.dictionaries(annotation_keys, values, max_size=4),
+            st.dictionaries(annotation_keys, scalars, min_size=10, max_size=40),
+        )
+    )
     return message
 
 
@@ -737,7 +812,7 @@ def _reframe(payload: bytes, forms: list[str], to_map8: list[bool]) -> bytes:
     annotation maps as map8 where they fit."""
     out = []
     for k, (code, start, end, _) in enumerate(ref_split(payload)):
-        value = payload[start + 3:end]
+        value = payload[start + 3 : end]
         if code in (0x71, 0x72, 0x74) and value[0] == 0xD1 and to_map8[k % len(to_map8)]:
             entries = value[9:]
             count = int.from_bytes(value[5:9], "big")
@@ -777,18 +852,24 @@ def _mutations(payload: bytes):
     n = len(payload)
     truncate = st.integers(0, n - 1).map(lambda i: payload[:i])
     flip = st.tuples(st.integers(0, n - 1), st.integers(0, 255)).map(
-        lambda t: payload[:t[0]] + bytes([t[1]]) + payload[t[0] + 1:])
+        lambda t: payload[: t[0]] + bytes([t[1]]) + payload[t[0] + 1 :]
+    )
     insert = st.tuples(st.integers(0, n), st.binary(min_size=1, max_size=8)).map(
-        lambda t: payload[:t[0]] + t[1] + payload[t[0]:])
-    delete = st.tuples(st.integers(0, n - 1), st.integers(1, 8)).map(
-        lambda t: payload[:t[0]] + payload[t[0] + t[1]:])
+        lambda t: payload[: t[0]] + t[1] + payload[t[0] :]
+    )
+    delete = st.tuples(st.integers(0, n - 1), st.integers(1, 8)).map(lambda t: payload[: t[0]] + payload[t[0] + t[1] :])
     return st.one_of(truncate, flip, insert, delete)
 
 
 @st.composite
 def damaged_messages(draw) -> bytes:
-    payload = draw(st.one_of(raw_messages(), st.builds(lambda m: m.encode(), proton_messages()),
-                             origins.map(lambda o: prepare(Message(body="x", ttl=1).encode(), o).payload)))
+    payload = draw(
+        st.one_of(
+            raw_messages(),
+            st.builds(lambda m: m.encode(), proton_messages()),
+            origins.map(lambda o: prepare(Message(body="x", ttl=1).encode(), o).payload),
+        )
+    )
     for _ in range(draw(st.sampled_from([1, 1, 1, 2, 3]))):
         if payload:
             payload = draw(_mutations(payload))

@@ -7,9 +7,18 @@ from router.adapter.metrics import MAX_TOPIC_LABELS, OTHER_TOPICS, _bounded_topi
 
 
 def _topic(i: int, records: int) -> dict:
-    return {"topic": f"t{i}", "records": records, "unsettled": records, "bytes": 10 * records, "publishers": 1,
-            "subscriptions": 2, "oldest_age": float(i), "published": 100 + i, "copies": 200 + i,
-            "outcomes": {"accepted": i}}
+    return {
+        "topic": f"t{i}",
+        "records": records,
+        "unsettled": records,
+        "bytes": 10 * records,
+        "publishers": 1,
+        "subscriptions": 2,
+        "oldest_age": float(i),
+        "published": 100 + i,
+        "copies": 200 + i,
+        "outcomes": {"accepted": i},
+    }
 
 
 def test_few_topics_each_keep_their_label():

@@ -109,6 +109,7 @@ def test_cut_link_resends_on_the_new_path_and_nothing_is_delivered_twice():
     from corekit import encode
 
     from router.core.events import MessageReceived
+
     mesh.feed("A", MessageReceived(pub, 1, b"1", encode("x"), False))
     mesh.cut("A", "C")  # the copy on A-C is lost
     mesh.settle()
@@ -132,8 +133,13 @@ def test_a_duplicate_copy_is_not_delivered_twice_and_the_answer_is_repeated():
     mesh.cores["A"]._send_towards(record, ["B"], mesh.now, out)
     for c in out:
         if c.__class__.__name__ == "SendData":
-            mesh._send("A", "B", lambda conn, c=c: __import__("router.core.events", fromlist=["x"]).DataReceived(
-                conn, "A", c.tag, dict(c.header), c.payload))
+            mesh._send(
+                "A",
+                "B",
+                lambda conn, c=c: __import__("router.core.events", fromlist=["x"]).DataReceived(
+                    conn, "A", c.tag, dict(c.header), c.payload
+                ),
+            )
     mesh.settle()
     assert len(mesh.forwarded("B", sb)) == 1
     assert record.remote_routers["B"].outcome == outcomes.OUTCOME_ACCEPTED
@@ -142,6 +148,7 @@ def test_a_duplicate_copy_is_not_delivered_twice_and_the_answer_is_repeated():
 def test_subscriber_attach_waits_for_the_network_to_know():
     mesh = Mesh("AB", [("A", "B")])
     from router.core.events import SUBSCRIBER, LinkAttached
+
     mesh.feed("B", LinkAttached(77, 77, "S", "s", SUBSCRIBER, "t"))
     assert not mesh.opened("B", 77), "answered before A confirmed"
     mesh.settle()
@@ -151,6 +158,7 @@ def test_subscriber_attach_waits_for_the_network_to_know():
 def test_attach_is_answered_after_a_timeout_if_confirmation_never_comes():
     mesh = Mesh("AB", [("A", "B")])
     from router.core.events import SUBSCRIBER, LinkAttached
+
     mesh.feed("B", LinkAttached(77, 77, "S", "s", SUBSCRIBER, "t"))
     mesh.inflight.clear()  # the announcement is lost
     mesh.advance(2.5)
@@ -173,6 +181,7 @@ def test_a_copy_on_a_newer_path_does_not_overtake_an_earlier_one():
     from corekit import encode
 
     from router.core.events import MessageReceived
+
     mesh = Mesh("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
     sc = mesh.subscriber("C", "sc")
     pub = mesh.publisher("A")
@@ -187,6 +196,7 @@ def test_a_copy_on_a_newer_path_does_not_overtake_an_earlier_one():
     mesh.inflight.extend(delayed)
     mesh.settle()
     from corekit import decode
+
     assert [decode(f.payload).body for f in mesh.forwarded("C", sc)] == ["one", "two"]
 
 
@@ -194,6 +204,7 @@ def test_a_lost_predecessor_does_not_block_for_ever():
     from corekit import decode, encode
 
     from router.core.events import MessageReceived
+
     mesh = Mesh("AB", [("A", "B")])
     sb = mesh.subscriber("B", "sb")
     pub = mesh.publisher("A")
@@ -212,6 +223,7 @@ def test_a_settlement_lost_with_a_cut_link_is_repeated_when_the_outcome_comes_ag
     the record. When B repeats its outcome after the heal, the origin tells it again
     that the delivery is settled, so B's record goes too."""
     from router.core.events import OutcomeReceived
+
     mesh = Mesh("AB", [("A", "B")], record_linger=1.0)
     sub = mesh.subscriber("B", "sb", durable=2, timeout=60)
     pub = mesh.publisher("A", rcv_first=True)
@@ -235,6 +247,7 @@ def test_a_settlement_lost_with_a_cut_link_is_repeated_when_the_outcome_comes_ag
 
 def test_a_presettled_delivery_reaches_subscribers_on_other_routers_best_effort():
     from router.core.events import MessageReceived
+
     mesh = Mesh("ABC", [("A", "B"), ("B", "C")])
     subs = {r: mesh.subscriber(r, f"s{r}") for r in "BC"}
     pub = mesh.publisher("A")

@@ -30,14 +30,18 @@ TOPOLOGIES = {
     "mesh": ("ABCD", [("A", "B"), ("A", "C"), ("B", "C"), ("B", "D"), ("C", "D")]),
 }
 
-steps = st.lists(st.one_of(
-    st.tuples(st.just("publish"), st.integers(0, 1)),
-    st.tuples(st.just("deliver"), st.integers(0, 50)),
-    st.tuples(st.just("duplicate"), st.integers(0, 50)),
-    st.tuples(st.just("cut"), st.integers(0, 10)),
-    st.tuples(st.just("restore"), st.integers(0, 10)),
-    st.tuples(st.just("answer"), st.integers(0, 10)),
-), min_size=5, max_size=60)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(0, 1)),
+        st.tuples(st.just("deliver"), st.integers(0, 50)),
+        st.tuples(st.just("duplicate"), st.integers(0, 50)),
+        st.tuples(st.just("cut"), st.integers(0, 10)),
+        st.tuples(st.just("restore"), st.integers(0, 10)),
+        st.tuples(st.just("answer"), st.integers(0, 10)),
+    ),
+    min_size=5,
+    max_size=60,
+)
 
 
 def deliver_one(mesh, pick, duplicate=False):
@@ -71,8 +75,10 @@ def test_exactly_once_in_order_under_drops_and_duplicates(topology, data, plan):
     # Either settle mode: first has the router settle with the outcome, second waits
     # for the publisher's settle (sent below, after the outcome).
     first = data.draw(st.tuples(st.booleans(), st.booleans()), label="rcv-settle-mode first")
-    pubs = [("A", mesh.publisher("A", name="p0", rcv_first=first[0])),
-            (names[-1], mesh.publisher(names[-1], name="p1", rcv_first=first[1]))]
+    pubs = [
+        ("A", mesh.publisher("A", name="p0", rcv_first=first[0])),
+        (names[-1], mesh.publisher(names[-1], name="p1", rcv_first=first[1])),
+    ]
     sent = {0: 0, 1: 0}
     cut: list = []
     answered: set = set()
@@ -140,13 +146,17 @@ def test_exactly_once_in_order_under_drops_and_duplicates(topology, data, plan):
 
 TRIANGLE = ("ABC", [("A", "B"), ("A", "C"), ("B", "C")])
 
-leaving_steps = st.lists(st.one_of(
-    st.tuples(st.just("publish"), st.integers(0, 1)),
-    st.tuples(st.just("deliver"), st.integers(0, 50)),
-    st.tuples(st.just("accept"), st.integers(0, 10)),
-    st.tuples(st.just("leave"), st.integers(0, 10)),
-    st.tuples(st.just("join"), st.integers(0, 10)),
-), min_size=5, max_size=80)
+leaving_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(0, 1)),
+        st.tuples(st.just("deliver"), st.integers(0, 50)),
+        st.tuples(st.just("accept"), st.integers(0, 10)),
+        st.tuples(st.just("leave"), st.integers(0, 10)),
+        st.tuples(st.just("join"), st.integers(0, 10)),
+    ),
+    min_size=5,
+    max_size=80,
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -162,8 +172,10 @@ def test_answers_given_before_a_subscriber_left_always_count(topology, data, pla
     names, links = TRIANGLE if topology == "triangle" else TOPOLOGIES["line"]
     mesh = Mesh(names, links, twins=True, record_linger=1.0)
     first = data.draw(st.booleans(), label="rcv-settle-mode first")
-    pubs = [("A", mesh.publisher("A", name="p0", rcv_first=first)),
-            (names[-1], mesh.publisher(names[-1], name="p1", rcv_first=first))]
+    pubs = [
+        ("A", mesh.publisher("A", name="p0", rcv_first=first)),
+        (names[-1], mesh.publisher(names[-1], name="p1", rcv_first=first)),
+    ]
     subs = []  # [router, link, attached]
     for router in data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3), label="subs"):
         subs.append([router, mesh.subscriber(router, f"s{len(subs)}"), True])
@@ -188,8 +200,7 @@ def test_answers_given_before_a_subscriber_left_always_count(topology, data, pla
             sent[arg] += 1
             delivery = 1000 * (arg + 1) + sent[arg]
             deliveries[delivery] = (router, link, arg)
-            mesh.feed(router, MessageReceived(link, delivery, str(sent[arg]).encode(),
-                                              encode(f"{arg}:{sent[arg]}"), False))
+            mesh.feed(router, MessageReceived(link, delivery, str(sent[arg]).encode(), encode(f"{arg}:{sent[arg]}"), False))
         elif action == "deliver":
             mesh.deliver_one_queue_head(arg)
         elif action == "accept":
@@ -234,8 +245,11 @@ def test_answers_given_before_a_subscriber_left_always_count(topology, data, pla
         assert len(answers) == 1, (delivery, answers)
         tag = tag_of.get(f"{p}:{delivery % 1000}")
         expected = outcomes.ACCEPTED if tag in accepted_tags else outcomes.RELEASED
-        assert answers[0].outcome == expected, (delivery, "accepted by a subscriber" if tag in accepted_tags
-                                                else "accepted by nobody", answers)
+        assert answers[0].outcome == expected, (
+            delivery,
+            "accepted by a subscriber" if tag in accepted_tags else "accepted by nobody",
+            answers,
+        )
         if not first:
             mesh.settle_publisher(router, link, delivery)
     mesh.advance(6.0)

@@ -22,8 +22,9 @@ from router.core.routing import (
 INF = float("inf")
 
 
-def states_of(edges: dict[tuple[str, str], int], routers: str | list[str] = "", *,
-              one_sided: dict[tuple[str, str], int] | None = None) -> list[LinkState]:
+def states_of(
+    edges: dict[tuple[str, str], int], routers: str | list[str] = "", *, one_sided: dict[tuple[str, str], int] | None = None
+) -> list[LinkState]:
     """Link states for an undirected graph: each edge reported by both ends with
     its cost; ``one_sided`` links are reported only by their first router."""
     neighbours: dict[str, dict[str, int]] = {r: {} for r in routers}
@@ -55,6 +56,7 @@ def follow(all_routes: dict[str, Routes], source: str, dest: str) -> list[str]:
 
 # --- fixed topologies ---------------------------------------------------------------------------
 
+
 def test_line_a_b_c():
     """A - B - C"""
     states = states_of(line("A", "B", "C"))
@@ -67,11 +69,11 @@ def test_line_a_b_c():
 
 
 def test_star():
-    """     L1
-            |
-      L4 -- H -- L2
-            |
-            L3        every leaf reaches every other leaf through the hub"""
+    """L1
+          |
+    L4 -- H -- L2
+          |
+          L3        every leaf reaches every other leaf through the hub"""
     states = states_of({("H", leaf): 1 for leaf in ("L1", "L2", "L3", "L4")})
     assert dict(compute_routes("H", states).next_hop) == {leaf: leaf for leaf in ("L1", "L2", "L3", "L4")}
     l1 = compute_routes("L1", states)
@@ -81,8 +83,8 @@ def test_star():
 
 def test_ring_of_five_goes_the_short_way():
     """A - B - C
-       |       |
-       E ----- D"""
+    |       |
+    E ----- D"""
     states = states_of(ring("A", "B", "C", "D", "E"))
     a = compute_routes("A", states)
     assert dict(a.next_hop) == {"B": "B", "C": "B", "D": "E", "E": "E"}
@@ -91,8 +93,8 @@ def test_ring_of_five_goes_the_short_way():
 
 def test_equal_cost_paths_go_through_the_smallest_neighbour_id():
     """A - B
-       |   |
-       D - C    A to C costs 2 both ways: via B (smaller id than D)"""
+    |   |
+    D - C    A to C costs 2 both ways: via B (smaller id than D)"""
     states = states_of(ring("A", "B", "C", "D"))
     assert compute_routes("A", states).next_hop["C"] == "B"
     assert compute_routes("C", states).next_hop["A"] == "B"
@@ -101,16 +103,15 @@ def test_equal_cost_paths_go_through_the_smallest_neighbour_id():
 
 
 def test_four_router_mesh_with_costs():
-    """      1        A-B 1, B-C 1, C-D 1 (cheap chain)
-         A ----- B      A-C 4, B-D 5, A-D 10 (expensive shortcuts)
-         | \\   / |
-        10  4 5  1
-         | /   \\ |
-         D ----- C
-             1
+    """1        A-B 1, B-C 1, C-D 1 (cheap chain)
+     A ----- B      A-C 4, B-D 5, A-D 10 (expensive shortcuts)
+     | \\   / |
+    10  4 5  1
+     | /   \\ |
+     D ----- C
+         1
     """
-    states = states_of({("A", "B"): 1, ("B", "C"): 1, ("C", "D"): 1,
-                        ("A", "C"): 4, ("B", "D"): 5, ("A", "D"): 10})
+    states = states_of({("A", "B"): 1, ("B", "C"): 1, ("C", "D"): 1, ("A", "C"): 4, ("B", "D"): 5, ("A", "D"): 10})
     expected = {
         "A": ({"B": "B", "C": "B", "D": "B"}, {"B": 1, "C": 2, "D": 3}),
         "B": ({"A": "A", "C": "C", "D": "C"}, {"A": 1, "C": 1, "D": 2}),
@@ -123,9 +124,11 @@ def test_four_router_mesh_with_costs():
 
 
 def test_a_link_costs_the_larger_of_its_two_reported_costs():
-    states = [LinkState.of("A", 1, "a", 1, {"B": 1, "C": 3}),
-              LinkState.of("B", 1, "b", 1, {"A": 5, "C": 1}),
-              LinkState.of("C", 1, "c", 1, {"A": 3, "B": 1})]
+    states = [
+        LinkState.of("A", 1, "a", 1, {"B": 1, "C": 3}),
+        LinkState.of("B", 1, "b", 1, {"A": 5, "C": 1}),
+        LinkState.of("C", 1, "c", 1, {"A": 3, "B": 1}),
+    ]
     a = compute_routes("A", states)
     assert dict(a.cost) == {"B": 4, "C": 3}  # A-B counts as 5: B via C (3 + 1) is cheaper
     assert dict(a.next_hop) == {"B": "C", "C": "C"}
@@ -149,8 +152,8 @@ def test_a_router_with_no_link_state_is_unreachable():
 
 def test_ring_reroutes_when_its_middle_router_dies():
     """A - B - C        B dies: its neighbours A and C withdraw their side of
-       |       |        their links to B. B's last state still lists A and C,
-       F - E - D        but a half-reported link is not used: A reaches C the long way."""
+    |       |        their links to B. B's last state still lists A and C,
+    F - E - D        but a half-reported link is not used: A reaches C the long way."""
     db = LinkStateDatabase("A", 1, "a")
     db.local({"B": 1, "F": 1})
     for ls in states_of(ring("A", "B", "C", "D", "E", "F")):
@@ -179,6 +182,7 @@ def test_ring_reroutes_when_the_middle_router_is_removed():
 
 
 # --- the database -------------------------------------------------------------------------------
+
 
 def test_newer_versions_replace_older_and_older_are_ignored():
     db = LinkStateDatabase("A", 1, "a")
@@ -243,18 +247,21 @@ def test_removed_router_stale_copies_stay_out_but_the_same_state_comes_back():
     assert db.get("B").version == 5
 
 
-@pytest.mark.parametrize("bad", [
-    LinkState("B", 1, "b", 1, (("C", 1), ("A", 1))),  # not sorted
-    LinkState("B", 1, "b", 1, (("A", 1), ("A", 2))),  # repeated
-    LinkState("B", 1, "b", 1, (("B", 1),)),  # a link to itself
-    LinkState("B", 1, "b", 1, (("A", 0),)),  # cost below 1
-    LinkState("B", 1, "b", 1, (("A", True),)),  # not an int
-    LinkState("B", 1, "b", -1, ()),
-    LinkState("B", -1, "b", 1, ()),
-    LinkState("", 1, "b", 1, ()),
-    LinkState("B", 1, "b", 1, [("A", 1)]),
-    ("B", 1, "b", 1, ()),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        LinkState("B", 1, "b", 1, (("C", 1), ("A", 1))),  # not sorted
+        LinkState("B", 1, "b", 1, (("A", 1), ("A", 2))),  # repeated
+        LinkState("B", 1, "b", 1, (("B", 1),)),  # a link to itself
+        LinkState("B", 1, "b", 1, (("A", 0),)),  # cost below 1
+        LinkState("B", 1, "b", 1, (("A", True),)),  # not an int
+        LinkState("B", 1, "b", -1, ()),
+        LinkState("B", -1, "b", 1, ()),
+        LinkState("", 1, "b", 1, ()),
+        LinkState("B", 1, "b", 1, [("A", 1)]),
+        ("B", 1, "b", 1, ()),
+    ],
+)
 def test_malformed_link_states_are_refused_and_change_nothing(bad):
     db = LinkStateDatabase("A", 1, "a")
     before = db.snapshot()
@@ -284,8 +291,14 @@ def test_digest_lets_two_databases_catch_up():
     assert isinstance(left.digest()["C"], Stamp)
 
 
-@given(st.lists(st.tuples(st.sampled_from("BCD"), st.integers(1, 3), st.sampled_from(["x", "y"]),
-                          st.integers(0, 5)), min_size=1, max_size=30), st.randoms())
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("BCD"), st.integers(1, 3), st.sampled_from(["x", "y"]), st.integers(0, 5)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.randoms(),
+)
 def test_any_delivery_order_leaves_the_newest_state_of_each_router(stamps, rnd):
     messages = [LinkState.of(r, e, b, v, {}) for r, e, b, v in set(stamps)]
     in_order, shuffled = LinkStateDatabase("A", 1, "a"), LinkStateDatabase("A", 1, "a")
@@ -302,9 +315,10 @@ def test_any_delivery_order_leaves_the_newest_state_of_each_router(stamps, rnd):
 
 # --- splitting by next hop ----------------------------------------------------------------------
 
+
 def test_one_copy_per_next_hop_carrying_the_destinations_behind_it():
     """E - A - B - C - D      from A, B, C and D all lie behind B: one copy to B
-                              for {B, C, D}; B then sends one copy to C for {C, D}."""
+    for {B, C, D}; B then sends one copy to C for {C, D}."""
     states = states_of({**line("A", "B", "C", "D"), ("E", "A"): 1})
     at_a = split_by_next_hop(compute_routes("A", states), ["A", "B", "C", "D", "E", "Z"])
     assert at_a.by_next_hop == {"B": frozenset("BCD"), "E": frozenset("E")}
@@ -321,6 +335,7 @@ def test_splitting_nothing_gives_nothing():
 
 
 # --- random graphs against a brute force ----------------------------------------------------------
+
 
 def brute_force_distances(routers: list[str], edges: dict[tuple[str, str], int]) -> dict:
     """Floyd-Warshall over undirected edges: dist[a][b], INF when unreachable."""
@@ -342,7 +357,7 @@ def graphs(draw, connected: bool = True):
     n = draw(st.integers(2, 8))
     routers = [f"R{i}" for i in range(n)]
     draw(st.randoms()).shuffle(routers)  # ids not in tree order
-    pairs = [(a, b) for i, a in enumerate(routers) for b in routers[i + 1:]]
+    pairs = [(a, b) for i, a in enumerate(routers) for b in routers[i + 1 :]]
     edges: dict[tuple[str, str], int] = {}
     if connected:
         for i in range(1, n):
@@ -410,6 +425,8 @@ def test_split_covers_every_reachable_destination_once(graph, data):
 
 
 def test_importing_routing_and_membership_does_not_import_proton():
-    code = ("import sys, router.core.routing, router.core.membership; "
-            "assert not [m for m in sys.modules if m.startswith(('proton', 'cproton'))], 'proton imported'")
+    code = (
+        "import sys, router.core.routing, router.core.membership; "
+        "assert not [m for m in sys.modules if m.startswith(('proton', 'cproton'))], 'proton imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -88,18 +88,20 @@ def test_a_reused_tag_keeps_its_use_count_and_outcome():
     memory.add(tag_of(0, 1), outcomes.ACCEPTED)
     memory.add(tag_of(0, 2), outcomes.REJECTED, reuse=2)  # fills the generation: it rolls over
     memory.add(tag_of(0, 3))
-    assert [memory.outcome_of(tag_of(0, n)) for n in (1, 2, 3, 4)] == [outcomes.ACCEPTED, outcomes.REJECTED,
-                                                                        None, None]
+    assert [memory.outcome_of(tag_of(0, n)) for n in (1, 2, 3, 4)] == [outcomes.ACCEPTED, outcomes.REJECTED, None, None]
     assert [memory.reuse_of(tag_of(0, n)) for n in (1, 2, 3)] == [0, 2, 0]
     memory.add(tag_of(0, 4))  # rolls again: 1 and 2 are forgotten
     assert tag_of(0, 1) not in memory and memory.outcome_of(tag_of(0, 2)) is None and tag_of(0, 3) in memory
 
 
-operations = st.lists(st.one_of(
-    st.tuples(st.just("settle"), st.integers(0, 3), st.sampled_from([outcomes.ACCEPTED, outcomes.REJECTED])),
-    st.tuples(st.just("sweep"), st.integers(0, 3), st.just(0)),
-    st.tuples(st.just("use"), st.integers(0, 3), st.booleans()),
-), max_size=200)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("settle"), st.integers(0, 3), st.sampled_from([outcomes.ACCEPTED, outcomes.REJECTED])),
+        st.tuples(st.just("sweep"), st.integers(0, 3), st.just(0)),
+        st.tuples(st.just("use"), st.integers(0, 3), st.booleans()),
+    ),
+    max_size=200,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -137,8 +139,7 @@ def test_never_new_for_a_settled_delivery_within_its_streams_last_keep(keep, max
                 if verdict == KNOWN:
                     assert memory.outcome_of(tag) == outcome
             quiet = memory.sweeps - last_settle_sweep.get(m, memory.sweeps)
-            if history and quiet < SWEEPS_PER_HORIZON and len(memory.streams) <= max_streams \
-                    and stream_of(m) in memory.streams:
-                recent = history[max(remembered_from[m], len(history) - keep):]
+            if history and quiet < SWEEPS_PER_HORIZON and len(memory.streams) <= max_streams and stream_of(m) in memory.streams:
+                recent = history[max(remembered_from[m], len(history) - keep) :]
                 assert all(memory.resend_verdict(t, incarnation) == KNOWN for t, _ in recent)
         assert len(memory.forgotten) <= forgotten_kept

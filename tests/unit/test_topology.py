@@ -19,71 +19,76 @@ RING = ROUTERS + "".join(f'[[link]]\nbetween = ["{a}", "{b}"]\n' for a, b in ("A
 
 # Each error message docs/configuration.md shows, and a file that gives exactly it.
 DOCUMENTED = {
-    "ring.toml: unknown key 'routers' (did you mean 'router'?); known keys: router, link, secret":
-        '[[routers]]\nid = "A"\n',
-    "ring.toml: link[0].betwen: unknown key (did you mean 'between'?); known keys in [[link]]: between":
-        ROUTERS + '[[link]]\nbetwen = ["A", "B"]\n',
-    "ring.toml: link[4].id: unknown key ('id' belongs in a [[router]] table); known keys in [[link]]: between":
-        RING + '[[link]]\nid = "E"\n',
+    "ring.toml: unknown key 'routers' (did you mean 'router'?); known keys: router, link, secret": '[[routers]]\nid = "A"\n',
+    "ring.toml: link[0].betwen: unknown key (did you mean 'between'?); known keys in [[link]]: between": ROUTERS
+    + '[[link]]\nbetwen = ["A", "B"]\n',
+    "ring.toml: link[4].id: unknown key ('id' belongs in a [[router]] table); known keys in [[link]]: between": RING
+    + '[[link]]\nid = "E"\n',
     "ring.toml: router[2].id: expected a router id of 1 to 64 characters from A-Z a-z 0-9 . _ -, "
-    'found "router C"':
-        '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "router C"\n',
-    "ring.toml: link[4].between: 'B' is not a router of this file (did you mean 'B1'?); routers: A, B1, C, D":
-        RING.replace('"B"', '"B1"', 1).replace('["A", "B"]', '["A", "B1"]').replace('["B", "C"]', '["B1", "C"]')
-        + '[[link]]\nbetween = ["A", "B"]\n',
-    "ring.toml: link[1].between: the link A - B is already link[0]":
-        ROUTERS + '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "A"]\n',
-    "ring.toml: link: no path of links from A to D (every router must reach every other one)":
-        ROUTERS + '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n',
-    "ring.toml, line 4, column 5: TOML syntax error: Expected '=' after a key in a key/value pair":
-        '[[router]]\nid = "A"\n\nfoo bar\n',
+    'found "router C"': '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "router C"\n',
+    "ring.toml: link[4].between: 'B' is not a router of this file (did you mean 'B1'?); routers: A, B1, C, D": RING.replace(
+        '"B"', '"B1"', 1
+    )
+    .replace('["A", "B"]', '["A", "B1"]')
+    .replace('["B", "C"]', '["B1", "C"]')
+    + '[[link]]\nbetween = ["A", "B"]\n',
+    "ring.toml: link[1].between: the link A - B is already link[0]": ROUTERS
+    + '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "A"]\n',
+    "ring.toml: link: no path of links from A to D (every router must reach every other one)": ROUTERS
+    + '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n',
+    "ring.toml, line 4, column 5: TOML syntax error: Expected '=' after a key in a key/value pair": (
+        '[[router]]\nid = "A"\n\nfoo bar\n'
+    ),
 }
 
 MORE = {
     "a secret below a header": (
         '[[router]]\nid = "A"\nsecret = "s"\n',
         "ring.toml: router[0].secret: unknown key ('secret' is a top-level key: put it before the first [[...]] "
-        "header); known keys in [[router]]: id"),
+        "header); known keys in [[router]]: id",
+    ),
     "a table for routers": (
         '[router]\nid = "A"\n',
-        "ring.toml: router: expected an array of tables (write [[router]], not [router]), found a table"),
+        "ring.toml: router: expected an array of tables (write [[router]], not [router]), found a table",
+    ),
     "an array of strings for routers": (
         'router = ["A", "B"]\n',
-        'ring.toml: router: expected an array of tables ([[router]]), found ["A", "B"]'),
-    "a router twice": (
-        '[[router]]\nid = "A"\n[[router]]\nid = "A"\n',
-        "ring.toml: router[1].id: 'A' is already router[0]'s id"),
-    "no router": ("", 'ring.toml: router: required key is missing (add one [[router]] table with id = "..." '
-                      "per router)"),
+        'ring.toml: router: expected an array of tables ([[router]]), found ["A", "B"]',
+    ),
+    "a router twice": ('[[router]]\nid = "A"\n[[router]]\nid = "A"\n', "ring.toml: router[1].id: 'A' is already router[0]'s id"),
+    "no router": ("", 'ring.toml: router: required key is missing (add one [[router]] table with id = "..." per router)'),
     "a router without id": ('[[router]]\nid = "A"\n[[router]]\n', "ring.toml: router[1].id: required key is missing"),
     "an unknown key in a router": (
         '[[router]]\nid = "A"\nname = "alpha"\n',
-        "ring.toml: router[0].name: unknown key; known keys in [[router]]: id"),
+        "ring.toml: router[0].name: unknown key; known keys in [[router]]: id",
+    ),
     "a link of three": (
         ROUTERS + '[[link]]\nbetween = ["A", "B", "C"]\n',
-        'ring.toml: link[0].between: expected two different router ids, as in ["A", "B"], found ["A", "B", "C"]'),
+        'ring.toml: link[0].between: expected two different router ids, as in ["A", "B"], found ["A", "B", "C"]',
+    ),
     "a link to itself": (
         ROUTERS + '[[link]]\nbetween = ["A", "A"]\n',
-        'ring.toml: link[0].between: expected two different router ids, as in ["A", "B"], found ["A", "A"]'),
-    "a link without between": (
-        ROUTERS + "[[link]]\n", "ring.toml: link[0].between: required key is missing"),
+        'ring.toml: link[0].between: expected two different router ids, as in ["A", "B"], found ["A", "A"]',
+    ),
+    "a link without between": (ROUTERS + "[[link]]\n", "ring.toml: link[0].between: required key is missing"),
     "a secret that is a number": (
-        'secret = 7\n[[router]]\nid = "A"\n', "ring.toml: secret: expected a non-empty string, found 7"),
-    "a blank secret": (
-        'secret = "  "\n[[router]]\nid = "A"\n', 'ring.toml: secret: expected a non-empty string, found "  "'),
+        'secret = 7\n[[router]]\nid = "A"\n',
+        "ring.toml: secret: expected a non-empty string, found 7",
+    ),
+    "a blank secret": ('secret = "  "\n[[router]]\nid = "A"\n', 'ring.toml: secret: expected a non-empty string, found "  "'),
 }
 
 
 def documented_messages() -> list[str]:
     text = (DOCS / "configuration.md").read_text()
-    section = text[text.index("## Topology files"):text.index("## Environment")]
+    section = text[text.index("## Topology files") : text.index("## Environment")]
     blocks = re.findall(r"```(\w*)\n(.*?)```", section, re.S)
     return [line for lang, body in blocks if not lang for line in body.splitlines() if line]
 
 
 def documented_example() -> str:
     text = (DOCS / "configuration.md").read_text()
-    section = text[text.index("## Topology files"):text.index("## Environment")]
+    section = text[text.index("## Topology files") : text.index("## Environment")]
     return re.search(r"```toml\n(.*?)```", section, re.S).group(1)
 
 
