@@ -28,7 +28,7 @@ import hmac
 import os
 import re
 import struct
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 import orjson
 
@@ -125,7 +125,7 @@ def hello_properties(router_id: str, epoch: int, boot: str, nonce: str, auth: st
     return props
 
 
-def _int(value) -> bool:
+def _int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

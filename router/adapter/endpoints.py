@@ -8,6 +8,8 @@ here runs a few times per link or connection, so it may use proton-python's
 
 from __future__ import annotations
 
+from typing import Any
+
 from cproton_ffi import ffi, lib
 from proton._data import Data, PropertyDict, symbol
 
@@ -74,7 +76,7 @@ class Conn:
         self.head_closed = False
         self.tick_at = 0  # next pn_transport_tick deadline, monotonic ms (0: none)
         self.handshake_at = 0  # until proton runs its own idle timer: cut the peer at this time
-        self.ir = None  # inter-router connections: their interrouter.Peer (None: a client connection)
+        self.ir: Any = None  # inter-router connections: their interrouter.Peer (None: a client connection)
         self.refused = False  # a client connection closed at open (it claimed to be a router)
         self.streaming: set = set()  # its links with large messages going out (streaming.py)
         self.tls = False  # the transport speaks TLS (tls.py)
@@ -213,7 +215,8 @@ def printable(text, limit: int = LOG_TEXT_LIMIT) -> str:
     if text is None:
         return "-"
     text = str(text)
-    out, size = [], 0
+    out: list[str] = []
+    size = 0
     for index, char in enumerate(text):
         unit = (
             char

@@ -26,6 +26,7 @@ is not news). A copy costs one dict entry: at K subscribers, exactly-once holds
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from cproton_ffi import ffi, lib
 
@@ -99,6 +100,10 @@ from router.core.events import (
     PublisherSettled,
 )
 from router.policy import ANONYMOUS
+
+if TYPE_CHECKING:  # (management.py imports this module's neighbours; typing only)
+    from router.adapter.management import Management
+    from router.policy import Policy
 
 log = logging.getLogger("eorouter.adapter")
 
@@ -178,12 +183,12 @@ class Engine:
         )
         self._command_handlers = self._command_table()
         self._event_handlers = self._event_table()
-        self._small = None
+        self._small: bytes | None = None
         # Per topic (a link's address), for metrics (router/adapter/metrics.py): copies
         # sent to subscribers, and the outcomes publishers were told, by outcome code.
         self.copies_sent: dict[str | None, int] = {}
-        self.management = None  # the $management node (management.py), set by the Server
-        self.policy = None  # the config's [policy] (router/policy.py), set by the Server; None: all allowed
+        self.management: Management | None = None  # the $management node (management.py), set by the Server
+        self.policy: Policy | None = None  # the config's [policy] (router/policy.py), set by the Server
         self.connections_of: dict[str, int] = {}  # user -> open client connections (the policy's limit)
         # Events operators follow, by what tells them apart (_COUNTED): attaches
         # (resumed or not), resumptions, peers connecting, restarting, lost, ...
@@ -272,7 +277,7 @@ class Engine:
             try:
                 if etype == PN_DELIVERY:
                     if copy is not None:
-                        self.AMQP_disposition(d, link, *copy)
+                        self.AMQP_disposition(d, link, *copy)  # type: ignore[arg-type]  # a copy's link is known
                     else:
                         amqp_delivery(d, conn, link)
                 else:
@@ -325,15 +330,17 @@ class Engine:
     def _admit(self, conn: Conn) -> bool:
         """Who the client is (its certificate's common name, else anonymous), and
         whether the policy lets it hold one more connection."""
+        policy = self.policy
+        assert policy is not None  # asked only when there is one
         user = (tls.peer_common_name(conn.transport) if conn.tls else None) or ANONYMOUS
         conn.user = user
-        limit, group = self.policy.max_connections(user)
+        limit, group = policy.max_connections(user)
         held = self.connections_of.get(user, 0)
         if limit is not None and held >= limit:
             why = (
-                f"{self.policy.describe(user)} may hold {limit} connection(s) (group {group}); it holds {held}"
+                f"{policy.describe(user)} may hold {limit} connection(s) (group {group}); it holds {held}"
                 if group
-                else f"{self.policy.describe(user)} may not connect: no group of the policy admits it"
+                else f"{policy.describe(user)} may not connect: no group of the policy admits it"
             )
             log.info("connection %d (%s) refused: %s", conn.conn_id, conn.peer, why)
             conn.user = None  # not counted
@@ -347,6 +354,7 @@ class Engine:
         the $management node); a refusal detaches the link, naming the rule."""
         user = link.conn.user or ANONYMOUS
         policy = self.policy
+        assert policy is not None  # asked only when there is one
         if link.management is not None or (self.management is not None and self.management.wants(link, address)):
             if policy.is_admin(user):
                 return True
@@ -418,7 +426,7 @@ class Engine:
             if link.rx_d is not None and d == link.rx_d:
                 self._receive_more(d, link)  # too large, still arriving
             elif _delivery_settled(d):  # _publisher_settled, inlined
-                event = _new(PublisherSettled, (link.link_id, handle))
+                event: PublisherSettled | MessageReceived = _new(PublisherSettled, (link.link_id, handle))
                 try:  # self.dispatch(event, link.conn, link), inlined
                     commands = self.core.handle(event, self.now)
                 except ProtocolError as err:
@@ -956,7 +964,7 @@ class Engine:
         """An operator ends a durable subscription whose subscriber is away (management.py)."""
         self.dispatch(ExpireSubscription(key), None, None)
 
-    def _refuse_attach(self, link: Link, condition: str, description: str | None, close: bool = True) -> None:
+    def _refuse_attach(self, link: Link, condition: str | None, description: str | None, close: bool = True) -> None:
         """Answer an attach with a detach carrying the error, and log it: one line of
         the same form for every refusal, whoever decided it (this adapter, or the core
         with a ProtocolError or a DetachLink before any OpenLink)."""

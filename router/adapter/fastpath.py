@@ -29,7 +29,7 @@ def _load() -> None:
         status = f"python ({ENV}=0)"
         return
     try:
-        from router.adapter import _fastpath
+        from router.adapter import _fastpath  # type: ignore[attr-defined]  # the compiled extension: no stub
     except ImportError as exc:
         status = f"python (compiled fast path not built: {exc})"
         return

@@ -161,6 +161,13 @@ class Peer:
     def router_id(self) -> str | None:
         return self.hello.router_id if self.hello is not None else None
 
+    @property
+    def known(self) -> codec.Hello:
+        """The peer's checked hello, on the paths that come after it (open, proof, up)."""
+        hello = self.hello
+        assert hello is not None
+        return hello
+
     def __repr__(self) -> str:
         return f"<Peer {self.router_id or '?'} conn {self.conn.conn_id} {self.state}>"
 
@@ -292,6 +299,13 @@ class InterRouter:
                 self._close(peer, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
             _collector_pop(collector)
 
+    @property
+    def proof_secret(self) -> str:
+        """The network's secret; the config requires one wherever routers connect."""
+        secret = self.secret
+        assert secret is not None
+        return secret
+
     # ---------------------------------------------------------------- open / proof
     def _on_open(self, peer: Peer) -> None:
         conn = peer.conn
@@ -317,12 +331,12 @@ class InterRouter:
                 )
                 return
         if peer.acceptor:
-            proof = codec.acceptor_proof(self.secret, self.router_id, self.epoch, self.boot, hello.nonce, peer.nonce)
+            proof = codec.acceptor_proof(self.proof_secret, self.router_id, self.epoch, self.boot, hello.nonce, peer.nonce)
             self._set_hello(conn, peer, proof)
             lib.pn_connection_open(conn.connection)
             peer.state = AUTH
         else:
-            expected = codec.acceptor_proof(self.secret, hello.router_id, hello.epoch, hello.boot, peer.nonce, hello.nonce)
+            expected = codec.acceptor_proof(self.proof_secret, hello.router_id, hello.epoch, hello.boot, peer.nonce, hello.nonce)
             if not codec.proof_matches(expected, hello.auth):
                 self._refuse(
                     peer, UNAUTHORIZED, "wrong proof (eorouter:auth) in the acceptor's open: the routers' secrets differ"
@@ -332,7 +346,7 @@ class InterRouter:
             lib.pn_session_open(session)
             peer.state = LINKS
             self._attach_senders(peer, session)
-            mac = codec.connector_proof(self.secret, self.router_id, self.epoch, self.boot, hello.nonce, peer.nonce)
+            mac = codec.connector_proof(self.proof_secret, self.router_id, self.epoch, self.boot, hello.nonce, peer.nonce)
             self._send_control(peer, [{"t": codec.AUTH, "mac": mac}])
         self.touched.add(conn)
 
@@ -433,7 +447,7 @@ class InterRouter:
 
     def _report(self, peer: Peer) -> None:
         conn = peer.conn
-        hello = peer.hello
+        hello = peer.known
         rid = hello.router_id
         peer.state = UP
         self.handshakes.discard(peer)
@@ -548,7 +562,7 @@ class InterRouter:
             log.warning("inter-router connection %d (%s): bad control transfer: %s", peer.conn.conn_id, peer.router_id, err)
             self._close(peer, err.condition, str(err)[:300])
             return
-        hello = peer.hello
+        hello = peer.known
         if ctl.sender != hello.router_id or ctl.epoch != hello.epoch or ctl.boot != hello.boot:
             log.warning(
                 "inter-router connection %d: control transfer from %s epoch %d boot %s on a connection "
@@ -574,7 +588,7 @@ class InterRouter:
             if first is None or first["t"] != codec.AUTH:
                 self._refuse(peer, UNAUTHORIZED, "the first control message is not the connector's auth")
                 return
-            expected = codec.connector_proof(self.secret, hello.router_id, hello.epoch, hello.boot, peer.nonce, hello.nonce)
+            expected = codec.connector_proof(self.proof_secret, hello.router_id, hello.epoch, hello.boot, peer.nonce, hello.nonce)
             if not codec.proof_matches(expected, first.get("mac")):
                 self._refuse(peer, UNAUTHORIZED, "wrong proof (auth mac) from the connector: the routers' secrets differ")
                 return
@@ -609,7 +623,7 @@ class InterRouter:
             log.warning("inter-router connection %d (%s): bad data transfer: %s", peer.conn.conn_id, peer.router_id, err)
             self._close(peer, err.condition, str(err)[:300])
             return
-        self._dispatch(DataReceived(peer.conn.conn_id, peer.hello.router_id, tag, header, message), peer)
+        self._dispatch(DataReceived(peer.conn.conn_id, peer.known.router_id, tag, header, message), peer)
         lp = peer.data_in
         if peer.state == UP and lp is not None:
             credit = _link_credit(lp)
@@ -820,7 +834,7 @@ class InterRouter:
         peer.state = CLOSED
         if not was_up:
             return
-        rid = peer.hello.router_id
+        rid = peer.known.router_id
         self._forget_up(peer)
         reason = _loss_reason(conn)
         log.info("inter-router connection %d to router %s lost: %s", conn.conn_id, rid, reason)
@@ -838,7 +852,7 @@ class InterRouter:
             self.engine.execute(commands)
 
     def _forget_up(self, peer: Peer) -> None:
-        rid = peer.hello.router_id
+        rid = peer.known.router_id
         peers = self.by_router.get(rid)
         if peers and peer in peers:
             peers.remove(peer)

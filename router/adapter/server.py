@@ -193,7 +193,7 @@ class Server:
         self._wview = memoryview(self._wbuf)
         self._redo: set[Conn] = set()  # connections with engine events to drain next iteration
         self._next_tick = 0  # earliest pn_transport_tick deadline, monotonic ms (0: none)
-        self._tick_heap: list = []  # (deadline ms, conn_id, Conn)
+        self._tick_heap: list[tuple[int, int, Conn]] = []  # (deadline ms, conn_id, Conn)
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         # Work other threads hand to the loop (call_in_loop: the metrics and health
@@ -819,10 +819,10 @@ class Server:
             if dialer.sock is not None:
                 dialer.sock.close()
                 dialer.sock = None
-        if self._wake_r is not None:
-            self._wake_r.close()
-            self._wake_w.close()
-            self._wake_r = self._wake_w = None
+        for wake in (self._wake_r, self._wake_w):
+            if wake is not None:
+                wake.close()
+        self._wake_r = self._wake_w = None
         self.sel.close()
 
     def call_in_loop(self, fn: Callable[[], Any], timeout: float) -> Any:
@@ -851,8 +851,11 @@ class Server:
                 done.set_exception(exc)
 
     def _drain_wakeup(self) -> None:
+        wake = self._wake_r
+        if wake is None:
+            return
         try:
-            while self._wake_r.recv(512):
+            while wake.recv(512):
                 pass
         except (BlockingIOError, InterruptedError):
             pass

@@ -85,7 +85,7 @@ def run_publisher(args, stop: threading.Event) -> int:
     pub.on_outcome = count
     pub.start()
     if not pub.wait_attached(timeout=args.timeout):
-        print(json.dumps({"error": "never attached", "history": pub.history[-5:]}), flush=True)
+        print(json.dumps({"error": "never attached", "history": list(pub.history)[-5:]}), flush=True)
         pub.close()
         return 1
     print(f"ready {pub.router}", flush=True)
@@ -162,7 +162,7 @@ def run_subscriber(args, stop: threading.Event) -> int:
     )
     sub.start()
     if not sub.wait_attached(timeout=args.timeout):
-        print(json.dumps({"error": "never attached", "history": sub.history[-5:]}), flush=True)
+        print(json.dumps({"error": "never attached", "history": list(sub.history)[-5:]}), flush=True)
         sub.close()
         return 1
     print(f"ready {sub.router}", flush=True)

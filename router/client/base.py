@@ -27,9 +27,10 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 from cproton import ffi, lib
-from proton import Delivery, Endpoint, Handler, symbol
+from proton import Connection, Delivery, Endpoint, Handler, symbol
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from router.client.ledger import Ledger
@@ -211,7 +212,7 @@ class ResumableClient:
         # connection state (client thread)
         self._gen = 0
         self._url_index = -1
-        self._conn = None
+        self._conn: Connection | None = None
         self._link = None
         self._attached = False
         self._stopping = False
@@ -324,7 +325,9 @@ class ResumableClient:
     def _run(self) -> None:
         try:
             self._call(self._connect_next)
-            self._container.run()
+            container = self._container
+            assert container is not None  # made by start() before this thread runs
+            container.run()
         except Exception as exc:  # noqa: BLE001 - surface anything the thread died of
             log.exception("eorouter client thread failed")
             self._fail(ClientError(f"client thread failed: {exc!r}"))
@@ -359,7 +362,9 @@ class ResumableClient:
 
     def _schedule(self, delay: float, fn) -> _Timer:
         timer = _Timer(fn)
-        self._container.schedule(delay, timer)
+        container = self._container
+        assert container is not None  # the client thread's: it exists while timers are set
+        container.schedule(delay, timer)
         return timer
 
     def _connect_next(self) -> None:
@@ -372,11 +377,13 @@ class ResumableClient:
         self._attached = False
         self._refused = False
         self._link = None
-        kwargs = {"heartbeat": self.heartbeat} if self.heartbeat else {}
+        kwargs: dict[str, Any] = {"heartbeat": self.heartbeat} if self.heartbeat else {}
         if self.ssl_domain is not None:  # proton applies the domain to amqps:// URLs only
             kwargs["ssl_domain"] = self.ssl_domain
         target = f"amqps://{url}" if self.ssl_domain is not None else url
-        self._conn = self._container.connect(
+        container = self._container
+        assert container is not None
+        self._conn = container.connect(
             url=target, handler=_ConnHandler(self, self._gen), reconnect=False, container_id=self.container_id, **kwargs
         )
         gen = self._gen
@@ -458,7 +465,8 @@ class ResumableClient:
         self.attaches += 1
         self.backoff.reset()
         if failed_over:
-            self.ledger.write("failover", router=url, **{"from": self._previous_router})
+            previous: dict[str, Any] = {"from": self._previous_router}  # "from" is a keyword
+            self.ledger.write("failover", router=url, **previous)
         self._previous_router = url
         self._note("attached", f"{url} resumed={resumed}")
         self._attached_hook(link, answer, resumed)
@@ -539,7 +547,8 @@ class ResumableClient:
             conn.transport.close_tail()
         if self._injector is not None:
             self._injector.close()
-        self._container.stop()
+        if self._container is not None:
+            self._container.stop()
 
     # hooks
     def _make_link(self, session):

@@ -119,7 +119,7 @@ class ResumablePublisher(ResumableClient):
         if message is None:
             message = Message(body=body)
         if properties:
-            message.properties = dict(properties)
+            message.properties = dict(properties)  # type: ignore[assignment]  # proton declares it None
         future: Future = Future()
         with self._cond:
             self._submitted += 1
@@ -233,7 +233,7 @@ class ResumablePublisher(ResumableClient):
                 seq = pending.seq if pending.seq is not None else self.state.take_seq()
                 props = dict(pending.message.properties or {})
                 props["seq"] = seq
-                pending.message.properties = props
+                pending.message.properties = props  # type: ignore[assignment]  # proton declares it None
                 payload = pending.message.encode()
                 tag = self.state.record_sent(payload, seq)  # journaled before the transfer leaves
                 self._futures[tag] = pending.future

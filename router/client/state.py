@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
 
 from router.client.protocol import STATES, TERMINAL
 
@@ -66,7 +67,7 @@ class Store:
         self.fsync = fsync
         self.generation = 0
         self.ops = 0
-        self._fh = None
+        self._fh: TextIO | None = None
 
     def load(self) -> tuple[dict | None, list[dict]]:
         """The snapshot (None if there is none) and the journal's operations after it."""
@@ -224,7 +225,7 @@ class PublisherState(_State):
 
     role = "publisher"
 
-    def __init__(self, path, **kw):
+    def __init__(self, path: str | os.PathLike, **kw: Any) -> None:
         self.incarnation: str | None = None
         self.next_tag = 1
         self.next_seq = 1
@@ -345,7 +346,7 @@ class SubscriberState(_State):
     def record_delivered(self, tag: bytes, state: str, *, settled: bool = False, now: float | None = None) -> None:
         if state not in STATES:
             raise ValueError(f"bad state {state!r}")
-        op = {"op": "recv", "tag": tag.hex(), "state": state}
+        op: dict[str, Any] = {"op": "recv", "tag": tag.hex(), "state": state}
         if settled:
             op["settled_at"] = time.time() if now is None else now
         self._record(op)

@@ -133,9 +133,10 @@ class ResumableSubscriber(ResumableClient):
         if resumed:
             reported = self.last_resume["reported"] if self.last_resume else []
             settled = []
-            if answer.speaks_resume:
+            known = answer.unsettled  # None: the router does not speak the resume protocol
+            if known is not None:
                 # a reported tag missing from the router's answer is one it knows settled
-                settled = [tag for tag, _ in reported if tag not in answer.unsettled]
+                settled = [tag for tag, _ in reported if tag not in known]
             else:
                 # A router that does not speak the protocol will never settle these on
                 # this link: keep them for dedup only (they age out of the window).
@@ -149,7 +150,7 @@ class ResumableSubscriber(ResumableClient):
                 unsettled=len(self.state.unsettled) + len(settled),
                 reported=len(reported),
                 incomplete=bool(self.last_resume and self.last_resume["incomplete"]),
-                known=len(answer.unsettled) if answer.speaks_resume else None,
+                known=len(known) if known is not None else None,
                 settled=len(settled),
             )
         if self.prefetch:
