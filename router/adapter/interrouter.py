@@ -86,9 +86,6 @@ from router.interrouter_codec import CodecError
 
 log = logging.getLogger("eorouter.interrouter")
 
-#: Control message kinds that are subscriber announcements -> what they announce.
-_ANNOUNCEMENTS = {"sub+": "attached", "sub-": "detached"}
-
 NULL = ffi.NULL
 
 # Credit and queue sizes (transfers).
@@ -605,9 +602,6 @@ class InterRouter:
             self.touched.add(peer.conn)
         if not msgs:
             return
-        for m in msgs:  # announcements, counted by the router they announce (metrics)
-            if m.get("t") in _ANNOUNCEMENTS:
-                self.engine.happened(("announcement", m.get("router"), _ANNOUNCEMENTS[m["t"]]))
         if peer.state == UP:
             self._dispatch(ControlReceived(peer.conn.conn_id, hello.router_id, msgs), peer)
         else:

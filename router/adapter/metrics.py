@@ -92,7 +92,10 @@ def snapshot(server: Any) -> dict:
             "path": str(eventlog.path),
         },
         "loop": _histogram(server.loop_seconds),
-        "happenings": dict(engine.happenings),
+        "happenings": {
+            **engine.happenings,
+            **{("announcement", r, kind): n for (r, kind), n in core.announcements_learnt.items()},
+        },
         "ready": readiness(server),
     }
 
@@ -278,8 +281,8 @@ def _happenings(counts: dict[tuple, int]) -> Iterable[Metric]:
         ),
         "announcement": c(
             "eorouter_peer_announcements",
-            "Subscriber announcements received (flooded), by the "
-            "router whose subscriber it announces and what: attached, detached",
+            "Subscriber announcements learnt (each once, however many neighbours flood it), "
+            "by the router whose subscriber it announces and what: attached, detached",
             labels=["router", "kind"],
         ),
         "peer-connected": c(

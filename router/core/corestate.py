@@ -58,6 +58,7 @@ class CoreState:
     _topic_floor: int
     stream_seq: dict[bytes, int]
     lost: set[str]
+    announcements_learnt: dict[tuple[str, str], int]
     _flooded: set[tuple[Any, ...]]
     _awaiting_acks: dict[str, tuple[int, set[str], int]]
     _last_sent: dict[tuple[bytes, str], int]

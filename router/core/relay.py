@@ -246,6 +246,8 @@ class RelayMixin(CoreState):
             return
         if stamp not in self._flooded:
             self._flooded.add(stamp)
+            learnt = (announcement.router, "attached" if message["t"] == "sub+" else "detached")
+            self.announcements_learnt[learnt] = self.announcements_learnt.get(learnt, 0) + 1
             self._flood(message, source, out)
             self._membership_changed(self.net.membership.apply(announcement), now, out)
         if message["t"] == "sub+":

@@ -178,6 +178,9 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         # relayed): a publisher that resumes here continues its stream's numbering.
         self.stream_seq: dict[bytes, int] = {}
         self.lost: set[str] = set()  # of those, the ones unreachable now
+        # (announcing router, attached | detached) -> announcements learnt (each once, however
+        # many neighbours flood it): an operator's count (router/adapter/metrics.py)
+        self.announcements_learnt: dict[tuple[str, str], int] = {}
         self._flooded: set[tuple[Any, ...]] = set()  # announcements already flooded on: (router, epoch, boot, version)
         # subscriber key -> (link id, routers yet to confirm, the announcement's version)
         self._awaiting_acks: dict[str, tuple[int, set[str], int]] = {}
