@@ -37,10 +37,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="operational log level on stderr, in any case (default: [logging] level, else INFO)",
     )
     run.set_defaults(func=cmd_run)
-    from router import manage, stat
+    from router import manage, passwd, stat
 
     stat.register(commands)
     manage.register(commands)
+    passwd.register(commands)
     for register in _plugged_commands():
         register(commands)
     return parser
@@ -91,16 +92,25 @@ _LOOPBACK = ("127.", "::1", "localhost")
 def _warn_if_open(config) -> None:
     """A listener other machines can reach, that anyone may use: said loudly at start."""
     for lst in config.listeners:
-        if lst.host.startswith(_LOOPBACK) or lst.role != "normal":
+        if lst.role != "normal":
             continue
-        authenticated = lst.tls is not None and lst.tls.require_client_cert
+        if lst.sasl_allow_plain_in_clear:
+            log.warning(
+                "listener %s:%d accepts SASL PLAIN without TLS (sasl_allow_plain_in_clear): passwords cross "
+                "the network readable by anyone on the path",
+                lst.host,
+                lst.port,
+            )
+        if lst.host.startswith(_LOOPBACK):
+            continue
+        authenticated = "ANONYMOUS" not in lst.sasl_mechanisms or (lst.tls is not None and lst.tls.require_client_cert)
         if not authenticated or config.policy is None:
             log.warning(
                 "listener %s:%d is reachable from other machines and %s: anyone who reaches it may "
                 "publish and subscribe to any topic (docs/security.md)",
                 lst.host,
                 lst.port,
-                "authenticates no one (no TLS client certificates)" if not authenticated else "has no [policy]",
+                "authenticates no one (ANONYMOUS logins, no TLS client certificates)" if not authenticated else "has no [policy]",
             )
 
 
@@ -118,6 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from router.adapter import Server, fastpath
     from router.adapter.malloc import return_large_buffers_to_the_os
+    from router.adapter.sasl import SaslError
     from router.adapter.tls import TlsError
     from router.core.router import RouterCore
     from router.eventlog import EventLog, EventLogError
@@ -149,8 +160,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 network=config.network,
                 slow_subscriber_age=config.logging.slow_subscriber_age,
                 policy=config.policy,
+                sasl_settings=config.sasl,
+                data_dir=config.data_dir,
             )
-        except TlsError as exc:
+        except (TlsError, SaslError) as exc:
             return _fail(str(exc), 2)
         try:
             server.bind()

@@ -76,12 +76,30 @@ class TlsSettings:
     server_name: str | None = None  # connectors: the name the server's certificate must carry (default: host)
 
 
+#: The SASL mechanisms a client listener may offer (docs/security.md, "Logins");
+#: the password ones check the sasldb of ``[sasl] users_db``.
+SASL_MECHANISMS = ("ANONYMOUS", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "EXTERNAL")
+SASL_PASSWORD_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
 @dataclass(frozen=True, slots=True)
 class Listener:
     host: str = "127.0.0.1"
     port: int = 5672
     role: str = "normal"
     tls: TlsSettings | None = None  # None: plain AMQP
+    # What a client may log in with; ANONYMOUS alone (the default) is today's open door.
+    sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS",)
+    sasl_allow_plain_in_clear: bool = False  # PLAIN without TLS: passwords readable on the wire
+
+
+@dataclass(frozen=True, slots=True)
+class SaslSettings:
+    """``[sasl]``: where password logins are checked (docs/security.md, "Logins")."""
+
+    users_db: Path | None = None  # the sasldb `eorouter passwd` writes (absolute)
+    realm: str = "eorouter"  # users log in as name@realm; the policy sees name
+    login_failure_delay: float = 1.0  # seconds a failed login waits for its answer (slows guessing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +161,7 @@ class RouterConfig:
     core: CoreSettings = field(default_factory=CoreSettings)
     metrics: MetricsSettings | None = None  # None: no [metrics] table, no HTTP listener
     policy: Policy | None = None  # None: no [policy]: every client may do everything (docs/security.md)
+    sasl: SaslSettings = field(default_factory=SaslSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     source: str = "<defaults>"  # where this configuration came from
 
@@ -224,6 +243,26 @@ def _secret(value: Any) -> str:
     return value
 
 
+def _mechanisms(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(m, str) for m in value):
+        raise _Invalid(f"a non-empty list of SASL mechanisms ({', '.join(SASL_MECHANISMS)})")
+    for m in value:
+        if m.upper() not in SASL_MECHANISMS:
+            raise _Invalid(
+                "", f"expected SASL mechanisms among {', '.join(SASL_MECHANISMS)}, found {m!r} (not one the router offers)"
+            )
+    names = tuple(m.upper() for m in value)
+    if len(set(names)) != len(names):
+        raise _Invalid("", f"expected each SASL mechanism once, found {', '.join(names)}")
+    return names
+
+
+def _realm(value: Any) -> str:
+    if not isinstance(value, str) or not value or any(c in value for c in "@ \t\n"):
+        raise _Invalid("a realm: a non-empty name without '@' or spaces")
+    return value
+
+
 def _table_of(what: str, value: Any) -> dict:
     if not isinstance(value, dict):
         raise _Invalid(f"a table ([policy.{what}])")
@@ -276,6 +315,8 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "tls_require_client_cert": _bool,
         "tls_min_protocol": _choice(TLS_PROTOCOLS),
         "tls_allow_plain": _bool,
+        "sasl_mechanisms": _mechanisms,
+        "sasl_allow_plain_in_clear": _bool,
     },
     "connector": {
         "host": _host,
@@ -313,6 +354,7 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "eventlog": {"max_bytes": _positive, "retention": _positive, "fsync": _bool},
     "metrics": {"host": _host, "port": _port},
+    "sasl": {"users_db": _nonempty_string, "realm": _realm, "login_failure_delay": _seconds(positive=False)},
     "policy": {
         "default_group": _nonempty_string,
         "users": lambda v: _table_of("users", v),
@@ -434,6 +476,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         base_dir = Path(source).absolute().parent
     listeners = _listeners(p, data, Path(base_dir))
     connectors = _connectors(p, data, Path(base_dir))
+    sasl = _sasl(p, data, listeners, Path(base_dir))
 
     default_timeout = limits.get("default_terminus_timeout", _CORE_DEFAULTS.default_terminus_timeout)
     max_timeout = limits.get("max_terminus_timeout", _CORE_DEFAULTS.max_terminus_timeout)
@@ -496,6 +539,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         metrics=metrics,
         logging=logging_settings,
         policy=policy,
+        sasl=sasl,
         source=source,
     )
 
@@ -604,6 +648,49 @@ def _tls(p: _Parser, values: dict, where: str, base_dir: Path, *, listener: bool
         allow_plain=keys.get("tls_allow_plain", False),
         server_name=keys.get("tls_server_name"),
     )
+
+
+def _sasl(p: _Parser, data: dict, listeners: tuple[Listener, ...], base_dir: Path) -> SaslSettings:
+    """``[sasl]``, and each listener's logins against it: a password mechanism needs
+    the sasldb, PLAIN needs TLS (or an explicit allowance), EXTERNAL a client certificate."""
+    values = p.table(data.get("sasl", {}), "sasl", "sasl")
+    users_db = None
+    if "users_db" in values:
+        users_db = (base_dir / Path(values["users_db"]).expanduser()).absolute()
+        if not users_db.is_file():
+            raise p.error("sasl.users_db", f"no such file: {users_db} (make it with `eorouter passwd --db {users_db} NAME`)")
+    for i, lst in enumerate(listeners):
+        where = f"listener[{i}]"
+        mechs = lst.sasl_mechanisms
+        if lst.role == "inter-router":
+            if mechs != ("ANONYMOUS",) or lst.sasl_allow_plain_in_clear:
+                raise p.error(
+                    f"{where}.sasl_mechanisms",
+                    "expected no SASL settings on an inter-router listener: routers prove who they are with "
+                    "mutual TLS and the network secret (docs/security.md)",
+                )
+            continue
+        password = [m for m in mechs if m in SASL_PASSWORD_MECHANISMS]
+        if password and users_db is None:
+            raise p.error(
+                "sasl.users_db",
+                f"required key is missing: {where} offers {', '.join(password)}, which check passwords in a sasldb",
+            )
+        if "PLAIN" in mechs and lst.tls is None and not lst.sasl_allow_plain_in_clear:
+            raise p.error(
+                f"{where}.sasl_mechanisms",
+                "expected PLAIN only on a TLS listener: it sends the password as is (add TLS, or set "
+                "sasl_allow_plain_in_clear = true to accept that)",
+            )
+        if lst.sasl_allow_plain_in_clear and "PLAIN" not in mechs:
+            raise p.error(f"{where}.sasl_allow_plain_in_clear", "expected only with PLAIN among sasl_mechanisms")
+        if "EXTERNAL" in mechs and (lst.tls is None or not lst.tls.require_client_cert):
+            raise p.error(
+                f"{where}.sasl_mechanisms",
+                "expected EXTERNAL only with tls_require_client_cert = true: it takes the user from the client's certificate",
+            )
+    values["users_db"] = users_db
+    return SaslSettings(**values)
 
 
 _GROUP_KEYS = {"publish", "subscribe", "max_connections", "admin"}

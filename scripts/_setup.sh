@@ -19,6 +19,24 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/setu
     echo "setup: installing eorouter[test] into $VENV (first run takes a minute)" >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip >&2
     "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
+    # SASL PLAIN/SCRAM need Qpid Proton built against Cyrus SASL (docs/security.md); pip's wheel of it
+    # may have been built without (no libsasl2-dev then): rebuild it once from source when Cyrus is here.
+    # The wheel is kept in ~/.cache/eorouter so that the next fresh venv installs it in a second.
+    if ! "$VENV/bin/python" -c 'import proton, sys; sys.exit(not proton.SASL.extended())' 2>/dev/null; then
+        if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libsasl2; then
+            WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/eorouter/proton-sasl-wheels"
+            PROTON="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("python-qpid-proton"))')"
+            if ! ls "$WHEELS"/python_qpid_proton-"$PROTON"-*.whl >/dev/null 2>&1; then
+                echo "setup: building Qpid Proton $PROTON with Cyrus SASL (once, ~1 minute)" >&2
+                "$VENV/bin/python" -m pip wheel -q --no-cache-dir --no-deps --no-binary python-qpid-proton \
+                    -w "$WHEELS" "python-qpid-proton==$PROTON" >&2
+            fi
+            "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELS" --force-reinstall --no-deps \
+                "python-qpid-proton==$PROTON" >&2
+        else
+            echo "setup: Qpid Proton without Cyrus SASL (PLAIN/SCRAM logins unavailable; sudo scripts/setup-root)" >&2
+        fi
+    fi
     if command -v java >/dev/null 2>&1; then
         # Spark's classes, archived once so that every reconciliation's JVM starts ~3 s faster (spark/jvm.py).
         echo "setup: archiving Spark's classes for fast JVM starts (once, under a minute)" >&2

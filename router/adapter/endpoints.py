@@ -55,6 +55,8 @@ class Conn:
         "streaming",
         "tls",
         "user",
+        "held",
+        "authenticating",
     )
 
     def __init__(self, conn_id: int, sock, peer: str, transport, connection, collector):
@@ -81,6 +83,8 @@ class Conn:
         self.streaming: set = set()  # its links with large messages going out (streaming.py)
         self.tls = False  # the transport speaks TLS (tls.py)
         self.user: str | None = None  # who the client is, for the policy (set at open when there is one)
+        self.held = False  # a failed login: its answer waits (Server._hold_answer)
+        self.authenticating = False  # a password login may still fail (until the AMQP open)
 
     def __repr__(self) -> str:
         return f"<Conn {self.conn_id} {self.peer}>"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from cproton_ffi import ffi, lib
 
-from router.adapter import endpoints, fastpath, streaming, tls
+from router.adapter import endpoints, fastpath, sasl, streaming, tls
 from router.adapter.endpoints import Conn, Link, condition_of, cstr, printable, set_condition
 from router.adapter.interrouter import InterRouter
 from router.adapter.pn import (
@@ -193,6 +193,7 @@ class Engine:
         # Events operators follow, by what tells them apart (_COUNTED): attaches
         # (resumed or not), resumptions, peers connecting, restarting, lost, ...
         self.happenings: dict[tuple, int] = {}
+        self.realm: str | None = None  # [sasl] realm: users log in as name@realm, the policy sees name
         self.outcomes_told: dict[tuple[str | None, int], int] = {}
 
     # ------------------------------------------------------------------ stats / tests
@@ -319,6 +320,7 @@ class Engine:
 
     def AMQP_connection_open(self, event, conn: Conn) -> None:
         self.opened.append(conn)
+        conn.authenticating = False  # the login, if any, is behind it
         if self.peers.refuse_router_open(conn):
             return  # it claimed to be a router: closed with unauthorized-access
         if self.policy is not None and not self._admit(conn):
@@ -328,11 +330,16 @@ class Engine:
             lib.pn_connection_open(conn.connection)
 
     def _admit(self, conn: Conn) -> bool:
-        """Who the client is (its certificate's common name, else anonymous), and
-        whether the policy lets it hold one more connection."""
+        """Who the client is (the user a password login named, else its certificate's
+        common name, else anonymous), and whether the policy lets it hold one more
+        connection."""
         policy = self.policy
         assert policy is not None  # asked only when there is one
-        user = (tls.peer_common_name(conn.transport) if conn.tls else None) or ANONYMOUS
+        user = (
+            sasl.password_user(conn.transport, self.realm)
+            or (tls.peer_common_name(conn.transport) if conn.tls else None)
+            or ANONYMOUS
+        )
         conn.user = user
         limit, group = policy.max_connections(user)
         held = self.connections_of.get(user, 0)
@@ -343,6 +350,7 @@ class Engine:
                 else f"{policy.describe(user)} may not connect: no group of the policy admits it"
             )
             log.info("connection %d (%s) refused: %s", conn.conn_id, conn.peer, why)
+            self.happened(("connection-refused", "limit" if group else "unauthorized"))
             conn.user = None  # not counted
             self.close_connection(conn, RESOURCE_LIMIT if group else UNAUTHORIZED, why)
             return False
@@ -372,8 +380,18 @@ class Engine:
         self._refuse_attach(link, UNAUTHORIZED, why)
         return False
 
+    def login_failed(self, conn: Conn) -> None:
+        """A client's credentials did not check out (the Server holds the answer)."""
+        mech = sasl.mechanism(conn.transport) or "none"
+        _, desc = condition_of(lib.pn_transport_condition(conn.transport))
+        why = f": {printable(desc)}" if desc else ""
+        log.warning("connection %d (%s): login failed (%s)%s", conn.conn_id, conn.peer, mech, why)
+        self.happened(("login-failed", mech))
+
     def AMQP_transport_error(self, event, conn: Conn) -> None:
         name, desc = condition_of(lib.pn_transport_condition(conn.transport))
+        if sasl.login_failed(conn.transport):
+            return  # reported by login_failed, when the server held the answer
         log.info(
             "connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer, name, printable(desc)
         )  # a bounded, escaped prefix of what a non-AMQP peer sent

@@ -297,6 +297,17 @@ def _happenings(counts: dict[tuple, int]) -> Iterable[Metric]:
         "subscription-expired": c(
             "eorouter_subscriptions_expired", "Durable subscriptions expired while their subscriber was away"
         ),
+        "login-failed": c(
+            "eorouter_login_failures",
+            "Client logins refused for wrong credentials (each answered only after [sasl] login_failure_delay), by mechanism",
+            labels=["mechanism"],
+        ),
+        "connection-refused": c(
+            "eorouter_connections_refused",
+            "Client connections the [policy] refused at open, by why: unauthorized (no group admits the user), "
+            "limit (its connection limit)",
+            labels=["why"],
+        ),
     }
     for key, n in sorted(counts.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         kind, *labels = key

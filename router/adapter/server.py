@@ -40,7 +40,7 @@ from typing import Any
 
 from cproton_ffi import ffi, lib
 
-from router.adapter import streaming, tls
+from router.adapter import sasl, streaming, tls
 from router.adapter.endpoints import Conn, condition_of, printable
 from router.adapter.engine import Engine
 from router.adapter.management import Management
@@ -60,6 +60,7 @@ CLOSE_WAIT = 3.0  # how long closing connections get to finish their close hands
 SHUTDOWN_SLACK = 5.0  # beyond the drain grace, how long we wait for the core's ShutdownComplete
 
 _LISTENER = object()
+_ANONYMOUS = sasl.listener_logins(("ANONYMOUS",), False)  # what a listener offers unless its config says more
 _WAKEUP = object()
 
 _transport_capacity = lib.pn_transport_capacity
@@ -71,14 +72,15 @@ _collector_peek = lib.pn_collector_peek
 
 
 class Listener:
-    __slots__ = ("host", "port", "role", "sock", "tls_domain")
+    __slots__ = ("host", "port", "role", "sock", "tls_domain", "logins")
 
-    def __init__(self, host: str, port: int, role: str = "normal", tls_domain=None):
+    def __init__(self, host: str, port: int, role: str = "normal", tls_domain=None, logins: sasl.ListenerLogins | None = None):
         self.host = host
         self.port = port
         self.role = role  # "normal" (clients) or "inter-router"
         self.sock: socket.socket | None = None
         self.tls_domain = tls_domain  # its pn_ssl_domain (tls.py), or None: plain AMQP
+        self.logins = logins or _ANONYMOUS  # the SASL mechanisms its clients may use (sasl.py)
 
 
 class Dialer:
@@ -141,6 +143,8 @@ class Server:
         network=None,
         slow_subscriber_age: float = 0.0,
         policy=None,
+        sasl_settings=None,
+        data_dir=None,
     ):
         self.router_id = router_id
         self.core = core
@@ -153,9 +157,16 @@ class Server:
                 tls.server_domain(item.tls, f"listener {item.host}:{item.port}")
                 if getattr(item, "tls", None) is not None
                 else None,
+                sasl.listener_logins(
+                    getattr(item, "sasl_mechanisms", ("ANONYMOUS",)), getattr(item, "sasl_allow_plain_in_clear", False)
+                ),
             )
             for item in listeners
         ]
+        # Cyrus's configuration, when a listener checks passwords (SaslError when it cannot).
+        offered = {m for item in listeners for m in getattr(item, "sasl_mechanisms", ())}
+        users_db = getattr(sasl_settings, "users_db", None)
+        self.sasl_conf_dir = sasl.prepare(data_dir, users_db, offered) if data_dir is not None else None
         self.idle_timeout_ms = int(max(0.0, idle_timeout) * 1000)
         self.drain_grace = drain_grace
         base_delay = getattr(network, "reconnect_delay", 0.5)
@@ -204,6 +215,9 @@ class Server:
         self.routes_converged = False  # set once by the readiness check (router/adapter/metrics.py)
         self.engine.management = Management(self)
         self.engine.policy = policy
+        self.engine.realm = getattr(sasl_settings, "realm", None)
+        self.login_failure_delay = getattr(sasl_settings, "login_failure_delay", 1.0)
+        self._held: list[tuple[float, int, Conn]] = []  # (until, conn_id, conn): failed logins' answers, delayed
         self.slow = SlowSubscribers(slow_subscriber_age)
         # Shutdown state
         self.stop_requested = False
@@ -280,6 +294,8 @@ class Server:
                     self._run_calls()
                 if self._next_tick:
                     self._tick(active)
+                if self._held:
+                    self._release_held(active)
                 if self.dialers or peers.handshakes:
                     self._inter_router_timers()
                 if self.stop_requested and self._phase == "running":
@@ -296,7 +312,7 @@ class Server:
                     engine.touched.clear()
                 eventlog.flush()
                 for conn in active:
-                    if not conn.dead:
+                    if not conn.dead and not conn.held:
                         try:
                             self._write(conn)
                         except Exception:
@@ -343,6 +359,8 @@ class Server:
             soonest = self._next_inter_router_deadline()
             if soonest is not None:
                 timeout = min(timeout, soonest - time.monotonic())
+        if self._held:
+            timeout = min(timeout, self._held[0][0] - time.monotonic())
         if self._phase != "running":
             timeout = min(timeout, 0.1)
         return max(0.0, timeout)
@@ -385,6 +403,23 @@ class Server:
                     self._tick_one(conn, now_ms)
             opened.clear()
 
+    def _hold_answer(self, conn: Conn) -> None:
+        """A failed login's answer (and the close after it) leaves only after the
+        login failure delay: each guess costs a client that long, while the loop
+        serves everyone else."""
+        conn.authenticating = False
+        conn.held = True
+        self.engine.login_failed(conn)
+        heapq.heappush(self._held, (time.monotonic() + self.login_failure_delay, conn.conn_id, conn))
+
+    def _release_held(self, active: set) -> None:
+        now = time.monotonic()
+        held = self._held
+        while held and held[0][0] <= now:
+            _, _, conn = heapq.heappop(held)
+            conn.held = False
+            active.add(conn)
+
     def _core_timer(self, event) -> None:
         try:
             self.engine.timer(event)
@@ -407,7 +442,11 @@ class Server:
             try:
                 listener = self._listener_of(lsock)
                 self._open_connection(
-                    sock, addr, listener.role if listener else "normal", tls_domain=listener.tls_domain if listener else None
+                    sock,
+                    addr,
+                    listener.role if listener else "normal",
+                    tls_domain=listener.tls_domain if listener else None,
+                    logins=listener.logins if listener else _ANONYMOUS,
                 )
             except Exception:
                 log.exception("could not set up a connection from %s", addr)
@@ -420,7 +459,13 @@ class Server:
         return None
 
     def _open_connection(
-        self, sock: socket.socket, addr, role: str = "normal", dialer: Dialer | None = None, tls_domain=None
+        self,
+        sock: socket.socket,
+        addr,
+        role: str = "normal",
+        dialer: Dialer | None = None,
+        tls_domain=None,
+        logins: sasl.ListenerLogins | None = None,
     ) -> Conn:
         """Wrap a connected socket in a transport, connection and collector. Accepted
         sockets get a server transport; dialled ones (``dialer``) a client transport
@@ -433,10 +478,9 @@ class Server:
             lib.pn_transport_set_server(transport)
             if tls_domain is not None:
                 tls.secure(transport, tls_domain)
-            # SASL layer for clients that send the SASL header; clients that skip SASL are
-            # still accepted because authentication is not required.
-            sasl = lib.pn_sasl(transport)
-            lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
+            # A SASL layer for clients that send the SASL header; clients that skip SASL are
+            # accepted only where ANONYMOUS is (authentication not required there).
+            sasl.secure(transport, logins or _ANONYMOUS, self.sasl_conf_dir if role == "normal" else None)
         elif dialer.tls_domain is not None:
             tls.secure(transport, dialer.tls_domain, dialer.tls_name)
         if self.idle_timeout_ms:
@@ -452,6 +496,7 @@ class Server:
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         conn = Conn(self._last_conn_id, sock, peer, transport, connection, collector)
         conn.tls = tls_domain is not None or (dialer is not None and dialer.tls_domain is not None)
+        conn.authenticating = dialer is None and logins is not None and logins.checks_passwords
         self.conns[conn.fd] = conn
         self.sel.register(sock, READ, conn)
         now_ms = _mono_ms()
@@ -587,6 +632,9 @@ class Server:
 
     def _write(self, conn: Conn) -> None:
         transport = conn.transport
+        if conn.authenticating and sasl.login_failed(transport):
+            self._hold_answer(conn)
+            return
         sock = conn.sock
         feeds = 0  # rounds of large-message pieces this call (a few, then the others' turn)
         while True:

@@ -188,6 +188,9 @@ class ResumableClient:
         unsettled_cap: int | None = None,
         ledger_fsync: bool = False,
         ssl_domain=None,
+        user: str | None = None,
+        password: str | None = None,
+        sasl_mechanisms: str | None = None,
     ):
         if isinstance(urls, str):
             urls = [urls]
@@ -209,6 +212,11 @@ class ResumableClient:
         # A proton SSLDomain: every router of the list is reached over TLS with it
         # (docs/client.md, "TLS"); None: plain AMQP.
         self.ssl_domain = ssl_domain
+        # A SASL login (docs/security.md, "Logins"): user (name@realm) and password for
+        # PLAIN or SCRAM, the mechanisms to try (space-separated; None: whatever both offer).
+        self.user = user
+        self.password = password
+        self.sasl_mechanisms = sasl_mechanisms
         # connection state (client thread)
         self._gen = 0
         self._url_index = -1
@@ -380,6 +388,10 @@ class ResumableClient:
         kwargs: dict[str, Any] = {"heartbeat": self.heartbeat} if self.heartbeat else {}
         if self.ssl_domain is not None:  # proton applies the domain to amqps:// URLs only
             kwargs["ssl_domain"] = self.ssl_domain
+        if self.user is not None:
+            kwargs.update(user=self.user, password=self.password, sasl_enabled=True)
+        if self.sasl_mechanisms is not None:
+            kwargs["allowed_mechs"] = self.sasl_mechanisms
         target = f"amqps://{url}" if self.ssl_domain is not None else url
         container = self._container
         assert container is not None

@@ -440,3 +440,61 @@ def test_failover_section(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert err.value.key == "failover.placeholder_timeout"
+
+
+def _sasl_config(tmp_path, listener: str, sasl: str = "") -> str:
+    (tmp_path / "users.sasldb").write_bytes(b"")
+    (tmp_path / "c.pem").write_text("")
+    (tmp_path / "k.pem").write_text("")
+    return f'[router]\nid = "A"\n{sasl}\n[[listener]]\nport = 0\n{listener}\n'
+
+
+TLS_KEYS = 'tls_cert_file = "c.pem"\ntls_key_file = "k.pem"\n'
+
+
+def test_sasl_settings(tmp_path):
+    text = _sasl_config(
+        tmp_path,
+        TLS_KEYS + 'sasl_mechanisms = ["plain", "SCRAM-SHA-256"]',
+        '[sasl]\nusers_db = "users.sasldb"\nrealm = "corp"\nlogin_failure_delay = 2\n',
+    )
+    (tmp_path / "r.toml").write_text(text)
+    config = load_config(tmp_path / "r.toml")
+    assert config.listeners[0].sasl_mechanisms == ("PLAIN", "SCRAM-SHA-256")
+    assert config.sasl.users_db == tmp_path / "users.sasldb" and config.sasl.realm == "corp"
+    assert config.sasl.login_failure_delay == 2.0
+    assert parse_config({"router": {"id": "A"}}, "x.toml").listeners[0].sasl_mechanisms == ("ANONYMOUS",)
+
+
+@pytest.mark.parametrize(
+    "listener, sasl, key, fragment",
+    [
+        ('sasl_mechanisms = ["SCRAM-SHA-256"]', "", "sasl.users_db", "check passwords in a sasldb"),
+        ('sasl_mechanisms = ["PLAIN"]', '[sasl]\nusers_db = "users.sasldb"', "listener[0].sasl_mechanisms", "only on a TLS"),
+        ('sasl_mechanisms = ["EXTERNAL"]', "", "listener[0].sasl_mechanisms", "tls_require_client_cert"),
+        ('sasl_mechanisms = ["GSSAPI"]', "", "listener[0].sasl_mechanisms", "'GSSAPI'"),
+        ('sasl_mechanisms = ["PLAIN", "plain"]', "", "listener[0].sasl_mechanisms", "each SASL mechanism once"),
+        ("sasl_mechanisms = []", "", "listener[0].sasl_mechanisms", "a non-empty list"),
+        (
+            'sasl_allow_plain_in_clear = true\nsasl_mechanisms = ["ANONYMOUS"]',
+            "",
+            "listener[0].sasl_allow_plain_in_clear",
+            "PLAIN",
+        ),
+        ('role = "inter-router"\nsasl_mechanisms = ["PLAIN"]', "", "listener[0].sasl_mechanisms", "mutual TLS"),
+        ("", '[sasl]\nusers_db = "nosuch.db"', "sasl.users_db", "eorouter passwd"),
+        ("", '[sasl]\nrealm = "a b"', "sasl.realm", "without '@' or spaces"),
+    ],
+)
+def test_sasl_errors(tmp_path, listener, sasl, key, fragment):
+    error = error_of(tmp_path, _sasl_config(tmp_path, listener, sasl))
+    assert error.key == key, str(error)
+    assert fragment in str(error), str(error)
+
+
+def test_plain_in_clear_when_asked_for(tmp_path):
+    text = _sasl_config(
+        tmp_path, 'sasl_mechanisms = ["PLAIN"]\nsasl_allow_plain_in_clear = true', '[sasl]\nusers_db = "users.sasldb"'
+    )
+    (tmp_path / "r.toml").write_text(text)
+    assert load_config(tmp_path / "r.toml").listeners[0].sasl_allow_plain_in_clear

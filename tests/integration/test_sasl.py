@@ -1,0 +1,239 @@
+"""SASL logins (issue 18, part 3) on a real router: PLAIN over TLS, SCRAM-SHA-256,
+EXTERNAL from a client certificate, checked by Cyrus SASL against a sasldb that
+`eorouter passwd` made; refusals for wrong passwords, unknown mechanisms, PLAIN in
+clear and clients that skip SASL, with the router serving everyone else."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import proton
+import pytest
+from amqpclients import unique
+from proton import SSLDomain
+from proton.utils import BlockingConnection
+from test_metrics import scrape, value
+from tlskit import Pki
+
+from router.client import ResumablePublisher, ResumableSubscriber
+
+pytestmark = pytest.mark.skipif(
+    not proton.SASL.extended(),
+    reason="Qpid Proton built without Cyrus SASL (sudo scripts/setup-root, then scripts/test rebuilds it)",
+)
+
+POLICY = {
+    "users": {"alice": ["writers"], "bob": ["readers"], "carol": ["readers"]},
+    "groups": {"writers": {"publish": ["orders/#"]}, "readers": {"subscribe": ["orders/#"]}},
+}
+DELAY = 0.5  # [sasl] login_failure_delay of the router under test
+
+
+def passwd(db, name: str, password: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "router.cli", "passwd", "--db", str(db), name, "--password-stdin"],
+        input=password + "\n",
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def router(module_router_factory, pki, tmp_path_factory):
+    db = tmp_path_factory.mktemp("sasl") / "users.sasldb"
+    passwd(db, "alice", "alice-secret")
+    passwd(db, "bob", "bob-secret")
+    cert, key = pki.server()
+    tls = {"tls_cert_file": str(cert), "tls_key_file": str(key)}
+    return module_router_factory(
+        "A",
+        policy=POLICY,
+        metrics={"port": 0},
+        sasl={"users_db": str(db), "login_failure_delay": DELAY},
+        listener=[
+            # 0: TLS, passwords only
+            {"host": "127.0.0.1", "port": 0, **tls, "sasl_mechanisms": ["PLAIN", "SCRAM-SHA-256"]},
+            # 1: TLS with client certificates, EXTERNAL
+            {
+                "host": "127.0.0.1",
+                "port": 0,
+                **tls,
+                "tls_ca_file": str(pki.ca),
+                "tls_require_client_cert": True,
+                "sasl_mechanisms": ["EXTERNAL"],
+            },
+            # 2: plain TCP: SCRAM (the password never crosses)
+            {"host": "127.0.0.1", "port": 0, "sasl_mechanisms": ["SCRAM-SHA-256"]},
+            # 3: TLS that also takes clients in clear: PLAIN is offered only under TLS
+            {"host": "127.0.0.1", "port": 0, **tls, "tls_allow_plain": True, "sasl_mechanisms": ["PLAIN", "SCRAM-SHA-256"]},
+        ],
+    )
+
+
+def port(router, i: int) -> int:
+    return [p for role, _, p in router.listeners if role == "normal"][i]
+
+
+def tls_domain(pki, cert_for: str | None = None) -> SSLDomain:
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(pki.ca))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    if cert_for is not None:
+        cert, key = pki.issue(f"user-{cert_for}", cert_for)
+        domain.set_credentials(str(cert), str(key), None)
+    return domain
+
+
+def login(url: str, *, user=None, password=None, mechs=None, ssl_domain=None, sasl_enabled=True, topic="orders/x"):
+    """None when the client could log in and subscribe to ``topic``, else what it was told."""
+    try:
+        conn = BlockingConnection(
+            url,
+            timeout=10,
+            ssl_domain=ssl_domain,
+            user=user,
+            password=password,
+            allowed_mechs=mechs,
+            sasl_enabled=sasl_enabled,
+            allow_insecure_mechs=True,  # so that a refusal of PLAIN in clear is the router's
+        )
+    except Exception as exc:  # noqa: BLE001 - the refusal's text carries the condition
+        return str(exc) or type(exc).__name__
+    try:
+        conn.create_receiver(topic)
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return str(exc)
+    finally:
+        conn.close()
+
+
+def test_password_logins_carry_messages_exactly_once(router, pki, tmp_path):
+    """alice publishes with SCRAM-SHA-256 over plain TCP, bob subscribes with PLAIN
+    over TLS: the policy sees them as alice and bob, every message arrives once."""
+    topic = unique("orders/sasl")
+    got: list = []
+    sub = ResumableSubscriber(
+        [f"amqps://localhost:{port(router, 0)}"],
+        topic,
+        container_id="bob-app",
+        link_name="bob-l",
+        state_path=tmp_path / "s.state",
+        ssl_domain=tls_domain(pki),
+        user="bob@eorouter",
+        password="bob-secret",
+        sasl_mechanisms="PLAIN",
+        on_message=got.append,
+    ).start()
+    pub = ResumablePublisher(
+        [f"127.0.0.1:{port(router, 2)}"],
+        topic,
+        container_id="alice-app",
+        link_name="alice-l",
+        state_path=tmp_path / "p.state",
+        user="alice@eorouter",
+        password="alice-secret",
+        sasl_mechanisms="SCRAM-SHA-256",
+    ).start()
+    try:
+        assert sub.wait_attached(10) and pub.wait_attached(10)
+        assert {pub.send_async(f"m{i}").result(timeout=20).state for i in range(20)} == {"accepted"}
+        assert [m.body for m in got] == [f"m{i}" for i in range(20)]
+    finally:
+        pub.close()
+        sub.close()
+
+
+def test_external_takes_the_user_from_the_certificate(router, pki):
+    url = f"amqps://localhost:{port(router, 1)}"
+    assert login(url, ssl_domain=tls_domain(pki, "carol"), mechs="EXTERNAL") is None  # carol: a reader
+    error = login(url, ssl_domain=tls_domain(pki, "mallory"), mechs="EXTERNAL")
+    assert error is not None and "unauthorized-access" in error and "'mallory'" in error, error
+
+
+@pytest.mark.parametrize(
+    "case, listener, kwargs",
+    [
+        ("wrong password", 0, {"user": "alice@eorouter", "password": "guess", "mechs": "SCRAM-SHA-256"}),
+        ("unknown user", 0, {"user": "eve@eorouter", "password": "x", "mechs": "PLAIN"}),
+        ("user without the realm", 0, {"user": "alice", "password": "alice-secret", "mechs": "PLAIN"}),
+        ("a mechanism not offered", 0, {"user": "alice@eorouter", "password": "alice-secret", "mechs": "DIGEST-MD5"}),
+        ("anonymous where logins are required", 0, {"mechs": "ANONYMOUS"}),
+        ("PLAIN in clear", 3, {"user": "alice@eorouter", "password": "alice-secret", "mechs": "PLAIN"}),
+        ("no SASL at all", 2, {"sasl_enabled": False}),
+        ("EXTERNAL without a certificate listener", 0, {"mechs": "EXTERNAL"}),
+    ],
+)
+def test_refused_logins(router, pki, case, listener, kwargs):
+    tls = listener in (0, 1)  # (3 is reached in clear)
+    url = f"amqps://localhost:{port(router, listener)}" if tls else f"amqp://127.0.0.1:{port(router, listener)}"
+    error = login(url, ssl_domain=tls_domain(pki) if tls else None, **kwargs)
+    assert error is not None, f"{case}: logged in"
+    if kwargs.get("sasl_enabled", True):
+        assert "unauthorized-access" in error or "Authentication failed" in error, f"{case}: {error}"
+    router.check_alive(f"after {case}")
+    # ... and still serves a good login
+    good = f"amqp://127.0.0.1:{port(router, 2)}"
+    assert login(good, user="bob@eorouter", password="bob-secret", mechs="SCRAM-SHA-256") is None
+
+
+def test_failed_logins_are_delayed_and_counted(router, pki):
+    url = f"amqp://127.0.0.1:{port(router, 2)}"
+    before = value(scrape(router), "eorouter_login_failures_total", mechanism="SCRAM-SHA-256") or 0
+    started = time.monotonic()
+    assert login(url, user="alice@eorouter", password="nope", mechs="SCRAM-SHA-256") is not None
+    assert time.monotonic() - started >= DELAY * 0.9
+    # many at once: each waits, none holds up a good client meanwhile
+    errors: list = []
+    threads = [
+        threading.Thread(target=lambda: errors.append(login(url, user="alice@eorouter", password="nope", mechs="SCRAM-SHA-256")))
+        for _ in range(20)
+    ]
+    for t in threads:
+        t.start()
+    good_started = time.monotonic()
+    assert login(url, user="bob@eorouter", password="bob-secret", mechs="SCRAM-SHA-256") is None
+    good_took = time.monotonic() - good_started
+    for t in threads:
+        t.join(30)
+    assert len(errors) == 20 and all(e is not None for e in errors)
+    assert good_took < 5, f"a good login took {good_took:.1f}s during a flood of bad ones"
+    after = value(scrape(router), "eorouter_login_failures_total", mechanism="SCRAM-SHA-256")
+    assert after == before + 21
+    router.check_alive("after a flood of failed logins")
+
+
+def test_passwd_adds_lists_and_deletes_users(tmp_path):
+    db = tmp_path / "u.sasldb"
+
+    def cli(*args, stdin=""):
+        return subprocess.run(
+            [sys.executable, "-m", "router.cli", "passwd", "--db", str(db), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+        )
+
+    assert cli("dave", "--password-stdin", stdin="pw\n").returncode == 0
+    assert cli("erin", "--realm", "corp", stdin="pw2\n").returncode == 0
+    assert oct(db.stat().st_mode & 0o777) == "0o600"
+    assert cli("--list").stdout.split() == ["dave@eorouter", "erin@corp"]
+    assert cli("--delete", "dave").returncode == 0
+    assert cli("--list").stdout.split() == ["erin@corp"]
+    for args, stdin, fragment in (
+        (("--delete", "dave"), "", "no user dave@eorouter"),
+        (("x@y",), "pw\n", "without '@'"),
+        (("frank",), "\n", "an empty password"),
+        ((), "", "NAME is required"),
+    ):
+        done = cli(*args, stdin=stdin)
+        assert done.returncode == 2 and fragment in done.stderr, (args, done.stderr)
