@@ -693,7 +693,7 @@ def _sasl(p: _Parser, data: dict, listeners: tuple[Listener, ...], base_dir: Pat
     return SaslSettings(**values)
 
 
-_GROUP_KEYS = {"publish", "subscribe", "max_connections", "admin"}
+_GROUP_KEYS = {"publish", "subscribe", "max_connections", "max_links", "max_message_size", "admin"}
 
 
 def _policy(p: _Parser, values: dict) -> Policy:
@@ -717,13 +717,24 @@ def _policy(p: _Parser, values: dict) -> Policy:
                 if why:
                     raise p.error(f"{where}.{key}", f"expected topic names or patterns, found {why}")
             patterns[key] = tuple(raw)
-        limit = body.get("max_connections")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise p.error(f"{where}.max_connections", f"expected an integer >= 0, found {_describe(limit)}")
+        limits = {}
+        for key, lowest in (("max_connections", 0), ("max_links", 0), ("max_message_size", 1)):
+            limit = body.get(key)
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < lowest):
+                raise p.error(f"{where}.{key}", f"expected an integer >= {lowest}, found {_describe(limit)}")
+            limits[key] = limit
         admin = body.get("admin", False)
         if not isinstance(admin, bool):
             raise p.error(f"{where}.admin", f"expected true or false, found {_describe(admin)}")
-        groups[name] = Group(name, patterns["publish"], patterns["subscribe"], limit, admin)
+        groups[name] = Group(
+            name,
+            patterns["publish"],
+            patterns["subscribe"],
+            limits["max_connections"],
+            admin,
+            limits["max_links"],
+            limits["max_message_size"],
+        )
     users: dict[str, tuple[str, ...]] = {}
     for user, names in values.get("users", {}).items():
         where = f"policy.users.{user}"

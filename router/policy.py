@@ -26,6 +26,8 @@ class Group:
     subscribe: tuple[str, ...] = ()
     max_connections: int | None = None  # per user; None: no limit
     admin: bool = False
+    max_links: int | None = None  # links one user may hold at once on a router; None: no limit
+    max_message_size: int | None = None  # bytes per message a user may publish; None: the router's limit
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,19 @@ class Policy:
     def max_connections(self, user: str) -> tuple[int | None, str | None]:
         """(the most connections ``user`` may hold, the group that allows them); a
         group without a limit means no limit."""
+        return self.limit(user, "max_connections")
+
+    def limit(self, user: str, what: str) -> tuple[int | None, str | None]:
+        """(``user``'s limit ``what`` -- max_connections, max_links, max_message_size --
+        the group it comes from): the most generous of its groups', None when one of
+        them sets none; (0, None) for a user no group admits."""
         groups = self.groups_of(user)
         if not groups:
             return 0, None
-        if any(g.max_connections is None for g in groups):
+        if any(getattr(g, what) is None for g in groups):
             return None, None
-        best = max(groups, key=lambda g: g.max_connections or 0)
-        return best.max_connections, best.name
+        best = max(groups, key=lambda g: getattr(g, what) or 0)
+        return getattr(best, what), best.name
 
     def describe(self, user: str) -> str:
         names = [g.name for g in self.groups_of(user)]

@@ -110,9 +110,11 @@ class Link:
         "rx_size",
         "streams",
         "management",
+        "max_size",
+        "counted",
     )
 
-    def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str):
+    def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str, max_size: int = 0):
         self.link_id = link_id
         self.conn = conn
         self.ptr = ptr
@@ -137,6 +139,10 @@ class Link:
         # "requests" or "replies" for a link of the $management node (management.py),
         # which the adapter answers itself; None for every other link.
         self.management: str | None = None
+        # Receiver links: the largest message its publisher may send (the router's
+        # limit, or its user's lower one: [policy]).
+        self.max_size = max_size
+        self.counted = False  # held against its user's max_links ([policy])
 
     def __repr__(self) -> str:
         return f"<Link {self.link_id} {self.name!r} on conn {self.conn.conn_id}>"
@@ -318,6 +324,11 @@ def detach_link(link: Link, condition: str | None, description: str | None, clos
         return
     set_condition(lib.pn_link_condition(ptr), condition, description)
     if state & LOCAL_UNINIT:
+        # Proton gives a link the peer opened empty termini of its kind, which go out
+        # as a source and a target with no address: mark them unspecified so that the
+        # attach carries null ones, which clients read as "refused".
+        lib.pn_terminus_set_type(lib.pn_link_source(ptr), lib.PN_UNSPECIFIED)
+        lib.pn_terminus_set_type(lib.pn_link_target(ptr), lib.PN_UNSPECIFIED)
         lib.pn_link_open(ptr)
     if close:
         lib.pn_link_close(ptr)

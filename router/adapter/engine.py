@@ -190,6 +190,7 @@ class Engine:
         self.management: Management | None = None  # the $management node (management.py), set by the Server
         self.policy: Policy | None = None  # the config's [policy] (router/policy.py), set by the Server
         self.connections_of: dict[str, int] = {}  # user -> open client connections (the policy's limit)
+        self.links_of: dict[str, int] = {}  # user -> links it holds (the policy's max_links)
         # Events operators follow, by what tells them apart (_COUNTED): attaches
         # (resumed or not), resumptions, peers connecting, restarting, lost, ...
         self.happenings: dict[tuple, int] = {}
@@ -365,20 +366,44 @@ class Engine:
         assert policy is not None  # asked only when there is one
         if link.management is not None or (self.management is not None and self.management.wants(link, address)):
             if policy.is_admin(user):
-                return True
+                return self._within_limits(link, user)
             why = f"{policy.describe(user)} may not use $management (no admin group)"
         elif address is None:
             return True  # the core refuses a link without a topic, with its own reason
         elif link.is_receiver:
             if policy.may_publish(user, address):
-                return True
+                return self._within_limits(link, user)
             why = f"{policy.describe(user)} may not publish to {address!r}: no publish rule of its groups matches"
         else:
             if policy.may_subscribe(user, address):
-                return True
+                return self._within_limits(link, user)
             why = f"{policy.describe(user)} may not subscribe to {address!r}: no subscribe rule of its groups matches"
         self._refuse_attach(link, UNAUTHORIZED, why)
         return False
+
+    def _within_limits(self, link: Link, user: str) -> bool:
+        """The user's link limit (the link then counts against it until it ends) and,
+        for a publisher, its largest message."""
+        policy = self.policy
+        assert policy is not None
+        limit, group = policy.limit(user, "max_links")
+        held = self.links_of.get(user, 0)
+        if limit is not None and held >= limit:
+            why = f"{policy.describe(user)} may hold {limit} link(s) (group {group}); it holds {held}"
+            log.info("link %d %r refused: %s", link.link_id, link.name, why)
+            self._refuse_attach(link, RESOURCE_LIMIT, why)
+            return False
+        self.links_of[user] = held + 1
+        link.counted = True
+        if link.is_receiver:
+            size, _ = policy.limit(user, "max_message_size")
+            if size is not None and size < link.max_size:
+                link.max_size = size
+        return True
+
+    def _own_limit(self, link: Link) -> int:
+        """A publisher's message size limit when its user's is lower than the router's (0: the router's)."""
+        return link.max_size if link.max_size < self.max_message_size else 0
 
     def login_failed(self, conn: Conn) -> None:
         """A client's credentials did not check out (the Server holds the answer)."""
@@ -490,15 +515,16 @@ class Engine:
         t = _delivery_tag(d)
         tag = _unpack(t.start, t.size)
         settled = _delivery_settled(d)  # a C _Bool: cffi gives a Python bool
-        if n > self.max_message_size:
+        if n > link.max_size:
             self._last_handle = handle = self._last_handle + 1
+            limit = self._own_limit(link)
             if settled:  # pre-settled: nobody waits for an outcome
-                self.dispatch(MessageTooLarge(link.link_id, handle, tag, n, True), conn, link)
+                self.dispatch(MessageTooLarge(link.link_id, handle, tag, n, True, limit), conn, link)
                 _delivery_settle(d)
                 return
             self._incoming[d] = handle
             self._handles[handle] = (d, link)
-            self.dispatch(MessageTooLarge(link.link_id, handle, tag, n, False), conn, link)
+            self.dispatch(MessageTooLarge(link.link_id, handle, tag, n, False, limit), conn, link)
             if handle in self._handles:  # not settled by the core yet: move past its bytes
                 _link_advance(lp)
             return
@@ -563,7 +589,7 @@ class Engine:
         link.rx_size += got
         if link.rx_buf is None:
             return
-        if link.rx_size <= self.max_message_size:
+        if link.rx_size <= link.max_size:
             link.rx_buf += ffi.buffer(self._rbuf, got)
             return
         link.rx_buf = None
@@ -572,7 +598,11 @@ class Engine:
         if not link.rx_settled:
             self._incoming[d] = handle
             self._handles[handle] = (d, link)
-        self.dispatch(MessageTooLarge(link.link_id, handle, link.rx_tag, link.rx_size, link.rx_settled), link.conn, link)
+        self.dispatch(
+            MessageTooLarge(link.link_id, handle, link.rx_tag, link.rx_size, link.rx_settled, self._own_limit(link)),
+            link.conn,
+            link,
+        )
 
     def _received_whole(self, d, link: Link) -> None:
         """Its last frame came: hand the message to the core (or, if it was too
@@ -663,7 +693,7 @@ class Engine:
         if lp in self._links_by_ptr or conn.refused:
             return  # known already, or on a connection refused at open (its close frees it)
         self._last_link_id = link_id = self._last_link_id + 1
-        link = Link(link_id, conn, lp, bool(lib.pn_link_is_receiver(lp)), cstr(lib.pn_link_name(lp)) or "")
+        link = Link(link_id, conn, lp, bool(lib.pn_link_is_receiver(lp)), cstr(lib.pn_link_name(lp)) or "", self.max_message_size)
         self._links_by_ptr[lp] = link
         self._links[link_id] = link
         if not link.is_receiver:  # a subscriber's: its accepted dispositions may take the compiled path
@@ -759,6 +789,10 @@ class Engine:
             streaming.forget(link)
         if link.management is not None and self.management is not None:
             self.management.forget(link)
+        if link.counted:
+            link.counted = False
+            user = link.conn.user or ANONYMOUS
+            self.links_of[user] = self.links_of.get(user, 1) - 1
         self._links_by_ptr.pop(link.ptr, None)
         self._links.pop(link.link_id, None)
         link.conn.links.pop(link.link_id, None)
@@ -954,7 +988,7 @@ class Engine:
         link = self._links.get(cmd.link_id)
         if link is None:
             return
-        endpoints.open_link(link, cmd.timeout, cmd.properties, self.max_message_size, self.publishers_settle_first)
+        endpoints.open_link(link, cmd.timeout, cmd.properties, link.max_size, self.publishers_settle_first)
         self.touched.add(link.conn)
 
     def CORE_detach_link(self, cmd: DetachLink) -> None:

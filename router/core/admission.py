@@ -498,7 +498,11 @@ class AdmissionMixin(CoreState):
             pub.credit -= 1
             self.topics[pub.topic].outstanding_credit -= 1
             self._promised -= self.topics[pub.topic].est
-        description = f"message of {ev.size}+ bytes exceeds the router's limit of {self.settings.max_message_size}"
+        description = (
+            f"message of {ev.size}+ bytes exceeds this publisher's limit of {ev.limit} bytes (its user's, in the policy)"
+            if ev.limit
+            else f"message of {ev.size}+ bytes exceeds the router's limit of {self.settings.max_message_size}"
+        )
         if ev.settled:
             out.append(Log("dropped", {"delivery": None, "reason": description}))
         else:

@@ -84,14 +84,16 @@ class MessageReceived(NamedTuple):
 
 
 class MessageTooLarge(NamedTuple):
-    """A publisher delivery grew past the router's max message size; the adapter
-    discards its bytes and waits for the core's outcome for it."""
+    """A publisher delivery grew past the router's max message size (or the lower
+    ``limit`` its publisher's user has); the adapter discards its bytes and waits
+    for the core's outcome for it."""
 
     link_id: int
     delivery: int
     tag: bytes
     size: int
     settled: bool
+    limit: int = 0  # the publisher's own limit, when lower than the router's (0: the router's)
 
 
 class OutcomeReceived(NamedTuple):

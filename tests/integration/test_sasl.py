@@ -237,3 +237,121 @@ def test_passwd_adds_lists_and_deletes_users(tmp_path):
     ):
         done = cli(*args, stdin=stdin)
         assert done.returncode == 2 and fragment in done.stderr, (args, done.stderr)
+
+
+LIMITED = {
+    "users": {"alice": ["writers"], "bob": ["readers"]},
+    "groups": {
+        "writers": {"publish": ["orders/#"], "max_links": 2, "max_message_size": 1000},
+        "readers": {"subscribe": ["orders/#"]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def users_db(tmp_path_factory):
+    db = tmp_path_factory.mktemp("sasl-users") / "users.sasldb"
+    passwd(db, "alice", "alice-secret")
+    passwd(db, "bob", "bob-secret")
+    return db
+
+
+def scram_listener(**extra) -> dict:
+    return {"host": "127.0.0.1", "port": 0, "sasl_mechanisms": ["SCRAM-SHA-256"], **extra}
+
+
+def as_alice(router, **kw) -> BlockingConnection:
+    return BlockingConnection(f"amqp://127.0.0.1:{router.port}", timeout=10, user="alice@eorouter", password="alice-secret", **kw)
+
+
+def test_link_limits_and_message_size_per_user(router_factory, users_db):
+    """alice may hold 2 links (a third is refused with resource-limit-exceeded, naming
+    the group; closing one frees its place) and publish messages up to 1000 bytes (a
+    larger one is rejected with message-size-exceeded naming her limit, and the
+    publisher link advertises the limit)."""
+    router = router_factory("A", policy=LIMITED, sasl={"users_db": str(users_db)}, listener=[scram_listener()])
+    conn = as_alice(router)
+    try:
+        topic = unique("orders/limits")
+        first = conn.create_sender(topic)
+        second = conn.create_sender(topic + "-2")
+        with pytest.raises(Exception, match="resource-limit-exceeded") as refused:
+            conn.create_sender(topic + "-3")
+        assert "may hold 2 link(s) (group writers)" in str(refused.value)
+        second.close()
+        third = conn.create_sender(topic + "-3")  # the closed link's place
+        assert first.link.remote_max_message_size == 1000
+        delivery = first.link.send(proton.Message(body="x" * 2000))
+        conn.wait(lambda: delivery.remote_state, timeout=10, msg="the outcome of a too large message")
+        assert delivery.remote_state == proton.Delivery.REJECTED
+        assert "message-size-exceeded" in str(delivery.remote.condition.name)
+        assert "limit of 1000 bytes" in delivery.remote.condition.description
+        third.close()
+    finally:
+        conn.close()
+    router.check_alive("after refusing links and messages")
+
+
+def test_a_resumed_link_gets_the_rights_its_user_has_there(router_factory, users_db, tmp_path):
+    """alice publishes at A, where she may; A dies and her publisher resumes at B,
+    whose policy lets her only subscribe: B refuses the resumed link with
+    unauthorized-access, naming the rule, the client stops with that error and keeps
+    its unsettled deliveries in its state file (the publisher is their only store),
+    and B goes on serving bob."""
+    secret = {"network": {"secret": "sasl-resume-secret"}}
+    sasl = {"users_db": str(users_db)}
+    b_policy = {"users": {"alice": ["readers"], "bob": ["readers"]}, "groups": {"readers": {"subscribe": ["orders/#"]}}}
+    a = router_factory(
+        "A",
+        policy=LIMITED,
+        sasl=sasl,
+        **secret,
+        listener=[scram_listener(), {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
+    )
+    b = router_factory(
+        "B",
+        policy=b_policy,
+        sasl=sasl,
+        **secret,
+        listener=[scram_listener()],
+        connector=[{"host": "127.0.0.1", "port": a.inter_router_port, "role": "inter-router"}],
+    )
+    topic = unique("orders/resume")
+    got: list = []
+    sub = ResumableSubscriber(
+        [f"127.0.0.1:{b.port}"],
+        topic,
+        container_id="bob-app",
+        link_name="bob-l",
+        state_path=tmp_path / "s.state",
+        user="bob@eorouter",
+        password="bob-secret",
+        on_message=got.append,
+    ).start()
+    pub = ResumablePublisher(
+        [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"],
+        topic,
+        container_id="alice-app",
+        link_name="alice-l",
+        state_path=tmp_path / "p.state",
+        user="alice@eorouter",
+        password="alice-secret",
+    ).start()
+    try:
+        assert sub.wait_attached(10) and pub.wait_attached(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # until A knows of bob at B
+            if pub.send_async("probe").result(timeout=20).state == "accepted" and got:
+                break
+            time.sleep(0.2)
+        assert got, "the network never carried alice's messages to bob"
+        a.kill()
+        with pytest.raises(Exception, match="unauthorized-access") as refused:
+            pub.wait_for(lambda: False, timeout=30)
+        assert "may not publish" in str(refused.value) and "'alice'" in str(refused.value)
+        assert "refused" in b.stderr_since_start()
+        assert sub.router is not None  # bob is still served at B
+        b.check_alive("after refusing a resumed link")
+    finally:
+        pub.close()
+        sub.close()

@@ -498,3 +498,17 @@ def test_plain_in_clear_when_asked_for(tmp_path):
     )
     (tmp_path / "r.toml").write_text(text)
     assert load_config(tmp_path / "r.toml").listeners[0].sasl_allow_plain_in_clear
+
+
+def test_policy_limits_per_group(tmp_path):
+    text = (
+        '[router]\nid = "A"\n[policy]\ndefault_group = "g"\n[policy.users]\nu = ["g", "h"]\n'
+        "[policy.groups.g]\nmax_links = 3\nmax_message_size = 1000\n[policy.groups.h]\nmax_links = 5\nmax_message_size = 500\n"
+    )
+    policy = load_config(write(tmp_path, text)).policy
+    assert policy.limit("u", "max_links") == (5, "h")  # the most generous group's
+    assert policy.limit("u", "max_message_size") == (1000, "g")
+    assert policy.limit("stranger", "max_links") == (3, "g")
+    assert policy.limit("u", "max_connections") == (None, None)  # a group without one: no limit
+    error = error_of(tmp_path, '[router]\nid = "A"\n[policy.groups.g]\nmax_message_size = 0\n')
+    assert error.key == "policy.groups.g.max_message_size" and "an integer >= 1" in str(error)
