@@ -784,15 +784,17 @@ def _network(
         if not secret:
             raise p.error("network.secret_file", f"expected a non-empty secret, found an empty file ({path})")
     if secret is None:
-        needs = [f"listener[{i}]" for i, lst in enumerate(listeners) if lst.role == "inter-router"]
-        needs += [f"connector[{i}]" for i in range(len(connectors))]
+        # Mutual TLS alone identifies routers (each certificate names its router id):
+        # the secret is then an optional second factor. Without TLS it is the only one.
+        needs = [f"listener[{i}]" for i, lst in enumerate(listeners) if lst.role == "inter-router" and lst.tls is None]
+        needs += [f"connector[{i}]" for i, c in enumerate(connectors) if c.tls is None or c.tls.cert_file is None]
         if needs:
             raise p.error(
                 "network.secret",
                 "required key is missing (needed by the inter-router "
                 + ", ".join(needs)
-                + ": routers prove a shared secret when they connect; "
-                "set network.secret or network.secret_file)",
+                + ": routers prove a shared secret when they connect, unless every inter-router listener and "
+                "connector uses mutual TLS; set network.secret or network.secret_file)",
             )
     return NetworkSettings(secret=secret, reconnect_delay=delay, reconnect_max=ceiling)
 

@@ -197,10 +197,11 @@ def encode_properties(props: dict, data_ptr) -> None:
 
 def set_failover_list(connection_ptr, addresses) -> None:
     """Offer other routers to a client in our open frame, as qpid-dispatch and
-    Artemis do: ``failover-server-list`` = [{network-host, port, scheme, hostname}]."""
+    Artemis do: ``failover-server-list`` = [{network-host, port, scheme, hostname}];
+    scheme ``amqps`` for a listener that needs TLS."""
     servers = [
-        {symbol("network-host"): host, symbol("port"): str(port), symbol("scheme"): "amqp", symbol("hostname"): host}
-        for host, port in addresses
+        {symbol("network-host"): host, symbol("port"): str(port), symbol("scheme"): scheme, symbol("hostname"): host}
+        for host, port, scheme in addresses
     ]
     data = Data(lib.pn_connection_properties(connection_ptr))
     data.clear()

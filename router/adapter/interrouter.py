@@ -298,10 +298,11 @@ class InterRouter:
 
     @property
     def proof_secret(self) -> str:
-        """The network's secret; the config requires one wherever routers connect."""
-        secret = self.secret
-        assert secret is not None
-        return secret
+        """The network's secret. Without one (the config allows that only where every
+        inter-router connection is mutual TLS) the proofs are still exchanged, under an
+        empty key: the certificates alone vouch for the routers, and a router that has
+        a secret refuses one that has none."""
+        return self.secret or ""
 
     # ---------------------------------------------------------------- open / proof
     def _on_open(self, peer: Peer) -> None:
@@ -316,6 +317,9 @@ class InterRouter:
         peer.hello = hello
         if hello.router_id == self.router_id:
             self._refuse(peer, UNAUTHORIZED, f"the peer claims our own router id {hello.router_id!r}")
+            return
+        if self.secret is None and not conn.tls:  # (the config rules it out; never let it through)
+            self._refuse(peer, UNAUTHORIZED, "no network secret here, and this connection has no TLS certificate", None)
             return
         if conn.tls:  # mutual TLS: the certificate must name the router it claims to be
             named = tls.peer_common_name(conn.transport)
@@ -336,7 +340,9 @@ class InterRouter:
             expected = codec.acceptor_proof(self.proof_secret, hello.router_id, hello.epoch, hello.boot, peer.nonce, hello.nonce)
             if not codec.proof_matches(expected, hello.auth):
                 self._refuse(
-                    peer, UNAUTHORIZED, "wrong proof (eorouter:auth) in the acceptor's open: the routers' secrets differ"
+                    peer,
+                    UNAUTHORIZED,
+                    "wrong proof (eorouter:auth) in the acceptor's open: the routers' secrets differ (or only one has one)",
                 )
                 return
             session = lib.pn_session(conn.connection)
@@ -587,7 +593,9 @@ class InterRouter:
                 return
             expected = codec.connector_proof(self.proof_secret, hello.router_id, hello.epoch, hello.boot, peer.nonce, hello.nonce)
             if not codec.proof_matches(expected, first.get("mac")):
-                self._refuse(peer, UNAUTHORIZED, "wrong proof (auth mac) from the connector: the routers' secrets differ")
+                self._refuse(
+                    peer, UNAUTHORIZED, "wrong proof (auth mac) from the connector: the routers' secrets differ (or one has none)"
+                )
                 return
             peer.state = LINKS
             session = lib.pn_link_session(peer.ctl_in)

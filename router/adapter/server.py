@@ -248,7 +248,15 @@ class Server:
             log.info("listening on %s:%d (%s)", lst.host, lst.port, lst.role)
         # Other routers offer these to their clients as a failover list.
         self.engine.now = time.time()
-        self.engine.timer(ListenersReady(tuple((lst.host, lst.port) for lst in self.listeners if lst.role == "normal")))
+        self.engine.timer(
+            ListenersReady(
+                tuple(
+                    (lst.host, lst.port, "amqps" if lst.tls_domain is not None else "amqp")
+                    for lst in self.listeners
+                    if lst.role == "normal"
+                )
+            )
+        )
         return bound
 
     def wakeup_socket(self) -> int:

@@ -418,7 +418,7 @@ class ResumableClient:
         self._lost(reason)
 
     def _on_connection_open(self, connection) -> None:
-        advertised = failover_urls(connection.remote_properties)
+        advertised = failover_urls(connection.remote_properties, tls=self.ssl_domain is not None)
         if advertised:
             merged = merge_urls(self.urls, advertised)
             if merged != self.urls:

@@ -184,10 +184,11 @@ def _port_of(value) -> int | None:
     return port if 0 < port < 65536 else None
 
 
-def failover_urls(connection_properties) -> list[str]:
+def failover_urls(connection_properties, tls: bool = False) -> list[str]:
     """``host:port`` for each entry of a ``failover-server-list`` connection property
     (a list of maps with "network-host" (where to connect), "hostname", "port",
-    "scheme"); entries with a scheme other than amqp, or unusable, are skipped."""
+    "scheme"); only the entries of the client's kind, amqps (``tls``) or amqp, and
+    usable."""
     props = {str(k): v for k, v in (connection_properties or {}).items()}
     entries = props.get(FAILOVER_SERVER_LIST)
     if not isinstance(entries, (list, tuple)):
@@ -198,7 +199,7 @@ def failover_urls(connection_properties) -> list[str]:
             continue
         entry = {str(k): v for k, v in entry.items()}
         scheme = str(entry.get("scheme") or "amqp")
-        if scheme != "amqp":
+        if scheme != ("amqps" if tls else "amqp"):  # a client speaks TLS to every router or to none
             continue
         host = entry.get("network-host") or entry.get("hostname")
         port = _port_of(entry.get("port", 5672))

@@ -178,7 +178,7 @@ class ListenersReady(NamedTuple):
     routers learn these and every router offers them to its clients as the
     ``failover-server-list`` of its open frame."""
 
-    addresses: tuple[tuple[str, int], ...]  # ((host, port), ...)
+    addresses: tuple[tuple[str, int, str], ...]  # ((host, port, scheme), ...): scheme "amqps" where TLS is needed
 
 
 class ExpireSubscription(NamedTuple):

@@ -93,7 +93,8 @@ class Network:
         self.neighbours: dict[str, dict[int, tuple[int, str]]] = {}
         self.routes: Routes = compute_routes(self_id, self.lsdb)
         # router id -> its client listeners ((host, port), ...), for failover lists
-        self.addresses: dict[str, tuple[tuple[str, int], ...]] = {}
+        # router id -> its client listeners: (host, port, scheme), "amqps" for TLS ones
+        self.addresses: dict[str, tuple[tuple[str, int, str], ...]] = {}
         # topic -> interested routers; asked once per published message, so cached
         # and cleared whenever the membership table changes.
         self._interest: dict[str, frozenset[str]] = {}
@@ -162,7 +163,7 @@ class Network:
     def learn_addresses(self, msg: dict[str, Any]) -> bool:
         """True when this told us something new (flood it on)."""
         try:
-            addrs = tuple((str(h), int(p)) for h, p in msg["addrs"])
+            addrs = tuple(_address(a) for a in msg["addrs"])
             router_id = msg["router"]
         except (KeyError, TypeError, ValueError) as err:
             raise ProtocolError("amqp:decode-error", f"bad addr message: {err}") from None
@@ -171,6 +172,15 @@ class Network:
         self.addresses[router_id] = addrs
         return True
 
-    def failover_list(self) -> list[tuple[str, int]]:
+    def failover_list(self) -> list[tuple[str, int, str]]:
         """Where a client of ours can go if we die: every other reachable router."""
         return [addr for router in sorted(self.routes.reachable) for addr in self.addresses.get(router, ())]
+
+
+def _address(entry: Any) -> tuple[str, int, str]:
+    """One client listener of an addr message: [host, port] (plain AMQP) or [host, port, scheme]."""
+    host, port, *rest = entry
+    scheme = str(rest[0]) if rest else "amqp"
+    if scheme not in ("amqp", "amqps") or len(rest) > 1:
+        raise ValueError(f"expected [host, port] or [host, port, 'amqp'|'amqps'], found {entry!r:.80}")
+    return str(host), int(port), scheme

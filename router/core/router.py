@@ -295,7 +295,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
     def record_count(self) -> int:
         return len(self.records)
 
-    def failover_list(self) -> list[tuple[str, int]]:
+    def failover_list(self) -> list[tuple[str, int, str]]:
         """The other reachable routers' client addresses (a query, for open frames)."""
         return self.net.failover_list()
 
@@ -305,7 +305,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
             self._end_subscription(sub, now, out, reason="expired")
 
     def _on_listeners_ready(self, ev: ListenersReady, now: float, out: list[Command]) -> None:
-        self.net.addresses[self.settings.router_id] = tuple((h, p) for h, p in ev.addresses)
+        self.net.addresses[self.settings.router_id] = tuple((h, p, s) for h, p, s in ev.addresses)
         self._flood(self.net.address_message(self.settings.router_id), None, out)
 
     # ------------------------------------------------------------ attaching

@@ -276,3 +276,64 @@ def test_inter_router_tls_is_mutual(pki, tmp_path, entry, key, message):
     )
     with pytest.raises(ConfigError, match="tls_cert_file"):
         parse_config(tomllib.loads(connector), str(tmp_path / "r.toml"))
+
+
+def test_mutual_tls_alone_and_the_failover_list_names_tls_routers(router_factory, pki, amqp):
+    """No network secret: mutual TLS alone lets A and B in (each certificate names its
+    router id). B's clients are offered A's TLS listener as amqps in the failover
+    list. C, which has a secret, is refused by A (their proofs differ)."""
+    from proton.utils import BlockingConnection as Blocking
+
+    a_cert, a_key = pki.issue("router-a2", "A", ("DNS:localhost",))
+    server_cert, server_key = pki.server()
+    a = router_factory(
+        "A",
+        listener=[
+            {"host": "127.0.0.1", "port": 0, "tls_cert_file": str(server_cert), "tls_key_file": str(server_key)},
+            {
+                "host": "127.0.0.1",
+                "port": 0,
+                "role": "inter-router",
+                "tls_cert_file": str(a_cert),
+                "tls_key_file": str(a_key),
+                "tls_require_client_cert": True,
+                "tls_ca_file": str(pki.ca),
+            },
+        ],
+    )
+
+    def dial(router_id: str) -> dict:
+        cert, key = pki.issue(f"router-{router_id.lower()}2", router_id)
+        return {
+            "host": "127.0.0.1",
+            "port": a.inter_router_port,
+            "role": "inter-router",
+            "tls": True,
+            "tls_ca_file": str(pki.ca),
+            "tls_server_name": "localhost",
+            "tls_cert_file": str(cert),
+            "tls_key_file": str(key),
+        }
+
+    b = router_factory("B", connector=[dial("B")])
+
+    def failover_list() -> list:
+        conn = Blocking(b.url, timeout=10)
+        try:
+            props = {str(k): v for k, v in (conn.conn.remote_properties or {}).items()}
+            return [{str(k): v for k, v in e.items()} for e in props.get("failover-server-list", [])]
+        finally:
+            conn.close()
+
+    amqp.wait(lambda: failover_list(), what="A in B's failover list (B connected to A without a secret)", timeout=30)
+    (entry,) = failover_list()
+    assert entry["scheme"] == "amqps" and entry["port"] == str(a.port)
+
+    c = router_factory("C", **SECRET, connector=[dial("C")])
+    amqp.wait(
+        lambda: any(e["event"] == "peer-refused" and e.get("peer") == "C" for e in a.events() + c.events()),
+        what="C refused",
+        timeout=30,
+    )
+    refusal = next(e for e in a.events() + c.events() if e["event"] == "peer-refused" and e.get("peer") in ("A", "C"))
+    assert "secrets differ" in refusal["reason"], refusal

@@ -285,6 +285,7 @@ def test_failover_urls_and_merge():
         ]
     }
     assert failover_urls(props) == ["127.0.0.1:5772", "127.0.0.2:5872", "[::1]:5672"]
+    assert failover_urls(props, tls=True) == ["127.0.0.3:5972"]  # a TLS client takes the amqps routers only
     assert failover_urls({}) == [] and failover_urls(None) == []
     assert merge_urls(["amqp://127.0.0.1:5672", "127.0.0.1:5772"], ["127.0.0.1:5772", "h:1"]) == [
         "127.0.0.1:5672",

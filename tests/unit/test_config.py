@@ -512,3 +512,17 @@ def test_policy_limits_per_group(tmp_path):
     assert policy.limit("u", "max_connections") == (None, None)  # a group without one: no limit
     error = error_of(tmp_path, '[router]\nid = "A"\n[policy.groups.g]\nmax_message_size = 0\n')
     assert error.key == "policy.groups.g.max_message_size" and "an integer >= 1" in str(error)
+
+
+def test_the_secret_is_optional_under_mutual_tls(tmp_path):
+    for name in ("c.pem", "k.pem", "ca.pem"):
+        (tmp_path / name).write_text("")
+    tls = 'tls_cert_file = "c.pem"\ntls_key_file = "k.pem"\ntls_ca_file = "ca.pem"\n'
+    mutual = (
+        f'[router]\nid = "A"\n[[listener]]\nport = 0\nrole = "inter-router"\n{tls}tls_require_client_cert = true\n'
+        f'[[connector]]\nhost = "h"\nport = 1\nrole = "inter-router"\ntls = true\n{tls}'
+    )
+    assert load_config(write(tmp_path, mutual)).network.secret is None
+    plain = mutual.replace(f"tls = true\n{tls}", "")  # the connector without TLS: the secret is its only proof
+    error = error_of(tmp_path, plain)
+    assert error.key == "network.secret" and "connector[0]" in str(error) and "mutual TLS" in str(error)

@@ -483,3 +483,18 @@ def test_lost_announcements_are_repaired_by_the_origins_snapshots(ops, data):
         mirror.follow(table.apply(message))
     assert state(table) == truth(announcers)
     assert mirror.matches(table)
+
+
+def test_client_addresses_carry_whether_they_need_tls():
+    """Routers flood their client listeners as [host, port, scheme]; the failover list
+    offered to clients keeps the scheme (amqps: TLS needed). An older [host, port] is
+    plain AMQP; anything else is a decode error."""
+    from router.core.network import Network
+
+    net = Network("A", 1, "boot-a")
+    assert net.learn_addresses({"t": "addr", "router": "B", "addrs": [["h", 5671, "amqps"], ["h", 5672]]})
+    assert net.addresses["B"] == (("h", 5671, "amqps"), ("h", 5672, "amqp"))
+    assert not net.learn_addresses(net.address_message("B"))  # the same again: nothing new to flood
+    for bad in ([["h", 1, "http"]], [["h", 1, "amqp", "x"]], [["h"]]):
+        with pytest.raises(ProtocolError, match="bad addr message"):
+            net.learn_addresses({"t": "addr", "router": "C", "addrs": bad})
