@@ -10,6 +10,21 @@ Proton C (interop/protonc/ledger.h) peers implement the same contract in their o
                  [--snd-settle-mode unsettled|settled] [--credit N] [--disconnect-after K]
                  [--linger S] [--timeout S]
 
+and, on both, the security options (none given: plain AMQP, SASL ANONYMOUS as before):
+
+    [--tls-ca PATH] [--tls-cert PATH --tls-key PATH] [--user NAME --password PW] [--mech MECHS]
+
+``--tls-ca PATH``: connect with TLS, trust the CA(s) in PATH (PEM) and verify the server's certificate
+against HOST (its name: dial ``localhost``, not 127.0.0.1, when the certificate names localhost).
+``--tls-cert PATH --tls-key PATH`` (both or neither, only with ``--tls-ca``): present that client
+certificate (PEM, unencrypted key). ``--user NAME --password PW``: log in with SASL as NAME (for
+eorouter ``NAME@eorouter``). ``--mech MECHS``: the SASL mechanisms the client may use, space
+separated (e.g. ``PLAIN``, ``EXTERNAL``, ``"PLAIN SCRAM-SHA-256"``); without it the stack picks among
+what it supports (with a client certificate and no password: EXTERNAL; with a password: PLAIN or
+better). A stack that cannot do an option refuses it at start: usage error, exit 2, the reason on
+stderr (``... not supported by this stack``). A refused login or handshake is an error (exit 1) whose
+summary ``error`` carries the condition (e.g. ``amqp:unauthorized-access``).
+
 Publisher: sends COUNT messages (seq 1..COUNT) to TOPIC over one sender link and waits for every
 outcome. ``--settle on-outcome`` (default) settles each delivery as soon as its outcome arrives;
 ``default`` leaves settlement to the stack's own default behaviour; ``presettled`` sends with
@@ -51,6 +66,7 @@ import json
 import os
 import sys
 import time
+from typing import NoReturn
 
 
 def parse(role: str, argv: list[str] | None = None, stack: str = "python", extra=()) -> argparse.Namespace:
@@ -74,14 +90,52 @@ def parse(role: str, argv: list[str] | None = None, stack: str = "python", extra
         p.add_argument("--snd-settle-mode", choices=("unsettled", "settled"), default="unsettled")
         p.add_argument("--credit", type=int, default=100)
         p.add_argument("--linger", type=float, default=0.0)
+    security = p.add_argument_group("security (TLS, SASL)")
+    security.add_argument("--tls-ca", default=None, metavar="PATH", help="use TLS, trust this CA, verify HOST")
+    security.add_argument("--tls-cert", default=None, metavar="PATH", help="client certificate (with --tls-key)")
+    security.add_argument("--tls-key", default=None, metavar="PATH", help="its private key (unencrypted)")
+    security.add_argument("--user", default=None, metavar="NAME", help="SASL login name (NAME@eorouter)")
+    security.add_argument("--password", default=None, metavar="PW", help="SASL password (with --user)")
+    security.add_argument("--mech", default=None, metavar="MECHS", help="SASL mechanisms allowed, space separated")
     for option, kind, default in extra:
         p.add_argument(option, type=kind, default=default)
     a = p.parse_args(argv)
+    problem = security_problem(a)
+    if problem:
+        p.error(problem)
     short = "pub" if role == "publisher" else "sub"
     a.role = role
+    a.stack = stack
     a.container_id = a.container_id or f"{stack}-{short}-{os.getpid()}"
     a.link = a.link or f"{a.container_id}-{short}"
     return a
+
+
+def security_problem(a: argparse.Namespace) -> str | None:
+    """What is wrong with the security options together (None when they make sense)."""
+    if (a.tls_cert is None) != (a.tls_key is None):
+        return "--tls-cert and --tls-key go together"
+    if a.tls_cert is not None and a.tls_ca is None:
+        return "a client certificate (--tls-cert) needs TLS (--tls-ca)"
+    if a.password is not None and a.user is None:
+        return "--password needs --user"
+    if a.mech is not None and not a.mech.split():
+        return "--mech needs at least one mechanism"
+    return None
+
+
+def usage_error(a: argparse.Namespace, why: str) -> NoReturn:
+    """A command line that makes no sense for this stack: exit 2 with the reason on stderr."""
+    print(f"{a.stack} {a.role}: error: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
+def unsupported(a: argparse.Namespace, what: str) -> NoReturn:
+    """Refuse an option this stack cannot do: the usage error's exit status 2, the reason on stderr
+    and in the summary line."""
+    print(f"{a.stack} {a.role}: {what}: not supported by this stack", file=sys.stderr)
+    summary(stack=a.stack, role=a.role, error=f"{what}: not supported by this stack")
+    sys.exit(2)
 
 
 OUTCOME_WORD = {"accept": "accepted", "reject": "rejected", "release": "released", "modify": "modified", "hold": "held"}

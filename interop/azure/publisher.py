@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Publisher on Azure's pure-Python AMQP 1.0 stack (``azure.servicebus._pyamqp``), used the way the
-Service Bus SDK uses it: ``SendClient.send_message`` per message, SASL ANONYMOUS, no TLS.
-Contract: interop/clientkit.py.
+Service Bus SDK uses it: ``SendClient.send_message`` per message; SASL ANONYMOUS in clear unless the
+security options ask for TLS and a login (interop/azure/security.py). Contract: interop/clientkit.py.
 
 pyamqp gives the application no way to settle a sent delivery: ``send_message`` returns once the
 receiver *settled* it (a settled disposition), whatever ``--settle`` says (``on-outcome`` behaves as
@@ -17,20 +17,11 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # for clientkit
 import clientkit  # noqa: E402
-from azure.servicebus._pyamqp.authentication import SASLAnonymousCredential  # noqa: E402
+import security  # noqa: E402  (interop/azure/security.py, beside this file)
 from azure.servicebus._pyamqp.client import SendClient  # noqa: E402
-from azure.servicebus._pyamqp.constants import AUTH_TYPE_SASL_PLAIN, SenderSettleMode  # noqa: E402
+from azure.servicebus._pyamqp.constants import SenderSettleMode  # noqa: E402
 from azure.servicebus._pyamqp.error import AMQPException, RetryPolicy  # noqa: E402
 from azure.servicebus._pyamqp.message import Message  # noqa: E402
-
-
-class AnonymousAuth:
-    """SASL ANONYMOUS over a plain listener (pyamqp's SASL layer with the anonymous credential)."""
-
-    auth_type = AUTH_TYPE_SASL_PLAIN
-
-    def __init__(self):
-        self.sasl = SASLAnonymousCredential()
 
 
 def main() -> int:
@@ -40,8 +31,7 @@ def main() -> int:
     client = SendClient(
         f"{a.host}:{a.port}",
         a.topic,
-        auth=AnonymousAuth(),
-        use_tls=False,
+        **security.client_options(a),
         client_name=a.container_id,
         # Report each outcome, as the other stacks' publishers do: by default pyamqp
         # re-sends a rejected message as a new delivery (another tag: a duplicate the

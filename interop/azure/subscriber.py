@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Subscriber on Azure's pure-Python AMQP 1.0 stack (``azure.servicebus._pyamqp``), used the way the
 Service Bus SDK's receiver uses it: ``ReceiveClient`` driven by ``do_work()``, transfers taken from its
-queue with their frames, answered with ``settle_messages``. Contract: interop/clientkit.py.
+queue with their frames, answered with ``settle_messages``. SASL ANONYMOUS in clear unless the security
+options ask for TLS and a login (interop/azure/security.py). Contract: interop/clientkit.py.
 
 ``--rcv-settle-mode second`` is Service Bus' peek-lock mode: each answer is sent unsettled with
 ``await_outcome=True`` and ``settle_messages`` returns only when the router's settling disposition
@@ -17,17 +18,10 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # for clientkit
 import clientkit  # noqa: E402
-from azure.servicebus._pyamqp.authentication import SASLAnonymousCredential  # noqa: E402
+import security  # noqa: E402  (interop/azure/security.py, beside this file)
 from azure.servicebus._pyamqp.client import ReceiveClient  # noqa: E402
-from azure.servicebus._pyamqp.constants import AUTH_TYPE_SASL_PLAIN, ReceiverSettleMode, SenderSettleMode  # noqa: E402
+from azure.servicebus._pyamqp.constants import ReceiverSettleMode, SenderSettleMode  # noqa: E402
 from azure.servicebus._pyamqp.error import AMQPError, MessageException, MessageSettlementUnconfirmed  # noqa: E402
-
-
-class AnonymousAuth:
-    auth_type = AUTH_TYPE_SASL_PLAIN
-
-    def __init__(self):
-        self.sasl = SASLAnonymousCredential()
 
 
 def main() -> int:
@@ -37,8 +31,7 @@ def main() -> int:
     client = ReceiveClient(
         f"{a.host}:{a.port}",
         a.topic,
-        auth=AnonymousAuth(),
-        use_tls=False,
+        **security.client_options(a),
         client_name=a.container_id,
         link_credit=a.credit,
         receive_settle_mode=ReceiverSettleMode.Second if second else ReceiverSettleMode.First,

@@ -36,6 +36,7 @@
  */
 
 #include "ledger.h"
+#include "security.h"
 
 #include <proton/condition.h>
 #include <proton/connection.h>
@@ -64,6 +65,8 @@ typedef struct app_data_t {
   long body_len;
   int disconnect_after;
   double timeout;
+
+  security_t security; /* --tls-ca, --tls-cert/--tls-key, --user/--password, --mech (security.h) */
 
   ledger_t ledger;
   pn_proactor_t *proactor;
@@ -288,7 +291,8 @@ void run(app_data_t *app) {
 
 static void usage(const char *prog) {
   fprintf(stderr, "usage: %s HOST PORT TOPIC COUNT --ledger PATH [--container-id ID] [--link NAME] [--size N]\n"
-                  "       [--settle on-outcome|default|presettled] [--disconnect-after K] [--timeout S]\n", prog);
+                  "       [--settle on-outcome|default|presettled] [--disconnect-after K] [--timeout S]\n"
+                  SECURITY_USAGE, prog);
   exit(2);
 }
 
@@ -301,7 +305,8 @@ int main(int argc, char **argv) {
     {"ledger", required_argument, 0, 'L'}, {"container-id", required_argument, 0, 'c'},
     {"link", required_argument, 0, 'l'}, {"size", required_argument, 0, 's'},
     {"settle", required_argument, 0, 'S'}, {"disconnect-after", required_argument, 0, 'd'},
-    {"timeout", required_argument, 0, 't'}, {0, 0, 0, 0}};
+    {"timeout", required_argument, 0, 't'},
+    SECURITY_LONGOPTS, {0, 0, 0, 0}};
   int opt;
 
   app.size = 32;
@@ -321,10 +326,12 @@ int main(int argc, char **argv) {
       break;
      case 'd': app.disconnect_after = atoi(optarg); break;
      case 't': app.timeout = atof(optarg); break;
-     default: usage(argv[0]);
+     default:
+      if (!security_option(&app.security, opt, optarg)) usage(argv[0]);
     }
   }
   if (argc - optind != 4 || !ledger_path) usage(argv[0]);
+  security_check(&app.security, argv[0], "publisher");
   app.host = argv[optind];
   app.port = argv[optind + 1];
   app.amqp_address = argv[optind + 2];
@@ -347,7 +354,7 @@ int main(int argc, char **argv) {
 
   app.proactor = pn_proactor();
   pn_proactor_addr(addr, sizeof(addr), app.host, app.port);
-  pn_proactor_connect2(app.proactor, NULL, NULL, addr);
+  security_connect(app.proactor, &app.security, app.host, addr);
   pn_proactor_set_timeout(app.proactor, 250);
   run(&app);
   print_summary(&app, 0);

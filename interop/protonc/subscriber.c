@@ -35,6 +35,7 @@
  */
 
 #include "ledger.h"
+#include "security.h"
 
 #include <proton/condition.h>
 #include <proton/connection.h>
@@ -68,6 +69,8 @@ typedef struct app_data_t {
   int disconnect_after;
   double linger;
   double timeout;
+
+  security_t security; /* --tls-ca, --tls-cert/--tls-key, --user/--password, --mech (security.h) */
 
   ledger_t ledger;
   pn_proactor_t *proactor;
@@ -319,7 +322,7 @@ static void usage(const char *prog) {
   fprintf(stderr, "usage: %s HOST PORT TOPIC COUNT --ledger PATH [--container-id ID] [--link NAME]\n"
                   "       [--outcome accept|reject|release|modify|hold] [--rcv-settle-mode first|second]\n"
                   "       [--snd-settle-mode unsettled|settled] [--credit N] [--disconnect-after K]\n"
-                  "       [--linger S] [--timeout S]\n", prog);
+                  "       [--linger S] [--timeout S]\n" SECURITY_USAGE, prog);
   exit(2);
 }
 
@@ -333,7 +336,8 @@ int main(int argc, char **argv) {
     {"link", required_argument, 0, 'l'}, {"outcome", required_argument, 0, 'o'},
     {"rcv-settle-mode", required_argument, 0, 'r'}, {"snd-settle-mode", required_argument, 0, 'n'},
     {"credit", required_argument, 0, 'C'}, {"disconnect-after", required_argument, 0, 'd'},
-    {"linger", required_argument, 0, 'g'}, {"timeout", required_argument, 0, 't'}, {0, 0, 0, 0}};
+    {"linger", required_argument, 0, 'g'}, {"timeout", required_argument, 0, 't'},
+    SECURITY_LONGOPTS, {0, 0, 0, 0}};
   int opt;
 
   app.credit = 100;
@@ -366,10 +370,12 @@ int main(int argc, char **argv) {
      case 'd': app.disconnect_after = atoi(optarg); break;
      case 'g': app.linger = atof(optarg); break;
      case 't': app.timeout = atof(optarg); break;
-     default: usage(argv[0]);
+     default:
+      if (!security_option(&app.security, opt, optarg)) usage(argv[0]);
     }
   }
   if (argc - optind != 4 || !ledger_path) usage(argv[0]);
+  security_check(&app.security, argv[0], "subscriber");
   app.host = argv[optind];
   app.port = argv[optind + 1];
   app.amqp_address = argv[optind + 2];
@@ -389,7 +395,7 @@ int main(int argc, char **argv) {
 
   app.proactor = pn_proactor();
   pn_proactor_addr(addr, sizeof(addr), app.host, app.port);
-  pn_proactor_connect2(app.proactor, NULL, NULL, addr);
+  security_connect(app.proactor, &app.security, app.host, addr);
   pn_proactor_set_timeout(app.proactor, 100);
   run(&app);
   print_summary(&app, 0);

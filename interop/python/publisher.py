@@ -9,6 +9,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # for clientkit
 import clientkit  # noqa: E402
+import security  # noqa: E402  (interop/python/security.py, beside this file)
 from cproton import ffi, lib  # noqa: E402
 from proton import Delivery, Message  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402
@@ -44,8 +45,7 @@ class Publisher(MessagingHandler):
         self.error = None
 
     def on_start(self, event):
-        url = f"amqp://{self.a.host}:{self.a.port}"
-        self.conn = event.container.connect(url, reconnect=False)
+        self.conn = event.container.connect(security.url(self.a), reconnect=False, **security.connect_options(self.a))
         opts = None
         if self.a.settle == "presettled":
             from proton.reactor import AtMostOnce

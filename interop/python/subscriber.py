@@ -9,6 +9,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # for clientkit
 import clientkit  # noqa: E402
+import security  # noqa: E402  (interop/python/security.py, beside this file)
 from cproton import ffi, lib  # noqa: E402
 from proton import Condition, Delivery, Link  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402
@@ -51,7 +52,7 @@ class Subscriber(MessagingHandler):
         self.done_at = None
 
     def on_start(self, event):
-        self.conn = event.container.connect(f"amqp://{self.a.host}:{self.a.port}", reconnect=False)
+        self.conn = event.container.connect(security.url(self.a), reconnect=False, **security.connect_options(self.a))
         self.receiver = event.container.create_receiver(self.conn, self.a.topic, name=self.a.link, options=SettleModes(self.a))
         self.timer = event.container.schedule(0.1, self)
 

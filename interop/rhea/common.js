@@ -10,9 +10,25 @@ function usage(role) {
     : '[--outcome accept|reject|release|modify|hold] [--rcv-settle-mode first|second] ' +
       '[--snd-settle-mode unsettled|settled] [--credit N] [--linger S]';
   process.stderr.write(`usage: ${role}.js HOST PORT TOPIC COUNT --ledger PATH [--container-id ID] [--link NAME] ` +
-                       `${extra} [--disconnect-after K] [--timeout S]\n`);
+                       `${extra} [--disconnect-after K] [--timeout S]\n` +
+                       '       [--tls-ca PATH] [--tls-cert PATH --tls-key PATH] [--user NAME --password PW] ' +
+                       '[--mech MECHS]\n');
   process.exit(2);
 }
+
+function usageError(role, why) {
+  process.stderr.write(`${role}.js: ${why}\n`);
+  usage(role);
+}
+
+// An option this stack cannot do: the usage error's status (2), the reason on stderr and in the summary.
+function unsupported(role, what) {
+  process.stderr.write(`${role}.js: ${what}: not supported by this stack\n`);
+  process.stdout.write(JSON.stringify({ stack: 'rhea', role, error: `${what}: not supported by this stack` }) + '\n');
+  process.exit(2);
+}
+
+const SECURITY = ['tls_ca', 'tls_cert', 'tls_key', 'user', 'password', 'mech'];
 
 function parse(role) {
   const a = { role, size: 32, settle: 'on-outcome', outcome: 'accept', rcv_settle_mode: 'first',
@@ -23,10 +39,10 @@ function parse(role) {
                     outcome: ['accept', 'reject', 'release', 'modify', 'hold'],
                     rcv_settle_mode: ['first', 'second'], snd_settle_mode: ['unsettled', 'settled'] };
   const numeric = ['size', 'credit', 'linger', 'disconnect_after', 'timeout'];
-  const allowed = role === 'publisher'
+  const allowed = (role === 'publisher'
     ? ['ledger', 'container_id', 'link', 'size', 'settle', 'disconnect_after', 'timeout']
     : ['ledger', 'container_id', 'link', 'outcome', 'rcv_settle_mode', 'snd_settle_mode', 'credit',
-       'disconnect_after', 'linger', 'timeout'];
+       'disconnect_after', 'linger', 'timeout']).concat(SECURITY);
   for (let i = 0; i < argv.length; i++) {
     if (argv[i].startsWith('--')) {
       const key = argv[i].slice(2).replace(/-/g, '_');
@@ -39,11 +55,63 @@ function parse(role) {
     }
   }
   if (positional.length !== 4 || !a.ledger) usage(role);
+  // the security options together (as interop/clientkit.py's security_problem)
+  if ((a.tls_cert === undefined) !== (a.tls_key === undefined)) usageError(role, '--tls-cert and --tls-key go together');
+  if (a.tls_cert !== undefined && a.tls_ca === undefined) usageError(role, 'a client certificate (--tls-cert) needs TLS (--tls-ca)');
+  if (a.password !== undefined && a.user === undefined) usageError(role, '--password needs --user');
+  if (a.mech !== undefined && !a.mech.trim()) usageError(role, '--mech needs at least one mechanism');
   [a.host, a.port, a.topic, a.count] = [positional[0], Number(positional[1]), positional[2], Number(positional[3])];
   const short = role === 'publisher' ? 'pub' : 'sub';
   a.container_id = a.container_id || `rhea-${short}-${process.pid}`;
   a.link = a.link || `${a.container_id}-${short}`;
   return a;
+}
+
+// rhea's connect options for the common command line: TLS (node's tls.connect: the server's certificate
+// checked against the CA and against HOST as servername), a client certificate, a SASL login. rhea's
+// client SASL knows PLAIN (username + password), EXTERNAL (a client certificate, with
+// enable_sasl_external), ANONYMOUS and XOAUTH2; nothing else (no SCRAM).
+function connectOptions(a) {
+  const o = { host: a.host, port: a.port, reconnect: false };
+  if (a.tls_ca !== undefined) {
+    Object.assign(o, { transport: 'tls', ca: [fs.readFileSync(a.tls_ca)], servername: a.host, rejectUnauthorized: true });
+    if (a.tls_cert !== undefined) {
+      o.cert = fs.readFileSync(a.tls_cert);
+      o.key = fs.readFileSync(a.tls_key);
+      o.enable_sasl_external = true; // offer EXTERNAL when the server does
+    }
+  }
+  if (a.user !== undefined) o.username = a.user;
+  if (a.password !== undefined) o.password = a.password;
+  if (a.mech !== undefined) {
+    const sasl = require('rhea').sasl;
+    const mechs = sasl.client_mechanisms();
+    for (const name of a.mech.trim().split(/\s+/)) {
+      const upper = name.toUpperCase();
+      if (upper === 'PLAIN') {
+        if (a.user === undefined || a.password === undefined) usageError(a.role, 'PLAIN needs --user and --password');
+        mechs.enable_plain(a.user, a.password);
+      } else if (upper === 'EXTERNAL') {
+        if (a.tls_cert === undefined) usageError(a.role, 'EXTERNAL needs a client certificate (--tls-cert)');
+        mechs.enable_external();
+      } else if (upper === 'ANONYMOUS') {
+        mechs.enable_anonymous(a.user || 'anonymous');
+      } else {
+        unsupported(a.role, `SASL mechanism ${name} (rhea's client has PLAIN, EXTERNAL, ANONYMOUS)`);
+      }
+    }
+    o.sasl_mechanisms = mechs; // exactly these, whatever else username/password would enable
+    delete o.enable_sasl_external;
+  }
+  return o;
+}
+
+// A connection-level error (a refused login, a failed TLS handshake, the router's close) as text.
+function errorText(error) {
+  if (!error) return '';
+  const condition = error.condition || error.code;
+  const description = error.description || error.message || '';
+  return condition ? `${condition}: ${description}` : String(description || error);
 }
 
 function now() {
@@ -115,4 +183,4 @@ function seqOf(message) {
   return m ? Number(m[1]) : null;
 }
 
-module.exports = { parse, now, Ledger, body, hex, seqOf, digest, incarnationOf, inlinePubTag };
+module.exports = { parse, connectOptions, errorText, now, Ledger, body, hex, seqOf, digest, incarnationOf, inlinePubTag };

@@ -1,7 +1,7 @@
 'use strict';
 // eorouter interop publisher on rhea. Contract: interop/clientkit.py.
 const rhea = require('rhea');
-const { parse, Ledger, body, hex, digest, incarnationOf } = require('./common');
+const { parse, connectOptions, errorText, Ledger, body, hex, digest, incarnationOf } = require('./common');
 
 const a = parse('publisher');
 const ledger = new Ledger(a);
@@ -14,7 +14,7 @@ let finished = false;
 let lastProgress = Date.now();
 
 const container = rhea.create_container({ id: a.container_id });
-const conn = container.connect({ host: a.host, port: a.port, reconnect: false });
+const conn = container.connect(connectOptions(a));
 const sender = conn.open_sender({
   name: a.link,
   target: { address: a.topic },
@@ -71,16 +71,23 @@ function onOutcome(name) {
 }
 for (const name of ['accepted', 'rejected', 'released', 'modified']) sender.on(name, onOutcome(name));
 
-sender.on('sender_error', (context) => { error = `link: ${JSON.stringify(context.sender.error)}`; finish(1); });
-conn.on('connection_error', (context) => { error = `connection: ${JSON.stringify(context.connection.error)}`; });
+sender.on('sender_error', (context) => { error = `link: ${errorText(context.sender.error)}`; finish(1); });
+conn.on('connection_error', (context) => {
+  // the router's close with an error, or a refused login (rhea's transport error: context.error)
+  error = error || `connection: ${errorText(context.error || context.connection.error)}`;
+});
 conn.on('disconnected', (context) => {
-  if (!finished) {
-    error = error || `disconnected${context.error ? ': ' + context.error.message : ''}`;
-    finished = true;
-    exitCode = 1;
+  if (!finished) { // the socket ended before we were done: a TLS or network failure
+    error = error || `disconnected${context.error ? ': ' + errorText(context.error) : ''}`;
+    summary(false);
+    process.exit(1);
   }
 });
-conn.on('connection_close', () => { summary(false); process.exit(exitCode); });
+conn.on('connection_close', () => {
+  if (!finished) exitCode = 1; // closed on us (or a refused login) before the end
+  summary(false);
+  process.exit(exitCode);
+});
 const timer = setInterval(() => {
   if ((Date.now() - lastProgress) / 1000 > a.timeout) {
     error = `no progress for ${a.timeout} s`;

@@ -1,7 +1,7 @@
 'use strict';
 // eorouter interop subscriber on rhea. Contract: interop/clientkit.py.
 const rhea = require('rhea');
-const { parse, Ledger, hex, seqOf, digest } = require('./common');
+const { parse, connectOptions, errorText, Ledger, hex, seqOf, digest } = require('./common');
 
 const a = parse('subscriber');
 const ledger = new Ledger(a);
@@ -13,7 +13,7 @@ let error = null;
 let lastProgress = Date.now();
 
 const container = rhea.create_container({ id: a.container_id });
-const conn = container.connect({ host: a.host, port: a.port, reconnect: false });
+const conn = container.connect(connectOptions(a));
 const receiver = conn.open_receiver({
   name: a.link,
   source: { address: a.topic },
@@ -84,16 +84,23 @@ function finish(code) {
   clearInterval(timer);
   conn.close();
 }
-receiver.on('receiver_error', (context) => { error = `link: ${JSON.stringify(context.receiver.error)}`; finish(1); });
-conn.on('connection_error', (context) => { error = `connection: ${JSON.stringify(context.connection.error)}`; });
+receiver.on('receiver_error', (context) => { error = `link: ${errorText(context.receiver.error)}`; finish(1); });
+conn.on('connection_error', (context) => {
+  // the router's close with an error, or a refused login (rhea's transport error: context.error)
+  error = error || `connection: ${errorText(context.error || context.connection.error)}`;
+});
 conn.on('disconnected', (context) => {
-  if (!finished) {
-    error = error || `disconnected${context.error ? ': ' + context.error.message : ''}`;
+  if (!finished) { // the socket ended before we were done: a TLS or network failure
+    error = error || `disconnected${context.error ? ': ' + errorText(context.error) : ''}`;
     summary(false);
     process.exit(1);
   }
 });
-conn.on('connection_close', () => { summary(false); process.exit(exitCode); });
+conn.on('connection_close', () => {
+  if (!finished) exitCode = 1; // closed on us (or a refused login) before the end
+  summary(false);
+  process.exit(exitCode);
+});
 const timer = setInterval(() => {
   if (doneAt !== null) {
     if ((Date.now() - doneAt) / 1000 >= a.linger) finish(0);

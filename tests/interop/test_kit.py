@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from proton import Message
 
-from interop import clientkit, matrix
+from interop import clientkit, matrix, peers
 from interop.peers import INTEROP
 
 
@@ -64,3 +64,46 @@ def test_the_matrix_groups_failures_by_known_cause(monkeypatch):
     # an unexpected failure of a cell with a known cause is not explained away
     odd = matrix.Result("accept", "one router", "azure", "python", "fail", ["sub: duplicate seq 4"])
     assert matrix.known_cause(odd) is None
+
+
+BASE = ["localhost", "5671", "t", "1", "--ledger", "x.jsonl"]
+
+
+def test_the_security_options_are_parsed_and_checked(capsys):
+    a = clientkit.parse("publisher", [*BASE, "--tls-ca", "ca.pem", "--tls-cert", "c.pem", "--tls-key", "c.key"])
+    assert (a.tls_ca, a.tls_cert, a.tls_key, a.user, a.password, a.mech) == ("ca.pem", "c.pem", "c.key", None, None, None)
+    a = clientkit.parse("subscriber", [*BASE, "--user", "alice@eorouter", "--password", "pw", "--mech", "PLAIN SCRAM-SHA-256"])
+    assert (a.user, a.password, a.mech, a.tls_ca) == ("alice@eorouter", "pw", "PLAIN SCRAM-SHA-256", None)
+    for bad, why in (
+        (["--tls-ca", "ca.pem", "--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+        (["--tls-cert", "c.pem", "--tls-key", "c.key"], "needs TLS (--tls-ca)"),
+        (["--password", "pw"], "--password needs --user"),
+        (["--mech", " "], "at least one mechanism"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            clientkit.parse("publisher", [*BASE, *bad])
+        assert exit_.value.code == 2 and why in capsys.readouterr().err, bad
+
+
+@pytest.mark.parametrize("stack", ["rhea", "protonc", "azure"])
+def test_a_stack_refuses_a_mechanism_it_cannot_do_at_start(stack, tmp_path):
+    """rhea, Proton C without Cyrus SASL and pyamqp have no SCRAM: exit 2, said on stderr, before
+    any connection (nothing listens on the port)."""
+    reason = peers.setup(stack)
+    if reason is not None:
+        pytest.skip(reason)
+    if stack == "protonc" and _protonc_has_cyrus():
+        pytest.skip("this Proton C has Cyrus SASL: SCRAM is one of its mechanisms")
+    for role in ("publisher", "subscriber"):
+        argv = [*peers.command(stack, role), "localhost", "1", "t", "1", "--ledger", str(tmp_path / f"{role}.jsonl")]
+        done = subprocess.run([*argv, "--mech", "SCRAM-SHA-256"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (stack, role, done.returncode, done.stdout, done.stderr)
+        assert "SCRAM-SHA-256" in done.stderr and "not supported by this stack" in done.stderr, done.stderr
+
+
+def _protonc_has_cyrus() -> bool:
+    """Whether the Proton C the peers are linked with uses Cyrus SASL (ldd lists libsasl2)."""
+    if shutil.which("ldd") is None:
+        return False
+    libs = subprocess.run(["ldd", peers.command("protonc", "publisher")[0]], capture_output=True, text=True).stdout
+    return "libsasl2" in libs
