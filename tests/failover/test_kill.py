@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import proton
 import pytest
 
 from eorouter_tools.topology import RouterNetwork, parse_topology
@@ -52,16 +53,19 @@ class Scenario:
         topology=TRIANGLE,
         client_listener: dict | None = None,
         ssl_domain=None,
+        client_kw: dict | None = None,
+        overrides: dict | None = None,
     ):
         self.dir = tmp_path / "clients"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.net = RouterNetwork(
             tmp_path / "routers",
             parse_topology(topology),
-            overrides={"delivery": {"record_linger": 1.0}, "failover": {"publisher_resume_timeout": 20}},
+            overrides={"delivery": {"record_linger": 1.0}, "failover": {"publisher_resume_timeout": 20}, **(overrides or {})},
             client_listener=client_listener or {},
         )
         tls = {"ssl_domain": ssl_domain} if ssl_domain is not None else {}
+        tls.update(client_kw or {})  # e.g. a SASL login
         self.net.start()
         self.topic = "orders"
         self.received: dict[str, list] = defaultdict(list)
@@ -225,9 +229,10 @@ def test_kill_the_router_with_a_publisher_and_a_subscriber(scenario):
 
 
 def test_kill_a_router_with_clients_on_tls(scenario, tmp_path):
-    """The same kill with every client listener on TLS (issue 18): the clients
-    fail over over TLS, nothing is lost or duplicated, and the Spark proof over
-    the routers' logs and the clients' ledgers says so."""
+    """The same kill with every client listener on TLS, and clients that log in
+    (issue 18): the clients fail over over TLS, logging in again at the next router,
+    nothing is lost or duplicated, and the Spark proof over the routers' logs and
+    the clients' ledgers says so."""
     import subprocess
     import sys
 
@@ -242,7 +247,23 @@ def test_kill_a_router_with_clients_on_tls(scenario, tmp_path):
     # name check does not match: the client checks the CA (issue 18 part 1 leaves
     # names in failover lists to a later slice).
     client.set_peer_authentication(SSLDomain.VERIFY_PEER)
-    s = scenario(client_listener={"tls_cert_file": str(cert), "tls_key_file": str(key)}, ssl_domain=client)
+    # ... and every client logs in (SASL SCRAM-SHA-256, checked by Cyrus against a sasldb
+    # made with `eorouter passwd`) when Qpid Proton has Cyrus SASL.
+    login: dict = {}
+    listener = {"tls_cert_file": str(cert), "tls_key_file": str(key)}
+    overrides = {}
+    if proton.SASL.extended():
+        db = tmp_path / "users.sasldb"
+        subprocess.run(
+            [sys.executable, "-m", "router.cli", "passwd", "--db", str(db), "app", "--password-stdin"],
+            input="app-secret\n",
+            text=True,
+            check=True,
+        )
+        listener["sasl_mechanisms"] = ["SCRAM-SHA-256"]
+        overrides["sasl"] = {"users_db": str(db)}
+        login = {"user": "app@eorouter", "password": "app-secret", "sasl_mechanisms": "SCRAM-SHA-256"}
+    s = scenario(client_listener=listener, ssl_domain=client, client_kw=login, overrides=overrides)
     threads = s.publish_in_background()
     s.wait_progress(40)
     s.net.routers["A"].kill()
