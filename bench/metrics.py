@@ -2,23 +2,21 @@
 off, same code, in one run.
 
 ``python -m bench.metrics [--subscribers 1,4] [--messages 50000] [--rounds 5]``:
-the cells of ``scripts/bench`` (C clients, exactly-once, one router, K
-subscribers), each round once with a ``[metrics]`` listener that a scraper reads
-every second (as Prometheus would) and once without, in alternating order, so
-drift in a shared machine's speed falls on both alike. Prints, per K, the median
-router CPU per message of each, the ratio of the medians (issue 19's target:
-at most 1.05) and the round-by-round ratios.
+each round once with a ``[metrics]`` listener that a scraper reads every second
+(as Prometheus would) and once without (bench/sides.py: alternating order; per K
+the medians, their ratio -- issue 19's target: at most 1.05 -- and the
+round-by-round ratios).
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 
 from bench.run import parse_args as bench_args
-from bench.run import run_one, snapshot_router
+from bench.run import snapshot_router
+from bench.sides import alternate, report
 from eorouter_tools.build import BuildError, build_c_clients
 
 
@@ -43,46 +41,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _rounds(args: argparse.Namespace, run_args: argparse.Namespace, bins: dict) -> int:
-    results: dict[tuple[str, int], list[float]] = {}
-    scrapes: dict[int, list[int]] = {}
     ks = [int(k) for k in args.subscribers.split(",")]
-    for r in range(args.rounds):
-        for k in ks:
-            for side in ["off", "on"] if r % 2 == 0 else ["on", "off"]:
-                run_args.metrics = side == "on"
-                res = run_one("eorouter", "c", k, "exactly-once", args.messages, run_args, bins)
-                cpu = res.get("cpu_us_per_msg")
-                if not res.get("ok") or cpu is None or (side == "on" and not res.get("scrapes")):
-                    print(
-                        f"round {r + 1} K={k} metrics {side}: failed: {res.get('problems')} "
-                        f"(scrapes {res.get('scrapes')}, failed {res.get('scrape_failures')})",
-                        file=sys.stderr,
-                    )
-                    continue
-                results.setdefault((side, k), []).append(cpu)
-                if side == "on":
-                    scrapes.setdefault(k, []).append(res["scrapes"])
-                print(
-                    f"round {r + 1} K={k} metrics {side}: {cpu:.2f} µs/msg"
-                    + (f" ({res['scrapes']} scrapes)" if side == "on" else ""),
-                    flush=True,
-                )
+
+    def side(on: bool):
+        def setup(a: argparse.Namespace) -> None:
+            a.metrics = on
+
+        return setup
+
+    def scraped(name: str, res: dict) -> str | None:
+        if name == "on" and not res.get("scrapes"):
+            return f"no scrape during the run ({res.get('scrape_failures')} failed)"
+        return None
+
+    results = alternate(run_args, bins, ks, args.rounds, args.messages, (("off", side(False)), ("on", side(True))), scraped)
     print(
         f"\nrouter CPU per message, exactly-once, C clients, {args.messages} messages, {args.rounds} rounds; "
         "metrics on = a [metrics] listener scraped every second"
     )
-    for k in ks:
-        off, on = results.get(("off", k), []), results.get(("on", k), [])
-        if not off or not on:
-            print(f"K={k}: not enough runs")
-            continue
-        pairs = [a / b for a, b in zip(on, off)]
-        print(
-            f"K={k}: off {statistics.median(off):.2f} µs, on {statistics.median(on):.2f} µs, "
-            f"on/off {statistics.median(on) / statistics.median(off):.3f} "
-            f"(round by round {', '.join(f'{x:.2f}' for x in pairs)}; scrapes per run "
-            f"{min(scrapes[k])}-{max(scrapes[k])})"
-        )
+    report(results, ks, "off", "on")
     return 0
 
 

@@ -168,7 +168,8 @@ def router_config(tmp: Path, args: argparse.Namespace) -> Path:
         "\n[[listener]]\n"
         'host = "127.0.0.1"\n'
         "port = 0\n"
-        "\n[limits]\n"
+        + (f'tls_cert_file = "{args.tls["cert"]}"\ntls_key_file = "{args.tls["key"]}"\n' if getattr(args, "tls", None) else "")
+        + "\n[limits]\n"
         f"max_in_flight_per_topic = {args.max_in_flight}\n"
         f"publisher_credit_window = {args.credit_window}\n"
         "\n[eventlog]\n"
@@ -257,8 +258,19 @@ def start_server(kind: str, tmp: Path, args: argparse.Namespace, bins: dict[str,
         return Server(kind, p, int(m.group(1)), log, {"command": shlex.join(cmd)})
 
 
-def client_cmd(role: str, clients: str, bins: dict[str, Path], port: int, address: str, count: int, opts: list[str]) -> list[str]:
+def client_cmd(
+    role: str,
+    clients: str,
+    bins: dict[str, Path],
+    port: int,
+    address: str,
+    count: int,
+    opts: list[str],
+    tls_ca: str | None = None,
+) -> list[str]:
     if clients == "c":
+        if tls_ca:  # TLS checks the server's name: the certificate's, not an IP address
+            return [str(bins[role]), *opts, "-T", tls_ca, "localhost", str(port), address, str(count)]
         return [str(bins[role]), *opts, "127.0.0.1", str(port), address, str(count)]
     return [sys.executable, "-m", "bench.pyclients", role, *opts, "127.0.0.1", str(port), address, str(count)]
 
@@ -292,6 +304,7 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
             raise
         result["server"] = {k2: v for k2, v in server.info.items() if k2 != "config"}
         address = "bench/topic"
+        tls_ca = args.tls["ca"] if getattr(args, "tls", None) else None
         receivers = []
         for i in range(k):
             out, err = tmp / f"recv{i}.out", tmp / f"recv{i}.err"
@@ -312,6 +325,7 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
                     "-l",
                     f"bench-sub-{i}",
                 ],
+                tls_ca=tls_ca,
             )
             with open(out, "wb") as fo, open(err, "wb") as fe:
                 p = subprocess.Popen(cmd, cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
@@ -347,6 +361,7 @@ def run_one(kind: str, clients: str, k: int, mode: str, n: int, args: argparse.N
                 "-l",
                 "bench-pub",
             ],
+            tls_ca=tls_ca,
         )
         with open(s_out, "wb") as fo, open(s_err, "wb") as fe:
             sender = subprocess.Popen(cmd, cwd=ROOT, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)

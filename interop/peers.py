@@ -34,8 +34,8 @@ STACKS = ("python", "rhea", "protonc", "azure")
 PROTONC_BUILD = ROOT / "build" / "interop-protonc"
 # name -> (main source, #included sources, extra link flags): eorouter_tools.build.build_c_programs' format
 PROTONC_PROGRAMS = {
-    "publisher": ("publisher.c", ("ledger.h", "blake2b.h", "security.h"), ()),
-    "subscriber": ("subscriber.c", ("ledger.h", "blake2b.h", "security.h"), ()),
+    "publisher": ("publisher.c", ("ledger.h", "blake2b.h"), ()),
+    "subscriber": ("subscriber.c", ("ledger.h", "blake2b.h"), ()),
 }
 
 _lock = threading.Lock()

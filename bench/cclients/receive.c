@@ -36,7 +36,7 @@
  *    the first one), reporting "timed_out": true;
  *  - -V decodes every message with pn_message_decode (validation; costs receiver CPU).
  *
- * Usage: receive [-w CREDIT] [-t SECONDS] [-c CONTAINER] [-l LINK] [-V] HOST PORT ADDRESS COUNT
+ * Usage: receive [-w CREDIT] [-t SECONDS] [-c CONTAINER] [-l LINK] [-V] [-T CAFILE] HOST PORT ADDRESS COUNT
  */
 
 #define _GNU_SOURCE /* memmem */
@@ -50,6 +50,7 @@
 #include <proton/transport.h>
 
 #include "proton_loop.h"
+#include "security.h"
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -64,6 +65,7 @@
 
 typedef struct app_data_t {
   const char *host, *port;
+  security_t security; /* -T CAFILE: TLS, the server's certificate checked against HOST (security.h) */
   const char *amqp_address;
   const char *container_id;
   const char *link_name;
@@ -323,7 +325,7 @@ void run(app_data_t *app) {
 }
 
 static void usage(const char *prog) {
-  fprintf(stderr, "usage: %s [-w CREDIT] [-t SECONDS] [-c CONTAINER] [-l LINK] [-V] HOST PORT ADDRESS COUNT\n",
+  fprintf(stderr, "usage: %s [-w CREDIT] [-t SECONDS] [-c CONTAINER] [-l LINK] [-V] [-T CAFILE] HOST PORT ADDRESS COUNT\n",
           prog);
   exit(2);
 }
@@ -337,11 +339,12 @@ int main(int argc, char **argv) {
   app.link_name = "bench-receive";
   app.window = 1000;
   app.timeout_s = 30;
-  while ((opt = getopt(argc, argv, "w:t:c:l:Vh")) != -1) {
+  while ((opt = getopt(argc, argv, "w:t:c:l:VhT:")) != -1) {
     switch (opt) {
      case 'w': app.window = atoi(optarg); break;
      case 't': app.timeout_s = atoi(optarg); break;
      case 'c': app.container_id = optarg; break;
+     case 'T': app.security.tls_ca = optarg; break;
      case 'l': app.link_name = optarg; break;
      case 'V': app.validate = 1; break;
      default: usage(argv[0]);
@@ -363,7 +366,7 @@ int main(int argc, char **argv) {
   /* Create the proactor and connect */
   app.proactor = pn_proactor();
   pn_proactor_addr(addr, sizeof(addr), app.host, app.port);
-  pn_proactor_connect2(app.proactor, NULL, NULL, addr);
+  security_connect(app.proactor, &app.security, app.host, addr);
   pn_proactor_set_timeout(app.proactor, 1000);
   run(&app);
   print_summary(&app);

@@ -50,6 +50,7 @@
 #include <proton/transport.h>
 
 #include "proton_loop.h"
+#include "security.h"
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -64,6 +65,7 @@
 
 typedef struct app_data_t {
   const char *host, *port;
+  security_t security; /* -T CAFILE: TLS, the server's certificate checked against HOST (security.h) */
   const char *amqp_address;
   const char *container_id;
   const char *link_name;
@@ -290,7 +292,7 @@ void run(app_data_t *app) {
 
 static void usage(const char *prog) {
   fprintf(stderr,
-          "usage: %s [-m unsettled|presettled] [-w WINDOW] [-s SIZE] [-t SECONDS] [-c CONTAINER] [-l LINK]"
+          "usage: %s [-m unsettled|presettled] [-w WINDOW] [-s SIZE] [-t SECONDS] [-c CONTAINER] [-l LINK] [-T CAFILE]"
           " HOST PORT ADDRESS COUNT\n", prog);
   exit(2);
 }
@@ -305,7 +307,7 @@ int main(int argc, char **argv) {
   app.window = 1000;
   app.body_size = 100;
   app.timeout_s = 30;
-  while ((opt = getopt(argc, argv, "m:w:s:t:c:l:h")) != -1) {
+  while ((opt = getopt(argc, argv, "m:w:s:t:c:l:hT:")) != -1) {
     switch (opt) {
      case 'm':
       if (strcmp(optarg, "presettled") == 0) app.presettled = 1;
@@ -316,6 +318,7 @@ int main(int argc, char **argv) {
      case 's': app.body_size = strtoull(optarg, NULL, 10); break;
      case 't': app.timeout_s = atoi(optarg); break;
      case 'c': app.container_id = optarg; break;
+     case 'T': app.security.tls_ca = optarg; break;
      case 'l': app.link_name = optarg; break;
      default: usage(argv[0]);
     }
@@ -332,7 +335,7 @@ int main(int argc, char **argv) {
 
   app.proactor = pn_proactor();
   pn_proactor_addr(addr, sizeof(addr), app.host, app.port);
-  pn_proactor_connect2(app.proactor, NULL, NULL, addr);
+  security_connect(app.proactor, &app.security, app.host, addr);
   pn_proactor_set_timeout(app.proactor, 1000);
   run(&app);
   print_summary(&app);

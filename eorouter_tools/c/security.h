@@ -1,5 +1,5 @@
 /*
- * eorouter interop peers on Qpid Proton C: the security options both programs share (contract:
+ * Qpid Proton C clients (interop peers, benchmark clients): the security options they share (contract:
  * interop/clientkit.py): --tls-ca PATH (TLS, trust that CA, verify the server's certificate against
  * HOST), --tls-cert PATH --tls-key PATH (a client certificate), --user NAME --password PW (a SASL
  * login), --mech MECHS (the SASL mechanisms allowed, space separated).
