@@ -159,6 +159,13 @@ class Server:
     info: dict = field(default_factory=dict)
 
 
+# A [policy] the benchmark's anonymous clients pass (bench.tls: what authorization costs).
+_BENCH_POLICY = (
+    '\n[policy]\ndefault_group = "bench"\n[policy.groups.bench]\npublish = ["bench/#"]\nsubscribe = ["bench/#"]\n'
+    "max_connections = 100\nmax_links = 100\nmax_message_size = 1048576\n"
+)
+
+
 def router_config(tmp: Path, args: argparse.Namespace) -> Path:
     cfg = tmp / "router.toml"
     cfg.write_text(
@@ -173,7 +180,9 @@ def router_config(tmp: Path, args: argparse.Namespace) -> Path:
         f"max_in_flight_per_topic = {args.max_in_flight}\n"
         f"publisher_credit_window = {args.credit_window}\n"
         "\n[eventlog]\n"
-        f"fsync = {'true' if args.fsync else 'false'}\n" + ("\n[metrics]\nport = 0\n" if getattr(args, "metrics", False) else "")
+        f"fsync = {'true' if args.fsync else 'false'}\n"
+        + ("\n[metrics]\nport = 0\n" if getattr(args, "metrics", False) else "")
+        + (_BENCH_POLICY if getattr(args, "policy", False) else "")
     )
     return cfg
 

@@ -1,7 +1,9 @@
 """What TLS costs the router: its client listener on TLS against plain AMQP, same
-code, in one run (issue 18's target: at most 1.3x plaintext CPU per message at K=1).
+code, in one run (issue 18's target: at most 1.3x plaintext CPU per message at K=1);
+with ``--policy`` also a ``[policy]`` against none (its target: nothing measurable,
+since it is decided at open and attach, not per message).
 
-``python -m bench.tls [--subscribers 1,4] [--messages 50000] [--rounds 5]``: the C
+``python -m bench.tls [--subscribers 1,4] [--messages 50000] [--rounds 5] [--policy]``: the C
 clients (bench/cclients, ``-T CAFILE``) reach the router over TLS (OpenSSL through
 Qpid Proton on both sides, TLS 1.3, certificates from a throwaway CA) or in clear,
 alternating round by round (bench/sides.py)."""
@@ -26,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subscribers", default="1,4")
     p.add_argument("--messages", type=int, default=50000)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--policy", action="store_true", help="also a [policy] against none (what authorization costs)")
     args = p.parse_args(argv)
     try:
         bins = build_c_clients()
@@ -46,10 +49,20 @@ def main(argv: list[str] | None = None) -> int:
         def secure(a: argparse.Namespace) -> None:
             a.tls = tls
 
+        def open_door(a: argparse.Namespace) -> None:
+            a.tls, a.policy = None, False
+
+        def policy(a: argparse.Namespace) -> None:
+            a.tls, a.policy = None, True
+
         ks = [int(k) for k in args.subscribers.split(",")]
         results = alternate(run_args, bins, ks, args.rounds, args.messages, (("plain", plain), ("tls", secure)))
         print(f"\nrouter CPU per message, exactly-once, C clients, {args.messages} messages, {args.rounds} rounds")
         report(results, ks, "plain", "tls")
+        if args.policy:
+            results = alternate(run_args, bins, ks, args.rounds, args.messages, (("none", open_door), ("policy", policy)))
+            print("\n... and a [policy] (rights, connection, link and message size limits) against none, both plain:")
+            report(results, ks, "none", "policy")
         return 0
     finally:
         shutil.rmtree(pki_dir, ignore_errors=True)

@@ -71,6 +71,25 @@ class Pki:
             return self.dir / cert, self.dir / f"{name}.enc.key"
         return self.dir / cert, self.dir / key
 
+    def expired(self, name: str, common_name: str, sans: tuple[str, ...] = ()) -> tuple[Path, Path]:
+        """(certificate, key) for ``common_name`` signed by this CA, valid only on 1 January 2020:
+        ``openssl ca``, which takes explicit dates, with a throwaway database beside the CA."""
+        key, csr, cert = f"{name}.key", f"{name}.csr", f"{name}.pem"
+        _run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={common_name}", cwd=self.dir)
+        (self.dir / "index.txt").touch()
+        ext = f"subjectAltName={','.join(sans)}" if sans else "basicConstraints=CA:FALSE"
+        (self.dir / "ca.cnf").write_text(
+            "[ca]\ndefault_ca = ca_default\n[ca_default]\ndatabase = index.txt\nnew_certs_dir = .\n"
+            "rand_serial = yes\ndefault_md = sha256\npolicy = any\nunique_subject = no\nx509_extensions = ext\n"
+            f"[any]\ncommonName = supplied\n[ext]\n{ext}\n"
+        )
+        _run(
+            "ca", "-batch", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-in", csr, "-out", cert,
+            "-startdate", "20200101000000Z", "-enddate", "20200102000000Z", "-notext",
+            cwd=self.dir,
+        )  # fmt: skip
+        return self.dir / cert, self.dir / key
+
     def server(self) -> tuple[Path, Path]:
         return self.issue("server", "localhost", ("DNS:localhost", "IP:127.0.0.1"))
 

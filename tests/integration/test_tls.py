@@ -101,6 +101,23 @@ def test_client_certificates_when_required(router_factory, pki, tmp_path):
     assert not _connects(url, client_tls(pki, cert, key, ca=stranger.ca))
 
 
+def test_expired_certificates_are_refused(router_factory, pki):
+    """A client's expired certificate is refused by the router (which goes on serving);
+    a router's expired certificate is refused by the client."""
+    router = router_factory("A", listener=[tls_listener(pki, tls_require_client_cert=True, tls_ca_file=str(pki.ca))])
+    url = f"amqps://localhost:{router.port}"
+    old_cert, old_key = pki.expired("old-client", "old-client")
+    assert not _connects(url, client_tls(pki, old_cert, old_key))
+    cert, key = pki.issue("fresh-client", "fresh-client")
+    assert _connects(url, client_tls(pki, cert, key))
+    router.check_alive("after an expired client certificate")
+    server_cert, server_key = pki.expired("old-server", "localhost", ("DNS:localhost",))
+    stale = router_factory(
+        "B", listener=[{"host": "127.0.0.1", "port": 0, "tls_cert_file": str(server_cert), "tls_key_file": str(server_key)}]
+    )
+    assert not _connects(f"amqps://localhost:{stale.port}", client_tls(pki))
+
+
 def test_an_encrypted_key_opens_with_its_password_file(router_factory, pki):
     cert, key = pki.issue("locked", "localhost", ("DNS:localhost", "IP:127.0.0.1"), password="s3cret")
     router = router_factory(
