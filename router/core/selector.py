@@ -1,0 +1,341 @@
+"""JMS message selectors (``apache.org:selector-filter:string``), parsed with lark
+and compiled to Python closures (docs/selectors.md).
+
+The language is JMS 2.0's (section 3.8.1), a subset of SQL-92 conditional
+expressions over a message's header fields and properties: comparisons
+(``= <> < > <= >=``), ``AND OR NOT``, ``+ - * /``, ``[NOT] BETWEEN``, ``[NOT] IN``
+(string literals), ``[NOT] LIKE`` with ``%``/``_`` and ``ESCAPE``, ``IS [NOT] NULL``,
+string, exact and approximate numeric and boolean literals. Keywords are
+case-insensitive, identifiers are not.
+
+Values are None (a missing property: SQL's "unknown"), bool, int, float or str.
+Three-valued logic as JMS defines it: a comparison, arithmetic, BETWEEN, IN or LIKE
+with an unknown operand is unknown; ``AND``/``OR``/``NOT`` follow SQL's truth
+tables; a message is selected only when the whole expression is true. Comparing
+values of unlike types (a string with a number, a boolean with a string) is false,
+strings and booleans compare only with ``=``/``<>``, arithmetic on anything but
+numbers is unknown, and so is a division by zero; exact numbers divide as Java's
+longs do (truncating towards zero). Pure: no proton, no sockets.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Mapping
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedInput, VisitError
+
+#: The filter's descriptor (the registry's symbol; its code is 0x0000468C:0x00000004).
+SELECTOR_FILTER = "apache.org:selector-filter:string"
+SELECTOR_CODE = 0x0000468C00000004
+
+Value = bool | int | float | str | None
+Env = Mapping[str, Value]
+Expr = Callable[[Env], Value]
+
+_GRAMMAR = r"""
+?start: or_expr
+?or_expr: and_expr | or_expr _OR and_expr -> or_
+?and_expr: not_expr | and_expr _AND not_expr -> and_
+?not_expr: predicate | _NOT not_expr -> not_
+?predicate: sum
+    | sum COMPOP sum -> compare
+    | sum _BETWEEN sum _AND sum -> between
+    | sum _NOT _BETWEEN sum _AND sum -> not_between
+    | sum _LIKE STRING [_ESCAPE STRING] -> like
+    | sum _NOT _LIKE STRING [_ESCAPE STRING] -> not_like
+    | sum _IN "(" STRING ("," STRING)* ")" -> in_
+    | sum _NOT _IN "(" STRING ("," STRING)* ")" -> not_in
+    | sum _IS _NULL -> is_null
+    | sum _IS _NOT _NULL -> is_not_null
+?sum: product | sum ADDOP product -> arith
+?product: unary | product MULOP unary -> arith
+?unary: atom | ADDOP unary -> sign
+?atom: NUMBER -> number
+    | STRING -> string
+    | _TRUE -> true
+    | _FALSE -> false
+    | IDENT -> ident
+    | "(" or_expr ")"
+
+_OR: "OR"i
+_AND: "AND"i
+_NOT: "NOT"i
+_BETWEEN: "BETWEEN"i
+_LIKE: "LIKE"i
+_ESCAPE: "ESCAPE"i
+_IN: "IN"i
+_IS: "IS"i
+_NULL: "NULL"i
+_TRUE: "TRUE"i
+_FALSE: "FALSE"i
+COMPOP: "<>" | "<=" | ">=" | "=" | "<" | ">"
+ADDOP: "+" | "-"
+MULOP: "*" | "/"
+NUMBER: /(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?/
+STRING: /'([^']|'')*'/
+IDENT: /[A-Za-z_$][A-Za-z0-9_$.]*/
+%ignore /[ \t\r\n]+/
+"""
+
+_PARSER = Lark(_GRAMMAR, parser="lalr", maybe_placeholders=True)
+_KEYWORDS = {"OR", "AND", "NOT", "BETWEEN", "LIKE", "ESCAPE", "IN", "IS", "NULL", "TRUE", "FALSE"}
+MAX_SELECTOR_LENGTH = 4096  # characters: a selector is evaluated once per message at this router
+
+
+class SelectorError(ValueError):
+    """A selector that does not parse: ``position`` is its 1-based column."""
+
+    def __init__(self, message: str, position: int | None = None):
+        super().__init__(message)
+        self.position = position
+
+
+# ------------------------------------------------------------------ three-valued logic
+
+
+def is_number(v: Value) -> bool:
+    return (type(v) is int) or (type(v) is float)
+
+
+def truth(v: Value) -> bool | None:
+    """A value as a condition: booleans are themselves, anything else is unknown."""
+    return v if type(v) is bool else None
+
+
+def and3(a: bool | None, b: bool | None) -> bool | None:
+    if a is False or b is False:
+        return False
+    if a is True and b is True:
+        return True
+    return None
+
+
+def or3(a: bool | None, b: bool | None) -> bool | None:
+    if a is True or b is True:
+        return True
+    if a is False and b is False:
+        return False
+    return None
+
+
+def not3(a: bool | None) -> bool | None:
+    return None if a is None else not a
+
+
+_ORDER = {"<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
+
+
+def compare(op: str, a: Value, b: Value) -> bool | None:
+    if a is None or b is None:
+        return None
+    if is_number(a) and is_number(b):
+        if op == "=":
+            return a == b
+        if op == "<>":
+            return a != b
+        return bool(_ORDER[op](a, b))
+    if type(a) is type(b) and type(a) in (str, bool):  # like types: only = and <> compare them
+        if op == "=":
+            return a == b
+        if op == "<>":
+            return a != b
+    return False  # unlike types, or an ordering of strings or booleans
+
+
+def arith(op: str, a: Value, b: Value) -> Value:
+    if not (is_number(a) and is_number(b)):
+        return None
+    assert isinstance(a, (int, float)) and isinstance(b, (int, float))
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if b == 0:
+        return None
+    if type(a) is int and type(b) is int:
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+    r = a / b
+    return r if math.isfinite(r) else None
+
+
+def like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
+    out = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if escape is not None and c == escape and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+# ------------------------------------------------------------------ compiling
+
+
+def _unquote(token: Token) -> str:
+    return str(token)[1:-1].replace("''", "'")
+
+
+@v_args(inline=True)
+class _Compile(Transformer[Token, Expr]):
+    """Each node becomes a closure over the message's environment (name -> value)."""
+
+    def number(self, tok: Token) -> Expr:
+        text = str(tok)
+        value: Value = float(text) if any(c in text for c in ".eE") else int(text)
+        return lambda env: value
+
+    def string(self, tok: Token) -> Expr:
+        value = _unquote(tok)
+        return lambda env: value
+
+    def true(self) -> Expr:
+        return lambda env: True
+
+    def false(self) -> Expr:
+        return lambda env: False
+
+    def ident(self, tok: Token) -> Expr:
+        name = str(tok)
+        if name.upper() in _KEYWORDS:
+            raise SelectorError(f"{name!r} is a keyword, not a property name", tok.column)
+        return lambda env: env.get(name)
+
+    def sign(self, op: Token, x: Expr) -> Expr:
+        if str(op) == "+":
+            return lambda env: v if is_number(v := x(env)) else None
+        return lambda env: -v if is_number(v := x(env)) else None  # type: ignore[operator]
+
+    def arith(self, a: Expr, op: Token, b: Expr) -> Expr:
+        o = str(op)
+        return lambda env: arith(o, a(env), b(env))
+
+    def compare(self, a: Expr, op: Token, b: Expr) -> Expr:
+        o = str(op)
+        return lambda env: compare(o, a(env), b(env))
+
+    def between(self, x: Expr, lo: Expr, hi: Expr) -> Expr:
+        def run(env: Env) -> Value:
+            v = x(env)
+            return and3(compare(">=", v, lo(env)), compare("<=", v, hi(env)))
+
+        return run
+
+    def not_between(self, x: Expr, lo: Expr, hi: Expr) -> Expr:
+        inner = self.between(x, lo, hi)
+        return lambda env: not3(truth(inner(env)))
+
+    def like(self, x: Expr, pattern: Token, escape: Token | None) -> Expr:
+        esc = _unquote(escape) if escape is not None else None
+        if esc is not None and len(esc) != 1:
+            raise SelectorError(f"ESCAPE takes one character, found {esc!r}", escape.column if escape is not None else None)
+        regex = like_regex(_unquote(pattern), esc)
+
+        def run(env: Env) -> Value:
+            v = x(env)
+            if v is None:
+                return None
+            return type(v) is str and regex.fullmatch(v) is not None
+
+        return run
+
+    def not_like(self, x: Expr, pattern: Token, escape: Token | None) -> Expr:
+        inner = self.like(x, pattern, escape)
+        return lambda env: not3(truth(inner(env)))
+
+    def in_(self, x: Expr, *items: Token) -> Expr:
+        values = frozenset(_unquote(t) for t in items)
+
+        def run(env: Env) -> Value:
+            v = x(env)
+            if v is None:
+                return None
+            return type(v) is str and v in values
+
+        return run
+
+    def not_in(self, x: Expr, *items: Token) -> Expr:
+        inner = self.in_(x, *items)
+        return lambda env: not3(truth(inner(env)))
+
+    def is_null(self, x: Expr) -> Expr:
+        return lambda env: x(env) is None
+
+    def is_not_null(self, x: Expr) -> Expr:
+        return lambda env: x(env) is not None
+
+    def and_(self, a: Expr, b: Expr) -> Expr:
+        def run(env: Env) -> Value:
+            left = truth(a(env))
+            if left is False:
+                return False
+            return and3(left, truth(b(env)))
+
+        return run
+
+    def or_(self, a: Expr, b: Expr) -> Expr:
+        def run(env: Env) -> Value:
+            left = truth(a(env))
+            if left is True:
+                return True
+            return or3(left, truth(b(env)))
+
+        return run
+
+    def not_(self, a: Expr) -> Expr:
+        return lambda env: not3(truth(a(env)))
+
+
+class Selector:
+    """A compiled selector: ``selects(env)`` is True only for a message it selects."""
+
+    __slots__ = ("text", "_expr")
+
+    def __init__(self, text: str, expr: Expr):
+        self.text = text
+        self._expr = expr
+
+    def evaluate(self, env: Env) -> bool | None:
+        """The expression's three-valued truth for this message."""
+        return truth(self._expr(env))
+
+    def selects(self, env: Env) -> bool:
+        return self._expr(env) is True
+
+    def __repr__(self) -> str:
+        return f"Selector({self.text!r})"
+
+
+def compile_selector(text: str) -> Selector:
+    """Parse and compile ``text``; SelectorError names what is wrong and where."""
+    if not isinstance(text, str) or not text.strip():
+        raise SelectorError("an empty selector")
+    if len(text) > MAX_SELECTOR_LENGTH:
+        raise SelectorError(f"a selector of {len(text)} characters (at most {MAX_SELECTOR_LENGTH})")
+    try:
+        tree = _PARSER.parse(text)
+    except UnexpectedInput as err:
+        column = getattr(err, "column", None)
+        token = getattr(err, "token", None)
+        found = f"{str(token)!r}" if token is not None and str(token) else "the end"
+        where = f" at column {column}" if isinstance(column, int) and column > 0 else ""
+        raise SelectorError(
+            f"selector syntax error{where}: unexpected {found}", column if isinstance(column, int) else None
+        ) from None
+    try:
+        expr = _Compile().transform(tree)
+    except VisitError as err:
+        if isinstance(err.orig_exc, SelectorError):
+            raise err.orig_exc from None
+        raise
+    return Selector(text, expr)
