@@ -36,11 +36,12 @@ from router.core.events import (
     LinkDetached,
 )
 from router.core.links import PublisherLink, Subscription, Topic
+from router.core.moved import _split_key
 from router.core.network import (
     announcement_message,
 )
 from router.core.records import DeliveryRecord
-from router.core.resumption import _split_key, reported_unsettled
+from router.core.resumption import reported_unsettled
 
 if TYPE_CHECKING:
     from router.core.corestate import CoreState
