@@ -114,6 +114,17 @@ class Resumption(MovedSubscribers):
                 },
             )
         )
+        self._become_origin(pub, topic, reported, incomplete, now, out)
+        if not incomplete:
+            self._stream_resumed(pub.stream, reported, now, out)
+        self._announce_resumed_stream(pub, reported, incomplete, now, out)
+        return answer
+
+    def _become_origin(
+        self, pub: PublisherLink, topic: Topic, reported: dict[bytes, int], incomplete: bool, now: float, out: list[Command]
+    ) -> None:
+        """The resumed publisher's deliveries held here and not settled are ours to
+        finish now, as their origin; those a complete list leaves out, it settled."""
         for record in [r for r in topic.records.values() if r.tag[: tags.STREAM_ID_SIZE] == pub.stream]:
             if record.pub_settled:
                 continue
@@ -125,8 +136,12 @@ class Resumption(MovedSubscribers):
             if not incomplete and record.pub_tag not in reported:
                 # It does not hold it unsettled any more: it settled it.
                 self.core.settle_record(record, "publisher-resumed", now, out)
-        if not incomplete:
-            self._stream_resumed(pub.stream, reported, now, out)
+
+    def _announce_resumed_stream(
+        self, pub: PublisherLink, reported: dict[bytes, int], incomplete: bool, now: float, out: list[Command]
+    ) -> None:
+        """Tell every router where the publisher is now and what it still holds, and
+        hold its credit back until they said how far they saw its stream numbered."""
         # Routers holding this stream's deliveries from the old origin may never hear
         # that the publisher settled some: tell them what it still holds. And every
         # router must learn where the publisher is now, complete list or not: an old
@@ -149,7 +164,6 @@ class Resumption(MovedSubscribers):
         if others:
             pub.awaiting_seq = set(others)
             self.core.add_timer(now + self.core.settings.stream_seq_timeout, _TIMER_STREAM_SEQ, pub)
-        return answer
 
     def on_stream_seq(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         """A router's answer to our "stream-resumed": the highest stream_seq it saw."""
@@ -318,42 +332,16 @@ class Resumption(MovedSubscribers):
         known: list[tuple[bytes, DeliveryRecord, SubscriberState]] = []  # what it reported that we hold
         for tag, code in reported.items():
             record = self.core.records.get(tag)
-            if record is None and tag in self.core.settled:
-                continue  # settled and forgotten here: left out of our answer
             if record is None:
-                stream = tag[: tags.STREAM_ID_SIZE]
-                still = self.resumed_streams.get(stream)
-                if still is not None and tag not in still:
-                    # Its publisher resumed without it: settled (its router died
-                    # before this subscriber heard). Left out of our answer.
-                    out.append(Log("placeholder-settled", {"subscriber": key, "delivery": tag.hex()}))
-                    continue
-                sub.placeholders.setdefault(stream, set()).add(tag)
-                self.core.add_timer(now + self.core.settings.placeholder_timeout, _TIMER_PLACEHOLDER, (sub, tag))
-                out.append(Log("placeholder-created", {"subscriber": key, "delivery": tag.hex()}))
-                # It may be on its way here, or settled long ago by a router that is
-                # still alive (its settlement died with the subscriber's old router):
-                # ask; a router that knows it settled answers "settle" with "done".
-                for router_id in sorted(self.core.net.reachable() - {self.core.settings.router_id}):
-                    self.core.route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
+                if tag not in self.core.settled:  # else settled and forgotten here: left out of our answer
+                    self._placeholder_for(sub, tag, now, out)
                 continue
             if record.pub_settled:
                 state = record.subscribers.get(key)
                 if state is not None:
                     state.known_settled = True
                 continue  # left out of our answer: it is settled
-            state = self.owe_here(record, key)
-            state.resend = True
-            if code in outcomes.TERMINAL and state.outcome is None:
-                state.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(code)
-                out.append(
-                    Log(
-                        "sub-outcome",
-                        {"delivery": record.delivery_id, "subscriber": key, "outcome": outcomes.NAMES[code], "settled": False},
-                    )
-                )
-                self.core.after_subscriber_outcome(record, key, now, out)
-            known.append((tag, record, state))
+            known.append((tag, record, self._owe_reported(record, key, code, now, out)))
         if not incomplete:
             # Unsettled records it did not report: it never got them.
             for record in topic.records.values():
@@ -379,6 +367,42 @@ class Resumption(MovedSubscribers):
             )
         )
         return answer
+
+    def _placeholder_for(self, sub: Subscription, tag: bytes, now: float, out: list[Command]) -> None:
+        """A resuming subscriber reported ``tag``, which we never saw: it waits for it
+        (a placeholder holds the rest of its stream back) unless its publisher
+        resumed without it (settled)."""
+        stream = tag[: tags.STREAM_ID_SIZE]
+        still = self.resumed_streams.get(stream)
+        if still is not None and tag not in still:
+            # Its publisher resumed without it: settled (its router died
+            # before this subscriber heard). Left out of our answer.
+            out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
+            return
+        sub.placeholders.setdefault(stream, set()).add(tag)
+        self.core.add_timer(now + self.core.settings.placeholder_timeout, _TIMER_PLACEHOLDER, (sub, tag))
+        out.append(Log("placeholder-created", {"subscriber": sub.key, "delivery": tag.hex()}))
+        # It may be on its way here, or settled long ago by a router that is
+        # still alive (its settlement died with the subscriber's old router):
+        # ask; a router that knows it settled answers "settle" with "done".
+        for router_id in sorted(self.core.net.reachable() - {self.core.settings.router_id}):
+            self.core.route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
+
+    def _owe_reported(self, record: DeliveryRecord, key: str, code: int, now: float, out: list[Command]) -> SubscriberState:
+        """A resuming subscriber reported a delivery we hold unsettled: owed to it and
+        sent again; the terminal outcome it reports is its answer."""
+        state = self.owe_here(record, key)
+        state.resend = True
+        if code in outcomes.TERMINAL and state.outcome is None:
+            state.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(code)
+            out.append(
+                Log(
+                    "sub-outcome",
+                    {"delivery": record.delivery_id, "subscriber": key, "outcome": outcomes.NAMES[code], "settled": False},
+                )
+            )
+            self.core.after_subscriber_outcome(record, key, now, out)
+        return state
 
     def placeholder_blocks(self, sub: Subscription, record: DeliveryRecord) -> bool:
         return (
