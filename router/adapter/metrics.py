@@ -194,68 +194,89 @@ class RouterCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         s = self.take()
-        g = GaugeMetricFamily
-        yield _labelled(g("eorouter_connections", "Open AMQP connections, by role", labels=["role"]), s["connections"].items())
-        yield _labelled(
-            g(
-                "eorouter_links",
-                "Links, by role (durable-detached: a durable subscription kept while its subscriber is away)",
-                labels=["role"],
-            ),
-            s["links"].items(),
-        )
-        yield g("eorouter_records_in_flight", "Delivery records held (unsettled or lingering)", value=s["records"])
-        yield g("eorouter_bytes_held", "Message bytes the records hold", value=s["bytes_held"])
-        topics = _bounded_topics(s["topics"])
-        for name, help_text, key in (
-            ("eorouter_topic_records_in_flight", "Delivery records held, per topic", "records"),
-            ("eorouter_topic_unsettled", "Records the publisher has not settled, per topic", "unsettled"),
-            ("eorouter_topic_bytes_held", "Message bytes held, per topic", "bytes"),
-            ("eorouter_topic_publishers", "Attached publisher links, per topic", "publishers"),
-            ("eorouter_topic_subscriptions", "Subscriptions (attached or durable), per topic", "subscriptions"),
-            (
-                "eorouter_topic_oldest_in_flight_seconds",
-                "Age of the topic's oldest record: how long the network has been finishing it",
-                "oldest_age",
-            ),
-        ):
-            yield _labelled(g(name, help_text, labels=["topic"]), ((t["topic"], t[key]) for t in topics))
-        c = CounterMetricFamily
-        yield _labelled(
-            c("eorouter_topic_published", "Messages its publishers here sent, per topic", labels=["topic"]),
-            ((t["topic"], t["published"]) for t in topics),
-        )
-        yield _labelled(
-            c("eorouter_topic_copies_sent", "Copies sent to subscribers here, per topic", labels=["topic"]),
-            ((t["topic"], t["copies"]) for t in topics),
-        )
-        told = c(
-            "eorouter_topic_outcomes", "Outcomes publishers here were told, per topic and outcome", labels=["topic", "outcome"]
-        )
-        for t in topics:
-            for outcome, n in sorted(t["outcomes"].items()):
-                told.add_metric([t["topic"], outcome], n)
-        yield told
+        yield from _links_and_records(s)
+        yield from _per_topic(s)
         yield from _happenings(s["happenings"])
-        yield _labelled(
-            g("eorouter_peer_up", "1 while a connection to that router is up", labels=["router"]),
-            ((r, 1 if up else 0) for r, up in s["peers"].items()),
+        yield from _network_and_memory(s)
+        yield from _eventlog_and_loop(s)
+        yield GaugeMetricFamily(
+            "eorouter_ready", "1 when every readiness check passes (/readyz)", value=0 if any(s["ready"].values()) else 1
         )
-        yield g("eorouter_routes", "Routers reachable from here (the routing table's size)", value=s["routes"])
-        yield g("eorouter_routers_known", "Routers in the link-state database, this one included", value=s["routers_known"])
-        yield g("eorouter_settled_tags", "Settled tags remembered for resumed publishers' resends", value=s["settled_tags"])
-        yield g("eorouter_placeholders", "Placeholders held for resuming subscribers", value=s["placeholders"])
-        ev = s["eventlog"]
-        yield CounterMetricFamily("eorouter_eventlog_bytes", "Event log bytes written", value=ev["bytes"])
-        yield CounterMetricFamily("eorouter_eventlog_rotations", "Event log files rotated", value=ev["rotations"])
-        for name, help_text, h in (
-            ("eorouter_eventlog_flush_seconds", "One flush of the event log (one write per loop iteration)", ev["flush"]),
-            ("eorouter_eventlog_fsync_seconds", "One fsync of the event log ([eventlog] fsync = true)", ev["fsync"]),
-            ("eorouter_loop_iteration_seconds", "One iteration of the event loop, its wait excluded", s["loop"]),
-        ):
-            yield HistogramMetricFamily(name, help_text, buckets=h["buckets"], sum_value=h["sum"])
-        ready = g("eorouter_ready", "1 when every readiness check passes (/readyz)", value=0 if any(s["ready"].values()) else 1)
-        yield ready
+
+
+def _links_and_records(s: dict) -> Iterable[Metric]:
+    """Connections, links, and what the records hold, router-wide."""
+    g = GaugeMetricFamily
+    yield _labelled(g("eorouter_connections", "Open AMQP connections, by role", labels=["role"]), s["connections"].items())
+    yield _labelled(
+        g(
+            "eorouter_links",
+            "Links, by role (durable-detached: a durable subscription kept while its subscriber is away)",
+            labels=["role"],
+        ),
+        s["links"].items(),
+    )
+    yield g("eorouter_records_in_flight", "Delivery records held (unsettled or lingering)", value=s["records"])
+    yield g("eorouter_bytes_held", "Message bytes the records hold", value=s["bytes_held"])
+
+
+def _per_topic(s: dict) -> Iterable[Metric]:
+    """The families labelled by topic (the topics bounded: _bounded_topics)."""
+    g = GaugeMetricFamily
+    topics = _bounded_topics(s["topics"])
+    for name, help_text, key in (
+        ("eorouter_topic_records_in_flight", "Delivery records held, per topic", "records"),
+        ("eorouter_topic_unsettled", "Records the publisher has not settled, per topic", "unsettled"),
+        ("eorouter_topic_bytes_held", "Message bytes held, per topic", "bytes"),
+        ("eorouter_topic_publishers", "Attached publisher links, per topic", "publishers"),
+        ("eorouter_topic_subscriptions", "Subscriptions (attached or durable), per topic", "subscriptions"),
+        (
+            "eorouter_topic_oldest_in_flight_seconds",
+            "Age of the topic's oldest record: how long the network has been finishing it",
+            "oldest_age",
+        ),
+    ):
+        yield _labelled(g(name, help_text, labels=["topic"]), ((t["topic"], t[key]) for t in topics))
+    c = CounterMetricFamily
+    yield _labelled(
+        c("eorouter_topic_published", "Messages its publishers here sent, per topic", labels=["topic"]),
+        ((t["topic"], t["published"]) for t in topics),
+    )
+    yield _labelled(
+        c("eorouter_topic_copies_sent", "Copies sent to subscribers here, per topic", labels=["topic"]),
+        ((t["topic"], t["copies"]) for t in topics),
+    )
+    told = c("eorouter_topic_outcomes", "Outcomes publishers here were told, per topic and outcome", labels=["topic", "outcome"])
+    for t in topics:
+        for outcome, n in sorted(t["outcomes"].items()):
+            told.add_metric([t["topic"], outcome], n)
+    yield told
+
+
+def _network_and_memory(s: dict) -> Iterable[Metric]:
+    """The router network as this router sees it, and what it remembers for failover."""
+    g = GaugeMetricFamily
+    yield _labelled(
+        g("eorouter_peer_up", "1 while a connection to that router is up", labels=["router"]),
+        ((r, 1 if up else 0) for r, up in s["peers"].items()),
+    )
+    yield g("eorouter_routes", "Routers reachable from here (the routing table's size)", value=s["routes"])
+    yield g("eorouter_routers_known", "Routers in the link-state database, this one included", value=s["routers_known"])
+    yield g("eorouter_settled_tags", "Settled tags remembered for resumed publishers' resends", value=s["settled_tags"])
+    yield g("eorouter_placeholders", "Placeholders held for resuming subscribers", value=s["placeholders"])
+
+
+def _eventlog_and_loop(s: dict) -> Iterable[Metric]:
+    """The event log's writes and the event loop's iterations."""
+    ev = s["eventlog"]
+    yield CounterMetricFamily("eorouter_eventlog_bytes", "Event log bytes written", value=ev["bytes"])
+    yield CounterMetricFamily("eorouter_eventlog_rotations", "Event log files rotated", value=ev["rotations"])
+    for name, help_text, h in (
+        ("eorouter_eventlog_flush_seconds", "One flush of the event log (one write per loop iteration)", ev["flush"]),
+        ("eorouter_eventlog_fsync_seconds", "One fsync of the event log ([eventlog] fsync = true)", ev["fsync"]),
+        ("eorouter_loop_iteration_seconds", "One iteration of the event loop, its wait excluded", s["loop"]),
+    ):
+        yield HistogramMetricFamily(name, help_text, buckets=h["buckets"], sum_value=h["sum"])
 
 
 def _happenings(counts: dict[tuple, int]) -> Iterable[Metric]:

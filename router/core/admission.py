@@ -53,12 +53,15 @@ class AdmissionMixin(CoreState):
     def _on_message(self, ev: MessageReceived, now: float, out: list[Command]) -> None:
         """A publisher's transfer: counted against its credit and the topic's size
         estimate, numbered in its stream, then named (its outgoing tag: a new
-        delivery, a resend, or a reuse), prepared (the origin annotation, expiry) and
-        fanned out. Each step returns None when it answered the transfer itself."""
+        delivery, a resend, or a reuse), prepared (the origin annotation, expiry),
+        recorded and fanned out. Each step returns None when it answered the
+        transfer itself."""
         pub = self.publishers.get(ev.link_id)
         if pub is None:
             raise ProtocolError("amqp:internal-error", f"message on unknown link {ev.link_id}")
         topic = self.topics[pub.topic]
+        # Counted against its credit and the topic's size estimate, then numbered: inline
+        # rather than steps of their own, a call saved per message.
         if pub.credit > 0:
             pub.credit -= 1
             topic.outstanding_credit -= 1
@@ -77,18 +80,7 @@ class AdmissionMixin(CoreState):
             self._relay_best_effort(pub, topic, ev, now, out)
             return
         if self.draining:
-            out.append(SendOutcome(ev.delivery, outcomes.RELEASED, True))
-            out.append(
-                Log(
-                    "pub-outcome",
-                    {
-                        "delivery": None,
-                        "outcome": "released",
-                        "condition": outcomes.SHUTTING_DOWN,
-                        "reason": "router is shutting down",
-                    },
-                )
-            )
+            self._refuse_while_draining(ev, out)
             return
         named = self._name_delivery(pub, topic, ev, now, out)
         if named is None:
@@ -96,6 +88,37 @@ class AdmissionMixin(CoreState):
         prepared = self._prepare_payload(pub, ev, now, out)
         if prepared is None:
             return
+        topic.published += 1
+        record = self._new_record(pub, topic, ev, seq, named, prepared, now)
+        self._fan_out(record, prepared[0], pub, topic, ev, size, now, out)
+
+    def _refuse_while_draining(self, ev: MessageReceived, out: list[Command]) -> None:
+        """A shutting-down router takes nothing new: released, so the publisher may
+        send it again elsewhere."""
+        out.append(SendOutcome(ev.delivery, outcomes.RELEASED, True))
+        out.append(
+            Log(
+                "pub-outcome",
+                {
+                    "delivery": None,
+                    "outcome": "released",
+                    "condition": outcomes.SHUTTING_DOWN,
+                    "reason": "router is shutting down",
+                },
+            )
+        )
+
+    def _new_record(
+        self,
+        pub: PublisherLink,
+        topic: Topic,
+        ev: MessageReceived,
+        seq: int,
+        named: tuple[bytes, int, bool],
+        prepared: tuple[bytes, float | None],
+        now: float,
+    ) -> DeliveryRecord:
+        """The record of a new delivery, from what naming and preparing it gave."""
         tag, reuse, resent = named
         payload, expires_at = prepared
         record = DeliveryRecord(
@@ -114,14 +137,13 @@ class AdmissionMixin(CoreState):
             reuse,
         )
         record.arrived = now
-        topic.published += 1
         if resent:
             record.resent = True
         memory = pub.memory
         if memory is None:
             memory = pub.memory = self.settled.memory_of(pub.stream)
         record.memory = memory
-        self._fan_out(record, payload, pub, topic, ev, size, now, out)
+        return record
 
     def _name_delivery(
         self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float, out: list[Command]
@@ -218,8 +240,11 @@ class AdmissionMixin(CoreState):
     ) -> tuple[bytes, float | None] | None:
         """(the message with the origin annotation spliced in, when it expires) or
         None: refused (malformed, forged annotation, expired)."""
+        template = pub.origin  # self._origin_template(pub), inlined: once per message
+        if template is None:
+            template = self._origin_template(pub)
         try:
-            prepared = splice_origin(ev.payload, self._origin_template(pub), ev.tag)
+            prepared = splice_origin(ev.payload, template, ev.tag)
         except MessageError as err:
             self._refuse(ev.delivery, err.condition, str(err), out)
             return None

@@ -36,11 +36,12 @@ from router.core.events import (
     LinkDetached,
 )
 from router.core.links import PublisherLink, Subscription, Topic
+from router.core.moved import _split_key
 from router.core.network import (
     announcement_message,
 )
 from router.core.records import DeliveryRecord
-from router.core.resumption import _split_key, reported_unsettled
+from router.core.resumption import reported_unsettled
 
 if TYPE_CHECKING:
     from router.core.corestate import CoreState
@@ -68,6 +69,36 @@ class AttachMixin(CoreState):
             raise ProtocolError("amqp:internal-error", f"unknown link role {ev.role!r}")
 
     def _attach_publisher(self, ev: LinkAttached, address: str, now: float, out: list[Command]) -> None:
+        self._steal_publisher_link(ev, now, out)
+        claimed = self._claim_stream(ev, now, out)
+        if claimed is None:
+            return
+        stream, incarnation, resumed = claimed
+        topic = self._topic(address)
+        pub = PublisherLink(
+            ev.link_id,
+            ev.conn_id,
+            ev.container_id,
+            ev.name,
+            address,
+            incarnation,
+            stream,
+            ev.snd_settle_mode == SND_SETTLED,
+            ev.rcv_settle_mode == RCV_FIRST,
+        )
+        self.publishers[ev.link_id] = pub
+        topic.publishers[ev.link_id] = pub
+        properties: dict[str, Any] = {INCARNATION_PROPERTY: incarnation}
+        self._log_attached(ev, PUBLISHER, address, incarnation, resumed, out)
+        if resumed:
+            properties[UNSETTLED_PROPERTY] = self.resumption.resume_publisher(pub, ev.properties, topic, now, out)
+        out.append(OpenLink(ev.link_id, 0, properties))
+        self._refill_credit(topic, out)
+
+    def _steal_publisher_link(self, ev: LinkAttached, now: float, out: list[Command]) -> None:
+        """A publisher link of the same container-id and name still attached here is
+        detached: the newer attach is the publisher's (a client failing over or
+        reconnecting before we noticed it left)."""
         for other in self.publishers.values():
             if other.container_id == ev.container_id and other.name == ev.name:
                 out.append(
@@ -80,6 +111,12 @@ class AttachMixin(CoreState):
                 )
                 self._detach_publisher(other, "stolen", now, out)
                 break
+
+    def _claim_stream(self, ev: LinkAttached, now: float, out: list[Command]) -> tuple[bytes, str, bool] | None:
+        """(stream id, incarnation, resumed?) of a publisher link: the incarnation it
+        presents (it resumes its stream) or a fresh one, and the stream id the
+        outgoing tags of its deliveries start with. None: that id is another
+        stream's (a hash collision), and the attach is refused."""
         presented = (ev.properties or {}).get(INCARNATION_PROPERTY)
         if isinstance(presented, str) and 0 < len(presented) <= 128:
             resumed, incarnation = True, presented
@@ -100,23 +137,13 @@ class AttachMixin(CoreState):
                     ev.link_id, "amqp:internal-error", "delivery-tag stream id collision; attach again for a fresh incarnation"
                 )
             )
-            return
+            return None
         self.streams[stream] = triple
-        topic = self._topic(address)
-        pub = PublisherLink(
-            ev.link_id,
-            ev.conn_id,
-            ev.container_id,
-            ev.name,
-            address,
-            incarnation,
-            stream,
-            ev.snd_settle_mode == SND_SETTLED,
-            ev.rcv_settle_mode == RCV_FIRST,
-        )
-        self.publishers[ev.link_id] = pub
-        topic.publishers[ev.link_id] = pub
-        properties: dict[str, Any] = {INCARNATION_PROPERTY: incarnation}
+        return stream, incarnation, resumed
+
+    def _log_attached(
+        self, ev: LinkAttached, role: str, address: str, incarnation: str, resumed: bool, out: list[Command]
+    ) -> None:
         out.append(
             Log(
                 "link-attached",
@@ -125,7 +152,7 @@ class AttachMixin(CoreState):
                     "conn": ev.conn_id,
                     "container": ev.container_id,
                     "name": ev.name,
-                    "role": PUBLISHER,
+                    "role": role,
                     "address": address,
                     "durable": ev.durable,
                     "incarnation": incarnation,
@@ -133,36 +160,12 @@ class AttachMixin(CoreState):
                 },
             )
         )
-        if resumed:
-            properties[UNSETTLED_PROPERTY] = self.resumption.resume_publisher(pub, ev.properties, topic, now, out)
-        out.append(OpenLink(ev.link_id, 0, properties))
-        self._refill_credit(topic, out)
 
     def _attach_subscriber(self, ev: LinkAttached, address: str, now: float, out: list[Command]) -> None:
         key = f"{ev.container_id}/{ev.name}"
         sub = self.subscriptions.get(key)
         if sub is not None and sub.link_id is not None:  # attached
-            # Link stealing: the newer attach takes over the same terminus (this is
-            # what a failing-over client does), so the subscription carries on.
-            old_link = sub.link_id
-            out.append(
-                DetachLink(old_link, "amqp:link:stolen", "a newer link with the same container-id and name attached", close=False)
-            )
-            del self.subscribers[old_link]
-            self._forget_link(old_link)
-            out.append(
-                Log(
-                    "link-detached",
-                    {
-                        "link": old_link,
-                        "container": sub.container_id,
-                        "name": sub.name,
-                        "role": SUBSCRIBER,
-                        "closed": False,
-                        "reason": "stolen",
-                    },
-                )
-            )
+            self._steal_subscriber_link(sub, sub.link_id, out)
         if sub is not None and sub.topic != address:
             # The same name re-attached to another topic: the old subscription ends.
             self._end_subscription(sub, now, out, reason="re-attached-elsewhere")
@@ -185,23 +188,30 @@ class AttachMixin(CoreState):
         sub.awaiting_evidence.clear()
         self.subscribers[ev.link_id] = sub
         self._announce_subscriber(sub, ev, address, resumed, now, out)
+        self._log_attached(ev, SUBSCRIBER, address, "", resumed, out)
+        self._owe_again(sub, topic, ev, resumed, now, out)
+
+    def _steal_subscriber_link(self, sub: Subscription, old_link: int, out: list[Command]) -> None:
+        """Link stealing: the newer attach takes over the same terminus (this is what a
+        failing-over client does), so the subscription carries on; its old link goes."""
+        out.append(
+            DetachLink(old_link, "amqp:link:stolen", "a newer link with the same container-id and name attached", close=False)
+        )
+        del self.subscribers[old_link]
+        self._forget_link(old_link)
         out.append(
             Log(
-                "link-attached",
+                "link-detached",
                 {
-                    "link": ev.link_id,
-                    "conn": ev.conn_id,
-                    "container": ev.container_id,
-                    "name": ev.name,
+                    "link": old_link,
+                    "container": sub.container_id,
+                    "name": sub.name,
                     "role": SUBSCRIBER,
-                    "address": address,
-                    "durable": ev.durable,
-                    "incarnation": "",
-                    "resumed": resumed,
+                    "closed": False,
+                    "reason": "stolen",
                 },
             )
         )
-        self._owe_again(sub, topic, ev, resumed, now, out)
 
     def _announce_subscriber(
         self, sub: Subscription, ev: LinkAttached, address: str, resumed: bool, now: float, out: list[Command]

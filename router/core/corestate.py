@@ -1,13 +1,14 @@
 """RouterCore's state and services as its mixins see them, for the type checker only.
 
-The mixins (admission, attach, credit, relay, settlement) are parts of
-``RouterCore`` (router/core/router.py): their methods read the core's state and
-call one another through ``self``. Each mixin names ``CoreState`` as its base
-under ``TYPE_CHECKING`` and ``object`` at run time, so nothing here exists when
-the router runs: no attribute, no method, no change to the method resolution
-order. What it gives is a checked contract: mypy checks every mixin method and
-every RouterCore attribute against the declarations below, so a declaration that
-drifts from the code it stands for is an error, not a silent ``Any``.
+The mixins (admission, attach, credit, relay, control, remote outcomes,
+settlement) are parts of ``RouterCore`` (router/core/router.py): their methods
+read the core's state and call one another through ``self``. Each mixin names
+``CoreState`` as its base under ``TYPE_CHECKING`` and ``object`` at run time, so
+nothing here exists when the router runs: no attribute, no method, no change to
+the method resolution order. What it gives is a checked contract: mypy checks
+every mixin method and every RouterCore attribute against the declarations
+below, so a declaration that drifts from the code it stands for is an error, not
+a silent ``Any``.
 
 The state is documented where it is made (``RouterCore.__init__``)."""
 
@@ -89,12 +90,19 @@ class CoreState:
     def _release_bytes(self, topic: Topic, payload: bytes) -> None: ...
 
     # relay
+    def _send_towards(self, record: DeliveryRecord, routers: Iterable[str], now: float, out: list[Command]) -> None: ...
+
+    # control
     def _flood(self, message: dict[str, Any], source: str | None, out: list[Command]) -> None: ...
     def _route_control(self, to: str, message: dict[str, Any], out: list[Command]) -> bool:
         raise NotImplementedError
 
-    def _send_towards(self, record: DeliveryRecord, routers: Iterable[str], now: float, out: list[Command]) -> None: ...
+    # remote outcomes
     def _answer_origin(self, record: DeliveryRecord, outcome: Outcome, origin: str, out: list[Command]) -> None: ...
+    def _on_router_outcome(self, message: dict[str, Any], now: float, out: list[Command]) -> None: ...
+    def _on_router_settle(self, message: dict[str, Any], now: float, out: list[Command]) -> None: ...
+    def _on_settle_ack(self, message: dict[str, Any], now: float, out: list[Command]) -> None: ...
+    def _on_settled_query(self, message: dict[str, Any], out: list[Command]) -> None: ...
 
     # settlement
     def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list[Command]) -> None: ...

@@ -1,5 +1,6 @@
-"""Failover: resuming publishers and subscribers, and following subscribers that
-moved away from a dead router (docs/resumption.md).
+"""Failover: resuming publishers and subscribers, takeovers and placeholders
+(docs/resumption.md). Following subscribers that moved away from a dead router is
+the component's base, ``MovedSubscribers`` (router/core/moved.py).
 
 A component of ``RouterCore`` (class ``Resumption``), not a mixin: it works
 through the core's public state and named services only. Pure like the rest of
@@ -12,17 +13,16 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
-from router.core.announcements import RemoteSubscriberRemoved, SubscriberKey
-from router.core.commands import Command, DetachLink, Log, SendData
-from router.core.constants import _TIMER_MEMBERSHIP, _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
+from router.core.commands import Command, DetachLink, Log
+from router.core.constants import _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
 from router.core.errors import ProtocolError
+from router.core.moved import MovedSubscribers
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
-from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, MovedState, RouterState, SubscriberState
+from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, RouterState, SubscriberState
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from router.core.announcements import Change
     from router.core.events import MessageReceived
     from router.core.links import PublisherLink, Subscription, Topic
     from router.core.router import RouterCore
@@ -68,18 +68,18 @@ def state_name(outcome: Outcome | None) -> str:
     return "none" if outcome is None else outcomes.NAMES[outcome.code]
 
 
-class Resumption:
+class Resumption(MovedSubscribers):
     """Failover as a component of the core, with a stated interface both ways.
 
-    The core calls the public methods below (each says when). This component reads
-    the core's public state (``records``, ``topics``, ``publishers``,
-    ``subscriptions``, ``by_delivery``, ``net``, ``settings``, ``epoch``,
-    ``stream_seq``, ``lost``, ``settled``) and calls only the core's services named
-    in ``RouterCore.SERVICES`` (router/core/router.py). Its own state: the last
-    complete unsettled list each resumed stream was announced with."""
+    The core calls the public methods below and those of its base (router/core/moved.py)
+    (each says when). This component reads the core's public state (``records``,
+    ``topics``, ``publishers``, ``subscriptions``, ``by_delivery``, ``net``,
+    ``settings``, ``epoch``, ``stream_seq``, ``lost``, ``settled``) and calls only the
+    core's services named in ``RouterCore.SERVICES`` (router/core/router.py). Its own
+    state: the last complete unsettled list each resumed stream was announced with."""
 
     def __init__(self, core: RouterCore) -> None:
-        self.core = core
+        super().__init__(core)
         # publisher stream -> the outgoing tags its publisher still held unsettled when
         # it last resumed with a complete list (here, or announced by "stream-resumed"):
         # any other tag of the stream published before then it had settled, so a
@@ -114,6 +114,17 @@ class Resumption:
                 },
             )
         )
+        self._become_origin(pub, topic, reported, incomplete, now, out)
+        if not incomplete:
+            self._stream_resumed(pub.stream, reported, now, out)
+        self._announce_resumed_stream(pub, reported, incomplete, now, out)
+        return answer
+
+    def _become_origin(
+        self, pub: PublisherLink, topic: Topic, reported: dict[bytes, int], incomplete: bool, now: float, out: list[Command]
+    ) -> None:
+        """The resumed publisher's deliveries held here and not settled are ours to
+        finish now, as their origin; those a complete list leaves out, it settled."""
         for record in [r for r in topic.records.values() if r.tag[: tags.STREAM_ID_SIZE] == pub.stream]:
             if record.pub_settled:
                 continue
@@ -125,8 +136,12 @@ class Resumption:
             if not incomplete and record.pub_tag not in reported:
                 # It does not hold it unsettled any more: it settled it.
                 self.core.settle_record(record, "publisher-resumed", now, out)
-        if not incomplete:
-            self._stream_resumed(pub.stream, reported, now, out)
+
+    def _announce_resumed_stream(
+        self, pub: PublisherLink, reported: dict[bytes, int], incomplete: bool, now: float, out: list[Command]
+    ) -> None:
+        """Tell every router where the publisher is now and what it still holds, and
+        hold its credit back until they said how far they saw its stream numbered."""
         # Routers holding this stream's deliveries from the old origin may never hear
         # that the publisher settled some: tell them what it still holds. And every
         # router must learn where the publisher is now, complete list or not: an old
@@ -149,7 +164,6 @@ class Resumption:
         if others:
             pub.awaiting_seq = set(others)
             self.core.add_timer(now + self.core.settings.stream_seq_timeout, _TIMER_STREAM_SEQ, pub)
-        return answer
 
     def on_stream_seq(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         """A router's answer to our "stream-resumed": the highest stream_seq it saw."""
@@ -318,42 +332,16 @@ class Resumption:
         known: list[tuple[bytes, DeliveryRecord, SubscriberState]] = []  # what it reported that we hold
         for tag, code in reported.items():
             record = self.core.records.get(tag)
-            if record is None and tag in self.core.settled:
-                continue  # settled and forgotten here: left out of our answer
             if record is None:
-                stream = tag[: tags.STREAM_ID_SIZE]
-                still = self.resumed_streams.get(stream)
-                if still is not None and tag not in still:
-                    # Its publisher resumed without it: settled (its router died
-                    # before this subscriber heard). Left out of our answer.
-                    out.append(Log("placeholder-settled", {"subscriber": key, "delivery": tag.hex()}))
-                    continue
-                sub.placeholders.setdefault(stream, set()).add(tag)
-                self.core.add_timer(now + self.core.settings.placeholder_timeout, _TIMER_PLACEHOLDER, (sub, tag))
-                out.append(Log("placeholder-created", {"subscriber": key, "delivery": tag.hex()}))
-                # It may be on its way here, or settled long ago by a router that is
-                # still alive (its settlement died with the subscriber's old router):
-                # ask; a router that knows it settled answers "settle" with "done".
-                for router_id in sorted(self.core.net.reachable() - {self.core.settings.router_id}):
-                    self.core.route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
+                if tag not in self.core.settled:  # else settled and forgotten here: left out of our answer
+                    self._placeholder_for(sub, tag, now, out)
                 continue
             if record.pub_settled:
                 state = record.subscribers.get(key)
                 if state is not None:
                     state.known_settled = True
                 continue  # left out of our answer: it is settled
-            state = self.owe_here(record, key)
-            state.resend = True
-            if code in outcomes.TERMINAL and state.outcome is None:
-                state.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(code)
-                out.append(
-                    Log(
-                        "sub-outcome",
-                        {"delivery": record.delivery_id, "subscriber": key, "outcome": outcomes.NAMES[code], "settled": False},
-                    )
-                )
-                self.core.after_subscriber_outcome(record, key, now, out)
-            known.append((tag, record, state))
+            known.append((tag, record, self._owe_reported(record, key, code, now, out)))
         if not incomplete:
             # Unsettled records it did not report: it never got them.
             for record in topic.records.values():
@@ -380,20 +368,40 @@ class Resumption:
         )
         return answer
 
-    def owe_here(self, record: DeliveryRecord, key: str) -> SubscriberState:
-        """Make ``record`` owed to local subscriber ``key`` (late: after the record's
-        answer to its origin went out, the subscriber answers individually)."""
-        record.waiting = -1  # its states change outside the count
-        state = record.subscribers.get(key)
-        if state is None:
-            state = record.subscribers[key] = SubscriberState()
-            if record.origin_router is not None and record.outcome is not None:
-                record.own_targeted()[key] = record.origin_router
-        moved = record.moved.get(key)
-        if moved is not None:
-            del record.moved[key]
-        if moved is not None and moved.outcome is not None and state.outcome is None:
-            state.outcome = moved.outcome
+    def _placeholder_for(self, sub: Subscription, tag: bytes, now: float, out: list[Command]) -> None:
+        """A resuming subscriber reported ``tag``, which we never saw: it waits for it
+        (a placeholder holds the rest of its stream back) unless its publisher
+        resumed without it (settled)."""
+        stream = tag[: tags.STREAM_ID_SIZE]
+        still = self.resumed_streams.get(stream)
+        if still is not None and tag not in still:
+            # Its publisher resumed without it: settled (its router died
+            # before this subscriber heard). Left out of our answer.
+            out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
+            return
+        sub.placeholders.setdefault(stream, set()).add(tag)
+        self.core.add_timer(now + self.core.settings.placeholder_timeout, _TIMER_PLACEHOLDER, (sub, tag))
+        out.append(Log("placeholder-created", {"subscriber": sub.key, "delivery": tag.hex()}))
+        # It may be on its way here, or settled long ago by a router that is
+        # still alive (its settlement died with the subscriber's old router):
+        # ask; a router that knows it settled answers "settle" with "done".
+        for router_id in sorted(self.core.net.reachable() - {self.core.settings.router_id}):
+            self.core.route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
+
+    def _owe_reported(self, record: DeliveryRecord, key: str, code: int, now: float, out: list[Command]) -> SubscriberState:
+        """A resuming subscriber reported a delivery we hold unsettled: owed to it and
+        sent again; the terminal outcome it reports is its answer."""
+        state = self.owe_here(record, key)
+        state.resend = True
+        if code in outcomes.TERMINAL and state.outcome is None:
+            state.outcome = OUTCOME_ACCEPTED if code == outcomes.ACCEPTED else Outcome(code)
+            out.append(
+                Log(
+                    "sub-outcome",
+                    {"delivery": record.delivery_id, "subscriber": key, "outcome": outcomes.NAMES[code], "settled": False},
+                )
+            )
+            self.core.after_subscriber_outcome(record, key, now, out)
         return state
 
     def placeholder_blocks(self, sub: Subscription, record: DeliveryRecord) -> bool:
@@ -474,191 +482,3 @@ class Resumption:
         sub.placeholders.pop(stream, None)
         held = sub.held.pop(stream, [])
         sub.queue.extendleft(reversed(held))
-
-    # ------------------------------------------------------------ moved subscribers
-
-    def router_lost(self, router_id: str, now: float, out: list[Command]) -> None:
-        """A router became unreachable: stop waiting for *it*; wait for its durable
-        subscribers wherever they re-attach (within their terminus timeout)."""
-        self.core.net.membership.router_lost(router_id, now)
-        self.core.net.membership_changed()
-        for record in list(self.core.records.values()):
-            state = record.remote_routers.get(router_id)
-            if state is None or state.outcome is not None or record.pub_settled:
-                continue
-            del record.remote_routers[router_id]
-            keys = [str(s.key) for s in self.core.net.membership.subscribers_at(router_id, record.topic) if s.durable]
-            for key in keys:
-                self._owe_moved_or_local(record, key, now, out)
-            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id, "subscribers": keys}))
-            self.resend_to_moved(record, out)
-            if record.outcome is None:
-                self.core.maybe_answer_publisher(record, now, out)
-        self.schedule_membership_expiry()
-
-    def owe_lost_subscribers(self, record: DeliveryRecord, out: list[Command]) -> None:
-        """Durable subscribers of routers we lost are owed new deliveries too (they
-        are detached within their terminus timeout), wherever they re-attach."""
-        membership = self.core.net.membership
-        for router_id in self.core.lost:
-            for remote in membership.subscribers_at(router_id, record.topic):
-                if remote.durable and membership.where(remote.key) is None:
-                    self._owe_moved_or_local(record, str(remote.key), None, out)
-        if record.moved:
-            self.resend_to_moved(record, out)
-
-    def _owe_moved_or_local(self, record: DeliveryRecord, key: str, now: float | None, out: list[Command]) -> None:
-        """Owe ``record`` to a subscriber of a lost router: here if it already
-        re-attached here, else wherever it shows up."""
-        sub = self.core.subscriptions.get(key)
-        if sub is None:
-            record.own_moved().setdefault(key, MovedState())
-            return
-        if key not in record.subscribers:
-            self.owe_here(record, key)
-            if sub.link_id is not None:
-                sub.queue.append(record)
-                if now is not None:
-                    self.core.pump(sub, now, out)
-
-    def local_subscriber_moved(self, key: str, to_router: str, now: float, out: list[Command]) -> None:
-        """A durable subscriber we held (detached, retained) attached at another router:
-        what it is owed here follows it there."""
-        sub = self.core.subscriptions.get(key)
-        if sub is None or sub.attached:
-            return
-        topic = self.core.topics[sub.topic]
-        for record in list(topic.records.values()):
-            state = record.subscribers.get(key)
-            if state is None or state.outcome is not None or record.pub_settled:
-                continue
-            del record.subscribers[key]
-            record.waiting = -1
-            record.own_moved()[key] = MovedState()
-            out.append(
-                Log(
-                    "owed-moved",
-                    {"delivery": record.delivery_id, "from_router": self.core.settings.router_id, "subscribers": [key]},
-                )
-            )
-        sub.announced = False  # its new router announces it now
-        self.core.end_subscription(sub, now, out, reason="moved")
-        self.moved_subscriber_at(key, to_router, now, out)
-
-    def moved_subscriber_at(self, key: str, router_id: str, now: float, out: list[Command]) -> None:
-        for record in list(self.core.records.values()):
-            moved = record.moved.get(key)
-            if moved is not None and moved.outcome is None and moved.router != router_id:
-                moved.router = router_id
-                self._send_targeted(record, router_id, [key], out)
-
-    def resend_to_moved(self, record: DeliveryRecord, out: list[Command]) -> None:
-        by_router: dict[str, list[str]] = {}
-        for key, moved in record.moved.items():
-            if moved.outcome is not None:
-                continue
-            where = self.core.net.membership.where(_split_key(key))
-            if where is not None:
-                moved.router = where
-            if moved.router is not None:
-                by_router.setdefault(moved.router, []).append(key)
-        for router_id, keys in sorted(by_router.items()):
-            self._send_targeted(record, router_id, sorted(keys), out)
-
-    def _send_targeted(self, record: DeliveryRecord, router_id: str, keys: list[str], out: list[Command]) -> None:
-        """A copy addressed to particular subscribers at ``router_id``; they answer us
-        individually."""
-        if record.payload is None or record.pub_settled:  # settled: a payload kept only for a local re-send
-            return
-        hop = self.core.net.next_hop(router_id)
-        if hop is None:
-            return
-        header = dict(self.core.base_header(record))
-        header["origin"] = record.origin_router or self.core.settings.router_id
-        header["dests"] = [router_id]
-        header["for"] = {router_id: keys}
-        header["report"] = self.core.settings.router_id
-        header["prev"] = {}
-        out.append(SendData(hop, record.tag, header, record.payload))
-        out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop, "dests": [router_id]}))
-
-    def on_moved_outcome(
-        self, record: DeliveryRecord, key: str, sender: str, message: dict[str, Any], now: float, out: list[Command]
-    ) -> None:
-        moved = record.moved.get(key)
-        code = message.get("o", outcomes.NONE)
-        out.append(
-            Log(
-                "outcome-from-router",
-                {"delivery": record.delivery_id, "from_router": sender, "outcome": outcomes.NAMES.get(code, str(code))},
-            )
-        )
-        if moved is None or moved.outcome is not None:
-            if record.pub_settled and sender in record.settle_pending:
-                self.core.route_control(sender, self.core.settle_message(record.tag, self.core.final_outcome(record)), out)
-            return
-        moved.router = sender
-        if code == outcomes.NONE:
-            return  # not there (any more): keep waiting where it shows up next
-        moved.outcome = (
-            OUTCOME_ACCEPTED
-            if code == outcomes.ACCEPTED
-            else Outcome(
-                code, message.get("cond"), message.get("desc"), bool(message.get("failed")), bool(message.get("undeliv"))
-            )
-        )
-        if record.outcome is None:
-            self.core.maybe_answer_publisher(record, now, out)
-
-    def accept_targeted(
-        self, record: DeliveryRecord, keys: Iterable[str], report_to: str, now: float, out: list[Command]
-    ) -> None:
-        """Another router addressed ``record`` to these subscribers here."""
-        topic = self.core.topics.get(record.topic)
-        for key in keys:
-            sub = topic.subscriptions.get(key) if topic is not None else None
-            if sub is None:
-                self.core.route_control(report_to, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE, "key": key}, out)
-                continue
-            known = key in record.subscribers
-            state = self.owe_here(record, key)
-            record.own_targeted()[key] = report_to
-            if state.outcome is not None:
-                self.report_targeted(record, key, out)
-            elif not known and sub.link_id is not None:
-                sub.queue.append(record)
-                self.core.pump(sub, now, out)
-
-    def report_targeted(self, record: DeliveryRecord, key: str, out: list[Command]) -> None:
-        outcome = record.subscribers[key].outcome
-        assert outcome is not None  # reported once it answered
-        message = {"t": "outcome", "d": record.tag.hex(), "o": outcome.code, "key": key}
-        if outcome.condition:
-            message["cond"] = outcome.condition
-            message["desc"] = outcome.description
-        self.core.route_control(record.targeted[key], message, out)
-
-    def expire_moved(self, changes: Iterable[Change], now: float, out: list[Command]) -> None:
-        """Subscribers of a lost router that did not re-attach within their terminus
-        timeout stop being owed."""
-        for change in changes:
-            if not isinstance(change, RemoteSubscriberRemoved) or change.reason != "expired":
-                continue
-            key = str(change.key)
-            for record in list(self.core.records.values()):
-                moved = record.moved.get(key)
-                if moved is not None and moved.outcome is None:
-                    del record.moved[key]
-                    out.append(Log("owed-state-discarded", {"delivery": record.delivery_id, "subscriber": key}))
-                    if record.outcome is None:
-                        self.core.maybe_answer_publisher(record, now, out)
-
-    def schedule_membership_expiry(self) -> None:
-        deadline = self.core.net.membership.next_expiry()
-        if deadline is not None:
-            self.core.add_timer(deadline, _TIMER_MEMBERSHIP, None)
-
-
-def _split_key(key: str) -> SubscriberKey:
-    container_id, _, link_name = key.partition("/")
-    return SubscriberKey(container_id, link_name)

@@ -54,6 +54,7 @@ from router.core.constants import (  # noqa: F401
     UNSETTLED_PROPERTY,
     _new,
 )
+from router.core.control import ControlMixin
 from router.core.credit import CreditMixin
 from router.core.events import (
     ConnectionLost,
@@ -85,13 +86,14 @@ from router.core.records import (
     DeliveryRecord,
 )
 from router.core.relay import RelayMixin
+from router.core.remote_outcomes import RemoteOutcomesMixin
 from router.core.resumption import Resumption
 from router.core.settings import CoreSettings
 from router.core.settled import SettledMemory
 from router.core.settlement import SettlementMixin
 
 
-class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, RelayMixin):
+class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, RelayMixin, ControlMixin, RemoteOutcomesMixin):
     # The core's services to its components (router/core/resumption.py): what they
     # may call, under public names. Everything else of the core is its own.
     SERVICES = (
@@ -114,7 +116,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         "after_subscriber_outcome",
     )
     pump = AdmissionMixin._pump
-    route_control = RelayMixin._route_control
+    route_control = ControlMixin._route_control
     maybe_answer_publisher = SettlementMixin._maybe_answer_publisher
     settle_record = SettlementMixin._settle_record
     final_outcome = SettlementMixin.__dict__["_final_outcome"]  # a staticmethod
@@ -123,7 +125,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
     send_publisher_outcome = SettlementMixin._send_publisher_outcome
     refill_credit = CreditMixin._refill_credit
     outcome_to_publisher = SettlementMixin._outcome_to_publisher
-    flood = RelayMixin._flood
+    flood = ControlMixin._flood
     end_subscription = AttachMixin._end_subscription
     detach_publisher = AttachMixin._detach_publisher
     delete = SettlementMixin._delete

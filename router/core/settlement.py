@@ -147,7 +147,9 @@ class SettlementMixin(CoreState):
     def _on_accepted(
         self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool, now: float, out: list[Command]
     ) -> None:
-        """_on_outcome for an accepted outcome: the per-copy path of exactly-once."""
+        """_on_outcome for an accepted outcome on an expanded record (records.py): per
+        copy for a copy that waited in a queue for credit, a relayed one, or one of a
+        record failover, expiry or a detach expanded."""
         logged = -1  # where this outcome's line goes in ``out`` (-1: none, it said so before)
         if state.outcome is None:
             state.outcome = OUTCOME_ACCEPTED
@@ -169,51 +171,60 @@ class SettlementMixin(CoreState):
         ):
             # _after_subscriber_outcome, _maybe_answer_publisher and _answer_publisher,
             # inlined for the usual case: local subscribers only, its publisher attached.
-            waiting = record.waiting
-            if waiting > 0:  # still waiting for someone (the count says so: no scan per copy)
+            if record.waiting > 0:  # still waiting for someone (the count says so: no scan per copy)
                 if logged >= 0:
                     out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
                 return
-            states = record.subscribers.values()
-            if waiting < 0:  # not counted (failover, expiry, a detach): look
-                for other in states:
-                    if other.outcome is None:
-                        if logged >= 0:
-                            out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
-                        return
-            for other in states:
-                if other.outcome is not OUTCOME_ACCEPTED:
-                    break  # not all accepted: the general rule (_maybe_answer_publisher)
-            else:
-                record.outcome = OUTCOME_ACCEPTED
-                if logged < 0:
-                    out.append(
-                        _new(
-                            Log,
-                            (
-                                "pub-outcome",
-                                {"delivery": record.delivery_id, "outcome": "accepted", "condition": None, "reason": None},
-                            ),
-                        )
-                    )
-                    self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
-                    return
-                # This outcome completed the delivery: its line is one "completed" line
-                # that also stands for the pub-outcome and (when the router settles now)
-                # the settled line (docs/event-log.md, "completed").
-                fields = {
-                    "delivery": record.delivery_id,
-                    "subscriber": sub.key,
-                    "outcome": "accepted",
-                    "settled": settled,
-                    "pub_outcome": "accepted",
-                }
-                out[logged] = _new(Log, ("completed", fields))
-                self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
+            # Perhaps the last answer: a step of its own, taken once per delivery.
+            if self._last_local_answer(sub, record, settled, logged, now, out):
                 return
         if logged >= 0:
             out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
         self._after_subscriber_outcome(record, sub.key, now, out)
+
+    def _last_local_answer(
+        self, sub: Subscription, record: DeliveryRecord, settled: bool, logged: int, now: float, out: list[Command]
+    ) -> bool:
+        """_on_accepted when nobody is counted as still to answer a record owed to local
+        subscribers only (or it is not counted): if every one accepted, the delivery
+        is complete and the publisher is told. False: not all accepted, for the
+        general rule (_maybe_answer_publisher) to judge; True: done here."""
+        states = record.subscribers.values()
+        if record.waiting < 0:  # not counted (failover, expiry, a detach): look
+            for other in states:
+                if other.outcome is None:
+                    if logged >= 0:
+                        out[logged] = _new(SubOutcome, (record.delivery_id, sub.key, "accepted", settled))
+                    return True
+        for other in states:
+            if other.outcome is not OUTCOME_ACCEPTED:
+                return False  # not all accepted: the general rule (_maybe_answer_publisher)
+        record.outcome = OUTCOME_ACCEPTED
+        if logged < 0:
+            out.append(
+                _new(
+                    Log,
+                    (
+                        "pub-outcome",
+                        {"delivery": record.delivery_id, "outcome": "accepted", "condition": None, "reason": None},
+                    ),
+                )
+            )
+            self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
+            return True
+        # This outcome completed the delivery: its line is one "completed" line
+        # that also stands for the pub-outcome and (when the router settles now)
+        # the settled line (docs/event-log.md, "completed").
+        fields = {
+            "delivery": record.delivery_id,
+            "subscriber": sub.key,
+            "outcome": "accepted",
+            "settled": settled,
+            "pub_outcome": "accepted",
+        }
+        out[logged] = _new(Log, ("completed", fields))
+        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
+        return True
 
     def _after_subscriber_outcome(self, record: DeliveryRecord, key: str, now: float, out: list[Command]) -> None:
         if record.targeted and key in record.targeted and record.subscribers[key].outcome is not None and not record.pub_settled:

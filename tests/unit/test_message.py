@@ -519,7 +519,7 @@ def test_insert_position():
 def test_fast_path_for_empty_header_and_properties_and_a_data_body_agrees_with_the_general_scan():
     """_scan answers [header list0][properties list0] data without its general loop;
     the same message with the data descriptor written as a ulong takes the loop."""
-    from router.core.message import _scan
+    from router.core.sections import _scan
 
     header, props = section(0x70, b"\x45"), section(0x73, b"\x45")
     for body in (b"", b"x", b"y" * 255, b"z" * 256, b"w" * 70000):

@@ -1,0 +1,254 @@
+"""The router network's control plane: neighbours coming and going, routed and flooded control
+messages, subscriber announcements, and what the membership and route changes they bring mean
+for the records here.
+
+A mixin of ``RouterCore`` (router/core/router.py): its methods share the core's state,
+documented there, and are split out only to keep one concern per module."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from router.core.announcements import RemoteSubscriberAdded, SubscriberMoved
+from router.core.commands import (
+    Command,
+    Log,
+    OpenLink,
+    SendControl,
+)
+from router.core.errors import ProtocolError
+from router.core.events import (
+    ControlReceived,
+    PeerConnected,
+    PeerLost,
+)
+from router.core.network import (
+    announcement_from,
+    link_state_from,
+    link_state_message,
+    snapshot_from,
+)
+
+if TYPE_CHECKING:
+    from router.core.announcements import Change
+    from router.core.corestate import CoreState
+else:
+    CoreState = object  # declarations for mypy only: no base class at run time
+
+
+class ControlMixin(CoreState):
+    def _neighbours_except(self, source: str | None) -> list[str]:
+        return [peer for peer in self.net.neighbours if peer != source]
+
+    def _flood(self, message: dict[str, Any], source: str | None, out: list[Command]) -> None:
+        """Send a link state or announcement to every neighbour but the one it came from."""
+        for peer in self._neighbours_except(source):
+            out.append(SendControl(peer, message))
+
+    def _flood_once(self, stamp: tuple[Any, ...], message: dict[str, Any], source: str, out: list[Command]) -> bool:
+        """Flood a message on the first time we see it; False for a repeat."""
+        if stamp in self._flooded:
+            return False
+        self._flooded.add(stamp)
+        self._flood(message, source, out)
+        return True
+
+    def _route_control(self, to: str, message: dict[str, Any], out: list[Command]) -> bool:
+        """Send a control message for router ``to`` one hop along the best path.
+        False when there is no path now: the resend on the next topology change
+        covers it (docs/inter-router.md, "reliability")."""
+        hop = self.net.next_hop(to)
+        if hop is None:
+            return False
+        message["to"] = to
+        message["from"] = message.get("from", self.settings.router_id)
+        out.append(SendControl(hop, message))
+        return True
+
+    def _subscriber_ready(self, key: str, out: list[Command]) -> None:
+        link_id, _, _ = self._awaiting_acks.pop(key)
+        sub = self.subscriptions.get(key)
+        if sub is None or sub.link_id != link_id:
+            return
+        sub.ready = True
+        out.append(OpenLink(link_id, sub.timeout if sub.durable else 0, self._open_properties.pop(link_id, None)))
+        self._pump(sub, 0.0, out)
+
+    def _on_peer_connected(self, ev: PeerConnected, now: float, out: list[Command]) -> None:
+        known = self.net.membership.incarnation_of(ev.router_id)
+        own = self.net.peer_connected(ev.router_id, ev.conn_id, ev.epoch, ev.boot)
+        for message in self.net.sync_messages():
+            out.append(SendControl(ev.router_id, message))
+        if own is not None:
+            self._flood(link_state_message(own), ev.router_id, out)
+        if known is not None and (known.epoch, known.boot) != (ev.epoch, ev.boot):
+            out.append(Log("peer-restarted", {"peer": ev.router_id, "peer_epoch": ev.epoch, "peer_boot": ev.boot}))
+        self._topology_changed(now, out)
+
+    def _on_peer_lost(self, ev: PeerLost, now: float, out: list[Command]) -> None:
+        own = self.net.peer_lost(ev.router_id, ev.conn_id)
+        if own is not None:
+            self._flood(link_state_message(own), None, out)
+        self._topology_changed(now, out)
+
+    def _on_control(self, ev: ControlReceived, now: float, out: list[Command]) -> None:
+        routes_changed = False
+        for message in ev.messages:
+            kind = message.get("t")
+            to = message.get("to")
+            if to is not None and to != self.settings.router_id:
+                hop = self.net.next_hop(to)
+                if hop is not None and hop != ev.router_id:
+                    out.append(SendControl(hop, message))
+                continue
+            if kind == "outcome":
+                self._on_router_outcome(message, now, out)
+            elif kind == "settle":
+                self._on_router_settle(message, now, out)
+            elif kind == "settle-ack":
+                self._on_settle_ack(message, now, out)
+            elif kind == "settled?":
+                self._on_settled_query(message, out)
+            elif kind == "ls":
+                ls = link_state_from(message)
+                if self.net.lsdb.apply(ls):
+                    self._flood(message, ev.router_id, out)
+                    routes_changed = True
+            elif kind in ("sub+", "sub-"):
+                self._on_announcement(message, ev.router_id, now, out)
+            elif kind == "sub-ack":
+                waiting = self._awaiting_acks.get(message.get("key"))  # type: ignore[arg-type]  # None: not found
+                if waiting is not None and waiting[2] == message.get("version"):
+                    waiting[1].discard(message.get("from"))
+                    if not waiting[1]:
+                        self._subscriber_ready(message["key"], out)
+            elif kind == "subs":
+                changes = self.net.membership.apply(snapshot_from(message))
+                self._membership_changed(changes, now, out)
+            elif kind == "stream-resumed":
+                if self._flood_once(
+                    ("stream", message.get("stream"), message.get("at"), message.get("n"), len(message.get("unsettled", ()))),
+                    message,
+                    ev.router_id,
+                    out,
+                ):
+                    self.resumption.on_stream_resumed(message, now, out)
+            elif kind == "stream-seq":
+                self.resumption.on_stream_seq(message, now, out)
+            elif kind == "addr":
+                if self.net.learn_addresses(message):
+                    self._flood(message, ev.router_id, out)
+            elif kind == "synced":
+                pass
+            else:
+                raise ProtocolError("amqp:not-implemented", f"unknown control message type {kind!r}")
+        if routes_changed:
+            self._topology_changed(now, out)
+
+    def _on_announcement(self, message: dict[str, Any], source: str, now: float, out: list[Command]) -> None:
+        announcement = announcement_from(message)
+        stamp = (announcement.router, announcement.epoch, announcement.boot, announcement.version)
+        if announcement.router == self.settings.router_id:
+            return
+        if stamp not in self._flooded:
+            self._flooded.add(stamp)
+            learnt = (announcement.router, "attached" if message["t"] == "sub+" else "detached")
+            self.announcements_learnt[learnt] = self.announcements_learnt.get(learnt, 0) + 1
+            self._flood(message, source, out)
+            self._membership_changed(self.net.membership.apply(announcement), now, out)
+        if message["t"] == "sub+":
+            # Confirm even a duplicate: the announcing router may be holding an attach.
+            key = f"{announcement.container_id}/{announcement.link_name}"
+            self._route_control(announcement.router, {"t": "sub-ack", "key": key, "version": announcement.version}, out)
+
+    def _membership_changed(self, changes: list[Change], now: float, out: list[Command]) -> None:
+        """A router no longer holding any subscription to a topic stops being owed
+        that topic's deliveries (as a local non-durable subscriber that left), but
+        only those we never sent it. A copy it was sent, it answers itself: with its
+        subscribers' outcomes when they answered before leaving, or "none". The news
+        that it has nobody left travels on other paths than its answers (flooded
+        through every neighbour, while answers go along the best path), so it can
+        arrive first: acting on it would discard answers in flight
+        and tell the publisher "released" for what was accepted (issue 14). A router
+        that becomes unreachable is not waited for (_router_lost)."""
+        self.net.membership_changed()
+        self.resumption.expire_moved(changes, now, out)
+        for change in changes:
+            if isinstance(change, SubscriberMoved):
+                self.resumption.moved_subscriber_at(str(change.key), change.to_router, now, out)
+            elif isinstance(change, RemoteSubscriberAdded):
+                key = str(change.key)
+                local = self.subscriptions.get(key)
+                if local is not None and not local.attached:
+                    self.resumption.local_subscriber_moved(key, change.router, now, out)
+                else:
+                    self.resumption.moved_subscriber_at(key, change.router, now, out)
+        for change in changes:
+            topic_name = getattr(change, "topic", None)
+            router_id = getattr(change, "router", None)
+            if topic_name is None or router_id is None:
+                continue
+            if router_id in self.net.interested_routers(topic_name):
+                continue
+            topic = self.topics.get(topic_name)
+            if topic is None:
+                continue
+            for record in list(topic.records.values()):
+                state = record.remote_routers.get(router_id)
+                if state is not None and state.outcome is None and not state.sent:
+                    del record.remote_routers[router_id]
+                    if record.outcome is None:
+                        self._maybe_answer_publisher(record, now, out)
+                    else:
+                        self._maybe_delete(record, now, out)
+
+    def _topology_changed(self, now: float, out: list[Command]) -> None:
+        """Routes may have changed: whatever may have been lost with a hop goes again.
+        Receivers recognise resent deliveries by their tag."""
+        if not self.net.recompute():
+            return
+        out.append(
+            Log(
+                "routes",
+                {
+                    "reachable": sorted(self.net.reachable()),
+                    "next_hops": [f"{d}>{h}" for d, h in sorted(self.net.routes.next_hop.items())],
+                },
+            )
+        )
+        me = self.settings.router_id
+        reachable = self.net.reachable()
+        for router_id in sorted(self.lost & reachable):
+            self.lost.discard(router_id)
+            self._membership_changed(self.net.membership.router_regained(router_id), now, out)
+        for router_id in sorted(self._known_routers - reachable):
+            if router_id not in self.lost:
+                self.lost.add(router_id)
+                self.resumption.router_lost(router_id, now, out)
+        self._known_routers |= reachable
+        for record in list(self.records.values()):
+            if record.origin_router is None:
+                if not record.pub_settled:
+                    pending = [r for r, st in record.remote_routers.items() if st.outcome is None]
+                    if pending:
+                        self._send_towards(record, pending, now, out)
+                else:
+                    message = self._settle_message(record.tag, self._final_outcome(record))
+                    for router_id in sorted(record.settle_pending):
+                        self._route_control(router_id, dict(message), out)
+            elif record.outcome is not None and not record.pub_settled and record.origin_router != me:
+                self._answer_origin(record, record.outcome, record.origin_router, out)
+            if not record.pub_settled:
+                self.resumption.resend_to_moved(record, out)
+        # Subscribers waiting for confirmation from routers we can no longer reach
+        # need not wait for them, nor resumed publishers for their stream's numbering.
+        reachable = self.net.reachable()
+        for pub in list(self.publishers.values()):
+            if pub.awaiting_seq:
+                pub.awaiting_seq &= reachable
+                if not pub.awaiting_seq:
+                    self.resumption.stream_seq_known(pub, out)
+        for key, (link_id, waiting, _) in list(self._awaiting_acks.items()):
+            waiting &= reachable
+            if not waiting:
+                self._subscriber_ready(key, out)

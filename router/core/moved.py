@@ -1,0 +1,238 @@
+"""Following subscribers that moved: a lost router's durable subscribers, and ours that
+attached at another router, are owed what they were owed here wherever they attach
+again (docs/resumption.md). Copies addressed to them there (targeted copies) and their
+answers, one per subscriber; a copy another router addresses to ours here.
+
+The base of the ``Resumption`` component (router/core/resumption.py): its public methods
+are part of that component's interface, called by the core as ``self.resumption.*``, and
+it keeps the same rules: the core's public state and ``RouterCore.SERVICES`` only.
+Pure like the rest of the core.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from router.core import outcomes
+from router.core.announcements import RemoteSubscriberRemoved, SubscriberKey
+from router.core.commands import Command, Log, SendData
+from router.core.constants import _TIMER_MEMBERSHIP
+from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
+from router.core.records import DeliveryRecord, MovedState, SubscriberState
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from router.core.announcements import Change
+    from router.core.router import RouterCore
+
+
+class MovedSubscribers:
+    """What the ``Resumption`` component does for subscribers that moved. No state of
+    its own: what each record owes a moved subscriber is in the record (``moved``,
+    ``targeted``)."""
+
+    def __init__(self, core: RouterCore) -> None:
+        self.core = core
+
+    def owe_here(self, record: DeliveryRecord, key: str) -> SubscriberState:
+        """Make ``record`` owed to local subscriber ``key`` (late: after the record's
+        answer to its origin went out, the subscriber answers individually)."""
+        record.waiting = -1  # its states change outside the count
+        state = record.subscribers.get(key)
+        if state is None:
+            state = record.subscribers[key] = SubscriberState()
+            if record.origin_router is not None and record.outcome is not None:
+                record.own_targeted()[key] = record.origin_router
+        moved = record.moved.get(key)
+        if moved is not None:
+            del record.moved[key]
+        if moved is not None and moved.outcome is not None and state.outcome is None:
+            state.outcome = moved.outcome
+        return state
+
+    def router_lost(self, router_id: str, now: float, out: list[Command]) -> None:
+        """A router became unreachable: stop waiting for *it*; wait for its durable
+        subscribers wherever they re-attach (within their terminus timeout)."""
+        self.core.net.membership.router_lost(router_id, now)
+        self.core.net.membership_changed()
+        for record in list(self.core.records.values()):
+            state = record.remote_routers.get(router_id)
+            if state is None or state.outcome is not None or record.pub_settled:
+                continue
+            del record.remote_routers[router_id]
+            keys = [str(s.key) for s in self.core.net.membership.subscribers_at(router_id, record.topic) if s.durable]
+            for key in keys:
+                self._owe_moved_or_local(record, key, now, out)
+            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id, "subscribers": keys}))
+            self.resend_to_moved(record, out)
+            if record.outcome is None:
+                self.core.maybe_answer_publisher(record, now, out)
+        self.schedule_membership_expiry()
+
+    def owe_lost_subscribers(self, record: DeliveryRecord, out: list[Command]) -> None:
+        """Durable subscribers of routers we lost are owed new deliveries too (they
+        are detached within their terminus timeout), wherever they re-attach."""
+        membership = self.core.net.membership
+        for router_id in self.core.lost:
+            for remote in membership.subscribers_at(router_id, record.topic):
+                if remote.durable and membership.where(remote.key) is None:
+                    self._owe_moved_or_local(record, str(remote.key), None, out)
+        if record.moved:
+            self.resend_to_moved(record, out)
+
+    def _owe_moved_or_local(self, record: DeliveryRecord, key: str, now: float | None, out: list[Command]) -> None:
+        """Owe ``record`` to a subscriber of a lost router: here if it already
+        re-attached here, else wherever it shows up."""
+        sub = self.core.subscriptions.get(key)
+        if sub is None:
+            record.own_moved().setdefault(key, MovedState())
+            return
+        if key not in record.subscribers:
+            self.owe_here(record, key)
+            if sub.link_id is not None:
+                sub.queue.append(record)
+                if now is not None:
+                    self.core.pump(sub, now, out)
+
+    def local_subscriber_moved(self, key: str, to_router: str, now: float, out: list[Command]) -> None:
+        """A durable subscriber we held (detached, retained) attached at another router:
+        what it is owed here follows it there."""
+        sub = self.core.subscriptions.get(key)
+        if sub is None or sub.attached:
+            return
+        topic = self.core.topics[sub.topic]
+        for record in list(topic.records.values()):
+            state = record.subscribers.get(key)
+            if state is None or state.outcome is not None or record.pub_settled:
+                continue
+            del record.subscribers[key]
+            record.waiting = -1
+            record.own_moved()[key] = MovedState()
+            out.append(
+                Log(
+                    "owed-moved",
+                    {"delivery": record.delivery_id, "from_router": self.core.settings.router_id, "subscribers": [key]},
+                )
+            )
+        sub.announced = False  # its new router announces it now
+        self.core.end_subscription(sub, now, out, reason="moved")
+        self.moved_subscriber_at(key, to_router, now, out)
+
+    def moved_subscriber_at(self, key: str, router_id: str, now: float, out: list[Command]) -> None:
+        for record in list(self.core.records.values()):
+            moved = record.moved.get(key)
+            if moved is not None and moved.outcome is None and moved.router != router_id:
+                moved.router = router_id
+                self._send_targeted(record, router_id, [key], out)
+
+    def resend_to_moved(self, record: DeliveryRecord, out: list[Command]) -> None:
+        by_router: dict[str, list[str]] = {}
+        for key, moved in record.moved.items():
+            if moved.outcome is not None:
+                continue
+            where = self.core.net.membership.where(_split_key(key))
+            if where is not None:
+                moved.router = where
+            if moved.router is not None:
+                by_router.setdefault(moved.router, []).append(key)
+        for router_id, keys in sorted(by_router.items()):
+            self._send_targeted(record, router_id, sorted(keys), out)
+
+    def _send_targeted(self, record: DeliveryRecord, router_id: str, keys: list[str], out: list[Command]) -> None:
+        """A copy addressed to particular subscribers at ``router_id``; they answer us
+        individually."""
+        if record.payload is None or record.pub_settled:  # settled: a payload kept only for a local re-send
+            return
+        hop = self.core.net.next_hop(router_id)
+        if hop is None:
+            return
+        header = dict(self.core.base_header(record))
+        header["origin"] = record.origin_router or self.core.settings.router_id
+        header["dests"] = [router_id]
+        header["for"] = {router_id: keys}
+        header["report"] = self.core.settings.router_id
+        header["prev"] = {}
+        out.append(SendData(hop, record.tag, header, record.payload))
+        out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop, "dests": [router_id]}))
+
+    def on_moved_outcome(
+        self, record: DeliveryRecord, key: str, sender: str, message: dict[str, Any], now: float, out: list[Command]
+    ) -> None:
+        moved = record.moved.get(key)
+        code = message.get("o", outcomes.NONE)
+        out.append(
+            Log(
+                "outcome-from-router",
+                {"delivery": record.delivery_id, "from_router": sender, "outcome": outcomes.NAMES.get(code, str(code))},
+            )
+        )
+        if moved is None or moved.outcome is not None:
+            if record.pub_settled and sender in record.settle_pending:
+                self.core.route_control(sender, self.core.settle_message(record.tag, self.core.final_outcome(record)), out)
+            return
+        moved.router = sender
+        if code == outcomes.NONE:
+            return  # not there (any more): keep waiting where it shows up next
+        moved.outcome = (
+            OUTCOME_ACCEPTED
+            if code == outcomes.ACCEPTED
+            else Outcome(
+                code, message.get("cond"), message.get("desc"), bool(message.get("failed")), bool(message.get("undeliv"))
+            )
+        )
+        if record.outcome is None:
+            self.core.maybe_answer_publisher(record, now, out)
+
+    def accept_targeted(
+        self, record: DeliveryRecord, keys: Iterable[str], report_to: str, now: float, out: list[Command]
+    ) -> None:
+        """Another router addressed ``record`` to these subscribers here."""
+        topic = self.core.topics.get(record.topic)
+        for key in keys:
+            sub = topic.subscriptions.get(key) if topic is not None else None
+            if sub is None:
+                self.core.route_control(report_to, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE, "key": key}, out)
+                continue
+            known = key in record.subscribers
+            state = self.owe_here(record, key)
+            record.own_targeted()[key] = report_to
+            if state.outcome is not None:
+                self.report_targeted(record, key, out)
+            elif not known and sub.link_id is not None:
+                sub.queue.append(record)
+                self.core.pump(sub, now, out)
+
+    def report_targeted(self, record: DeliveryRecord, key: str, out: list[Command]) -> None:
+        outcome = record.subscribers[key].outcome
+        assert outcome is not None  # reported once it answered
+        message = {"t": "outcome", "d": record.tag.hex(), "o": outcome.code, "key": key}
+        if outcome.condition:
+            message["cond"] = outcome.condition
+            message["desc"] = outcome.description
+        self.core.route_control(record.targeted[key], message, out)
+
+    def expire_moved(self, changes: Iterable[Change], now: float, out: list[Command]) -> None:
+        """Subscribers of a lost router that did not re-attach within their terminus
+        timeout stop being owed."""
+        for change in changes:
+            if not isinstance(change, RemoteSubscriberRemoved) or change.reason != "expired":
+                continue
+            key = str(change.key)
+            for record in list(self.core.records.values()):
+                moved = record.moved.get(key)
+                if moved is not None and moved.outcome is None:
+                    del record.moved[key]
+                    out.append(Log("owed-state-discarded", {"delivery": record.delivery_id, "subscriber": key}))
+                    if record.outcome is None:
+                        self.core.maybe_answer_publisher(record, now, out)
+
+    def schedule_membership_expiry(self) -> None:
+        deadline = self.core.net.membership.next_expiry()
+        if deadline is not None:
+            self.core.add_timer(deadline, _TIMER_MEMBERSHIP, None)
+
+
+def _split_key(key: str) -> SubscriberKey:
+    container_id, _, link_name = key.partition("/")
+    return SubscriberKey(container_id, link_name)
