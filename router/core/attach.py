@@ -356,6 +356,8 @@ class AttachMixin(CoreState):
         for record in records:
             if record.pub_settled or record.pub_delivery is not None or self.records.get(record.tag) is not record:
                 continue  # settled, resumed meanwhile, or gone
+            if record.origin_router is not None:
+                continue  # handed over: its publisher resumed at another router, whose settlement ends it here
             record.pub_link = GONE
             if record.outcome is not None:
                 self._settle_record(record, "publisher-gone", now, out)

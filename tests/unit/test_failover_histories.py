@@ -167,3 +167,47 @@ def mesh_timer():
     from router.core.events import TimerFired
 
     return TimerFired()
+
+
+def test_a_record_handed_to_the_new_origin_is_not_settled_by_the_old_one():
+    """Found by the history above: the publisher's connection to A is cut after A
+    sent it the outcome (lost with the connection); it resumes at B, which becomes
+    the origin, and A hands its record over (its answer to B may come before B has
+    the resent copy, and is then of no use to B). A's timer for its vanished
+    publisher must not settle that record: B's copy of the resend finds it and A
+    answers again, so the publisher hears "accepted" from B."""
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=0.5)
+    sub = mesh.subscriber("A", "kA", durable=2, timeout=600)
+    link = mesh.publisher("A", name="p", container="P", rcv_first=False)
+    (opened,) = [c for c in mesh.client["A"] if isinstance(c, OpenLink) and c.link_id == link]
+    mesh.feed("A", MessageReceived(link, 1, b"1", encode("m1"), False))
+    (copy,) = mesh.forwarded("A", sub)
+    mesh.feed("A", OutcomeReceived(sub, copy.tag, outcomes.ACCEPTED, True))  # A's outcome to P is lost: cut
+    seen = len(mesh.client["B"])
+    resumed = mesh.publisher(
+        "B",
+        name="p",
+        container="P",
+        rcv_first=False,
+        properties={
+            INCARNATION_PROPERTY: opened.properties[INCARNATION_PROPERTY],
+            "eorouter:resume": True,
+            "eorouter:unsettled": [[b"1", "none"]],
+        },
+    )
+    mesh.feed("B", MessageReceived(resumed, 2, b"1", encode("m1"), False))
+    for step in (2, 3, 3):  # past A's publisher_resume_timeout
+        mesh.now += step
+        for name in mesh.cores:
+            mesh.feed(name, mesh_timer())
+    mesh.feed("A", ConnectionLost(link))
+    for _ in range(4):
+        mesh.settle()
+        mesh.advance(3.0)
+    told = [c for c in mesh.client["B"][seen:] if isinstance(c, SendOutcome)]
+    assert [(c.delivery, c.outcome) for c in told] == [(2, outcomes.ACCEPTED)]
+    mesh.feed("B", PublisherSettled(resumed, 2))
+    mesh.advance(60.0)
+    mesh.advance(60.0)
+    for name, core in mesh.cores.items():
+        assert core.record_count() == 0, (name, list(core.records.values())[:3])
