@@ -73,6 +73,7 @@ EVENTS: dict[str, dict[str, str]] = {
         "owed": "array<string>",  # subscriber keys "container/link-name"
         "forwarded": "array<string>",  # the owed subscribers it was sent to at once
         "routers": "array<string>",  # the interested remote routers it is owed to (origin router)
+        "filtered": "array<string>",  # subscribers here whose selector did not select it: never owed it
         "origin_router": "string",  # set when another router took it from its publisher
     },
     "forwarded": {"delivery": "string", "subscriber": "string", "link": "long", "settled": "boolean"},

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from cproton_ffi import ffi, lib
-from proton._data import Data, PropertyDict, symbol
+from proton._data import Data, Described, PropertyDict, symbol
 
 from router.core.events import PUBLISHER, SUBSCRIBER, LinkAttached
+from router.core.selector import NOT_A_STRING, SELECTOR_CODE, SELECTOR_FILTER
 
 _EXPIRY_NAMES = {
     lib.PN_EXPIRE_WITH_LINK: "link-detach",
@@ -112,6 +113,7 @@ class Link:
         "management",
         "max_size",
         "counted",
+        "selector",
     )
 
     def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str, max_size: int = 0):
@@ -143,6 +145,7 @@ class Link:
         # limit, or its user's lower one: [policy]).
         self.max_size = max_size
         self.counted = False  # held against its user's max_links ([policy])
+        self.selector: tuple[Any, str] | None = None  # sender links: (filter key, JMS selector) its source asked for
 
     def __repr__(self) -> str:
         return f"<Link {self.link_id} {self.name!r} on conn {self.conn.conn_id}>"
@@ -259,6 +262,37 @@ def condition_of(cond_ptr) -> tuple[str | None, str | None]:
     return cstr(lib.pn_condition_get_name(cond_ptr)), cstr(lib.pn_condition_get_description(cond_ptr))
 
 
+def read_selector(terminus) -> tuple[Any, str] | None:
+    """(its key, its text) of the selector in a source's filter set, else None."""
+    data = Data(lib.pn_terminus_filter(terminus))
+    try:
+        data.rewind()
+        if not data.next():
+            return None
+        filters = data.get_object()
+    except Exception:  # a filter set proton-python cannot decode: no selector we could apply
+        return None
+    finally:
+        data.rewind()
+    if not isinstance(filters, dict):
+        return None
+    for key, value in filters.items():
+        if isinstance(value, Described) and value.descriptor in (SELECTOR_FILTER, SELECTOR_CODE):
+            text = value.value
+            return key, str(text) if isinstance(text, str) else NOT_A_STRING + repr(text)[:80]
+    return None
+
+
+def echo_filter(terminus, selector: tuple[Any, str] | None) -> None:
+    """Our source's filter set: the selector we apply, and nothing else (AMQP: the
+    attach answering a receiver lists the filters the sender applies)."""
+    data = Data(lib.pn_terminus_filter(terminus))
+    data.clear()
+    if selector is not None:
+        key, text = selector
+        data.put_object({key: Described(symbol(SELECTOR_FILTER), text)})
+
+
 def attach_event(link: Link, container_id: str, publishers_settle_first: bool = False) -> LinkAttached:
     """The LinkAttached for a link the peer just attached (AMQP_link_attach)."""
     ptr = link.ptr
@@ -272,6 +306,8 @@ def attach_event(link: Link, container_id: str, publishers_settle_first: bool = 
         address = None
     else:
         address = cstr(lib.pn_terminus_get_address(terminus))
+    if not link.is_receiver:
+        link.selector = read_selector(terminus)
     return LinkAttached(
         link_id=link.link_id,
         conn_id=link.conn.conn_id,
@@ -289,6 +325,7 @@ def attach_event(link: Link, container_id: str, publishers_settle_first: bool = 
         if link.is_receiver and publishers_settle_first
         else int(lib.pn_link_remote_rcv_settle_mode(ptr)),
         properties=decode_properties(lib.pn_link_remote_properties(ptr)),
+        selector=link.selector[1] if link.selector is not None else None,
     )
 
 
@@ -303,6 +340,8 @@ def open_link(
     # The terminus that lives at the router: the target of a publisher's link, the
     # source of a subscriber's.
     ours = lib.pn_link_target(ptr) if link.is_receiver else lib.pn_link_source(ptr)
+    if not link.is_receiver:
+        echo_filter(ours, link.selector)
     lib.pn_terminus_set_timeout(ours, timeout)
     lib.pn_link_set_snd_settle_mode(ptr, lib.pn_link_remote_snd_settle_mode(ptr))
     if link.is_receiver and publishers_settle_first:

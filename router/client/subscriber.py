@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proton import Link, Message, Terminus
+from proton import Described, Link, Message, Terminus, symbol
 
 from router.client.base import STATE_CODES, ResumableClient, raw_tag
 from router.client.ledger import body_digest, message_id_of
@@ -78,6 +78,7 @@ class ResumableSubscriber(ResumableClient):
         fsync: bool = False,
         dedup_window: int = 10000,
         dedup_linger: float = 600.0,
+        selector: str | None = None,
         **kw,
     ):
         state = SubscriberState(
@@ -100,6 +101,9 @@ class ResumableSubscriber(ResumableClient):
             **kw,
         )
         self.on_message = on_message
+        # A JMS selector (docs/selectors.md): the router sends only the messages it
+        # selects; sent again with every attach, so it follows a failover.
+        self.selector = selector
         self.prefetch = prefetch
         self.terminus_timeout = terminus_timeout
         self.delivered = 0  # messages handed to the application by this process
@@ -125,6 +129,10 @@ class ResumableSubscriber(ResumableClient):
         link.source.expiry_policy = Terminus.EXPIRE_NEVER
         link.source.timeout = self.terminus_timeout
         link.target.address = None
+        if self.selector is not None:
+            link.source.filter.put_dict(
+                {symbol("jms-selector"): Described(symbol("apache.org:selector-filter:string"), self.selector)}
+            )
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_SECOND
         return link

@@ -33,7 +33,8 @@ from router.core.events import (
 )
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, OriginTemplate, splice_origin
-from router.core.outcomes import Outcome
+from router.core.msgfields import selector_env
+from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import (
     ANSWER_UNSENT,
     DeliveryRecord,
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
     from router.core.corestate import CoreState
 else:
     CoreState = object  # declarations for mypy only: no base class at run time
+
+
+#: Selections (which subscriptions select a message) whose roster a topic keeps made.
+MAX_SELECTIONS = 64
 
 
 class AdmissionMixin(CoreState):
@@ -315,6 +320,8 @@ class AdmissionMixin(CoreState):
                 ),
             )
         )
+        if record.filtered:  # (only where selectors filter: no key, no bytes otherwise)
+            out[-1].fields["filtered"] = record.filtered  # type: ignore[union-attr]
         tag = record.tag
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record
@@ -333,7 +340,10 @@ class AdmissionMixin(CoreState):
                 self.resumption.after_distribute_to_resumed(record, topic, now, out)
                 break
         if not owed and not routers and not record.moved:
-            self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"), now, out)
+            if record.filtered:  # delivered to every subscriber that wanted it: none did
+                self._answer_publisher(record, OUTCOME_ACCEPTED, now, out)
+            else:
+                self._answer_publisher(record, Outcome(self.settings.no_subscribers, description="no subscribers"), now, out)
         elif record.expires_at is not None:
             self._add_timer(record.expires_at, _TIMER_EXPIRY, record)
         if best_effort:
@@ -383,13 +393,17 @@ class AdmissionMixin(CoreState):
         roster = topic.roster
         if roster is None:
             roster = topic.roster = Roster(sub for sub in topic.subscriptions.values() if not sub.best_effort)
+        best_effort = len(roster.subs) != len(topic.subscriptions)
+        if roster.selective:
+            roster = self._selected(record, roster)
         subs = roster.subs
         if not subs:
-            # Owed to nobody here (a router that only relays or originates it, or only
-            # best-effort subscribers): an empty map from the start costs less than
-            # a compact record that would be expanded at its first look.
+            # Owed to nobody here (a router that only relays or originates it, only
+            # best-effort subscribers, or none whose selector selects it): an empty
+            # map from the start costs less than a compact record that would be
+            # expanded at its first look.
             record.owe_no_subscriber()
-            return roster.keys, roster.keys, bool(topic.subscriptions)
+            return roster.keys, roster.keys, best_effort
         answers = bytearray(len(subs))
         record.roster = roster
         record.answers = answers
@@ -409,10 +423,36 @@ class AdmissionMixin(CoreState):
                     sub.queue.append(record)
                 # else: durable, detached: it gets the record on re-attach
         keys = roster.keys
-        best_effort = len(subs) != len(topic.subscriptions)
         if not unsent:
             return keys, keys, best_effort
         return keys, [key for key, answer in zip(keys, answers) if not answer], best_effort
+
+    def _selected(self, record: DeliveryRecord, roster: Roster) -> Roster:
+        """The roster of the subscriptions whose selector selects ``record`` (each
+        distinct selector evaluated once; ``roster`` itself when all do); the others
+        go into ``record.filtered``."""
+        env = selector_env(record.payload or b"")
+        verdicts: dict[str, bool] = {}
+        chosen = []
+        for sub in roster.subs:
+            selector = sub.selector
+            if selector is None:
+                chosen.append(True)
+                continue
+            verdict = verdicts.get(selector.text)
+            if verdict is None:
+                verdict = verdicts[selector.text] = selector.selects(env)
+            chosen.append(verdict)
+        if all(chosen):
+            return roster
+        record.filtered = [sub.key for sub, yes in zip(roster.subs, chosen) if not yes]
+        selection = tuple(chosen)
+        selected = roster.selections.get(selection)
+        if selected is None:
+            selected = Roster(sub for sub, yes in zip(roster.subs, chosen) if yes)
+            if len(roster.selections) < MAX_SELECTIONS:  # (2^n selections of n selectors: keep the usual few)
+                roster.selections[selection] = selected
+        return selected
 
     def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> None:
         """Pre-settled copies for at-most-once subscribers that have credit now."""

@@ -42,6 +42,7 @@ from router.core.network import (
 )
 from router.core.records import DeliveryRecord
 from router.core.resumption import reported_unsettled
+from router.core.selector import NOT_A_STRING, Selector, SelectorError, compile_selector
 
 if TYPE_CHECKING:
     from router.core.corestate import CoreState
@@ -162,6 +163,7 @@ class AttachMixin(CoreState):
         )
 
     def _attach_subscriber(self, ev: LinkAttached, address: str, now: float, out: list[Command]) -> None:
+        selector = _selector_of(ev)  # before anything changes: a bad one refuses the attach
         key = f"{ev.container_id}/{ev.name}"
         sub = self.subscriptions.get(key)
         if sub is not None and sub.link_id is not None:  # attached
@@ -182,6 +184,7 @@ class AttachMixin(CoreState):
         sub.link_id = ev.link_id
         sub.conn_id = ev.conn_id
         sub.best_effort = ev.snd_settle_mode == SND_SETTLED
+        sub.selector = selector  # a re-attach's selector applies to what comes from now on
         sub.credit = 0
         sub.drain = False
         sub.expires_at = None
@@ -435,3 +438,17 @@ class AttachMixin(CoreState):
                 state.known_settled = True
                 self._maybe_delete(record, now, out)
         self._drop_topic_if_idle(topic)
+
+
+def _selector_of(ev: LinkAttached) -> Selector | None:
+    """The subscriber's compiled selector (None: it takes every message); a selector
+    that does not parse, or is not a string, refuses the attach (invalid-field)."""
+    text = ev.selector
+    if text is None:
+        return None
+    if text.startswith(NOT_A_STRING):
+        raise ProtocolError("amqp:invalid-field", f"selector filter: expected a string, found {text[1:]}")
+    try:
+        return compile_selector(text)
+    except SelectorError as err:
+        raise ProtocolError("amqp:invalid-field", f"selector {text[:200]!r}: {err}") from None

@@ -47,6 +47,10 @@ class LinkAttached(NamedTuple):
     snd_settle_mode: int = SND_MIXED
     rcv_settle_mode: int = RCV_FIRST
     properties: dict[str, Any] | None = None  # the attach frame's link properties, decoded
+    # A subscriber's JMS selector (its source's apache.org:selector-filter:string), as
+    # given; None: every message of the topic. A filter that is not a string is
+    # passed as its repr prefixed by "\x00" so that the core refuses it by name.
+    selector: str | None = None
 
 
 class LinkDetached(NamedTuple):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from router.core.message import OriginTemplate
     from router.core.records import DeliveryRecord, Roster
+    from router.core.selector import Selector
     from router.core.settled import StreamSettled
 
 
@@ -92,6 +93,7 @@ class Subscription:
         "announced",
         "placeholders",
         "held",
+        "selector",
     )
 
     def __init__(self, key: str, container_id: str, name: str, topic: str):
@@ -104,6 +106,7 @@ class Subscription:
         self.link_id: int | None = None
         self.conn_id: int | None = None
         self.best_effort = False  # attached with snd-settle-mode=settled: at-most-once, never owed
+        self.selector: Selector | None = None  # its JMS selector (selector.py): owed only what it selects
         self.credit = 0
         self.drain = False
         # Records waiting for credit, in publisher order (lazily skipped when done).

@@ -66,10 +66,14 @@ class Roster:
     distributed with, so a record holds no per-subscriber object or map entry.
     A topic builds a new one whenever a subscription comes, goes, or changes link."""
 
-    __slots__ = ("subs", "keys", "links", "index", "all_done")
+    __slots__ = ("subs", "keys", "links", "index", "all_done", "selective", "selections")
 
     def __init__(self, subs: Iterable[Subscription]) -> None:
         self.subs = tuple(subs)
+        # Some subscription has a selector (docs/selectors.md): a message is owed to the
+        # subscriptions that select it, a smaller roster made once per selection.
+        self.selective = any(sub.selector is not None for sub in self.subs)
+        self.selections: dict[tuple[bool, ...], Roster] = {}
         # A list, not a tuple: it goes into "received" lines as it is (never mutated).
         self.keys = [sub.key for sub in self.subs]
         self.links = tuple(sub.link_id or 0 for sub in self.subs)
@@ -140,6 +144,7 @@ class DeliveryRecord:
         "final",
         "memory",
         "arrived",
+        "filtered",
     )
     # The two optional slots' types (bare annotations: a value would clash with the slot).
     resent: bool
@@ -215,6 +220,9 @@ class DeliveryRecord:
         # its own publisher sent here: its outcome goes there when it goes.
         self.memory: StreamSettled | None = None
         self.arrived = 0.0  # when it came (the core's clock): the age operators see (metrics)
+        # The subscriptions here whose selector did not select it (None: none did not):
+        # never owed it; logged, so that the proof tells filtered from lost.
+        self.filtered: list[str] | None = None
 
     @property
     def subscribers(self) -> dict[str, SubscriberState]:

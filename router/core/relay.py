@@ -26,7 +26,7 @@ from router.core.events import (
     DataReceived,
 )
 from router.core.links import Topic
-from router.core.outcomes import Outcome
+from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import (
     DeliveryRecord,
 )
@@ -320,11 +320,18 @@ class RelayMixin(CoreState):
                 },
             )
         )
+        if record.filtered:  # (only where selectors filter: no key, no bytes otherwise)
+            out[-1].fields["filtered"] = record.filtered  # type: ignore[union-attr]
         self._saw_seq(record)
         self.records[ev.tag] = record
         topic.records[record.order] = record
         self._hold_bytes(topic, record.payload)
         self.resumption.after_distribute_to_resumed(record, topic, now, out)
+        if record.filtered and not owed and record.origin_router is not None:
+            # Every subscriber here filters it out: done here, which the origin hears
+            # as our answer (accepted: each subscriber that wanted it has it).
+            record.outcome = OUTCOME_ACCEPTED
+            self._answer_origin(record, OUTCOME_ACCEPTED, record.origin_router, out)
         if record.expires_at is not None:
             if record.expires_at <= now:
                 self._expire_message(record, now, out)

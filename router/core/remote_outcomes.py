@@ -36,7 +36,7 @@ class RemoteOutcomesMixin(CoreState):
         # subscriber that moved away still counts: the router it moved to answered us
         # for it (a targeted copy) and leaves it out of its own answer; and we keep a
         # record that only the origin's settlement ends.
-        if record.moved or any(k not in record.targeted for k in record.subscribers):
+        if record.moved or record.filtered or any(k not in record.targeted for k in record.subscribers):
             code = outcome.code
         else:
             code = outcomes.NONE

@@ -83,6 +83,9 @@ IDENT: /[A-Za-z_$][A-Za-z0-9_$.]*/
 
 _PARSER = Lark(_GRAMMAR, parser="lalr", maybe_placeholders=True)
 _KEYWORDS = {"OR", "AND", "NOT", "BETWEEN", "LIKE", "ESCAPE", "IN", "IS", "NULL", "TRUE", "FALSE"}
+#: LinkAttached.selector of a selector filter whose value is not a string: this
+#: prefix, then its repr (the core refuses it, naming it).
+NOT_A_STRING = "\x00"
 MAX_SELECTOR_LENGTH = 4096  # characters: a selector is evaluated once per message at this router
 
 

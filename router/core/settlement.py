@@ -267,7 +267,9 @@ class SettlementMixin(CoreState):
             if outcome is None:
                 return  # someone has yet to answer
             answers.append(outcome)
-        if not answers:
+        if not answers and record.filtered:
+            outcome = OUTCOME_ACCEPTED  # every subscriber that wanted it has it: none did
+        elif not answers:
             outcome = Outcome(self.settings.no_subscribers, description="no subscribers left")
         elif all(a is OUTCOME_ACCEPTED for a in answers):
             outcome = OUTCOME_ACCEPTED
