@@ -148,7 +148,8 @@ EVENTS: dict[str, dict[str, str]] = {
     "placeholder-expired": {"delivery": "string", "subscriber": "string"},
     "placeholder-settled": {"delivery": "string", "subscriber": "string"},
     "owed-moved": {"delivery": "string", "from_router": "string", "subscribers": "array<string>"},
-    "owed-state-discarded": {"delivery": "string", "subscriber": "string"},
+    # reason "filtered": its selector does not select it (where it re-attached); else expired
+    "owed-state-discarded": {"delivery": "string", "subscriber": "string", "reason": "string"},
 }
 
 

@@ -245,9 +245,12 @@ class AttachMixin(CoreState):
         and to see settled on)."""
         key = sub.key
         resuming, _, _ = reported_unsettled(ev.properties)
-        for record in topic.records.values():
+        for record in list(topic.records.values()):  # (answering a publisher may delete a record)
             if key in record.moved and not record.pub_settled:
-                self.resumption.owe_here(record, key)  # it had moved away and came back here
+                if self.resumption.selects(record, key, out):
+                    self.resumption.owe_here(record, key)  # it had moved away and came back here
+                elif record.outcome is None and record.origin_router is None:
+                    self._maybe_answer_publisher(record, now, out)  # that obligation was the last
         if resuming:
             answer = self.resumption.resume_subscriber(sub, ev.properties, topic, now, out)
             self._set_open_properties(ev.link_id, {UNSETTLED_PROPERTY: answer}, out)

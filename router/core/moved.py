@@ -17,6 +17,7 @@ from router.core import outcomes
 from router.core.announcements import RemoteSubscriberRemoved, SubscriberKey
 from router.core.commands import Command, Log, SendData
 from router.core.constants import _TIMER_MEMBERSHIP
+from router.core.msgfields import selector_env
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import DeliveryRecord, MovedState, SubscriberState
 
@@ -34,6 +35,24 @@ class MovedSubscribers:
 
     def __init__(self, core: RouterCore) -> None:
         self.core = core
+
+    def selects(self, record: DeliveryRecord, key: str, out: list[Command]) -> bool:
+        """Whether local subscriber ``key``'s selector (if any) selects ``record``; a
+        subscriber that does not is never owed it, on any path that owes it late (it
+        came back, moved here, resumed, was addressed a copy), and is named among the
+        record's filtered. A record whose message is gone (settled) is not judged."""
+        sub = self.core.subscriptions.get(key)
+        if sub is None or sub.selector is None or record.payload is None:
+            return True
+        if sub.selector.selects(selector_env(record.payload)):
+            return True
+        if record.moved and key in record.moved:
+            del record.moved[key]
+        if key not in (record.filtered or ()):
+            record.filtered = [*(record.filtered or ()), key]
+            # What it was owed elsewhere ends here: the proof reads it as settled for it.
+            out.append(Log("owed-state-discarded", {"delivery": record.delivery_id, "subscriber": key, "reason": "filtered"}))
+        return False
 
     def owe_here(self, record: DeliveryRecord, key: str) -> SubscriberState:
         """Make ``record`` owed to local subscriber ``key`` (late: after the record's
@@ -89,6 +108,8 @@ class MovedSubscribers:
             record.own_moved().setdefault(key, MovedState())
             return
         if key not in record.subscribers:
+            if not self.selects(record, key, out):
+                return
             self.owe_here(record, key)
             if sub.link_id is not None:
                 sub.queue.append(record)
@@ -195,6 +216,11 @@ class MovedSubscribers:
                 self.core.route_control(report_to, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE, "key": key}, out)
                 continue
             known = key in record.subscribers
+            if not known and not self.selects(record, key, out):
+                # Its selector does not select it: done, as far as it is concerned.
+                message = {"t": "outcome", "d": record.tag.hex(), "o": outcomes.ACCEPTED, "key": key}
+                self.core.route_control(report_to, message, out)
+                continue
             state = self.owe_here(record, key)
             record.own_targeted()[key] = report_to
             if state.outcome is not None:

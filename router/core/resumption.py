@@ -347,7 +347,7 @@ class Resumption(MovedSubscribers):
             for record in topic.records.values():
                 if not record.pub_settled and record.tag not in reported and record.payload is not None:
                     state = record.subscribers.get(key)
-                    if state is None or state.outcome is None:
+                    if (state is None or state.outcome is None) and (state is not None or self.selects(record, key, out)):
                         self.owe_here(record, key)
         # Its reported outcome may have been the last answer a record needed, and
         # the record settled meanwhile: that one is settled, so left out too.
