@@ -8,7 +8,7 @@ Proton C (interop/protonc/ledger.h) peers implement the same contract in their o
     subscriber.* HOST PORT TOPIC COUNT --ledger PATH [--container-id ID] [--link NAME]
                  [--outcome accept|reject|release|modify|hold] [--rcv-settle-mode first|second]
                  [--snd-settle-mode unsettled|settled] [--credit N] [--disconnect-after K]
-                 [--linger S] [--timeout S]
+                 [--linger S] [--timeout S] [--selector TEXT]
 
 and, on both, the security options (none given: plain AMQP, SASL ANONYMOUS as before):
 
@@ -90,6 +90,7 @@ def parse(role: str, argv: list[str] | None = None, stack: str = "python", extra
         p.add_argument("--snd-settle-mode", choices=("unsettled", "settled"), default="unsettled")
         p.add_argument("--credit", type=int, default=100)
         p.add_argument("--linger", type=float, default=0.0)
+        p.add_argument("--selector", default=None, help="a JMS selector (docs/selectors.md): only what it selects")
     security = p.add_argument_group("security (TLS, SASL)")
     security.add_argument("--tls-ca", default=None, metavar="PATH", help="use TLS, trust this CA, verify HOST")
     security.add_argument("--tls-cert", default=None, metavar="PATH", help="client certificate (with --tls-key)")

@@ -13,7 +13,7 @@ import security  # noqa: E402  (interop/python/security.py, beside this file)
 from cproton import ffi, lib  # noqa: E402
 from proton import Condition, Delivery, Link  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402
-from proton.reactor import Container, LinkOption  # noqa: E402
+from proton.reactor import Container, LinkOption, Selector  # noqa: E402
 
 NAMES = {
     Delivery.ACCEPTED: "accepted",
@@ -53,7 +53,8 @@ class Subscriber(MessagingHandler):
 
     def on_start(self, event):
         self.conn = event.container.connect(security.url(self.a), reconnect=False, **security.connect_options(self.a))
-        self.receiver = event.container.create_receiver(self.conn, self.a.topic, name=self.a.link, options=SettleModes(self.a))
+        options = [SettleModes(self.a)] + ([Selector(self.a.selector)] if self.a.selector else [])
+        self.receiver = event.container.create_receiver(self.conn, self.a.topic, name=self.a.link, options=options)
         self.timer = event.container.schedule(0.1, self)
 
     def on_link_opened(self, event):

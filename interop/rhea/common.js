@@ -42,7 +42,7 @@ function parse(role) {
   const allowed = (role === 'publisher'
     ? ['ledger', 'container_id', 'link', 'size', 'settle', 'disconnect_after', 'timeout']
     : ['ledger', 'container_id', 'link', 'outcome', 'rcv_settle_mode', 'snd_settle_mode', 'credit',
-       'disconnect_after', 'linger', 'timeout']).concat(SECURITY);
+       'disconnect_after', 'linger', 'timeout', 'selector']).concat(SECURITY);
   for (let i = 0; i < argv.length; i++) {
     if (argv[i].startsWith('--')) {
       const key = argv[i].slice(2).replace(/-/g, '_');

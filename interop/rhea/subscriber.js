@@ -16,7 +16,7 @@ const container = rhea.create_container({ id: a.container_id });
 const conn = container.connect(connectOptions(a));
 const receiver = conn.open_receiver({
   name: a.link,
-  source: { address: a.topic },
+  source: a.selector ? { address: a.topic, filter: rhea.filter.selector(a.selector) } : { address: a.topic },
   snd_settle_mode: a.snd_settle_mode === 'settled' ? 1 : 0,
   rcv_settle_mode: a.rcv_settle_mode === 'second' ? 1 : 0,
   autoaccept: false,
