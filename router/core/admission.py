@@ -33,7 +33,6 @@ from router.core.events import (
 )
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, OriginTemplate, splice_origin
-from router.core.msgfields import selector_env
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import (
     ANSWER_UNSENT,
@@ -42,16 +41,13 @@ from router.core.records import (
     RouterState,
     SubscriberState,
 )
+from router.core.selection import selected_roster
 from router.core.settled import BEYOND_HORIZON, KNOWN
 
 if TYPE_CHECKING:
     from router.core.corestate import CoreState
 else:
     CoreState = object  # declarations for mypy only: no base class at run time
-
-
-#: Selections (which subscriptions select a message) whose roster a topic keeps made.
-MAX_SELECTIONS = 64
 
 
 class AdmissionMixin(CoreState):
@@ -395,7 +391,7 @@ class AdmissionMixin(CoreState):
             roster = topic.roster = Roster(sub for sub in topic.subscriptions.values() if not sub.best_effort)
         best_effort = len(roster.subs) != len(topic.subscriptions)
         if roster.selective:
-            roster = self._selected(record, roster)
+            roster = selected_roster(record, roster)
         subs = roster.subs
         if not subs:
             # Owed to nobody here (a router that only relays or originates it, only
@@ -426,33 +422,6 @@ class AdmissionMixin(CoreState):
         if not unsent:
             return keys, keys, best_effort
         return keys, [key for key, answer in zip(keys, answers) if not answer], best_effort
-
-    def _selected(self, record: DeliveryRecord, roster: Roster) -> Roster:
-        """The roster of the subscriptions whose selector selects ``record`` (each
-        distinct selector evaluated once; ``roster`` itself when all do); the others
-        go into ``record.filtered``."""
-        env = selector_env(record.payload or b"")
-        verdicts: dict[str, bool] = {}
-        chosen = []
-        for sub in roster.subs:
-            selector = sub.selector
-            if selector is None:
-                chosen.append(True)
-                continue
-            verdict = verdicts.get(selector.text)
-            if verdict is None:
-                verdict = verdicts[selector.text] = selector.selects(env)
-            chosen.append(verdict)
-        if all(chosen):
-            return roster
-        record.filtered = [sub.key for sub, yes in zip(roster.subs, chosen) if not yes]
-        selection = tuple(chosen)
-        selected = roster.selections.get(selection)
-        if selected is None:
-            selected = Roster(sub for sub, yes in zip(roster.subs, chosen) if yes)
-            if len(roster.selections) < MAX_SELECTIONS:  # (2^n selections of n selectors: keep the usual few)
-                roster.selections[selection] = selected
-        return selected
 
     def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> None:
         """Pre-settled copies for at-most-once subscribers that have credit now."""
