@@ -41,7 +41,8 @@ from router.serving import tune_gc_for_serving
 BATCH = 50  # answers per subscriber per adapter batch (~ one loop iteration's worth in timed runs)
 
 
-def run(k: int, in_flight: int, n: int, best_effort: bool) -> float:
+def run(k: int, in_flight: int, n: int, best_effort: bool, selector_for=None, payload: bytes | None = None) -> float:
+    """µs per message; ``selector_for(s)``: subscriber s's JMS selector (bench.selectors)."""
     # Bounds high enough that credit never limits this open-loop feed.
     core = RouterCore(
         CoreSettings(router_id="A", max_in_flight_per_topic=10 * (n + in_flight), publisher_credit_window=10 * (n + in_flight)),
@@ -79,11 +80,13 @@ def run(k: int, in_flight: int, n: int, best_effort: bool) -> float:
                 durable=DURABLE_NONE,
                 snd_settle_mode=SND_MIXED,
                 rcv_settle_mode=RCV_FIRST,
+                selector=selector_for(s) if selector_for is not None else None,
             ),
             now,
         )
         core.handle(CreditChanged(link, 10**9, False), now)
-    payload = Message(body="x" * 100).encode()
+    if payload is None:
+        payload = Message(body="x" * 100).encode()
     # Only each message's outgoing tag is kept (as the adapter keeps it): holding the
     # Forward commands themselves would add their memory to what is measured.
     pending: list[bytes] = []

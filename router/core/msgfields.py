@@ -127,28 +127,120 @@ def _field(fields: list[Any], n: int) -> Any:
     return fields[n] if n < len(fields) else None
 
 
-def selector_env(payload: bytes) -> dict[str, Any]:
-    """The names a selector may use, with their values in this message (absent: null)."""
+#: The names selector_env gives the header and properties (the rest are application properties).
+JMS_NAMES = frozenset(
+    {
+        "JMSDeliveryMode",
+        "JMSPriority",
+        "JMSMessageID",
+        "JMSCorrelationID",
+        "JMSType",
+        "JMSTimestamp",
+        "JMSExpiration",
+        "JMSXUserID",
+        "JMSXGroupID",
+        "JMSXGroupSeq",
+    }
+)
+
+
+def _app_properties(p: bytes, i: int, env: dict[str, Any]) -> None:
+    """The application-properties map at ``p[i]`` into ``env``: the usual keys and
+    values read inline (once per message at a router with selectors), the rest by
+    the general decoder."""
+    code = p[i]
+    if code == 0xC1:
+        count, j, end = p[i + 2], i + 3, i + 2 + p[i + 1]
+    elif code == 0xD1:
+        count = int.from_bytes(p[i + 5 : i + 9], "big")
+        j, end = i + 9, i + 5 + int.from_bytes(p[i + 1 : i + 5], "big")
+    else:
+        return  # null or not a map: no properties
+    if end > len(p):
+        raise _Malformed
+    for _ in range(count // 2):
+        k = p[j]
+        if k == 0xA1 or k == 0xA3:
+            size = p[j + 1]
+            key: Any = p[j + 2 : j + 2 + size].decode("utf-8", "replace")
+            j += 2 + size
+        else:
+            key, j = _value(p, j)
+        v = p[j]
+        if v == 0xA1:
+            size = p[j + 1]
+            value: Any = p[j + 2 : j + 2 + size].decode("utf-8", "replace")
+            j += 2 + size
+        elif v == 0x54 or v == 0x51:  # smallint, byte
+            value = p[j + 1] - 256 if p[j + 1] > 127 else p[j + 1]
+            j += 2
+        elif v == 0x55:  # smalllong
+            value = p[j + 1] - 256 if p[j + 1] > 127 else p[j + 1]
+            j += 2
+        elif v == 0x81:  # long
+            value = int.from_bytes(p[j + 1 : j + 9], "big", signed=True)
+            j += 9
+        elif v == 0x71:  # int
+            value = int.from_bytes(p[j + 1 : j + 5], "big", signed=True)
+            j += 5
+        elif v == 0x41 or v == 0x42:
+            value = v == 0x41
+            j += 1
+        else:
+            value, j = _value(p, j)
+            value = _simple(value)
+        if j > end:
+            raise _Malformed
+        if type(key) is str:
+            env[key] = value
+
+
+def _skip(p: bytes, i: int) -> int:
+    """Where the value at ``p[i]`` ends, without decoding a compound one."""
+    code = p[i]
+    if code in (0xC0, 0xC1, 0xE0, 0xA0, 0xA1, 0xA3):
+        if i + 2 > len(p):
+            raise _Malformed
+        return i + 2 + p[i + 1]
+    if code in (0xD0, 0xD1, 0xF0, 0xB0, 0xB1, 0xB3):
+        if i + 5 > len(p):
+            raise _Malformed
+        return i + 5 + int.from_bytes(p[i + 1 : i + 5], "big")
+    end: int = _value(p, i)[1]
+    return end
+
+
+def selector_env(payload: bytes, headers: bool = True) -> dict[str, Any]:
+    """The names a selector may use, with their values in this message (absent: null).
+    ``headers`` False: the application properties only (no selector here reads a JMS name)."""
     env: dict[str, Any] = {}
     header: list[Any] = []
     props: list[Any] = []
     try:
         i = 0
-        while i < len(payload) and payload[i] == 0x00:
-            code, j = _value(payload, i + 1)  # the descriptor: 0x53 0x70 etc.
+        n = len(payload)
+        while i + 2 < n and payload[i] == 0x00:
+            if payload[i + 1] == 0x53:  # the usual descriptor: smallulong
+                code, j = payload[i + 2], i + 3
+            else:
+                code, j = _value(payload, i + 1)
             if not isinstance(code, int) or code > _APP_PROPERTIES:
                 break  # the body (or a footer): nothing more a selector reads
-            value, i = _value(payload, j)
-            if code == _HEADER:
-                header = value if isinstance(value, list) else []
-            elif code == _PROPERTIES:
-                props = value if isinstance(value, list) else []
-            elif code == _APP_PROPERTIES and isinstance(value, list):
-                for k in range(0, len(value) - 1, 2):
-                    if isinstance(value[k], str):
-                        env[value[k]] = _simple(value[k + 1])
-    except _Malformed:
+            if code == _APP_PROPERTIES:
+                _app_properties(payload, j, env)
+                break  # the sections after it are the body's
+            if headers and code in (_HEADER, _PROPERTIES):
+                value, i = _value(payload, j)
+                if code == _HEADER:
+                    header = value if isinstance(value, list) else []
+                else:
+                    props = value if isinstance(value, list) else []
+            else:
+                i = _skip(payload, j)  # annotations, or the header when no selector reads it
+    except (_Malformed, IndexError):
         pass
+    if not headers:
+        return env
     durable = _field(header, 0)
     priority = _field(header, 1)
     user = _field(props, 1)

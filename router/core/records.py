@@ -12,6 +12,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from router.core.msgfields import JMS_NAMES
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 
 if TYPE_CHECKING:
@@ -66,13 +67,14 @@ class Roster:
     distributed with, so a record holds no per-subscriber object or map entry.
     A topic builds a new one whenever a subscription comes, goes, or changes link."""
 
-    __slots__ = ("subs", "keys", "links", "index", "all_done", "selective", "selections")
+    __slots__ = ("subs", "keys", "links", "index", "all_done", "selective", "selections", "headers")
 
     def __init__(self, subs: Iterable[Subscription]) -> None:
         self.subs = tuple(subs)
         # Some subscription has a selector (docs/selectors.md): a message is owed to the
         # subscriptions that select it, a smaller roster made once per selection.
         self.selective = any(sub.selector is not None for sub in self.subs)
+        self.headers = any(sub.selector is not None and sub.selector.names & JMS_NAMES for sub in self.subs)
         self.selections: dict[tuple[bool, ...], Roster] = {}
         # A list, not a tuple: it goes into "received" lines as it is (never mutated).
         self.keys = [sub.key for sub in self.subs]

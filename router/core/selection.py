@@ -14,7 +14,7 @@ MAX_SELECTIONS = 64
 def selected_roster(record: DeliveryRecord, roster: Roster) -> Roster:
     """The roster of the subscriptions whose selector selects ``record`` (``roster``
     itself when all do); the others go into ``record.filtered``."""
-    env = selector_env(record.payload or b"")
+    env = selector_env(record.payload or b"", roster.headers)
     verdicts: dict[str, bool] = {}
     chosen = []
     for sub in roster.subs:

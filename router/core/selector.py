@@ -193,6 +193,10 @@ def _unquote(token: Token) -> str:
 class _Compile(Transformer[Token, Expr]):
     """Each node becomes a closure over the message's environment (name -> value)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()  # the identifiers it reads
+
     def number(self, tok: Token) -> Expr:
         text = str(tok)
         value: Value = float(text) if any(c in text for c in ".eE") else int(text)
@@ -212,6 +216,7 @@ class _Compile(Transformer[Token, Expr]):
         name = str(tok)
         if name.upper() in _KEYWORDS:
             raise SelectorError(f"{name!r} is a keyword, not a property name", tok.column)
+        self.names.add(name)
         return lambda env: env.get(name)
 
     def sign(self, op: Token, x: Expr) -> Expr:
@@ -302,11 +307,12 @@ class _Compile(Transformer[Token, Expr]):
 class Selector:
     """A compiled selector: ``selects(env)`` is True only for a message it selects."""
 
-    __slots__ = ("text", "_expr")
+    __slots__ = ("text", "_expr", "names")
 
-    def __init__(self, text: str, expr: Expr):
+    def __init__(self, text: str, expr: Expr, names: frozenset[str] = frozenset()):
         self.text = text
         self._expr = expr
+        self.names = names  # the property and header names it reads
 
     def evaluate(self, env: Env) -> bool | None:
         """The expression's three-valued truth for this message."""
@@ -335,10 +341,11 @@ def compile_selector(text: str) -> Selector:
         raise SelectorError(
             f"selector syntax error{where}: unexpected {found}", column if isinstance(column, int) else None
         ) from None
+    compiler = _Compile()
     try:
-        expr = _Compile().transform(tree)
+        expr = compiler.transform(tree)
     except VisitError as err:
         if isinstance(err.orig_exc, SelectorError):
             raise err.orig_exc from None
         raise
-    return Selector(text, expr)
+    return Selector(text, expr, frozenset(compiler.names))
