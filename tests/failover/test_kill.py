@@ -49,6 +49,10 @@ def color_of(n: int) -> str:
 
 
 class Scenario:
+    # subscriber name -> (JMS selector, the same choice as a Python predicate on n); none by
+    # default (scenarios that build themselves, as test_link_cut's, inherit this)
+    selectors: dict = {}  # noqa: RUF012 - read only
+
     def __init__(
         self,
         tmp_path: Path,
@@ -73,7 +77,6 @@ class Scenario:
         tls.update(client_kw or {})  # e.g. a SASL login
         self.net.start()
         self.topic = "orders"
-        # subscriber name -> (JMS selector, the same choice as a Python predicate on n)
         self.selectors = selectors or {}
         self.received: dict[str, list] = defaultdict(list)
         self.subs = {}
