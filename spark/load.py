@@ -55,6 +55,7 @@ LINE_FIELDS = (
     "by",
     "deleted",
     "owed",
+    "filtered",  # subscribers whose selector did not select it (issue 20)
     "forwarded",
     "routers",
     "origin_router",

@@ -301,6 +301,7 @@ DELIVERY_READ = COMMON + (
     "by",
     "deleted",
     "owed",
+    "filtered",
     "forwarded",
     "routers",
     "origin_router",
@@ -1026,7 +1027,7 @@ def find_bad_lines(spark, sources: list, first: int = 1000) -> tuple[list[dict],
 #:   dests or subscribers), f forwarded, x routers, b settled (received, sub-outcome)
 #:   or deleted (settled), y settled's by code, or for a pub-outcome 1 remembered, 2 refused beyond the horizon,
 #:   rep a sub-outcome a resuming subscriber reported.
-EVENT_FIELDS = ("r", "e", "q", "t", "k", "s", "o", "p", "l", "f", "x", "b", "y", "rep")
+EVENT_FIELDS = ("r", "e", "q", "t", "k", "s", "o", "p", "l", "f", "x", "b", "y", "fl", "rep")
 
 
 def narrow(events: DataFrame, windows: dict) -> DataFrame:
@@ -1055,7 +1056,10 @@ def narrow(events: DataFrame, windows: dict) -> DataFrame:
         F.when(kind == "settled", _code("by", tuple(BY), BY, 7))
         .when((kind == "pub-outcome") & (F.col("reason") == REMEMBERED), F.lit(1))
         .when((kind == "pub-outcome") & (F.col("condition") == BEYOND_HORIZON), F.lit(2))
+        .when((kind == "owed-state-discarded") & (F.col("reason") == "filtered"), F.lit(3))
         .alias("y"),
+        # who filtered it out (selectors): never owed it
+        F.when((kind == "received") & F.col("filtered").isNotNull(), _hashes(F.col("filtered"))).alias("fl"),
         F.when(kind == "received", F.struct("topic", "publisher", "link_name", "incarnation", "pub_tag", "stream_seq")).alias(
             "id"
         ),
@@ -1563,6 +1567,9 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         # a resend of it was refused beyond the resume horizon: its publisher was told
         # rejected ("may have been delivered") whatever its first life's outcome was
         f"exists(ev, e -> e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2) AS horizon",
+        # the subscribers whose selector did not select it, here or where they re-attached
+        f"array_distinct(concat(flatten(transform(filter(ev, e -> e.k {K('received')}), e -> coalesce(e.fl, {_EMPTY}))), "
+        f"transform(filter(ev, e -> e.k {K('owed-state-discarded')} AND coalesce(e.y, 0) = 3), e -> e.s))) AS filtered",
         f"concat(coalesce(v_lost, array()), v_dup, coalesce(v_invented, array()), v_record, v_arrival, v_unowed, "
         f"v_unsent, v_answer, v_disagree, {v_left}, {v_app}) AS v",
     )
@@ -1648,6 +1655,7 @@ def app_events(ledgers: DataFrame) -> DataFrame:
         none.cast("array<bigint>").alias("x"),
         none.cast("boolean").alias("b"),
         none.cast("int").alias("y"),
+        none.cast("array<bigint>").alias("fl"),
         none.cast(
             "struct<topic:string,publisher:string,link_name:string,incarnation:string,pub_tag:string,stream_seq:bigint>"
         ).alias("id"),

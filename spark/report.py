@@ -98,7 +98,16 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
             F.sum((F.col("owed") & (F.col("o") == 0)).cast("long")).alias("unanswered"),
         )
     )
+    # Distinct deliveries its selector did not select (never owed: not lost), per subscriber.
+    filtered_by = {
+        r["s"]: r["n"] for r in _rows(f.select(F.explode("filtered").alias("s")).groupBy("s").agg(F.count(F.lit(1)).alias("n")))
+    }
+    known = {row["subscriber"] for row in per_sub}
+    for s_hash, n in filtered_by.items():
+        if s_hash not in known:  # a subscriber that was never owed anything: only filtered
+            per_sub.append({"subscriber": s_hash, "owed": 0, **{name: 0 for name in OUTCOME}, "unanswered": 0})
     for row in per_sub:
+        row["filtered"] = filtered_by.get(row["subscriber"], 0)
         row["subscriber"] = names.subscriber(row["subscriber"])
     per_sub = sorted(per_sub, key=lambda r: r["subscriber"])[:max_rows]
     unfinished = _rows(
@@ -645,7 +654,7 @@ def write_html(report: dict, path: Path) -> None:
     parts.append("<h3>Subscribers (distinct deliveries)</h3>")
     parts.append(
         _table(
-            ["subscriber", "owed", "accepted", "rejected", "released", "modified", "settled only", "never answered"],
+            ["subscriber", "owed", "accepted", "rejected", "released", "modified", "settled only", "never answered", "filtered"],
             [
                 [
                     x["subscriber"],
@@ -656,10 +665,11 @@ def write_html(report: dict, path: Path) -> None:
                     x["modified"],
                     x["none"],
                     x["unanswered"],
+                    x.get("filtered", 0),
                 ]
                 for x in s["per_subscriber"]
             ],
-            {1, 2, 3, 4, 5, 6, 7},
+            {1, 2, 3, 4, 5, 6, 7, 8},
         )
     )
     parts.append("<h2>Violations</h2>")

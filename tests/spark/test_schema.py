@@ -71,8 +71,6 @@ def test_the_fields_the_proof_reads_are_the_writers():
         "known",
         "incomplete",
         "incarnation",
-        # who filtered a delivery out (selectors, issue 20): not owed it, so no check needs it yet
-        "filtered",
         # issue 16's counters: budget, memory sweeps, stream numbering
         "bytes",
         "router_bytes",
