@@ -16,6 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.core.topictrie import matches
+from router.core.topictrie import pattern_problem as valid_pattern
+
+__all__ = ["ANONYMOUS", "Group", "Policy", "matches", "valid_pattern"]
+
 ANONYMOUS = "anonymous"
 
 
@@ -79,31 +84,3 @@ class Policy:
     def describe(self, user: str) -> str:
         names = [g.name for g in self.groups_of(user)]
         return f"user {user!r} (groups: {', '.join(names) if names else 'none'})"
-
-
-def matches(pattern: str, topic: str) -> bool:
-    """MQTT-style: ``+`` is one level, ``#`` (last) the rest, including none."""
-    if pattern == topic:
-        return True
-    p_levels, t_levels = pattern.split("/"), topic.split("/")
-    for i, level in enumerate(p_levels):
-        if level == "#":
-            return i == len(p_levels) - 1
-        if i >= len(t_levels):
-            return False
-        if level != "+" and level != t_levels[i]:
-            return False
-    return len(p_levels) == len(t_levels)
-
-
-def valid_pattern(pattern: str) -> str | None:
-    """Why ``pattern`` is not a topic pattern, or None."""
-    if not pattern:
-        return "an empty topic pattern"
-    levels = pattern.split("/")
-    for i, level in enumerate(levels):
-        if "#" in level and (level != "#" or i != len(levels) - 1):
-            return f"{pattern!r}: '#' must be a whole level, and the last"
-        if "+" in level and level != "+":
-            return f"{pattern!r}: '+' must be a whole level"
-    return None
