@@ -20,6 +20,7 @@ longs do (truncating towards zero). Pure: no proton, no sockets.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import re
@@ -81,7 +82,14 @@ IDENT: /[A-Za-z_$][A-Za-z0-9_$.]*/
 %ignore /[ \t\r\n]+/
 """
 
-_PARSER = Lark(_GRAMMAR, parser="lalr", maybe_placeholders=True)
+
+@functools.cache
+def _parser() -> Lark:
+    """The LALR parser, built at the first selector (a router whose subscribers use
+    none never pays the ~35 ms of building it at start)."""
+    return Lark(_GRAMMAR, parser="lalr", maybe_placeholders=True)
+
+
 _KEYWORDS = {"OR", "AND", "NOT", "BETWEEN", "LIKE", "ESCAPE", "IN", "IS", "NULL", "TRUE", "FALSE"}
 #: LinkAttached.selector of a selector filter whose value is not a string: this
 #: prefix, then its repr (the core refuses it, naming it).
@@ -332,7 +340,7 @@ def compile_selector(text: str) -> Selector:
     if len(text) > MAX_SELECTOR_LENGTH:
         raise SelectorError(f"a selector of {len(text)} characters (at most {MAX_SELECTOR_LENGTH})")
     try:
-        tree = _PARSER.parse(text)
+        tree = _parser().parse(text)
     except UnexpectedInput as err:
         column = getattr(err, "column", None)
         token = getattr(err, "token", None)
