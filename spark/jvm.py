@@ -48,7 +48,10 @@ def archive_path() -> Path | None:
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
-    listing = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
+    # A JVM refuses (silently, under -Xlog:cds=off) an archive whose class path jars
+    # differ in size or modification time from the ones it was dumped with: a fresh
+    # install at the same path is another archive, never a stale one that only looks right.
+    listing = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in jars.glob("*.jar")) if jars.is_dir() else []
     stat = java.stat()
     key = hashlib.sha256(
         "|".join([str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__, str(jars), *listing]).encode()
@@ -92,7 +95,25 @@ def build(force: bool = False) -> Path | None:
         staged = path.with_name(f".{path.name}.{os.getpid()}")
         shutil.move(str(partial), staged)
         os.replace(staged, path)  # atomic: a concurrent build or reader sees all or nothing
+    _prune(path)
     return path
+
+
+KEEP = 3
+
+
+def _prune(made: Path) -> None:
+    """Each archive is ~170 MB and every install (a fresh clone, a rebuilt venv) makes
+    one: keep the newest few, for the other checkouts still in use. A JVM that has one
+    mapped keeps its pages after the file is removed; a checkout whose archive went
+    only starts slower until its setup builds it again."""
+    others = sorted(
+        (p for p in made.parent.glob("spark-classes-*.jsa") if p != made),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for stale in others[KEEP - 1 :]:
+        stale.unlink(missing_ok=True)
 
 
 def _dump(archive: str, work: str) -> None:

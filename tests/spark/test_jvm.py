@@ -24,6 +24,44 @@ def test_the_archive_is_named_for_this_java_and_this_spark(monkeypatch, tmp_path
     assert jvm.java_options() == []  # not built yet: nothing to map, and no error
 
 
+def test_a_reinstalled_spark_at_the_same_path_gets_another_archive(monkeypatch, tmp_path):
+    """The JVM checks each class path jar's size and time against the archive; a new
+    install at the same place (a CI clone at a fixed path) must not reuse the old one."""
+    monkeypatch.delenv(jvm.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if jvm._java() is None:
+        pytest.skip("no java on PATH")
+    import os
+
+    import pyspark
+
+    package = tmp_path / "pyspark"
+    (package / "jars").mkdir(parents=True)
+    jar = package / "jars" / "spark-core.jar"
+    jar.write_bytes(b"PK")
+    monkeypatch.setattr(pyspark, "__file__", str(package / "__init__.py"))
+    first = jvm.archive_path()
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 1_000_000_000))
+    assert jvm.archive_path() != first
+    jar.write_bytes(b"PK..")
+    assert jvm.archive_path() != first
+
+
+def test_old_archives_are_pruned_to_the_newest_few(tmp_path):
+    import os
+
+    paths = []
+    for age in range(6):
+        old = tmp_path / f"spark-classes-{age:016x}.jsa"
+        old.write_bytes(b"x")
+        os.utime(old, (1_000_000 - age, 1_000_000 - age))
+        paths.append(old)
+    made = tmp_path / "spark-classes-ffffffffffffffff.jsa"
+    made.write_bytes(b"x")
+    jvm._prune(made)
+    assert sorted(tmp_path.iterdir()) == sorted([made, *paths[: jvm.KEEP - 1]])
+
+
 def test_options_follow_the_setting(monkeypatch, tmp_path):
     archive = tmp_path / "classes.jsa"
     monkeypatch.setenv(jvm.ENV, str(archive))
