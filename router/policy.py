@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from router.core.topictrie import matches
+from router.core.topictrie import covers, is_pattern, matches
 from router.core.topictrie import pattern_problem as valid_pattern
 
 __all__ = ["ANONYMOUS", "Group", "Policy", "matches", "valid_pattern"]
@@ -55,9 +55,11 @@ class Policy:
         return self._rule(user, topic, "subscribe")
 
     def _rule(self, user: str, topic: str, what: str) -> str | None:
+        wildcard = what == "subscribe" and is_pattern(topic)
         for group in self.groups_of(user):
             for pattern in getattr(group, what):
-                if matches(pattern, topic):
+                # A subscription to a pattern needs a rule covering all it can match.
+                if covers(pattern, topic) if wildcard else matches(pattern, topic):
                     return f"{group.name}: {pattern}"
         return None
 

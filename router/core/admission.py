@@ -504,7 +504,7 @@ class AdmissionMixin(CoreState):
         """A pre-settled delivery relayed from its publisher's router: copies to our
         subscribers with credit now; no record, no answer, no order hold."""
         name: Any = header.get("topic")  # wire data: None when absent, which names no topic
-        topic = self.topics.get(name)
+        topic = self._topic_if_wanted(name)
         out.append(
             Log(
                 "received",

@@ -35,7 +35,7 @@ from router.core.events import (
     LinkAttached,
     LinkDetached,
 )
-from router.core.links import PublisherLink, Subscription, Topic
+from router.core.links import PublisherLink, Subscription
 from router.core.moved import _split_key
 from router.core.network import (
     announcement_message,
@@ -43,6 +43,7 @@ from router.core.network import (
 from router.core.records import DeliveryRecord
 from router.core.resumption import reported_unsettled
 from router.core.selector import NOT_A_STRING, Selector, SelectorError, compile_selector
+from router.core.topictrie import is_pattern, pattern_problem
 
 if TYPE_CHECKING:
     from router.core.corestate import CoreState
@@ -60,6 +61,12 @@ class AttachMixin(CoreState):
         if len(address) > MAX_ADDRESS_LENGTH:
             out.append(DetachLink(ev.link_id, "amqp:invalid-field", f"topic address longer than {MAX_ADDRESS_LENGTH} characters"))
             return
+        if is_pattern(address):
+            problem = pattern_problem(address) if ev.role == SUBSCRIBER else f"{address!r} is a topic pattern"
+            if problem is not None:
+                what = "a subscriber's source" if ev.role == SUBSCRIBER else "a publisher's target names one topic"
+                out.append(DetachLink(ev.link_id, "amqp:invalid-field", f"{what}: {problem}"))
+                return
         self.links_by_conn.setdefault(ev.conn_id, set()).add(ev.link_id)
         self.link_conn[ev.link_id] = ev.conn_id
         if ev.role == PUBLISHER:
@@ -173,12 +180,18 @@ class AttachMixin(CoreState):
             self._end_subscription(sub, now, out, reason="re-attached-elsewhere")
             sub = None
         resumed = sub is not None
-        topic = self._topic(address)
-        topic.roster = None  # a subscription comes, or changes link or settle mode
+        pattern = is_pattern(address)
+        # A pattern joins the topics it matches that exist here; the others as they come.
+        topics = self._topics_matching(address) if pattern else [self._topic(address)]
+        for topic in topics:
+            topic.roster = None  # a subscription comes, or changes link or settle mode
         if sub is None:
-            sub = Subscription(key, ev.container_id, ev.name, address)
+            sub = Subscription(key, ev.container_id, ev.name, address, pattern)
             self.subscriptions[key] = sub
-            topic.subscriptions[key] = sub
+            if pattern:
+                self.pattern_subs.add(address, key)
+            for topic in topics:
+                topic.subscriptions[key] = sub
         sub.durable = ev.durable != DURABLE_NONE
         sub.timeout = self._terminus_timeout(ev)
         sub.link_id = ev.link_id
@@ -192,7 +205,7 @@ class AttachMixin(CoreState):
         self.subscribers[ev.link_id] = sub
         self._announce_subscriber(sub, ev, address, resumed, now, out)
         self._log_attached(ev, SUBSCRIBER, address, "", resumed, out)
-        self._owe_again(sub, topic, ev, resumed, now, out)
+        self._owe_again(sub, ev, resumed, now, out)
 
     def _steal_subscriber_link(self, sub: Subscription, old_link: int, out: list[Command]) -> None:
         """Link stealing: the newer attach takes over the same terminus (this is what a
@@ -236,27 +249,25 @@ class AttachMixin(CoreState):
             sub.ready = True
             out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None))
 
-    def _owe_again(
-        self, sub: Subscription, topic: Topic, ev: LinkAttached, resumed: bool, now: float, out: list[Command]
-    ) -> None:
+    def _owe_again(self, sub: Subscription, ev: LinkAttached, resumed: bool, now: float, out: list[Command]) -> None:
         """A subscriber back (re-attached, resuming, or durable): what is still owed to
         it goes out again, in publisher order: what it missed while detached and what
         was in flight (a resuming receiver also gets again what it reported, to answer
         and to see settled on)."""
         key = sub.key
         resuming, _, _ = reported_unsettled(ev.properties)
-        for record in list(topic.records.values()):  # (answering a publisher may delete a record)
+        for record in self._records_for(sub):  # (a copy: answering a publisher may delete a record)
             if key in record.moved and not record.pub_settled:
                 if self.resumption.selects(record, key, out):
                     self.resumption.owe_here(record, key)  # it had moved away and came back here
                 elif record.outcome is None and record.origin_router is None:
                     self._maybe_answer_publisher(record, now, out)  # that obligation was the last
         if resuming:
-            answer = self.resumption.resume_subscriber(sub, ev.properties, topic, now, out)
+            answer = self.resumption.resume_subscriber(sub, ev.properties, self._records_for(sub), now, out)
             self._set_open_properties(ev.link_id, {UNSETTLED_PROPERTY: answer}, out)
         if resumed or resuming or sub.durable:
             sub.queue.clear()
-            for record in topic.records.values():
+            for record in self._records_for(sub):
                 state = record.subscribers.get(key)
                 if state is not None and (state.outcome is None or state.resend) and not record.pub_settled:
                     state.sent = 0
@@ -375,8 +386,7 @@ class AttachMixin(CoreState):
         sub.link_id = None
         sub.conn_id = None
         sub.credit = 0
-        topic = self.topics.get(sub.topic)
-        if topic is not None:
+        for topic in self._topics_of(sub):
             topic.roster = None
         out.append(
             Log(
@@ -417,10 +427,14 @@ class AttachMixin(CoreState):
         if sub.link_id is not None:
             del self.subscribers[sub.link_id]
             sub.link_id = None
+        topics = self._topics_of(sub)
+        records = self._records_for(sub)
         self.subscriptions.pop(sub.key, None)
-        topic = self.topics[sub.topic]
-        topic.subscriptions.pop(sub.key, None)
-        topic.roster = None
+        if sub.pattern:
+            self.pattern_subs.remove(sub.topic, sub.key)
+        for topic in topics:
+            topic.subscriptions.pop(sub.key, None)
+            topic.roster = None
         sub.queue.clear()
         sub.awaiting_evidence.clear()
         if sub.announced:  # a retained (durable, detached) subscription ends now
@@ -428,7 +442,7 @@ class AttachMixin(CoreState):
             self._flood(announcement_message(self.net.announcer.expired(sub.container_id, sub.name)), None, out)
         if reason == "expired":
             out.append(Log("subscription-expired", {"container": sub.container_id, "name": sub.name, "address": sub.topic}))
-        for record in list(topic.records.values()):
+        for record in records:
             state = record.subscribers.get(sub.key)
             if state is None:
                 continue
@@ -440,7 +454,8 @@ class AttachMixin(CoreState):
             else:
                 state.known_settled = True
                 self._maybe_delete(record, now, out)
-        self._drop_topic_if_idle(topic)
+        for topic in topics:
+            self._drop_topic_if_idle(topic)
 
 
 def _selector_of(ev: LinkAttached) -> Selector | None:

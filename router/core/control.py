@@ -32,6 +32,7 @@ from router.core.network import (
 if TYPE_CHECKING:
     from router.core.announcements import Change
     from router.core.corestate import CoreState
+    from router.core.links import Topic
 else:
     CoreState = object  # declarations for mypy only: no base class at run time
 
@@ -188,19 +189,22 @@ class ControlMixin(CoreState):
             router_id = getattr(change, "router", None)
             if topic_name is None or router_id is None:
                 continue
-            if router_id in self.net.interested_routers(topic_name):
-                continue
-            topic = self.topics.get(topic_name)
-            if topic is None:
-                continue
-            for record in list(topic.records.values()):
-                state = record.remote_routers.get(router_id)
-                if state is not None and state.outcome is None and not state.sent:
-                    del record.remote_routers[router_id]
-                    if record.outcome is None:
-                        self._maybe_answer_publisher(record, now, out)
-                    else:
-                        self._maybe_delete(record, now, out)
+            for topic in self._topics_matching(topic_name):  # (a pattern's: every topic it matches)
+                self._drop_uninterested(topic, router_id, now, out)
+
+    def _drop_uninterested(self, topic: Topic, router_id: str, now: float, out: list[Command]) -> None:
+        """``router_id`` has no subscriber to ``topic`` any more: what was not sent
+        there yet is not owed there."""
+        if router_id in self.net.interested_routers(topic.name):
+            return
+        for record in list(topic.records.values()):
+            state = record.remote_routers.get(router_id)
+            if state is not None and state.outcome is None and not state.sent:
+                del record.remote_routers[router_id]
+                if record.outcome is None:
+                    self._maybe_answer_publisher(record, now, out)
+                else:
+                    self._maybe_delete(record, now, out)
 
     def _topology_changed(self, now: float, out: list[Command]) -> None:
         """Routes may have changed: whatever may have been lost with a hop goes again.

@@ -27,6 +27,7 @@ from router.core.records import DeliveryRecord
 from router.core.resumption import Resumption
 from router.core.settings import CoreSettings
 from router.core.settled import SettledMemory
+from router.core.topictrie import PatternIndex
 
 
 class CoreState:
@@ -38,6 +39,7 @@ class CoreState:
     publishers: dict[int, PublisherLink]
     subscribers: dict[int, Subscription]
     subscriptions: dict[str, Subscription]
+    pattern_subs: PatternIndex
     records: dict[bytes, DeliveryRecord]
     by_delivery: dict[int, DeliveryRecord]
     streams: dict[bytes, tuple[str, str, str]]
@@ -71,6 +73,18 @@ class CoreState:
     # (RouterCore's own and the mixins') as overrides. (A stub that returns a value
     # raises: an empty body would be an error; none of these bodies ever runs.)
     def _add_timer(self, deadline: float, kind: int, obj: Any) -> None: ...
+    def _topic_if_wanted(self, name: str) -> Topic | None:
+        raise NotImplementedError
+
+    def _topics_matching(self, address: str) -> list[Topic]:
+        raise NotImplementedError
+
+    def _topics_of(self, sub: Subscription) -> list[Topic]:
+        raise NotImplementedError
+
+    def _records_for(self, sub: Subscription) -> list[DeliveryRecord]:
+        raise NotImplementedError
+
     def _topic(self, name: str) -> Topic:
         raise NotImplementedError
 

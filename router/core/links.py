@@ -94,13 +94,17 @@ class Subscription:
         "placeholders",
         "held",
         "selector",
+        "pattern",
     )
 
-    def __init__(self, key: str, container_id: str, name: str, topic: str):
+    def __init__(self, key: str, container_id: str, name: str, topic: str, pattern: bool = False):
         self.key = key
         self.container_id = container_id
         self.name = name
-        self.topic = topic
+        self.topic = topic  # its address: a topic, or a pattern of topics when ``pattern``
+        # A subscription to a pattern (topictrie.py) belongs to every topic here that
+        # it matches (in each one's ``subscriptions``), joined as the topic is made.
+        self.pattern = pattern
         self.durable = False
         self.timeout = 0
         self.link_id: int | None = None
@@ -170,4 +174,8 @@ class Topic:
         self.published = 0  # messages its publishers here sent (records made, or relayed best effort): metrics
 
     def idle(self) -> bool:
-        return not (self.subscriptions or self.publishers or self.records)
+        """Nothing keeps it: subscriptions to patterns that match it do not (they
+        join it again when it is made again)."""
+        if self.publishers or self.records:
+            return False
+        return all(sub.pattern for sub in self.subscriptions.values())

@@ -120,6 +120,7 @@ from router.core.announcements import (  # noqa: F401  (re-exported: the table's
     validate_snapshot,
 )
 from router.core.routing import Incarnation, RouterId
+from router.core.topictrie import PatternIndex, is_pattern, pattern_problem
 
 
 def _is_live(message: Announcement) -> bool:
@@ -204,6 +205,7 @@ class MembershipTable:
         self._views: dict[RouterId, _RouterView] = {}
         # Indexes over live, unexpired entries.
         self._by_topic: dict[str, dict[RouterId, set[SubscriberKey]]] = {}
+        self._patterns = PatternIndex()  # the addresses in _by_topic that are patterns (each its own value)
         self._locations: dict[SubscriberKey, set[RouterId]] = {}
         self._learnt = 0
 
@@ -297,7 +299,10 @@ class MembershipTable:
             out.append(RemoteSubscriberRemoved(router, key, entry.message.topic, reason))
 
     def _index(self, router: RouterId, message: Announcement) -> None:
-        self._by_topic.setdefault(message.topic, {}).setdefault(router, set()).add(message.key)
+        topic = message.topic
+        if topic not in self._by_topic and is_pattern(topic) and pattern_problem(topic) is None:
+            self._patterns.add(topic, topic)
+        self._by_topic.setdefault(topic, {}).setdefault(router, set()).add(message.key)
         self._locations.setdefault(message.key, set()).add(router)
 
     def _unindex(self, router: RouterId, message: Announcement) -> None:
@@ -308,6 +313,8 @@ class MembershipTable:
             del at_router[router]
             if not at_router:
                 del self._by_topic[message.topic]
+                if is_pattern(message.topic):
+                    self._patterns.remove(message.topic, message.topic)
         routers = self._locations[message.key]
         routers.discard(router)
         if not routers:
@@ -378,13 +385,25 @@ class MembershipTable:
     def _reachable(self, router: RouterId) -> bool:
         return self._views[router].lost_at is None
 
+    def _addresses(self, topic: str) -> list[str]:
+        """The addresses subscribed to that take ``topic``: itself, and the patterns
+        that match it."""
+        if not len(self._patterns):
+            return [topic]
+        return [topic, *sorted(str(p) for p in self._patterns.match(topic))]
+
     def routers_with_subscribers(self, topic: str) -> frozenset[RouterId]:
-        """Routers (not lost) holding a subscription to ``topic``, attached or retained."""
-        return frozenset(router for router in self._by_topic.get(topic, {}) if self._reachable(router))
+        """Routers (not lost) holding a subscription to ``topic`` (or to a pattern
+        matching it), attached or retained."""
+        return frozenset(
+            router for address in self._addresses(topic) for router in self._by_topic.get(address, {}) if self._reachable(router)
+        )
 
     def subscribers_at(self, router: RouterId, topic: str) -> tuple[RemoteSubscriber, ...]:
-        """The subscriptions to ``topic`` at ``router`` (lost or not), by key."""
-        keys = self._by_topic.get(topic, {}).get(router, ())
+        """The subscriptions at ``router`` (lost or not) that take ``topic``, by key."""
+        keys: set[SubscriberKey] = set()
+        for address in self._addresses(topic):
+            keys.update(self._by_topic.get(address, {}).get(router, ()))
         if not keys:
             return ()
         view = self._views[router]  # a router indexed under a topic has a view

@@ -122,8 +122,7 @@ class MovedSubscribers:
         sub = self.core.subscriptions.get(key)
         if sub is None or sub.attached:
             return
-        topic = self.core.topics[sub.topic]
-        for record in list(topic.records.values()):
+        for record in self.core.records_for(sub):
             state = record.subscribers.get(key)
             if state is None or state.outcome is not None or record.pub_settled:
                 continue

@@ -171,7 +171,7 @@ class RelayMixin(CoreState):
             self._route_control(report_to, self._settle_message(tag, self.settled.outcome_of(tag), True), out)
             out.append(Log("dropped", {"delivery": tag.hex(), "reason": "already settled here"}))
             return
-        topic = self.topics.get(header["topic"])
+        topic = self._topic_if_wanted(header["topic"])
         owed_here = topic is not None and any(not s.best_effort for s in topic.subscriptions.values())
         if (
             header.get("rs")

@@ -324,9 +324,15 @@ class Resumption(MovedSubscribers):
     # ------------------------------------------------------------ subscribers
 
     def resume_subscriber(
-        self, sub: Subscription, properties: dict[str, Any] | None, topic: Topic, now: float, out: list[Command]
+        self,
+        sub: Subscription,
+        properties: dict[str, Any] | None,
+        records: list[DeliveryRecord],
+        now: float,
+        out: list[Command],
     ) -> list[list[bytes | str]]:
-        """The design's rules for a resuming receiver. Returns our unsettled answer."""
+        """The design's rules for a resuming receiver (``records``: those of the
+        topics it subscribes to, in publisher order). Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         key = sub.key
         known: list[tuple[bytes, DeliveryRecord, SubscriberState]] = []  # what it reported that we hold
@@ -344,7 +350,7 @@ class Resumption(MovedSubscribers):
             known.append((tag, record, self._owe_reported(record, key, code, now, out)))
         if not incomplete:
             # Unsettled records it did not report: it never got them.
-            for record in topic.records.values():
+            for record in records:
                 if not record.pub_settled and record.tag not in reported and record.payload is not None:
                     state = record.subscribers.get(key)
                     if (state is None or state.outcome is None) and (state is not None or self.selects(record, key, out)):

@@ -91,6 +91,7 @@ from router.core.resumption import Resumption
 from router.core.settings import CoreSettings
 from router.core.settled import SettledMemory
 from router.core.settlement import SettlementMixin
+from router.core.topictrie import PatternIndex, is_pattern, matches
 
 
 class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, RelayMixin, ControlMixin, RemoteOutcomesMixin):
@@ -114,6 +115,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         "delete",
         "base_header",
         "after_subscriber_outcome",
+        "records_for",
     )
     pump = AdmissionMixin._pump
     route_control = ControlMixin._route_control
@@ -143,6 +145,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         self.publishers: dict[int, PublisherLink] = {}
         self.subscribers: dict[int, Subscription] = {}  # link id -> attached subscription
         self.subscriptions: dict[str, Subscription] = {}  # key -> subscription (attached or durable)
+        self.pattern_subs = PatternIndex()  # pattern -> keys of the subscriptions to it (attached or durable)
         self.records: dict[bytes, DeliveryRecord] = {}  # outgoing tag -> record
         self.by_delivery: dict[int, DeliveryRecord] = {}  # adapter delivery handle -> record
         self.streams: dict[bytes, tuple[str, str, str]] = {}  # live stream id -> its triple
@@ -432,7 +435,41 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         if topic is None:
             topic = self.topics[name] = Topic(name)
             topic.est = self.settings.max_message_size
+            if len(self.pattern_subs):
+                for key in self.pattern_subs.match(name):
+                    topic.subscriptions[key] = self.subscriptions[key]  # type: ignore[index]
         return topic
+
+    def _topic_if_wanted(self, name: str) -> Topic | None:
+        """The topic, if it exists here or a subscription to a pattern here matches
+        it (then it is made: a message relayed to us on it is owed to them)."""
+        topic = self.topics.get(name)
+        if topic is None and len(self.pattern_subs) and isinstance(name, str) and self.pattern_subs.match(name):
+            topic = self._topic(name)
+        return topic
+
+    def _topics_matching(self, address: str) -> list[Topic]:
+        """The topics here that a subscription to ``address`` belongs to."""
+        if not is_pattern(address):
+            topic = self.topics.get(address)
+            return [] if topic is None else [topic]
+        return [topic for name, topic in self.topics.items() if matches(address, name)]
+
+    def _topics_of(self, sub: Subscription) -> list[Topic]:
+        """The topics ``sub`` belongs to (one, unless it subscribed to a pattern)."""
+        if not sub.pattern:
+            topic = self.topics.get(sub.topic)
+            return [] if topic is None else [topic]
+        return [topic for topic in self.topics.values() if topic.subscriptions.get(sub.key) is sub]
+
+    def _records_for(self, sub: Subscription) -> list[DeliveryRecord]:
+        """The records of the topics ``sub`` belongs to, in arrival (publisher) order."""
+        topics = self._topics_of(sub)
+        if len(topics) == 1:
+            return list(topics[0].records.values())
+        return sorted((r for t in topics for r in t.records.values()), key=lambda r: r.order)
+
+    records_for = _records_for  # a service of the resumption component (SERVICES)
 
     def _drop_topic_if_idle(self, topic: Topic) -> None:
         if topic.idle() and self.topics.get(topic.name) is topic:

@@ -140,3 +140,31 @@ def matches(pattern: str, topic: str) -> bool:
     index = PatternIndex()
     index.add(pattern, 0)
     return bool(index.match(topic))
+
+
+def covers(rule: str, pattern: str) -> bool:
+    """Whether every topic ``pattern`` matches is matched by ``rule`` too: what a
+    policy asks of a subscription to a pattern (a rule ``a/+`` covers ``a/b`` and
+    ``a/+``, never ``a/#``, which also matches ``a`` and ``a/b/c``)."""
+    rules, levels = rule.split(SEP), pattern.split(SEP)
+    dollar = pattern.startswith("$")  # wildcards at the first level never match a $-topic
+    for i, level in enumerate(levels):
+        if i >= len(rules):
+            return False
+        wanted = rules[i]
+        if wanted == REST:
+            return not (dollar and i == 0)
+        if level == REST:
+            # Zero or more levels from here (at least one at the first: a topic has one):
+            # only "#" takes them all, or "+/#" at the first level.
+            return rules[i:] == [ONE, REST] if i == 0 else False
+        if level == ONE:
+            if wanted != ONE:
+                return False
+        elif wanted == ONE:
+            if dollar and i == 0:
+                return False
+        elif wanted != level:
+            return False
+    # ``a/#`` also matches ``a`` itself: a rule one "#" longer covers the pattern.
+    return len(rules) == len(levels) or (len(rules) == len(levels) + 1 and rules[-1] == REST)

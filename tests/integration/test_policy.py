@@ -93,6 +93,9 @@ def attach_error(router, pki, user, role: str, topic: str) -> str | None:
         ("reader", "subscriber", "orders/eu", True),
         ("reader", "subscriber", "orders/eu/1", False),
         ("reader", "publisher", "orders", False),
+        ("reader", "subscriber", "orders/+", True),  # a pattern its rule covers (issue 20)
+        ("reader", "subscriber", "orders/#", False),  # would also take orders/eu/1
+        ("reader", "subscriber", "#", False),
         ("stranger", "subscriber", "news", True),  # not listed: the default group
         ("stranger", "publisher", "news", False),
     ],

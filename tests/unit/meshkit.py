@@ -163,7 +163,7 @@ class Mesh:
 
     # ------------------------------------------------------------ clients
 
-    def publisher(self, router, name="pub", container="P", properties=None, rcv_first=False):
+    def publisher(self, router, name="pub", container="P", properties=None, rcv_first=False, topic="t"):
         """``rcv_first``: the router settles with the outcome (rcv-settle-mode=first);
         otherwise the test settles the publisher's delivery itself (settle_publisher)."""
         link = next(self._link)
@@ -175,7 +175,7 @@ class Mesh:
                 container,
                 name,
                 PUBLISHER,
-                "t",
+                topic,
                 snd_settle_mode=SND_MIXED,
                 rcv_settle_mode=0 if rcv_first else 1,
                 properties=properties,
@@ -184,10 +184,11 @@ class Mesh:
         self.settle()
         return link
 
-    def subscriber(self, router, name, credit=100, **attach):
+    def subscriber(self, router, name, credit=100, topic="t", **attach):
+        """``topic``: the address, a topic or a pattern of topics."""
         link = next(self._link)
         attach.setdefault("rcv_settle_mode", 1 if attach.get("durable") else 0)
-        self.feed(router, LinkAttached(link, link, f"S-{name}", name, SUBSCRIBER, "t", **attach))
+        self.feed(router, LinkAttached(link, link, f"S-{name}", name, SUBSCRIBER, topic, **attach))
         self.feed(router, CreditChanged(link, credit))
         self.settle()
         return link

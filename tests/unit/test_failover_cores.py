@@ -56,16 +56,22 @@ def test_publisher_resumes_at_another_router_and_nothing_is_delivered_twice():
     assert mesh.cores["B"].record_count() == 0 and mesh.cores["C"].record_count() == 0
 
 
-def test_subscriber_resumes_at_another_router_and_gets_what_it_was_owed():
+@pytest.mark.parametrize("address", ["t", "+", "#"])
+def test_subscriber_resumes_at_another_router_and_gets_what_it_was_owed(address):
     mesh = Mesh(*TRIANGLE)
-    sub = mesh.subscriber("C", "k", durable=2, timeout=60)
+    sub = mesh.subscriber("C", "k", durable=2, timeout=60, topic=address)
     pub = mesh.publisher("A")
     d1 = mesh.publish("A", pub, b"1", body="one")
     (first,) = mesh.forwarded("C", sub)
     mesh.kill("C")  # dies before the subscriber answered
     d2 = mesh.publish("A", pub, b"2", body="two")  # owed to it while it re-attaches
     resumed = mesh.subscriber(
-        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": [[first.tag, "none"]]}
+        "B",
+        "k",
+        durable=2,
+        timeout=60,
+        topic=address,
+        properties={"eorouter:resume": True, "eorouter:unsettled": [[first.tag, "none"]]},
     )
     got = mesh.forwarded("B", resumed)
     assert [decode(c.payload).body for c in got] == ["one", "two"], "in publisher order, once each"

@@ -50,7 +50,9 @@ steps = st.lists(
 def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, plan):
     mesh = Mesh(*TRIANGLE, twins=True, record_linger=data.draw(st.sampled_from([0.5, 5.0]), label="linger"))
     where = data.draw(st.lists(st.sampled_from("ABC"), min_size=1, max_size=3, unique=True), label="subs")
-    subs = {r: mesh.subscriber(r, f"k{r}", durable=2, timeout=600) for r in where}
+    # A subscription to the topic, or to a pattern matching it (issue 20): the same promise.
+    address = data.draw(st.sampled_from(["t", "+", "#"]), label="address")
+    subs = {r: mesh.subscriber(r, f"k{r}", durable=2, timeout=600, topic=address) for r in where}
     first = data.draw(st.booleans(), label="rcv-settle-mode first")
     link = mesh.publisher("A", name="p", container="P", rcv_first=first)
     (opened,) = [c for c in mesh.client["A"] if isinstance(c, OpenLink) and c.link_id == link]

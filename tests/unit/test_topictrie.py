@@ -95,3 +95,46 @@ def test_ten_thousand_patterns():
     assert index.match("region7/x/device107/temp") == {107, "all of region7"}
     assert index.match("region7/x/device108") == {"all of region7"}
     assert index.match("region70/x/device170") == {170}
+
+
+# --- covers: what a policy rule must do for a subscription to a pattern ---------------------
+
+SMALL_PATTERNS = (
+    st.tuples(st.lists(st.sampled_from(["a", "b", "+", "$sys", ""]), min_size=0, max_size=3), st.booleans())
+    .map(lambda t: "/".join([*t[0], "#"] if t[1] or not t[0] else t[0]))
+    .filter(bool)
+)
+# Every topic of up to 4 levels over the patterns' levels and one no pattern names:
+# enough for a topic that one pattern matches and the other does not, when there is one.
+UNIVERSE = [
+    "/".join(levels)
+    for depth in range(1, 5)
+    for levels in __import__("itertools").product(["a", "b", "$sys", "", "z"], repeat=depth)
+]
+
+
+@given(SMALL_PATTERNS, SMALL_PATTERNS)
+def test_a_rule_covers_a_pattern_exactly_when_it_matches_all_the_pattern_matches(rule, pattern):
+    from router.core.topictrie import covers
+
+    taken = [t for t in UNIVERSE if brute(pattern, t)]
+    assert covers(rule, pattern) == all(brute(rule, t) for t in taken), (rule, pattern)
+
+
+@pytest.mark.parametrize(
+    ("rule", "pattern", "covered"),
+    [
+        ("a/+", "a/b", True),
+        ("a/+", "a/+", True),
+        ("a/+", "a/#", False),  # a/# also takes "a" and "a/b/c"
+        ("a/#", "a/+/c", True),
+        ("a/#", "a", True),
+        ("#", "$sys/+", False),  # wildcards never take a $-topic's first level
+        ("$sys/#", "$sys/+", True),
+        ("a/+/#", "a/#", False),  # a/# takes "a", which a/+/# does not
+    ],
+)
+def test_covers_examples(rule, pattern, covered):
+    from router.core.topictrie import covers
+
+    assert covers(rule, pattern) is covered
