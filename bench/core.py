@@ -41,8 +41,20 @@ from router.serving import tune_gc_for_serving
 BATCH = 50  # answers per subscriber per adapter batch (~ one loop iteration's worth in timed runs)
 
 
-def run(k: int, in_flight: int, n: int, best_effort: bool, selector_for=None, payload: bytes | None = None) -> float:
-    """µs per message; ``selector_for(s)``: subscriber s's JMS selector (bench.selectors)."""
+def run(
+    k: int,
+    in_flight: int,
+    n: int,
+    best_effort: bool,
+    selector_for=None,
+    payload: bytes | None = None,
+    address_for=None,
+    installed_patterns: int = 0,
+) -> float:
+    """µs per message; ``selector_for(s)``: subscriber s's JMS selector (bench.selectors);
+    ``address_for(s)``: its address (a pattern taking "t", bench.wildcards);
+    ``installed_patterns``: that many more subscriptions, each to a pattern taking
+    other topics (attached, no credit), as a router serving many devices holds."""
     # Bounds high enough that credit never limits this open-loop feed.
     core = RouterCore(
         CoreSettings(router_id="A", max_in_flight_per_topic=10 * (n + in_flight), publisher_credit_window=10 * (n + in_flight)),
@@ -76,7 +88,7 @@ def run(k: int, in_flight: int, n: int, best_effort: bool, selector_for=None, pa
                 "sub",
                 f"s{link}",
                 SUBSCRIBER,
-                "t",
+                address_for(s) if address_for is not None else "t",
                 durable=DURABLE_NONE,
                 snd_settle_mode=SND_MIXED,
                 rcv_settle_mode=RCV_FIRST,
@@ -85,6 +97,10 @@ def run(k: int, in_flight: int, n: int, best_effort: bool, selector_for=None, pa
             now,
         )
         core.handle(CreditChanged(link, 10**9, False), now)
+    for i in range(installed_patterns):
+        link = 10**6 + i
+        address = f"region{i % 100}/+/device{i}/#"
+        core.handle(LinkAttached(link, link, "dev", f"d{i}", SUBSCRIBER, address, durable=DURABLE_NONE), now)
     if payload is None:
         payload = Message(body="x" * 100).encode()
     # Only each message's outgoing tag is kept (as the adapter keeps it): holding the

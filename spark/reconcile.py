@@ -54,6 +54,7 @@ from pyspark.sql import types as T
 
 from router.eventschema import EVENT_SCHEMA, EVENTS, FOLDS
 from spark.schema import CORRUPT, FILE
+from spark.topics import pattern_regex
 
 # ---------------------------------------------------------------------------
 # Vocabulary
@@ -812,16 +813,18 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
       being owed what it had not answered (docs/delivery-rule.md): a detach of a
       non-durable link, a closing detach, a durable subscriber that moved away (not
       a stolen link: the subscription carries on on the new one),
-      ``subscription-expired``, and the name attaching again (``re-attached``: counts
-      only for deliveries of another topic);
+      ``subscription-expired``, and the name attaching again with another address
+      than its previous attach there (``re-attached``: the router ends the old
+      subscription then; the same address, a topic or a pattern, carries it on);
     - ``durable``: (router, epoch, subscriber) -> each attach's durability, valid from
       its seq to the next attach;
     - ``windows``: (router, epoch, subscriber) -> (attach seq, resume-requested seq): a
       sub-outcome logged between them is an answer a resuming subscriber *reported*
       (docs/resumption.md), the same answer again, not a new one;
     - ``routes``: (router, epoch) -> its `routes` events (seq, ts, reachable);
-    - ``gone``: router -> (ts, topic) when it lost interest in a topic (a
-      subscription ended there) or stopped or died (topic null);
+    - ``gone``: router -> (ts, topic, re) when it lost interest in a topic (a
+      subscription ended there; ``re``: the regular expression of the topics a
+      pattern takes, spark/topics.py) or stopped or died (topic null);
     - ``died``: the (router, epoch) that ended without `router-stopping`;
     - ``attached``: every subscriber that attached anywhere;
     - ``peers``: (peer, peer_epoch) -> the first (router, epoch, seq) that saw it (names).
@@ -840,6 +843,7 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
     attached: set = set()
     peers: dict = {}
     pending_attach: dict = {}  # (router, epoch, link) -> (seq, subscriber)
+    addresses: dict = {}  # (router hash, epoch, subscriber hash) -> the address of its last attach
     for r in rows:
         router, epoch, seq, kind = r["router"], r["epoch"], r["seq"], r["event"]
         rh = h(router)
@@ -847,7 +851,10 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
         sh = h(sub) if sub is not None else None
         if kind == "link-attached" and r["role"] == "subscriber":
             attaches[(router, epoch, r["link"])].append((seq, r["durable"] or 0, r["address"]))
-            ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "re-attached", "topic": r["address"]})
+            before = addresses.get((rh, epoch, sh))
+            addresses[(rh, epoch, sh)] = r["address"]
+            if before is not None and before != r["address"]:
+                ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "re-attached", "topic": r["address"]})
             durable[key(rh, epoch, sh)].append({"from": seq, "durable": r["durable"] or 0})
             pending_attach[(router, epoch, r["link"])] = (seq, sh)
             attached.add(sh)
@@ -861,10 +868,10 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
             reason = r.get("reason") or ""
             if reason != "stolen" and (r.get("closed") or (link_durable or 0) == 0 or reason == "moved"):
                 ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "closed" if r.get("closed") else "detached", "topic": topic})
-                gone[str(rh)].append({"ts": r["ts"], "topic": topic})
+                gone[str(rh)].append({"ts": r["ts"], "topic": topic, "re": pattern_regex(topic) if topic else None})
         elif kind == "subscription-expired":
             ends[key(rh, epoch, sh)].append({"seq": seq, "kind": "subscription-expired", "topic": r["address"]})
-            gone[str(rh)].append({"ts": r["ts"], "topic": r["address"]})
+            gone[str(rh)].append({"ts": r["ts"], "topic": r["address"], "re": pattern_regex(r["address"] or "")})
         elif kind == "routes":
             routes[key(rh, epoch)].append({"seq": seq, "ts": r["ts"], "reachable": [h(x) for x in (r["reachable"] or [])]})
         elif kind in ("peer-connected", "peer-restarted") and r.get("peer") is not None and r.get("peer_epoch") is not None:
@@ -885,7 +892,7 @@ def small_tables(life: list[dict], epochs: list[dict], h) -> dict:
     died = [key(h(e["router"]), e["epoch"]) for e in epochs if not e["stopped"]]
     for e in epochs:
         end = e["stopping_ts"] if e["stopping_ts"] is not None else e["last_ts"]
-        gone[str(h(e["router"]))].append({"ts": end, "topic": None})
+        gone[str(h(e["router"]))].append({"ts": end, "topic": None, "re": None})
     return {
         "ends": dict(ends),
         "durable": dict(durable),
@@ -1115,7 +1122,7 @@ class Constants:
         self.ends = _sql_const(small["ends"], "map<string, array<struct<seq:bigint, kind:string, topic:string>>>")
         self.durable = _sql_const(small["durable"], "map<string, array<struct<from:bigint, to:bigint, durable:bigint>>>")
         self.routes = _sql_const(small["routes"], "map<string, array<struct<seq:bigint, ts:double, reachable:array<bigint>>>>")
-        self.gone = _sql_const(small["gone"], "map<string, array<struct<ts:double, topic:string>>>")
+        self.gone = _sql_const(small["gone"], "map<string, array<struct<ts:double, topic:string, re:string>>>")
         self.died = _sql_const(small["died"], "array<string>")
         self.attached = _sql_const(small["attached"], "array<bigint>")
         self.missing = _sql_const(sorted(missing), "array<bigint>")
@@ -1211,10 +1218,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     # --- lost: an owed subscriber never accepted it, on any router. Excused: its
     # subscription ended after the delivery arrived and before its router answered;
     # it was not durable and its router died before answering; its obligation moved.
-    ended = (
-        f"exists({c.at(c.ends, 'rec.r', 'rec.e', 's')}, x -> x.seq > rec.q AND (rec.ans IS NULL "
-        f"OR x.seq < rec.ans.q) AND (x.kind != 're-attached' OR x.topic IS DISTINCT FROM {topic}))"
-    )
+    ended = f"exists({c.at(c.ends, 'rec.r', 'rec.e', 's')}, x -> x.seq > rec.q AND (rec.ans IS NULL OR x.seq < rec.ans.q))"
     durable = (
         f"coalesce(try_element_at(filter({c.at(c.durable, 'rec.r', 'rec.e', 's')}, x -> x.from < rec.q "
         f"AND rec.q < x.to), 1).durable, 1)"
@@ -1261,7 +1265,8 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     )
     lost_interest = (
         f"exists(coalesce(try_element_at({c.gone}, cast(x as string)), array()), g -> (g.topic IS NULL "
-        f"OR g.topic = {topic}) AND g.ts >= origin.t - {CLOCK_SLACK} AND g.ts <= pub.t + {CLOCK_SLACK})"
+        f"OR g.topic = {topic} OR (g.re IS NOT NULL AND {topic} rlike g.re)) "
+        f"AND g.ts >= origin.t - {CLOCK_SLACK} AND g.ts <= pub.t + {CLOCK_SLACK})"
     )
     lost_routers = (
         f"transform(filter(coalesce(origin.routers, {_EMPTY}), x -> NOT array_contains(reached, x) "

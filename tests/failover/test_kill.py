@@ -29,6 +29,7 @@ import pytest
 
 from eorouter_tools.topology import RouterNetwork, parse_topology
 from router.client import ResumablePublisher, ResumableSubscriber
+from router.core.topictrie import matches
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,6 +53,10 @@ class Scenario:
     # subscriber name -> (JMS selector, the same choice as a Python predicate on n); none by
     # default (scenarios that build themselves, as test_link_cut's, inherit this)
     selectors: dict = {}  # noqa: RUF012 - read only
+    # publisher name -> its topic, subscriber name -> its address (a topic or a pattern);
+    # by default everyone on one topic
+    topics: dict = {}  # noqa: RUF012 - read only
+    addresses: dict = {}  # noqa: RUF012 - read only
 
     def __init__(
         self,
@@ -64,6 +69,8 @@ class Scenario:
         client_kw: dict | None = None,
         overrides: dict | None = None,
         selectors: dict | None = None,
+        topics: dict | None = None,
+        addresses: dict | None = None,
     ):
         self.dir = tmp_path / "clients"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -78,13 +85,15 @@ class Scenario:
         self.net.start()
         self.topic = "orders"
         self.selectors = selectors or {}
+        self.topics = topics or {}
+        self.addresses = addresses or {}
         self.received: dict[str, list] = defaultdict(list)
         self.subs = {}
         for where in subscribers:
             name = f"sub-{where}"
             self.subs[name] = ResumableSubscriber(
                 self.urls(first=where),
-                self.topic,
+                self.addresses.get(name, self.topic),
                 container_id=name,
                 link_name=f"{name}-link",
                 state_path=tmp_path / f"{name}.state",
@@ -101,7 +110,7 @@ class Scenario:
             name = f"pub-{where}"
             self.pubs[name] = ResumablePublisher(
                 self.urls(first=where),
-                self.topic,
+                self.topics.get(name, self.topic),
                 container_id=name,
                 link_name=f"{name}-link",
                 state_path=tmp_path / f"{name}.state",
@@ -164,14 +173,19 @@ class Scenario:
             assert len(got) == len(set(got)), f"{name} was handed a message twice"
             for pub, seqs in accepted.items():
                 mine = [int(b.split(":")[1]) for b in got if b.startswith(pub + ":")]
-                seqs = [n for n in seqs if wanted(n)]  # what its selector selects, no more, no less
+                seqs = [n for n in seqs if wanted(n)] if self.takes(name, pub) else []  # no more, no less
                 assert mine == seqs, f"{name} got {pub} {len(mine)}/{len(seqs)}, in order: {mine == sorted(mine)}"
             delivered = [e["delivery"] for e in self.ledger(name) if e["event"] == "delivered"]
-            expected = sum(1 for n in range(1, MESSAGES + 1) if wanted(n)) * len(self.pubs)
+            taken = sum(1 for pub in self.pubs if self.takes(name, pub))
+            expected = sum(1 for n in range(1, MESSAGES + 1) if wanted(n)) * taken
             assert len(delivered) == len(set(delivered)) == expected, (
                 f"{name}'s ledger: {len(delivered)} delivered lines, {len(set(delivered))} distinct"
             )
         self.wait_no_records(dead)
+
+    def takes(self, sub: str, pub: str) -> bool:
+        """Whether subscriber ``sub``'s address takes publisher ``pub``'s topic."""
+        return matches(self.addresses.get(sub, self.topic), self.topics.get(pub, self.topic))
 
     def wait_no_records(self, dead, timeout=30):
         deadline = time.monotonic() + timeout
@@ -340,6 +354,29 @@ def test_kill_a_router_with_selective_subscribers(scenario, tmp_path):
         selected = sum(1 for n in range(1, MESSAGES + 1) if wanted(n)) * len(s.pubs)
         row = per_sub[f"{name}/{name}-link"]
         assert (row["accepted"], row["filtered"]) == (selected, MESSAGES * len(s.pubs) - selected), (name, row)
+
+
+def test_kill_a_router_with_pattern_subscribers(scenario, tmp_path):
+    """Subscriptions to topic patterns (issue 20): publishers on A and B send to two
+    topics; A's subscriber takes both through ``orders/+``, B's only one through its
+    exact name, C's both through ``#``. A is killed mid-run: each subscriber gets every
+    message of the topics its address takes, once, in publisher order (the pattern
+    goes with A's subscriber to the router it fails over to), and the proof is clean."""
+    s = scenario(
+        topics={"pub-A": "orders/eu", "pub-B": "orders/us"},
+        addresses={"sub-A": "orders/+", "sub-B": "orders/eu", "sub-C": "#"},
+    )
+    threads = s.publish_in_background()
+    s.wait_progress(20)
+    s.net.routers["A"].kill()
+    s.finish(threads)
+    s.verify(dead={"A"})
+    s.close()
+    report = prove_clean(tmp_path, s)
+    per_sub = {r["subscriber"]: r for r in report["summary"]["per_subscriber"]}
+    for name in s.subs:
+        taken = sum(1 for pub in s.pubs if s.takes(name, pub))
+        assert per_sub[f"{name}/{name}-link"]["accepted"] == MESSAGES * taken, (name, per_sub[f"{name}/{name}-link"])
 
 
 def test_kill_a_router_that_only_relays(scenario):

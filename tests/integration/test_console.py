@@ -69,12 +69,13 @@ def test_the_console_shows_the_network_and_counts_moving(triangle, browser, amqp
     """The graph shows the three routers, up; a topic's published count moves as
     a publisher on A sends, and the page names C as where its subscriber is; when
     C is killed, the graph shows it down."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     a, c = triangle.routers["A"], triangle.routers["C"]
     browser.get(f"http://127.0.0.1:{_metrics_port(a)}/")
-    wait = WebDriverWait(browser, 20, poll_frequency=0.2)
+    wait = WebDriverWait(browser, 20, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,))
 
     def routers_shown(driver):
         nodes = driver.find_elements(By.CSS_SELECTOR, "#graph g.router")
@@ -94,8 +95,8 @@ def test_the_console_shows_the_network_and_counts_moving(triangle, browser, amqp
 
     sent = [pub.send(f"m{n}") for n in range(20)]
     amqp.wait(lambda: all(s.outcome for s in sent), what="20 outcomes", timeout=30)
-    wait.until(lambda d: (cells := published(d)) and cells[1] == "20")
-    assert published(browser)[6] == "C"  # where the topic's subscribers are
+    # (the page rebuilds its rows each refresh: read them inside the wait, which retries a stale one)
+    wait.until(lambda d: (cells := published(d)) and cells[1] == "20" and cells[6] == "C")  # C: where its subscribers are
     sent = [pub.send(f"n{n}") for n in range(20)]
     amqp.wait(lambda: all(s.outcome for s in sent), what="20 more outcomes", timeout=30)
     wait.until(lambda d: (cells := published(d)) and cells[1] == "40")

@@ -130,4 +130,3 @@ def test_pattern_subscribers_across_routers(router_factory, tmp_path):
     assert len(at_a) == 30 and all(e["routers"] == ["B"] for e in at_a)
     at_b = [e for e in b.events() if e["event"] == "received" and e.get("topic") in topics]
     assert len(at_b) == 30  # one copy per message crossed, however many patterns matched there
-

@@ -64,3 +64,47 @@ def test_a_selective_subscriber_of_another_stack(router, tmp_path, sub_stack):
         seqs = [e["seq"] for e in ledger(tmp_path / f"{name}.jsonl") if e["event"] == "delivered"]
         assert seqs == [n for n in range(1, N + 1) if wanted(n)], (name, seqs)
     router.check_alive("after selective subscribers of other stacks")
+
+
+@pytest.mark.parametrize("sub_stack", ["rhea", "python", "protonc"])
+def test_a_pattern_subscriber_of_another_stack(router, tmp_path, sub_stack):
+    """A subscriber of another stack to a topic pattern (``.../+``) takes two rhea
+    publishers' topics: every message of both once, each publisher's in order (a
+    delivery's tag starts with its publisher stream's id), all accepted."""
+    from router.core.tags import STREAM_ID_SIZE
+
+    for stack in {"rhea", sub_stack}:
+        reason = peers.setup(stack)
+        if reason:
+            pytest.skip(f"{stack}: {reason}")
+    root = f"patterns/{sub_stack}/{time.monotonic_ns()}"
+    host, port = "127.0.0.1", str(router.port)
+    cmd = [*peers.command(sub_stack, "subscriber"), host, port, f"{root}/+", str(2 * N), "--ledger", str(tmp_path / "sub.jsonl")]
+    sub = subprocess.Popen(
+        [*cmd, "--link", f"wild-{sub_stack}", "--container-id", f"wild-{sub_stack}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert sub.stdout.readline().strip() == "ready", sub.stderr.read()
+    pubs = [
+        subprocess.Popen(
+            [*peers.command("rhea", "publisher"), host, port, f"{root}/{leaf}", str(N), "--ledger", str(tmp_path / f"{leaf}.j")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for leaf in ("a", "b")
+    ]
+    for leaf, pub in zip(("a", "b"), pubs):
+        out, err = pub.communicate(timeout=90)
+        assert pub.returncode == 0, out + err
+        assert [e["outcome"] for e in ledger(tmp_path / f"{leaf}.j") if e["event"] == "outcome"] == ["accepted"] * N
+    out, err = sub.communicate(timeout=60)
+    assert sub.returncode == 0, out + err
+    by_stream: dict[str, list[int]] = {}
+    for e in ledger(tmp_path / "sub.jsonl"):
+        if e["event"] == "delivered":
+            by_stream.setdefault(e["delivery"][: 2 * STREAM_ID_SIZE], []).append(e["seq"])
+    assert sorted(by_stream.values()) == [list(range(1, N + 1))] * 2, by_stream
+    router.check_alive("after a pattern subscriber of another stack")

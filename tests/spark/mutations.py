@@ -201,6 +201,30 @@ def accept_without_send(copy: Copy) -> dict:
     return {"accept-unsent": {f"bob-app/bob-in|B|{d}"}, "ledger": {f"unsent|bob-app/bob-in|{d}"}}
 
 
+def pattern_subscriber_accept_deleted_and_reattached(copy: Copy) -> dict:
+    """A subscriber to a pattern (bob, ``spark/+``) never accepted a delivery owed to
+    it, and re-attached with the same pattern meanwhile: the same subscription
+    carrying on, which excuses nothing (a re-attach with another address would)."""
+    d = _delivery_from(copy, "A", "B")
+    file, index, accept = copy.find(
+        "B",
+        lambda e: (
+            e.get("subscriber") == "bob-app/bob-in"
+            and (e["event"] == "sub-outcome" and e["delivery"] == d or e["event"] == "sub-outcomes" and d in e["deliveries"])
+        ),
+    )
+    if accept["event"] == "sub-outcomes" and len(accept["deliveries"]) > 1:  # a batch of accepts: d's taken out
+        copy.put("B", file, index, {**accept, "deliveries": [x for x in accept["deliveries"] if x != d]})
+    else:
+        _delete(copy, "B", file, index)
+    _, _, attach = copy.find("B", lambda e: e["event"] == "link-attached" and e.get("name") == "bob-in")
+    assert attach["address"] == "spark/+", attach
+    file, index, received = copy.find("B", lambda e: e["event"] == "received" and e["delivery"] == d)
+    again = {**attach, **{k: received[k] for k in ("seq", "ts", "router", "epoch", "boot")}, "link": attach["link"] + 100}
+    _insert_after(copy, "B", file, index, again)
+    return {"lost": {d}}
+
+
 def forward_deleted(copy: Copy) -> dict:
     """The origin's forward to a router deleted, while that router logged the arrival."""
     d = _delivery_from(copy, "A", "B")
@@ -394,6 +418,7 @@ MUTATIONS = {
     "an accept from a subscriber never attached nor owed": accept_from_a_stranger,
     "an accept with no preceding send": accept_without_send,
     "a forward deleted while the arrival is logged": forward_deleted,
+    "a pattern subscriber's accept deleted, the same pattern re-attached": pattern_subscriber_accept_deleted_and_reattached,
     "an answer deleted on both sides, publisher told accepted": answer_deleted_on_both_sides,
     "a restarted router answering for its previous life": restarted_router_answers_for_its_previous_life,
     "publisher told released though every subscriber accepted": publisher_told_released_though_all_accepted,

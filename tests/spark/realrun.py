@@ -2,8 +2,8 @@
 triangle) or one, and the project's own AMQP clients (router.client: resumable
 publishers and durable subscribers, each keeping its ledger, docs/ledger.md).
 
-- subscribers alice@A and bob@B accept everything; carol@C rejects one "poison"
-  message (so one publisher hears rejected);
+- subscribers alice@A and bob@B (to the pattern ``spark/+``) accept everything;
+  carol@C rejects one "poison" message (so one publisher hears rejected);
 - p1@A and p2@B each publish ``messages`` messages at once;
 - then every record is allowed to finish (settlement relayed, records deleted)
   and the routers are stopped with SIGTERM.
@@ -20,6 +20,7 @@ from router.client import ResumablePublisher, ResumableSubscriber
 from router.eventlog import read_events
 
 TOPIC = "spark/orders"
+PATTERN = "spark/+"
 POISON = "poison"
 
 
@@ -59,10 +60,12 @@ def run(workdir: Path, messages: int = 20, one_router: bool = False) -> dict:
 
             return on_message
 
-        for name, router in (("alice", "A"), ("bob", "B"), ("carol", "C")):
+        # bob subscribes to a pattern taking the topic (issue 20): the proof follows
+        # subscriptions, whatever their address.
+        for name, router, address in (("alice", "A", TOPIC), ("bob", "B", PATTERN), ("carol", "C", TOPIC)):
             sub = ResumableSubscriber(
                 [url[router]],
-                TOPIC,
+                address,
                 container_id=f"{name}-app",
                 link_name=f"{name}-in",
                 state_path=clients / f"{name}.state",
