@@ -34,6 +34,7 @@ from router.core.events import (
     LinkAttached,
     MessageReceived,
 )
+from router.core.guarantees import AT_MOST_ONCE, GuaranteeRule
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
 from router.serving import tune_gc_for_serving
@@ -50,14 +51,23 @@ def run(
     payload: bytes | None = None,
     address_for=None,
     installed_patterns: int = 0,
+    at_most_once: bool = False,
 ) -> float:
     """µs per message; ``selector_for(s)``: subscriber s's JMS selector (bench.selectors);
     ``address_for(s)``: its address (a pattern taking "t", bench.wildcards);
     ``installed_patterns``: that many more subscriptions, each to a pattern taking
-    other topics (attached, no credit), as a router serving many devices holds."""
+    other topics (attached, no credit), as a router serving many devices holds;
+    ``at_most_once``: the topic is at-most-once by a [[guarantee]] rule and the
+    publisher sends unsettled (accepted on arrival; bench.guarantees)."""
     # Bounds high enough that credit never limits this open-loop feed.
+    rules = (GuaranteeRule(("t",), AT_MOST_ONCE),) if at_most_once else ()
     core = RouterCore(
-        CoreSettings(router_id="A", max_in_flight_per_topic=10 * (n + in_flight), publisher_credit_window=10 * (n + in_flight)),
+        CoreSettings(
+            router_id="A",
+            max_in_flight_per_topic=10 * (n + in_flight),
+            publisher_credit_window=10 * (n + in_flight),
+            guarantees=rules,
+        ),
         boot_id="b00t",
         epoch=1,
     )
@@ -110,7 +120,7 @@ def run(
     start = time.perf_counter()
     for i in range(n):
         commands = core.handle(MessageReceived(1, i + 1, str(i).encode(), payload, best_effort), now)
-        if best_effort:
+        if best_effort or at_most_once:
             continue
         for c in commands:
             if c.__class__ is Forward:

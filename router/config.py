@@ -20,6 +20,8 @@ from typing import Any
 
 from router import eventlog
 from router.core import outcomes
+from router.core.guarantees import MODES as GUARANTEE_MODES
+from router.core.guarantees import GuaranteeRule
 from router.core.settings import CoreSettings
 from router.policy import Group, Policy, valid_pattern
 
@@ -263,6 +265,19 @@ def _realm(value: Any) -> str:
     return value
 
 
+def _topic_list(value: Any) -> tuple[str, ...]:
+    """A [[guarantee]] rule's topics: names or patterns (``+`` one level, ``#`` the rest)."""
+    if not isinstance(value, list) or not value:
+        raise _Invalid("a non-empty array of topic names or patterns")
+    for topic in value:
+        if not isinstance(topic, str) or not topic:
+            raise _Invalid("", f"expected topic names or patterns (non-empty strings), found {_describe(topic)} in the array")
+        problem = valid_pattern(topic)
+        if problem:
+            raise _Invalid("", f"expected topic names or patterns: {problem}")
+    return tuple(value)
+
+
 def _table_of(what: str, value: Any) -> dict:
     if not isinstance(value, dict):
         raise _Invalid(f"a table ([policy.{what}])")
@@ -366,6 +381,7 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "modules": _module_levels,
         "slow_subscriber_age": _seconds(positive=False),
     },
+    "guarantee": {"topics": _topic_list, "mode": _choice(GUARANTEE_MODES)},
     "failover": {
         "placeholder_timeout": _seconds(positive=True),
         "publisher_resume_timeout": _seconds(positive=False),
@@ -375,8 +391,8 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "forgotten_streams": _positive,
     },
 }
-_REQUIRED = {"router": ("id",), "connector": ("host", "port", "role"), "metrics": ("port",)}
-_ARRAYS = {"listener", "connector"}  # sections written as arrays of tables ([[listener]])
+_REQUIRED = {"router": ("id",), "connector": ("host", "port", "role"), "metrics": ("port",), "guarantee": ("topics", "mode")}
+_ARRAYS = {"listener", "connector", "guarantee"}  # sections written as arrays of tables ([[listener]])
 
 
 def _describe(value: Any) -> str:
@@ -505,6 +521,7 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
 
     failover = p.table(data.get("failover", {}), "failover", "failover")
     core = CoreSettings(
+        guarantees=_guarantees(p, data),
         router_id=router_id,
         max_in_flight_per_topic=limits.get("max_in_flight_per_topic", _CORE_DEFAULTS.max_in_flight_per_topic),
         max_bytes_in_flight=limits.get("max_bytes_in_flight", _CORE_DEFAULTS.max_bytes_in_flight),
@@ -542,6 +559,21 @@ def parse_config(data: dict, source: str, *, base_dir: str | os.PathLike | None 
         sasl=sasl,
         source=source,
     )
+
+
+def _guarantees(p: _Parser, data: dict) -> tuple[GuaranteeRule, ...]:
+    """``[[guarantee]]``: rules of topics and a mode, the first that takes a topic wins
+    (docs/guarantees.md)."""
+    raw = data.get("guarantee", [])
+    if isinstance(raw, dict):
+        raise p.error("guarantee", "expected an array of tables (write [[guarantee]], not [guarantee]), found a table")
+    if not isinstance(raw, list):
+        raise p.error("guarantee", f"expected an array of tables ([[guarantee]]), found {_describe(raw)}")
+    rules = []
+    for i, entry in enumerate(raw):
+        values = p.table(entry, f"guarantee[{i}]", "guarantee")
+        rules.append(GuaranteeRule(values["topics"], values["mode"]))
+    return tuple(rules)
 
 
 def _listeners(p: _Parser, data: dict, base_dir: Path) -> tuple[Listener, ...]:

@@ -75,6 +75,9 @@ EVENTS: dict[str, dict[str, str]] = {
         "routers": "array<string>",  # the interested remote routers it is owed to (origin router)
         "filtered": "array<string>",  # subscribers here whose selector did not select it: never owed it
         "origin_router": "string",  # set when another router took it from its publisher
+        # set when a [[guarantee]] rule relaxed its topic (docs/guarantees.md): "at-most-once"
+        # (with settled: relayed pre-settled, owed to nobody, its publisher told accepted on arrival)
+        "guarantee": "string",
     },
     "forwarded": {"delivery": "string", "subscriber": "string", "link": "long", "settled": "boolean"},
     "sub-outcome": {"delivery": "string", "subscriber": "string", "outcome": "string", "settled": "boolean"},

@@ -1182,8 +1182,9 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"flatten(transform(filter(ev, e -> e.k {K('owed-moved')}), e -> coalesce(e.l, {_EMPTY}))) AS moved_subs",
         f"array_distinct(flatten(transform(filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)), "
         f"e -> coalesce(e.l, {_EMPTY})))) AS owed_subs",
-        # every send to a subscriber: in `received.forwarded`, or a `forwarded`
-        f"concat(flatten(transform(filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)), "
+        # every send to a subscriber: in `received.forwarded` (pre-settled copies too: an
+        # at-most-once topic's, docs/guarantees.md), or a `forwarded`
+        f"concat(flatten(transform(filter(ev, e -> e.k {K('received')}), "
         f"e -> transform(coalesce(e.f, {_EMPTY}), s -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', s)))), "
         f"transform(filter(ev, e -> e.k {K('forwarded')}), e -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', e.s))"
         f") AS sends",
@@ -2023,7 +2024,9 @@ def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
         .distinct()
     )
     router = (
-        t.facts.where(F.col("pub").isNotNull() & F.col("origin").isNotNull())
+        # (an at-most-once topic's delivery has no origin record: its publisher was told
+        # accepted on arrival, a pub-outcome of its own)
+        t.facts.where(F.col("pub").isNotNull() & (F.col("origin").isNotNull() | F.col("presettled")))
         .select(
             "delivery",
             "publisher",

@@ -330,10 +330,16 @@ def attach_event(link: Link, container_id: str, publishers_settle_first: bool = 
 
 
 def open_link(
-    link: Link, timeout: int, properties: dict | None, max_message_size: int, publishers_settle_first: bool = False
+    link: Link,
+    timeout: int,
+    properties: dict | None,
+    max_message_size: int,
+    publishers_settle_first: bool = False,
+    presettled: bool = False,
 ) -> None:
-    """CORE_open_link: mirror the peer's termini and settle modes, set our terminus
-    timeout and link properties, then send our attach."""
+    """CORE_open_link: mirror the peer's termini and settle modes (``presettled``: say
+    snd-settle-mode settled, the topic's mode), set our terminus timeout and link
+    properties, then send our attach."""
     ptr = link.ptr
     lib.pn_terminus_copy(lib.pn_link_source(ptr), lib.pn_link_remote_source(ptr))
     lib.pn_terminus_copy(lib.pn_link_target(ptr), lib.pn_link_remote_target(ptr))
@@ -343,7 +349,7 @@ def open_link(
     if not link.is_receiver:
         echo_filter(ours, link.selector)
     lib.pn_terminus_set_timeout(ours, timeout)
-    lib.pn_link_set_snd_settle_mode(ptr, lib.pn_link_remote_snd_settle_mode(ptr))
+    lib.pn_link_set_snd_settle_mode(ptr, lib.PN_SND_SETTLED if presettled else lib.pn_link_remote_snd_settle_mode(ptr))
     if link.is_receiver and publishers_settle_first:
         lib.pn_link_set_rcv_settle_mode(ptr, lib.PN_RCV_FIRST)
     else:

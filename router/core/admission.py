@@ -31,6 +31,7 @@ from router.core.events import (
     MessageReceived,
     MessageTooLarge,
 )
+from router.core.guarantees import EXACTLY_ONCE
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, OriginTemplate, splice_origin
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
@@ -436,7 +437,14 @@ class AdmissionMixin(CoreState):
         out.append(Log("pub-outcome", {"delivery": None, "outcome": "rejected", "condition": condition, "reason": description}))
 
     def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float, out: list[Command]) -> None:
-        """Pre-settled: forward to whoever has credit now; never wait, never owe."""
+        """Pre-settled: forward to whoever has credit now; never wait, never owe. An
+        unsettled transfer here (its topic is at-most-once) is accepted on arrival."""
+        resent = False
+        if not ev.settled:
+            out.append(SendOutcome(ev.delivery, outcomes.ACCEPTED, True))
+            if pub.resending is not None and ev.tag in pub.resending:  # (resumption.resume_at_most_once)
+                pub.resending.discard(ev.tag)
+                resent = True
         try:
             prepared = splice_origin(ev.payload, self._origin_template(pub), ev.tag)
         except MessageError:
@@ -469,7 +477,19 @@ class AdmissionMixin(CoreState):
                 },
             )
         )
-        self._best_effort_to_local(topic, tag, payload, out)
+        line = out[-1].fields  # type: ignore[union-attr]
+        if topic.guarantee.mode != EXACTLY_ONCE:  # (only where a rule relaxes it: no key, no bytes otherwise)
+            line["guarantee"] = topic.guarantee.mode
+        if not ev.settled:  # what its publisher was told, on arrival
+            out.append(Log("pub-outcome", {"delivery": delivery_id, "outcome": "accepted"}))
+        if resent:
+            reason = "resent after a failover on an at-most-once topic: it may have been delivered already"
+            out.append(Log("dropped", {"delivery": delivery_id, "reason": reason}))
+            self._refill_credit(topic, out)
+            return
+        sent_to = self._best_effort_to_local(topic, tag, payload, out)
+        if sent_to:  # who got a pre-settled copy: what the applications' ledgers are held to
+            line["forwarded"] = sent_to
         interested = self.net.interested_routers(topic.name)
         if interested:
             # One copy per next hop, as for exactly-once, but nobody answers it.
@@ -493,38 +513,44 @@ class AdmissionMixin(CoreState):
                 out.append(Log("forwarded-to-router", {"delivery": delivery_id, "to_router": hop, "dests": header["dests"]}))
         self._refill_credit(topic, out)
 
-    def _best_effort_to_local(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> None:
-        """A pre-settled copy to every local subscriber with credit now (at-most-once)."""
+    def _best_effort_to_local(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> list[str]:
+        """A pre-settled copy to every local subscriber with credit now (at-most-once);
+        the keys of those it went to."""
+        sent_to = []
         for sub in topic.subscriptions.values():
             if sub.link_id is not None and sub.credit > 0:
                 sub.credit -= 1
                 out.append(Forward(sub.link_id, tag, payload, True))
+                sent_to.append(sub.key)
+        return sent_to
 
     def _best_effort_from_router(self, ev: DataReceived, header: dict[str, Any], out: list[Command]) -> None:
         """A pre-settled delivery relayed from its publisher's router: copies to our
         subscribers with credit now; no record, no answer, no order hold."""
         name: Any = header.get("topic")  # wire data: None when absent, which names no topic
         topic = self._topic_if_wanted(name)
-        out.append(
-            Log(
-                "received",
-                {
-                    "delivery": ev.tag.hex(),
-                    "topic": name,
-                    "publisher": header.get("pub"),
-                    "link_name": header.get("link"),
-                    "pub_tag": header.get("ptag"),
-                    "incarnation": header.get("inc"),
-                    "stream_seq": header.get("seq", 0),
-                    "size": len(ev.payload),
-                    "settled": True,
-                    "owed": [],
-                    "origin_router": header.get("origin"),
-                },
-            )
-        )
+        stream = ev.tag[: tags.STREAM_ID_SIZE]
+        seq = header.get("seq", 0)
+        if isinstance(seq, int) and seq > self.stream_seq.get(stream, -1):  # a resumed publisher numbers on from it
+            self.stream_seq[stream] = seq
+        line: dict[str, Any] = {
+            "delivery": ev.tag.hex(),
+            "topic": name,
+            "publisher": header.get("pub"),
+            "link_name": header.get("link"),
+            "pub_tag": header.get("ptag"),
+            "incarnation": header.get("inc"),
+            "stream_seq": seq,
+            "size": len(ev.payload),
+            "settled": True,
+            "owed": [],
+            "origin_router": header.get("origin"),
+        }
+        out.append(Log("received", line))
         if topic is not None:
-            self._best_effort_to_local(topic, ev.tag, ev.payload, out)
+            sent_to = self._best_effort_to_local(topic, ev.tag, ev.payload, out)
+            if sent_to:  # (the line is written after this event is handled)
+                line["forwarded"] = sent_to
 
     def _on_too_large(self, ev: MessageTooLarge, now: float, out: list[Command]) -> None:
         pub = self.publishers.get(ev.link_id)

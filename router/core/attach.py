@@ -35,6 +35,8 @@ from router.core.events import (
     LinkAttached,
     LinkDetached,
 )
+from router.core.guarantees import AT_MOST_ONCE, EXACTLY_ONCE, Guarantee, guarantee_of
+from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
 from router.core.links import PublisherLink, Subscription
 from router.core.moved import _split_key
 from router.core.network import (
@@ -77,6 +79,9 @@ class AttachMixin(CoreState):
             raise ProtocolError("amqp:internal-error", f"unknown link role {ev.role!r}")
 
     def _attach_publisher(self, ev: LinkAttached, address: str, now: float, out: list[Command]) -> None:
+        guarantee = self._guarantee_for(ev, address, out)
+        if guarantee is None:
+            return
         self._steal_publisher_link(ev, now, out)
         claimed = self._claim_stream(ev, now, out)
         if claimed is None:
@@ -91,16 +96,18 @@ class AttachMixin(CoreState):
             address,
             incarnation,
             stream,
-            ev.snd_settle_mode == SND_SETTLED,
+            ev.snd_settle_mode == SND_SETTLED or guarantee.mode == AT_MOST_ONCE,
             ev.rcv_settle_mode == RCV_FIRST,
         )
         self.publishers[ev.link_id] = pub
         topic.publishers[ev.link_id] = pub
         properties: dict[str, Any] = {INCARNATION_PROPERTY: incarnation}
         self._log_attached(ev, PUBLISHER, address, incarnation, resumed, out)
-        if resumed:
+        if resumed and guarantee.mode == AT_MOST_ONCE:
+            properties[UNSETTLED_PROPERTY] = self.resumption.resume_at_most_once(pub, ev.properties, now, out)
+        elif resumed:
             properties[UNSETTLED_PROPERTY] = self.resumption.resume_publisher(pub, ev.properties, topic, now, out)
-        out.append(OpenLink(ev.link_id, 0, properties))
+        out.append(OpenLink(ev.link_id, 0, properties, pub.presettled))
         self._refill_credit(topic, out)
 
     def _steal_publisher_link(self, ev: LinkAttached, now: float, out: list[Command]) -> None:
@@ -169,7 +176,29 @@ class AttachMixin(CoreState):
             )
         )
 
+    def _guarantee_for(self, ev: LinkAttached, address: str, out: list[Command]) -> Guarantee | None:
+        """The guarantee of the topic a link names (docs/guarantees.md); None: the link
+        asked for pre-settled deliveries on a topic a rule makes exactly-once, and is
+        refused. (A subscription to a pattern takes each topic's own: it is told none.)"""
+        if not self.settings.guarantees or (ev.role == SUBSCRIBER and is_pattern(address)):
+            return DEFAULT_GUARANTEE
+        guarantee = guarantee_of(self.settings.guarantees, address)
+        if guarantee.rule is not None and guarantee.mode == EXACTLY_ONCE and ev.snd_settle_mode == SND_SETTLED:
+            what = "a publisher must send" if ev.role == PUBLISHER else "a subscriber must take"
+            out.append(
+                DetachLink(
+                    ev.link_id,
+                    "amqp:precondition-failed",
+                    f"{guarantee.describe(address)}: {what} unsettled deliveries (snd-settle-mode unsettled or mixed)",
+                )
+            )
+            return None
+        return guarantee
+
     def _attach_subscriber(self, ev: LinkAttached, address: str, now: float, out: list[Command]) -> None:
+        guarantee = self._guarantee_for(ev, address, out)
+        if guarantee is None:
+            return
         selector = _selector_of(ev)  # before anything changes: a bad one refuses the attach
         key = f"{ev.container_id}/{ev.name}"
         sub = self.subscriptions.get(key)
@@ -196,7 +225,8 @@ class AttachMixin(CoreState):
         sub.timeout = self._terminus_timeout(ev)
         sub.link_id = ev.link_id
         sub.conn_id = ev.conn_id
-        sub.best_effort = ev.snd_settle_mode == SND_SETTLED
+        # Pre-settled copies, never owed: it asked for them, or its topic is at-most-once.
+        sub.best_effort = ev.snd_settle_mode == SND_SETTLED or guarantee.mode == AT_MOST_ONCE
         sub.selector = selector  # a re-attach's selector applies to what comes from now on
         sub.credit = 0
         sub.drain = False
@@ -247,7 +277,7 @@ class AttachMixin(CoreState):
             self._add_timer(now + ANNOUNCE_TIMEOUT, _TIMER_ANNOUNCE, (sub.key, ev.link_id))
         else:
             sub.ready = True
-            out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None))
+            out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None, sub.best_effort))
 
     def _owe_again(self, sub: Subscription, ev: LinkAttached, resumed: bool, now: float, out: list[Command]) -> None:
         """A subscriber back (re-attached, resuming, or durable): what is still owed to

@@ -17,6 +17,10 @@ class OpenLink(NamedTuple):
     link_id: int
     timeout: int = 0
     properties: dict[str, Any] | None = None
+    # Every delivery on the link goes pre-settled (an at-most-once topic,
+    # router/core/guarantees.py): our attach says so (snd-settle-mode settled);
+    # otherwise it mirrors the peer's.
+    presettled: bool = False
 
 
 class DetachLink(NamedTuple):

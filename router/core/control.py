@@ -72,7 +72,9 @@ class ControlMixin(CoreState):
         if sub is None or sub.link_id != link_id:
             return
         sub.ready = True
-        out.append(OpenLink(link_id, sub.timeout if sub.durable else 0, self._open_properties.pop(link_id, None)))
+        out.append(
+            OpenLink(link_id, sub.timeout if sub.durable else 0, self._open_properties.pop(link_id, None), sub.best_effort)
+        )
         self._pump(sub, 0.0, out)
 
     def _on_peer_connected(self, ev: PeerConnected, now: float, out: list[Command]) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
+from router.core.guarantees import Guarantee
+
 if TYPE_CHECKING:
     from router.core.message import OriginTemplate
     from router.core.records import DeliveryRecord, Roster
@@ -146,10 +149,12 @@ class Topic:
         "largest_recent",
         "at_budget",
         "published",
+        "guarantee",
     )
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, guarantee: Guarantee = DEFAULT_GUARANTEE):
         self.name = name
+        self.guarantee = guarantee  # its mode, and the [[guarantee]] rule that gave it (guarantees.py)
         self.subscriptions: dict[str, Subscription] = {}
         self.publishers: dict[int, PublisherLink] = {}
         # order key -> record: the topic's records in publisher (arrival) order, the

@@ -120,6 +120,27 @@ class Resumption(MovedSubscribers):
         self._announce_resumed_stream(pub, reported, incomplete, now, out)
         return answer
 
+    def resume_at_most_once(
+        self, pub: PublisherLink, properties: dict[str, Any] | None, now: float, out: list[Command]
+    ) -> list[list[bytes | str]]:
+        """A publisher of an at-most-once topic resumed here: nothing of its stream is
+        kept anywhere, so we know none of what it reports; what it resends of those may
+        have been delivered before its router died, and is not relayed again
+        (admission's ``_relay_best_effort``): at most once, never twice."""
+        _, reported, incomplete = reported_unsettled(properties)
+        pub.next_seq = max(pub.next_seq, self.core.stream_seq.get(pub.stream, -1) + 1)
+        pub.resending = set(reported) or None
+        out.append(
+            Log(
+                "resume-requested",
+                {"link": pub.link_id, "role": "publisher", "reported": len(reported), "known": 0, "incomplete": incomplete},
+            )
+        )
+        # Its numbering continues after the highest any router saw (publisher order),
+        # as for an exactly-once stream: its credit waits for their answers.
+        self._announce_resumed_stream(pub, reported, incomplete, now, out)
+        return []
+
     def _become_origin(
         self, pub: PublisherLink, topic: Topic, reported: dict[bytes, int], incomplete: bool, now: float, out: list[Command]
     ) -> None:

@@ -75,6 +75,8 @@ from router.core.events import (
     ShutdownRequested,
     TimerFired,
 )
+from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
+from router.core.guarantees import guarantee_of
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.network import (
     Network,
@@ -433,7 +435,8 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
     def _topic(self, name: str) -> Topic:
         topic = self.topics.get(name)
         if topic is None:
-            topic = self.topics[name] = Topic(name)
+            guarantee = guarantee_of(self.settings.guarantees, name) if self.settings.guarantees else DEFAULT_GUARANTEE
+            topic = self.topics[name] = Topic(name, guarantee)
             topic.est = self.settings.max_message_size
             if len(self.pattern_subs):
                 for key in self.pattern_subs.match(name):

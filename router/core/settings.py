@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from router.core import outcomes
+from router.core.guarantees import GuaranteeRule
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +52,5 @@ class CoreSettings:
     resume_horizon: float = 600.0
     remembered_streams: int = 100_000
     forgotten_streams: int = 1_000_000
+    # The config's [[guarantee]] rules, in order (router/core/guarantees.py).
+    guarantees: tuple[GuaranteeRule, ...] = ()

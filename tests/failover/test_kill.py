@@ -379,6 +379,54 @@ def test_kill_a_router_with_pattern_subscribers(scenario, tmp_path):
         assert per_sub[f"{name}/{name}-link"]["accepted"] == MESSAGES * taken, (name, per_sub[f"{name}/{name}-link"])
 
 
+def test_kill_a_router_with_an_at_most_once_topic(scenario, tmp_path):
+    """A topic a [[guarantee]] rule makes at-most-once (docs/guarantees.md): its
+    messages go pre-settled, publishers are told accepted on arrival, nobody is owed
+    anything. A is killed mid-run: no subscriber gets a message twice (not even one a
+    failed-over publisher resends), each publisher's messages arrive in order with
+    gaps allowed, and the proof is clean."""
+    s = scenario(
+        topics={"pub-A": "metrics/a", "pub-B": "metrics/b"},
+        addresses={"sub-A": "metrics/+", "sub-B": "metrics/+", "sub-C": "metrics/+"},
+        overrides={"guarantee": [{"topics": ["metrics/#"], "mode": "at-most-once"}]},
+    )
+    threads = s.publish_in_background()
+    s.wait_progress(20)
+    s.net.routers["A"].kill()
+    s.finish(threads)
+    for name in s.pubs:
+        assert [o.state for o in s.outcomes[name]] == ["accepted"] * MESSAGES, name
+    for name in s.subs:
+        got = s.received[name]
+        assert len(got) == len(set(got)), f"{name} was handed a message twice"
+        for pub in s.pubs:
+            mine = [int(b.split(":")[1]) for b in got if b.startswith(pub + ":")]
+            assert mine == sorted(mine) and mine, f"{name}: {pub}'s messages out of order or none: {mine}"
+        delivered = [e["delivery"] for e in s.ledger(name) if e["event"] == "delivered"]
+        assert len(delivered) == len(set(delivered)), f"{name}'s ledger holds a delivery twice"
+    s.wait_no_records({"A"})
+    s.close()
+    report = prove_clean(tmp_path, s)
+    assert report["summary"]["presettled"] > 0
+    # The proof holds the topic to its promise: an application handed one of its
+    # messages twice is a violation, pre-settled or not.
+    ledger = s.dir / "sub-C.ledger.jsonl"
+    lines = ledger.read_text().splitlines(keepends=True)
+    twice = next(line for line in lines if json.loads(line)["event"] == "delivered")
+    ledger.write_text("".join([*lines, twice]))
+    import subprocess
+    import sys
+
+    again = subprocess.run(
+        [sys.executable, "-m", "router", "reconcile", str(tmp_path / "routers"), "--clients", str(s.dir)]
+        + ["--out", str(tmp_path / "report-twice"), "--no-html"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 1 and "handed to the application of sub-C/sub-C-link 2 times" in again.stdout, again.stdout[-3000:]
+
+
 def test_kill_a_router_that_only_relays(scenario):
     """Ring A - B - C - D - A: A's traffic for C goes through B (the smaller id of
     two equal paths) until B dies, then through D."""

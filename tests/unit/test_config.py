@@ -526,3 +526,37 @@ def test_the_secret_is_optional_under_mutual_tls(tmp_path):
     plain = mutual.replace(f"tls = true\n{tls}", "")  # the connector without TLS: the secret is its only proof
     error = error_of(tmp_path, plain)
     assert error.key == "network.secret" and "connector[0]" in str(error) and "mutual TLS" in str(error)
+
+
+def test_guarantee_rules_in_order(tmp_path):
+    config = load_config(
+        write(
+            tmp_path,
+            '[router]\nid = "A"\n[[guarantee]]\ntopics = ["metrics/#", "debug"]\nmode = "at-most-once"\n'
+            '[[guarantee]]\ntopics = ["orders/+"]\nmode = "exactly-once"\n',
+        )
+    )
+    assert [(r.topics, r.mode) for r in config.core.guarantees] == [
+        (("metrics/#", "debug"), "at-most-once"),
+        (("orders/+",), "exactly-once"),
+    ]
+    assert load_config(write(tmp_path, '[router]\nid = "A"\n')).core.guarantees == ()
+
+
+@pytest.mark.parametrize(
+    "body, key, fragment",
+    [
+        ('[guarantee]\ntopics = ["a"]\nmode = "at-most-once"\n', "guarantee", "write [[guarantee]]"),
+        ('[[guarantee]]\ntopics = ["a"]\n', "guarantee[0].mode", "required key is missing"),
+        ('[[guarantee]]\nmode = "at-most-once"\n', "guarantee[0].topics", "required key is missing"),
+        ('[[guarantee]]\ntopics = []\nmode = "at-most-once"\n', "guarantee[0].topics", "non-empty array"),
+        ('[[guarantee]]\ntopics = ["a/#/b"]\nmode = "at-most-once"\n', "guarantee[0].topics", "'#' must be a whole level"),
+        ('[[guarantee]]\ntopics = [3]\nmode = "at-most-once"\n', "guarantee[0].topics", "found 3 in the array"),
+        ('[[guarantee]]\ntopics = ["a"]\nmode = "maybe"\n', "guarantee[0].mode", "'exactly-once', 'at-most-once'"),
+        ('[[guarantee]]\ntopics = ["a"]\nmode = "at-most-once"\nqos = 1\n', "guarantee[0].qos", "unknown"),
+    ],
+)
+def test_guarantee_errors(tmp_path, body, key, fragment):
+    error = error_of(tmp_path, '[router]\nid = "A"\n' + body)
+    assert error.key == key, str(error)
+    assert fragment in str(error), str(error)
