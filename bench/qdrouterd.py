@@ -126,7 +126,9 @@ def comparison_rows(cells: dict[tuple, dict], qd_targets: list[str], clients: st
     eorouter / qdrouterd ratios: of the medians, of the minimums (each side's fastest round: qdrouterd's fast
     mode when it is bimodal), and the round-by-round range."""
     rows = []
-    keys = sorted({(k, m) for (t, c, k, m) in cells if c == clients and t == "eorouter"}, key=lambda x: (x[1], x[0]))
+    keys = sorted(
+        {(k, m) for (t, c, k, m) in cells if c == clients and t == "eorouter"}, key=lambda x: (x[1] != "exactly-once", x[0])
+    )
     for k, mode in keys:
         eo = cells[("eorouter", clients, k, mode)]
         for qt in qd_targets:
