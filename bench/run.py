@@ -16,6 +16,10 @@ RouterNetwork (one router for 0 hops), the publisher on the first router, one su
 last, exactly-once, C clients: msgs/s, p50/p99 latency and each router's CPU per message, run in the
 same interleaved repeats as the matrix.
 
+`--qdrouterd` (bench/qdrouterd.py): eorouter beside qdrouterd 1.19 (targets qdrouterd-N, N worker threads; a
+multicast address, the same C clients and message counts), K = 1, 4, 16, 64, 5 rounds, with each cell's spread over
+the rounds and the ratios eorouter / qdrouterd.
+
 `--memory-run N` instead pushes N messages through K=1 exactly-once with C clients and samples the
 router's RSS every second, reporting growth.
 
