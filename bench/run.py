@@ -16,6 +16,10 @@ RouterNetwork (one router for 0 hops), the publisher on the first router, one su
 last, exactly-once, C clients: msgs/s, p50/p99 latency and each router's CPU per message, run in the
 same interleaved repeats as the matrix.
 
+`--qdrouterd` (bench/qdrouterd.py): eorouter beside qdrouterd 1.19 (targets qdrouterd-N, N worker threads; a
+multicast address, the same C clients and message counts), K = 1, 4, 16, 64, 5 rounds, with each cell's spread over
+the rounds and the ratios eorouter / qdrouterd.
+
 `--memory-run N` instead pushes N messages through K=1 exactly-once with C clients and samples the
 router's RSS every second, reporting growth.
 
@@ -42,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import qdrouterd as qdr
 from eorouter_tools.build import BuildError, build_c_clients
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,7 +157,7 @@ def stop_process(p: subprocess.Popen, grace: float) -> tuple[int | None, float]:
 
 @dataclass
 class Server:
-    kind: str  # "eorouter" | "baseline"
+    kind: str  # "eorouter" | "baseline" | "qdrouterd-<threads>" (bench/qdrouterd.py)
     proc: subprocess.Popen
     port: int
     log: Path
@@ -232,7 +237,25 @@ class Scraper:
                 return
 
 
+def start_qdrouterd(kind: str, tmp: Path, args: argparse.Namespace) -> Server:
+    """A fresh qdrouterd with ``kind``'s worker threads, a multicast address for the benchmark's topics."""
+    log = tmp / f"{kind}.log"
+    cfg = tmp / "qdrouterd.conf"
+    cfg.write_text(qdr.config_text(qdr.threads_of(kind), "bench"))
+    cmd, env = qdr.command(args.qdrouterd_prefix, cfg)
+    with open(log, "wb") as out:
+        p = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        m = wait_for(log, qdr.LISTEN_RE, p, args.server_timeout, kind)
+    except Exception:
+        stop_process(p, 2)
+        raise
+    return Server(kind, p, int(m.group(1)), log, {"command": shlex.join(cmd), "config": cfg.read_text()})
+
+
 def start_server(kind: str, tmp: Path, args: argparse.Namespace, bins: dict[str, Path]) -> Server:
+    if qdr.is_target(kind):
+        return start_qdrouterd(kind, tmp, args)
     log = tmp / f"{kind}.log"
     with open(log, "wb") as out:
         if kind == "eorouter":
@@ -534,6 +557,7 @@ def median_cell(runs: list[dict]) -> dict:
     cell["cpu_by_repeat"] = {
         r["repeat"]: r["cpu_us_per_msg"] for r in runs if r.get("cpu_us_per_msg") and r.get("repeat") is not None
     }
+    cell["msgs_by_repeat"] = {r["repeat"]: r["msgs_per_s"] for r in runs if r.get("msgs_per_s") and r.get("repeat") is not None}
     cell["ok_runs"] = sum(1 for r in runs if r["ok"])
     cell["problems"] = sorted({p for r in runs for p in r.get("problems", [])})
     cpu_warn = sorted({w for r in runs for w in r.get("warnings", []) if w.startswith("CPU")})
@@ -1084,14 +1108,19 @@ def passfail(p) -> str:
     return "not run" if p is None else ("PASS" if p else "FAIL")
 
 
-def matrix_markdown(cells: dict[tuple, dict], ratios: list[dict], targets: list[dict]) -> str:
+def cell_order(key: tuple) -> tuple:
+    """C clients first; eorouter, baseline, then the others by name; exactly-once first; K ascending."""
+    order = {"eorouter": 0, "baseline": 1}
+    return (key[1] != "c", order.get(key[0], 9), key[0], key[3] != "exactly-once", key[2])
+
+
+def cells_markdown(cells: dict[tuple, dict]) -> str:
     lines = [
         "| server | clients | mode | K | msgs/s | deliveries/s | p50 ms | p99 ms | server CPU µs/msg "
         "| µs/delivery | RSS before → after MiB | runs ok | notes |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    order = {"eorouter": 0, "baseline": 1}
-    for key in sorted(cells, key=lambda x: (x[1] != "c", order.get(x[0], 9), x[3] != "exactly-once", x[2])):
+    for key in sorted(cells, key=cell_order):
         c = cells[key]
         notes = " ".join("; ".join(c["problems"] + c["warnings"]).split()).replace("|", "/")[:160]
         lines.append(
@@ -1101,7 +1130,13 @@ def matrix_markdown(cells: dict[tuple, dict], ratios: list[dict], targets: list[
             f"| {fmt_mib(c['rss_before_kib'])} → {fmt_mib(c['rss_after_kib'])} | {c['ok_runs']}/{c['runs']} "
             f"| {notes} |"
         )
-    lines += [
+    return "\n".join(lines)
+
+
+def matrix_markdown(cells: dict[tuple, dict], ratios: list[dict], targets: list[dict]) -> str:
+    order = {"eorouter": 0, "baseline": 1}
+    lines = [
+        cells_markdown(cells),
         "",
         "Ratios (server CPU per message, same run):",
         "",
@@ -1164,17 +1199,17 @@ def memory_markdown(m: dict) -> str:
 
 def print_matrix(cells, ratios, targets) -> None:
     hdr = (
-        f"{'server':9} {'cl':2} {'mode':12} {'K':>2} {'msgs/s':>9} {'deliv/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'server':11} {'cl':2} {'mode':12} {'K':>2} {'msgs/s':>9} {'deliv/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'CPU µs/msg':>10} {'µs/deliv':>8} {'RSS MiB':>13} {'ok':>4}  notes"
     )
     print(hdr)
     print("-" * len(hdr))
     order = {"eorouter": 0, "baseline": 1}
-    for key in sorted(cells, key=lambda x: (x[1] != "c", order.get(x[0], 9), x[3] != "exactly-once", x[2])):
+    for key in sorted(cells, key=cell_order):
         c = cells[key]
         rss = f"{fmt_mib(c['rss_before_kib'])}→{fmt_mib(c['rss_after_kib'])}"
         print(
-            f"{c['target']:9} {'C' if c['clients'] == 'c' else 'Py':2} {c['mode']:12} {c['k']:>2} "
+            f"{c['target']:11} {'C' if c['clients'] == 'c' else 'Py':2} {c['mode']:12} {c['k']:>2} "
             f"{fmt(c['msgs_per_s'], ',.0f'):>9} {fmt(c['deliveries_per_s'], ',.0f'):>9} {fmt_ms(c['p50_us']):>8} "
             f"{fmt_ms(c['p99_us']):>8} {fmt(c['cpu_us_per_msg']):>10} {fmt(c['cpu_us_per_delivery']):>8} "
             f"{rss:>13} {c['ok_runs']}/{c['runs']}  {'; '.join(c['problems'] + c['warnings'])[:120]}"
@@ -1184,7 +1219,7 @@ def print_matrix(cells, ratios, targets) -> None:
         parts = [f"eo/be {fmt(r.get('eo_over_be_cpu'), '.2f')}x"]
         if pairs_text(r.get("eo_over_be_pairs")):
             parts.append(f"round by round {pairs_text(r.get('eo_over_be_pairs'))}")
-        if r["target"] == "eorouter":
+        if r["target"] == "eorouter" and any(key[0] == "baseline" for key in cells):
             parts.append(f"eorouter/baseline eo {fmt(r.get('eorouter_over_baseline_cpu_exactly-once'), '.1f')}x")
             parts.append(f"be {fmt(r.get('eorouter_over_baseline_cpu_best-effort'), '.1f')}x")
             if r.get("eo_us_per_extra_copy") is not None:
@@ -1262,6 +1297,23 @@ def report_matrix(doc: dict, write: bool) -> None:
     if network:
         print()
         print_network(network)
+    qd_targets = [t for t in doc["settings"].get("targets", []) if qdr.is_target(t)]
+    rows = qdr.comparison_rows(cells, qd_targets) if qd_targets else []
+    if rows:
+        print()
+        qdr.print_comparison(rows)
+    if write and doc["settings"].get("qdrouterd"):  # a comparison run: its own block, the matrix's stays
+        write_docs(
+            "qdrouterd",
+            run_header(doc)
+            + "\n"
+            + qdrouterd_settings_text(doc["settings"])
+            + "\n"
+            + qdr.comparison_markdown(rows)
+            + "\n\nEvery cell (medians over the rounds):\n\n"
+            + cells_markdown(cells),
+        )
+        return
     if write:
         if cells:
             write_docs(
@@ -1271,6 +1323,16 @@ def report_matrix(doc: dict, write: bool) -> None:
             write_docs(
                 "network", run_header(doc) + "\n" + network_settings_text(doc["settings"]) + "\n" + network_markdown(network)
             )
+
+
+def qdrouterd_settings_text(st: dict) -> str:
+    return (
+        f"Settings: {st['messages_c']:,} messages per run for every server, C clients, body {st['size']} bytes, "
+        f"client window {st['window']}; eorouter: publisher_credit_window {st['credit_window']}, "
+        f"max_in_flight_per_topic {st['max_in_flight']}, event log fsync {'on' if st['fsync'] else 'off'}; "
+        f"qdrouterd: a multicast address for the topic, its defaults otherwise (link capacity 250); "
+        f"{st['repeat']} interleaved rounds (every cell once per round, the servers of a cell one after another).\n"
+    )
 
 
 def network_settings_text(st: dict) -> str:
@@ -1346,17 +1408,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the baseline relays this many times --messages with C clients (default 10): it costs so "
         "little CPU that 50k messages is only a few clock ticks",
     )
-    p.add_argument("--repeat", type=int, default=None, help="interleaved repeats per cell; medians (default 3)")
-    p.add_argument("--subscribers", default="1,4,16", help="comma-separated K values (default 1,4,16)")
+    p.add_argument(
+        "--repeat", type=int, default=None, help="interleaved repeats per cell; medians (default 3; 5 with --qdrouterd)"
+    )
+    p.add_argument("--subscribers", default=None, help="comma-separated K values (default 1,4,16; 1,4,16,64 with --qdrouterd)")
     p.add_argument("--modes", default="exactly-once,best-effort")
-    p.add_argument("--clients", default="c,python", help="c, python or both (default c,python)")
-    p.add_argument("--targets", default="eorouter,baseline", help="eorouter, baseline or both")
+    p.add_argument("--clients", default=None, help="c, python or both (default c,python; c with --qdrouterd)")
+    p.add_argument(
+        "--targets",
+        default=None,
+        help="eorouter, baseline, qdrouterd-N (N worker threads), comma-separated (default eorouter,baseline; "
+        "with --qdrouterd eorouter and qdrouterd-N for each of --qdrouterd-threads)",
+    )
     p.add_argument(
         "--hops",
-        default="0,1,2",
+        default=None,
         help="network paths to measure: a line of hops+1 routers, publisher on the first, K=1 "
-        "subscriber on the last, exactly-once, C clients (default 0,1,2; '' for none)",
+        "subscriber on the last, exactly-once, C clients (default 0,1,2, none with --qdrouterd; '' for none)",
     )
+    p.add_argument(
+        "--qdrouterd",
+        action="store_true",
+        help="eorouter beside qdrouterd 1.19 (multicast address, unsettled publisher) in one interleaved run; "
+        "builds it with ../shared/anchors/build-qdrouterd.sh when missing (root); with --write-docs it rewrites "
+        "the qdrouterd block of docs/benchmarks.md, not the matrix's",
+    )
+    p.add_argument(
+        "--qdrouterd-threads",
+        default=f"1,{qdr.DEFAULT_THREADS}",
+        help=f"qdrouterd workerThreads settings with --qdrouterd (default 1,{qdr.DEFAULT_THREADS}: 1.19's default)",
+    )
+    p.add_argument("--qdrouterd-prefix", type=Path, default=qdr.PREFIX, help=f"qdrouterd's install prefix ({qdr.PREFIX})")
     p.add_argument("--network-only", action="store_true", help="only the network paths (no matrix)")
     p.add_argument(
         "--memory-run",
@@ -1407,7 +1489,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         a.repeat = a.repeat or 1
     a.messages = a.messages or 50000
     a.py_messages = a.py_messages or min(a.messages, 20000)
-    a.repeat = a.repeat or 3
+    apply_mode_defaults(a)
     a.k_values = [int(x) for x in a.subscribers.split(",") if x.strip()]
     a.mode_list = [m.strip() for m in a.modes.split(",") if m.strip()]
     a.client_list = [{"py": "python"}.get(c.strip(), c.strip()) for c in a.clients.split(",") if c.strip()]
@@ -1427,9 +1509,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if c not in ("c", "python"):
             p.error(f"--clients: {c!r} is not c or python")
     for t in a.target_list:
-        if t not in ("eorouter", "baseline"):
-            p.error(f"--targets: {t!r} is not eorouter or baseline")
+        if t not in ("eorouter", "baseline") and not qdr.TARGET_RE.match(t):
+            p.error(f"--targets: {t!r} is not eorouter, baseline or qdrouterd-N")
+    if a.qdrouterd and "eorouter" not in a.target_list:
+        p.error("--qdrouterd compares with eorouter: --targets must include it")
     return a
+
+
+def apply_mode_defaults(a: argparse.Namespace) -> None:
+    """Defaults of the options a mode changes: --qdrouterd is eorouter beside qdrouterd, C clients, K up to 64,
+    no network paths, 5 rounds."""
+    if a.qdrouterd:
+        threads = [int(x) for x in a.qdrouterd_threads.split(",") if x.strip()]
+        qd = ",".join(f"qdrouterd-{n}" for n in threads)
+        defaults = {"subscribers": "1,4,16,64", "clients": "c", "targets": f"eorouter,{qd}", "hops": "", "repeat": 5}
+    else:
+        defaults = {"subscribers": "1,4,16", "clients": "c,python", "targets": "eorouter,baseline", "hops": "0,1,2"}
+        defaults["repeat"] = 3
+    for key, value in defaults.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1444,6 +1543,13 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads(args.from_json.read_text())
         (report_memory if doc.get("kind") == "memory" else report_matrix)(doc, args.write_docs)
         return 0
+    qd_targets = [t for t in args.target_list if qdr.is_target(t)]
+    if qd_targets and not (args.from_json or args.memory_run or args.network_only):
+        try:
+            qdr.ensure_built(args.qdrouterd_prefix)
+        except qdr.QdrouterdError as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
     snapshot_router(args)
     try:
         return _main(args, argv, bins)
@@ -1454,6 +1560,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace, argv: list[str], bins: dict[str, Path]) -> int:
     facts = machine_facts(args.router_root)
+    if any(qdr.is_target(t) for t in args.target_list):
+        facts["qdrouterd"] = f"{qdr.version(args.qdrouterd_prefix)} ({args.qdrouterd_prefix})"
     now = _dt.datetime.now().astimezone()
     stamp = now.strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -1544,6 +1652,8 @@ def _main(args: argparse.Namespace, argv: list[str], bins: dict[str, Path]) -> i
             "baseline_factor": args.baseline_factor,
             "messages_network": args.messages,
             "hops": args.hop_list,
+            "qdrouterd": args.qdrouterd,
+            "targets": args.target_list,
         },
         "cells": list(cells.values()),
         "ratios": compute_ratios(cells),
