@@ -960,10 +960,18 @@ def _pub_tag_text(delivery) -> str:
     return tag.hex()
 
 
-def run_failover_scenario(scenario: str, pub_stack: str, sub_stack: str, topo: FailoverTopology, workdir: Path) -> Result:
+def run_failover_scenario(
+    scenario: str,
+    pub_stack: str,
+    sub_stack: str,
+    topo: FailoverTopology,
+    workdir: Path,
+    sub_pattern: bool = False,
+) -> Result:
     """Resumable P and S (and, in resume-kill, a router.client bystander subscriber) on the routers
     FAILOVER_PLACEMENT says; router A is killed mid-stream; the ledgers decide (check_resumed_stream), and
-    ``topo.leftovers`` must empty. The recovery time (kill -> traffic flowing again) goes into ``notes``."""
+    ``topo.leftovers`` must empty. The recovery time (kill -> traffic flowing again) goes into ``notes``.
+    ``sub_pattern``: S subscribes to a pattern taking the topic (``<parent>/+``) rather than to the topic."""
     result = Result(scenario, topo.name, pub_stack, sub_stack)
     for stack in dict.fromkeys((pub_stack, sub_stack, REFERENCE)):
         if stack not in RESUMABLE:
@@ -990,7 +998,7 @@ def run_failover_scenario(scenario: str, pub_stack: str, sub_stack: str, topo: F
                 sub_stack,
                 "subscriber",
                 [topo.routers[s_at]],
-                run.topic,
+                run.topic.rsplit("/", 1)[0] + "/+" if sub_pattern else run.topic,
                 0,
                 dict(common, delay_ms=FAILOVER_SUB_DELAY_MS),
             )

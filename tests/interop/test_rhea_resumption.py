@@ -83,8 +83,13 @@ def rhea_ready():
         pytest.skip(f"cannot install {reason}")
 
 
-@pytest.mark.parametrize("scenario", list(matrix.FAILOVER_SCENARIOS))
-def test_rhea_resumable_clients_survive_a_router_kill(rhea_ready, tmp_path, request, scenario):
+@pytest.mark.parametrize(
+    "scenario, sub_pattern",
+    [*((s, False) for s in matrix.FAILOVER_SCENARIOS), ("resume-kill-sub", True)],
+    ids=[*matrix.FAILOVER_SCENARIOS, "resume-kill-sub-pattern"],
+)
+def test_rhea_resumable_clients_survive_a_router_kill(rhea_ready, tmp_path, request, scenario, sub_pattern):
+    """(``-pattern``: the rhea subscriber subscribes to a topic pattern, issue 20, and resumes it.)"""
     # placeholder_timeout 5 s (30 by default): a placeholder nothing fulfils would hold the subscriber's stream
     # that long; a regression then fails in seconds rather than half a minute
     net = RouterNetwork(
@@ -101,7 +106,7 @@ def test_rhea_resumable_clients_survive_a_router_kill(rhea_ready, tmp_path, requ
             leftovers=_leftovers(net),
             events=_events(net),
         )
-        result = matrix.run_failover_scenario(scenario, "rhea", "rhea", topo, tmp_path / "peers")
+        result = matrix.run_failover_scenario(scenario, "rhea", "rhea", topo, tmp_path / "peers", sub_pattern=sub_pattern)
         results = _matrix_results(request.config)
         if results is not None:
             results.append(result)
