@@ -136,6 +136,18 @@ def run(
     return (time.perf_counter() - start) / n * 1e6
 
 
+def best_alternating(runs: dict, repeat: int) -> dict[str, float]:
+    """``runs``: name -> a function returning µs per message. Each is run ``repeat``
+    times, the names alternating (so drift on a shared machine hits all alike);
+    the best of each."""
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        for name, measure in runs.items():
+            t = measure()
+            best[name] = min(best.get(name, t), t)
+    return best
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.core", description=__doc__.split("\n\n")[0])
     p.add_argument("--subscribers", type=int, default=16)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.core import run
+from bench.core import best_alternating, run
 from router.serving import tune_gc_for_serving
 
 
@@ -28,11 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         "at-most-once": {"best_effort": False, "at_most_once": True},
     }
     for k in (int(x) for x in args.subscribers.split(",")):
-        best: dict[str, float] = {}
-        for _ in range(args.repeat):
-            for name, kw in kinds.items():
-                t = run(k, 1000, args.messages, **kw)
-                best[name] = min(best.get(name, t), t)
+        best = best_alternating(
+            {name: (lambda k=k, kw=kw: run(k, 1000, args.messages, **kw)) for name, kw in kinds.items()}, args.repeat
+        )
         print(
             f"K={k}: exactly-once {best['exactly-once']:.1f} µs/msg; best effort {best['best-effort']:.1f}; "
             f"at-most-once {best['at-most-once']:.1f} ({best['at-most-once'] / best['best-effort']:.2f}x best effort, "

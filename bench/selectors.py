@@ -15,7 +15,7 @@ import argparse
 
 from proton import Message
 
-from bench.core import run
+from bench.core import best_alternating, run
 from router.serving import tune_gc_for_serving
 
 KINDS = {
@@ -35,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     tune_gc_for_serving()
     payload = Message(body="x" * 100, properties={"color": "red", "n": 7}).encode()
     for k in (int(x) for x in args.subscribers.split(",")):
-        best: dict[str, float] = {}
-        for _ in range(args.repeat):
-            for name, selector_for in KINDS.items():
-                t = run(k, args.in_flight, args.messages, False, selector_for, payload)
-                best[name] = min(best.get(name, t), t)
+        best = best_alternating(
+            {
+                name: (lambda k=k, selector_for=selector_for: run(k, args.in_flight, args.messages, False, selector_for, payload))
+                for name, selector_for in KINDS.items()
+            },
+            args.repeat,
+        )
         base = best["none"]
         print(
             f"K={k}: no selector {base:.1f} µs/msg; the same selector {best['same']:.1f} "

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import timeit
 
-from bench.core import run
+from bench.core import best_alternating, run
 from router.core.topictrie import PatternIndex, matches
 from router.serving import tune_gc_for_serving
 
@@ -41,11 +41,9 @@ def per_message(count: int, subscribers: list[int], messages: int, repeat: int) 
         "installed": {"installed_patterns": count},
     }
     for k in subscribers:
-        best: dict[str, float] = {}
-        for _ in range(repeat):
-            for name, kw in kinds.items():
-                t = run(k, 1000, messages, False, **kw)
-                best[name] = min(best.get(name, t), t)
+        best = best_alternating(
+            {name: (lambda k=k, kw=kw: run(k, 1000, messages, False, **kw)) for name, kw in kinds.items()}, repeat
+        )
         base = best["exact"]
         print(
             f"K={k}: exact topic {base:.1f} µs/msg; through the pattern '#' {best['pattern']:.1f} "

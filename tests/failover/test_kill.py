@@ -183,6 +183,15 @@ class Scenario:
             )
         self.wait_no_records(dead)
 
+    def kill_mid_run(self, router: str = "A") -> None:
+        """Steady traffic, ``router`` killed once every subscriber has some; then
+        every publisher's outcomes and the clients' checks (verify)."""
+        threads = self.publish_in_background()
+        self.wait_progress(20)
+        self.net.routers[router].kill()
+        self.finish(threads)
+        self.verify(dead={router})
+
     def takes(self, sub: str, pub: str) -> bool:
         """Whether subscriber ``sub``'s address takes publisher ``pub``'s topic."""
         return matches(self.addresses.get(sub, self.topic), self.topics.get(pub, self.topic))
@@ -340,11 +349,7 @@ def test_kill_a_router_with_selective_subscribers(scenario, tmp_path):
             "sub-B": ("n > 50 AND color <> 'blue'", lambda n: n > 50 and color_of(n) != "blue"),
         }
     )
-    threads = s.publish_in_background()
-    s.wait_progress(20)
-    s.net.routers["A"].kill()
-    s.finish(threads)
-    s.verify(dead={"A"})
+    s.kill_mid_run("A")
     s.close()
     report = prove_clean(tmp_path, s)
     # The proof's per-subscriber report: distinct deliveries accepted, and those filtered out
@@ -366,11 +371,7 @@ def test_kill_a_router_with_pattern_subscribers(scenario, tmp_path):
         topics={"pub-A": "orders/eu", "pub-B": "orders/us"},
         addresses={"sub-A": "orders/+", "sub-B": "orders/eu", "sub-C": "#"},
     )
-    threads = s.publish_in_background()
-    s.wait_progress(20)
-    s.net.routers["A"].kill()
-    s.finish(threads)
-    s.verify(dead={"A"})
+    s.kill_mid_run("A")
     s.close()
     report = prove_clean(tmp_path, s)
     per_sub = {r["subscriber"]: r for r in report["summary"]["per_subscriber"]}
