@@ -239,6 +239,11 @@ class Resumption(MovedSubscribers):
                 self._hand_origin_over(record, at, now, out)
             else:
                 record.origin_router = at
+                if record.outcome is not None:
+                    # Our answer went to the old origin, which may have died with the
+                    # settlement it owed us: the new one takes it, or, having finished
+                    # the delivery already, tells us it is settled.
+                    self.core.answer_origin(record, record.outcome, at, out)
 
     def _stream_resumed(self, stream: bytes, unsettled_pub_tags: Iterable[bytes], now: float, out: list[Command]) -> None:
         """The stream's publisher resumed with a complete unsettled list: remember it,

@@ -118,6 +118,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
         "base_header",
         "after_subscriber_outcome",
         "records_for",
+        "answer_origin",
     )
     pump = AdmissionMixin._pump
     route_control = ControlMixin._route_control
@@ -135,6 +136,7 @@ class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, Rela
     delete = SettlementMixin._delete
     base_header = RelayMixin._base_header
     after_subscriber_outcome = SettlementMixin._after_subscriber_outcome
+    answer_origin = RemoteOutcomesMixin._answer_origin
 
     def add_timer(self, deadline: float, kind: int, obj: Any) -> None:
         self._add_timer(deadline, kind, obj)

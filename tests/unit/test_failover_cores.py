@@ -684,3 +684,47 @@ def test_a_resend_after_the_horizon_is_refused_visibly_never_delivered_twice(whe
         assert len(mesh.forwarded(r, link)) == 3, f"nobody got one twice at {r}"
     mesh.advance(10.0)
     assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
+def test_a_settlement_lost_with_the_dead_origin_reaches_a_participant_from_the_new_one():
+    """A settled a delivery and relayed the settlement to B and C; the copy to C died
+    with A. The publisher, which never heard A's answer, resumes at B, which finished
+    the delivery and answers the resend from its memory. C, holding its answered
+    record for A, learns from B's "stream-resumed" that B is the origin now: it
+    answers B again, B tells it the delivery is settled, and C's record ends (it
+    used to wait for ever: a kill test found it under load)."""
+    from router.core.events import OutcomeReceived
+
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    sb = mesh.subscriber("B", "sb", durable=2, timeout=60)
+    sc = mesh.subscriber("C", "sc", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("one")
+    d1 = mesh.publish("A", pub, b"1", payload=payload)
+    mesh.answer("B", sb, mesh.forwarded("B", sb)[0].tag)
+    mesh.feed("C", OutcomeReceived(sc, mesh.forwarded("C", sc)[0].tag, outcomes.ACCEPTED, True))
+    # Deliver C's answer to A, then everything but A's settlement to C.
+    while mesh.inflight:
+        pair, conn, target, event = mesh.inflight.popleft()
+        if target == "C" and "A" in pair:
+            continue  # lost: A died before it left
+        if mesh.links.get(pair) == conn:
+            mesh.feed(target, event)
+    assert [c.outcome for c in mesh.outcomes_for("A", d1)] == [outcomes.ACCEPTED]
+    mesh.kill("A")
+    mesh.advance(2.0)  # B forgets its record (linger), remembering the outcome
+    assert mesh.cores["B"].record_count() == 0 and mesh.cores["C"].record_count() == 1
+    resumed = mesh.publisher(
+        "B",
+        name="p",
+        container="P",
+        rcv_first=True,
+        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]},
+    )
+    again = mesh.publish("B", resumed, b"1", payload=payload)
+    assert [c.outcome for c in mesh.outcomes_for("B", again)] == [outcomes.ACCEPTED]
+    for _ in range(3):
+        mesh.settle()
+        mesh.advance(2.0)
+    assert mesh.cores["C"].record_count() == 0, "C still waits for a settlement"
