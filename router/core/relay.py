@@ -198,17 +198,20 @@ class RelayMixin(CoreState):
     ) -> None:
         """A copy of a delivery we hold: a resend (a hop failed, routes changed, its
         publisher resumed elsewhere), never delivered twice."""
+        if record.pub_settled and origin not in (self.settings.router_id, record.origin_router) and not targets:
+            # Finished and settled here, its record only lingering, and resent by a new
+            # origin (its publisher resumed there): as for a tag remembered settled, the
+            # resend gets the final outcome, or the new origin would wait for us for
+            # ever (issue 16, part 3; and a relayed record, settled by the old origin
+            # and lingering for its subscriber's evidence when the resend came).
+            self._route_control(report_to, self._settle_message(record.tag, self._final_outcome(record), True), out)
+            out.append(Log("dropped", {"delivery": record.delivery_id, "reason": "already settled here"}))
+            return
         if record.origin_router is None and origin != self.settings.router_id and not targets:
             # We took it from its publisher, which resumed at ``origin`` and resent it.
             # Or, unsettled here, its copy overtook the "stream-resumed" news, which
             # hands the record over when it comes (a copy alone cannot tell the new
             # origin from a stale one: ours, to the router that took over from us).
-            if record.pub_settled:
-                # Finished and settled here, its record only lingering: as for a tag
-                # remembered settled, the resend gets the final outcome, or the new
-                # origin would wait for us for ever (issue 16, part 3).
-                self._route_control(report_to, self._settle_message(record.tag, self._final_outcome(record), True), out)
-                out.append(Log("dropped", {"delivery": record.delivery_id, "reason": "already settled here"}))
             return
         if record.origin_router is not None and record.origin_router != origin and not targets:
             record.origin_router = origin  # its publisher resumed at another router

@@ -537,6 +537,36 @@ def test_a_resend_reaching_the_origin_while_its_settled_record_lingers_is_answer
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
+
+@pytest.mark.parametrize("linger", [30.0, 0.5], ids=["record-lingering", "record-forgotten"])
+def test_a_resend_reaching_a_participant_while_its_settled_record_lingers_is_answered(linger):
+    """The same at a router that took part: the subscriber is on C, the publisher on A.
+    A finished #1 and settled it, and C, told so, holds its settled record until its
+    subscriber (rcv-settle-mode second) shows it knows. A dies before the publisher
+    heard; it resumes at B and resends #1, which B forwards to C. C must answer B with
+    the outcome #1 was finished with, lingering record or remembered tag alike (it
+    answered nothing while its record lingered, and B waited for ever)."""
+    mesh = Mesh(*TRIANGLE, record_linger=linger)
+    sub = mesh.subscriber("C", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    d = mesh.publish("A", pub, b"1", payload=payload)
+    (copy,) = mesh.forwarded("C", sub)
+    mesh.answer("C", sub, copy.tag, settled=False)
+    assert mesh.outcomes_for("A", d) == [SendOutcome(d, outcomes.ACCEPTED, True)]
+    mesh.advance(1.0)
+    assert mesh.cores["C"].record_count() == (1 if linger > 1.0 else 0)
+    mesh.kill("A")
+    resumed = _resume_publisher(mesh, "B", incarnation, [b"1"])
+    again = mesh.publish("B", resumed, b"1", payload=payload)
+    assert mesh.outcomes_for("B", again) == [SendOutcome(again, outcomes.ACCEPTED, True)]
+    assert len(mesh.forwarded("C", sub)) == 1, "C's subscriber did not get it twice"
+    mesh.answer("C", sub, copy.tag)
+    mesh.advance(60.0)
+    assert all(core.record_count() == 0 for name, core in mesh.cores.items() if name != "A")
+
+
 # ------------------------------------------------------------------ publisher order across a resume
 
 
