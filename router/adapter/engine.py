@@ -988,7 +988,9 @@ class Engine:
         link = self._links.get(cmd.link_id)
         if link is None:
             return
-        endpoints.open_link(link, cmd.timeout, cmd.properties, link.max_size, self.publishers_settle_first, cmd.presettled)
+        endpoints.open_link(
+            link, cmd.timeout, cmd.properties, link.max_size, self.publishers_settle_first or cmd.settles_first, cmd.presettled
+        )
         self.touched.add(link.conn)
 
     def CORE_detach_link(self, cmd: DetachLink) -> None:

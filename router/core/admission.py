@@ -31,7 +31,7 @@ from router.core.events import (
     MessageReceived,
     MessageTooLarge,
 )
-from router.core.guarantees import EXACTLY_ONCE
+from router.core.guarantees import AT_LEAST_ONCE, EXACTLY_ONCE
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, OriginTemplate, splice_origin
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
@@ -141,6 +141,9 @@ class AdmissionMixin(CoreState):
         record.arrived = now
         if resent:
             record.resent = True
+        if topic.guarantee.mode == AT_LEAST_ONCE:
+            record.alo = True  # never remembered settled: no memory to add its outcome to
+            return record
         memory = pub.memory
         if memory is None:
             memory = pub.memory = self.settled.memory_of(pub.stream)
@@ -166,7 +169,13 @@ class AdmissionMixin(CoreState):
         resent = False
         existing = self.records.get(tag)
         resending = pub.resending
-        if resending is not None and ptag in resending:
+        if topic.guarantee.mode == AT_LEAST_ONCE:
+            # No settled memory to consult (docs/guarantees.md): a resend this router no
+            # longer holds is delivered again, a reused tag is a new delivery of the same id.
+            if resending is not None and ptag in resending:
+                resending.discard(ptag)
+                resent = True
+        elif resending is not None and ptag in resending:
             resending.discard(ptag)
             resent = True  # a resend of a delivery it reported unsettled: never a reuse
             if existing is None:
@@ -319,6 +328,8 @@ class AdmissionMixin(CoreState):
         )
         if record.filtered:  # (only where selectors filter: no key, no bytes otherwise)
             out[-1].fields["filtered"] = record.filtered  # type: ignore[union-attr]
+        if record.alo:  # (only where a rule relaxes it)
+            out[-1].fields["guarantee"] = AT_LEAST_ONCE  # type: ignore[union-attr]
         tag = record.tag
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record

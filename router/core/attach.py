@@ -35,7 +35,7 @@ from router.core.events import (
     LinkAttached,
     LinkDetached,
 )
-from router.core.guarantees import AT_MOST_ONCE, EXACTLY_ONCE, Guarantee, guarantee_of
+from router.core.guarantees import AT_LEAST_ONCE, AT_MOST_ONCE, Guarantee, guarantee_of
 from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
 from router.core.links import PublisherLink, Subscription
 from router.core.moved import _split_key
@@ -97,7 +97,8 @@ class AttachMixin(CoreState):
             incarnation,
             stream,
             ev.snd_settle_mode == SND_SETTLED or guarantee.mode == AT_MOST_ONCE,
-            ev.rcv_settle_mode == RCV_FIRST,
+            # At-least-once: settled with its outcome (no settlement phase to wait for).
+            ev.rcv_settle_mode == RCV_FIRST or guarantee.mode == AT_LEAST_ONCE,
         )
         self.publishers[ev.link_id] = pub
         topic.publishers[ev.link_id] = pub
@@ -107,7 +108,7 @@ class AttachMixin(CoreState):
             properties[UNSETTLED_PROPERTY] = self.resumption.resume_at_most_once(pub, ev.properties, now, out)
         elif resumed:
             properties[UNSETTLED_PROPERTY] = self.resumption.resume_publisher(pub, ev.properties, topic, now, out)
-        out.append(OpenLink(ev.link_id, 0, properties, pub.presettled))
+        out.append(OpenLink(ev.link_id, 0, properties, pub.presettled, guarantee.mode == AT_LEAST_ONCE))
         self._refill_credit(topic, out)
 
     def _steal_publisher_link(self, ev: LinkAttached, now: float, out: list[Command]) -> None:
@@ -178,12 +179,12 @@ class AttachMixin(CoreState):
 
     def _guarantee_for(self, ev: LinkAttached, address: str, out: list[Command]) -> Guarantee | None:
         """The guarantee of the topic a link names (docs/guarantees.md); None: the link
-        asked for pre-settled deliveries on a topic a rule makes exactly-once, and is
-        refused. (A subscription to a pattern takes each topic's own: it is told none.)"""
+        asked for pre-settled deliveries on a topic a rule makes exactly-once or
+        at-least-once, and is refused. (A subscription to a pattern takes each topic's own: it is told none.)"""
         if not self.settings.guarantees or (ev.role == SUBSCRIBER and is_pattern(address)):
             return DEFAULT_GUARANTEE
         guarantee = guarantee_of(self.settings.guarantees, address)
-        if guarantee.rule is not None and guarantee.mode == EXACTLY_ONCE and ev.snd_settle_mode == SND_SETTLED:
+        if guarantee.rule is not None and guarantee.mode != AT_MOST_ONCE and ev.snd_settle_mode == SND_SETTLED:
             what = "a publisher must send" if ev.role == PUBLISHER else "a subscriber must take"
             out.append(
                 DetachLink(

@@ -21,6 +21,9 @@ class OpenLink(NamedTuple):
     # router/core/guarantees.py): our attach says so (snd-settle-mode settled);
     # otherwise it mirrors the peer's.
     presettled: bool = False
+    # A publisher's link says rcv-settle-mode first whatever the config's
+    # publisher_rcv_settle_mode (an at-least-once topic: the router settles with the outcome).
+    settles_first: bool = False
 
 
 class DetachLink(NamedTuple):

@@ -11,8 +11,9 @@ from typing import NamedTuple
 from router.core.topictrie import matches
 
 EXACTLY_ONCE = "exactly-once"
+AT_LEAST_ONCE = "at-least-once"
 AT_MOST_ONCE = "at-most-once"
-MODES = (EXACTLY_ONCE, AT_MOST_ONCE)
+MODES = (EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE)
 
 
 class GuaranteeRule(NamedTuple):

@@ -138,6 +138,7 @@ class DeliveryRecord:
         "targeted",
         "settle_pending",
         "waiting",
+        "alo",
         # Set only when they apply (read with getattr(record, name, default)):
         # resent: made from a resumed publisher's resend, which other routers may have
         #   finished and forgotten before; final: at a relaying router, the outcome
@@ -225,6 +226,9 @@ class DeliveryRecord:
         # The subscriptions here whose selector did not select it (None: none did not):
         # never owed it; logged, so that the proof tells filtered from lost.
         self.filtered: list[str] | None = None
+        # Its topic is at-least-once (docs/guarantees.md): finished with no settlement
+        # phase between routers and forgotten at once, never remembered as settled.
+        self.alo = False
 
     @property
     def subscribers(self) -> dict[str, SubscriberState]:

@@ -25,6 +25,7 @@ from router.core.constants import (
 from router.core.events import (
     DataReceived,
 )
+from router.core.guarantees import AT_LEAST_ONCE
 from router.core.links import Topic
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import (
@@ -66,6 +67,8 @@ class RelayMixin(CoreState):
                 header["reuse"] = record.reuse  # a settled tag used again (docs/tags.md)
             if getattr(record, "resent", False):
                 header["rs"] = 1  # a resumed publisher's resend: maybe finished and forgotten
+            if record.alo:
+                header["g"] = AT_LEAST_ONCE  # the origin decides how its deliveries travel
         return header
 
     def _send_towards(self, record: DeliveryRecord, routers: Iterable[str], now: float, out: list[Command]) -> None:
@@ -175,6 +178,7 @@ class RelayMixin(CoreState):
         owed_here = topic is not None and any(not s.best_effort for s in topic.subscriptions.values())
         if (
             header.get("rs")
+            and header.get("g") != AT_LEAST_ONCE  # (at-least-once: delivered again, as the mode allows)
             and not targets
             and owed_here
             and self.settled.resend_verdict(tag, header.get("inc")) == BEYOND_HORIZON
@@ -258,6 +262,8 @@ class RelayMixin(CoreState):
         )
         record.origin_router = header["origin"]
         record.arrived = now
+        if header.get("g") == AT_LEAST_ONCE:
+            record.alo = True
         return record
 
     def _new_targeted_record(
@@ -297,6 +303,8 @@ class RelayMixin(CoreState):
                 },
             )
         )
+        if record.alo:
+            out[-1].fields["guarantee"] = AT_LEAST_ONCE  # type: ignore[union-attr]
         self.resumption.accept_targeted(record, targets, report_to, now, out)
         self.resumption.fulfil_placeholders(record, now, out)
 
@@ -323,6 +331,8 @@ class RelayMixin(CoreState):
                 },
             )
         )
+        if record.alo:
+            out[-1].fields["guarantee"] = AT_LEAST_ONCE  # type: ignore[union-attr]
         if record.filtered:  # (only where selectors filter: no key, no bytes otherwise)
             out[-1].fields["filtered"] = record.filtered  # type: ignore[union-attr]
         self._saw_seq(record)
@@ -335,6 +345,8 @@ class RelayMixin(CoreState):
             # as our answer (accepted: each subscriber that wanted it has it).
             record.outcome = OUTCOME_ACCEPTED
             self._answer_origin(record, OUTCOME_ACCEPTED, record.origin_router, out)
+            if record.alo:
+                self._finish_at_least_once(record, now, out)
         if record.expires_at is not None:
             if record.expires_at <= now:
                 self._expire_message(record, now, out)

@@ -16,6 +16,7 @@ from router.core import outcomes, tags
 from router.core.commands import Command, DetachLink, Log
 from router.core.constants import _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
 from router.core.errors import ProtocolError
+from router.core.guarantees import AT_LEAST_ONCE
 from router.core.moved import MovedSubscribers
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, RouterState, SubscriberState
@@ -361,11 +362,15 @@ class Resumption(MovedSubscribers):
         topics it subscribes to, in publisher order). Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         key = sub.key
+        topic = None if sub.pattern else self.core.topics.get(sub.topic)
+        # At-least-once (docs/guarantees.md): a delivery it holds that we never saw is
+        # not waited for; should it come, it is delivered again.
+        waits = topic is None or topic.guarantee.mode != AT_LEAST_ONCE
         known: list[tuple[bytes, DeliveryRecord, SubscriberState]] = []  # what it reported that we hold
         for tag, code in reported.items():
             record = self.core.records.get(tag)
             if record is None:
-                if tag not in self.core.settled:  # else settled and forgotten here: left out of our answer
+                if waits and tag not in self.core.settled:  # else settled and forgotten here: left out of our answer
                     self._placeholder_for(sub, tag, now, out)
                 continue
             if record.pub_settled:

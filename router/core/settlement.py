@@ -233,6 +233,20 @@ class SettlementMixin(CoreState):
             self._maybe_answer_publisher(record, now, out)
         elif record.pub_settled:
             self._maybe_delete(record, now, out)
+        elif record.alo and record.origin_router is not None:
+            self._finish_at_least_once(record, now, out)
+
+    def _finish_at_least_once(self, record: DeliveryRecord, now: float, out: list[Command]) -> None:
+        """An at-least-once record another router sent here is done once every subscriber
+        here answered and the origin was told: this router settles it itself and forgets
+        it, with no settlement from the origin to wait for (docs/guarantees.md). Should
+        the origin die before its publisher hears, the resend is delivered again."""
+        if record.pub_settled or record.outcome is None:
+            return
+        for state in record.subscribers.values():
+            if state.outcome is None:
+                return
+        self._settle_record(record, "answered", now, out)
 
     def _evidence(self, sub: Subscription, sent_at: int, now: float, out: list[Command]) -> None:
         pending = sub.awaiting_evidence
@@ -297,6 +311,8 @@ class SettlementMixin(CoreState):
         record.outcome = outcome
         if record.origin_router is not None:
             self._answer_origin(record, outcome, record.origin_router, out)
+            if record.alo:
+                self._finish_at_least_once(record, now, out)
             return
         out.append(
             _new(
@@ -392,6 +408,10 @@ class SettlementMixin(CoreState):
             everyone_knows = True
         else:
             everyone_knows = self._relay_settlement(record, topic, payload, out)
+            if record.alo and record.payload is None:
+                # At-least-once: no resuming receiver is matched against a settled record
+                # (docs/guarantees.md), so none lingers; only a re-send still due keeps it.
+                everyone_knows = True
         if topic.bytes and payload is not None and record.payload is None:
             self._release_bytes(topic, payload)
         if everyone_knows:
@@ -413,7 +433,7 @@ class SettlementMixin(CoreState):
                         memory.previous = current
                         memory.current = {}
                         memory.partial = False
-                else:
+                elif not record.alo:
                     settled.add(tag, self._final_outcome(record), record.reuse)
                 if not topic.records:
                     self._drop_topic_if_idle(topic)
@@ -459,9 +479,10 @@ class SettlementMixin(CoreState):
                 # settlement to relay on the current link.
                 state.known_settled = True
         if record.remote_routers or record.moved:  # else settle_pending stays the empty set
-            targets = set(record.remote_routers)
+            alo = record.alo  # at-least-once: a router that answered has settled its copy already
+            targets = {r for r, state in record.remote_routers.items() if not alo or state.outcome is None}
             for moved in record.moved.values():
-                if moved.router is not None and moved.router != self.settings.router_id:
+                if moved.router is not None and moved.router != self.settings.router_id and not (alo and moved.outcome):
                     targets.add(moved.router)
             for router_id in sorted(targets):
                 everyone_knows = False
@@ -508,7 +529,7 @@ class SettlementMixin(CoreState):
             topic.unsettled -= 1
             if record.pub_delivery is not None:
                 self.by_delivery.pop(record.pub_delivery, None)
-        if record.pub_settled:
+        if record.pub_settled and not record.alo:
             self.settled.add(record.tag, self._final_outcome(record), record.reuse)
         if reason is not None:
             out.append(Log("record-deleted", {"delivery": record.delivery_id, "reason": reason}))

@@ -552,7 +552,7 @@ def test_guarantee_rules_in_order(tmp_path):
         ('[[guarantee]]\ntopics = []\nmode = "at-most-once"\n', "guarantee[0].topics", "non-empty array"),
         ('[[guarantee]]\ntopics = ["a/#/b"]\nmode = "at-most-once"\n', "guarantee[0].topics", "'#' must be a whole level"),
         ('[[guarantee]]\ntopics = [3]\nmode = "at-most-once"\n', "guarantee[0].topics", "found 3 in the array"),
-        ('[[guarantee]]\ntopics = ["a"]\nmode = "maybe"\n', "guarantee[0].mode", "'exactly-once', 'at-most-once'"),
+        ('[[guarantee]]\ntopics = ["a"]\nmode = "maybe"\n', "guarantee[0].mode", "'at-least-once', 'at-most-once'"),
         ('[[guarantee]]\ntopics = ["a"]\nmode = "at-most-once"\nqos = 1\n', "guarantee[0].qos", "unknown"),
     ],
 )
