@@ -56,6 +56,7 @@ LINE_FIELDS = (
     "deleted",
     "owed",
     "filtered",  # subscribers whose selector did not select it (issue 20)
+    "guarantee",  # a relaxed topic's (issue 20)
     "forwarded",
     "routers",
     "origin_router",

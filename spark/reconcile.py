@@ -170,7 +170,15 @@ OUTCOME_NAME = {code: name for name, code in OUTCOME.items()} | {6: "other", 7: 
 ACC = OUTCOME["accepted"]
 EXPIRED = 7  # an `expired` event, where a subscriber's answer is reported
 TERMINAL_NOT_ACCEPTED = (2, 3, 4)
-BY = {"router": 1, "publisher": 2, "publisher-gone": 3, "origin-router": 4, "settled-elsewhere": 5, "publisher-resumed": 6}
+BY = {
+    "router": 1,
+    "publisher": 2,
+    "publisher-gone": 3,
+    "origin-router": 4,
+    "settled-elsewhere": 5,
+    "publisher-resumed": 6,
+    "answered": 8,  # an at-least-once record at a router that answered the origin (docs/guarantees.md)
+}
 BY_NAME = {code: name for name, code in BY.items()} | {7: "other"}
 #: A pub-outcome answered from the router's memory of a finished delivery
 #: (docs/resumption.md): no record needed, only some earlier event about it.
@@ -180,6 +188,9 @@ REMEMBERED = "resent after it was finished and settled; outcome remembered"
 #: may have been delivered. It needs no record, and it is not the subscribers'
 #: outcome: the delivery's first life answered for them (router/core/constants.py).
 BEYOND_HORIZON = "eorouter:resend-beyond-horizon"
+#: A received line's ``guarantee`` on an at-least-once topic (docs/guarantees.md): its
+#: duplicates are counted, not failed.
+AT_LEAST_ONCE = "at-least-once"
 
 #: Events that name a delivery some router must have received ("nothing
 #: invented"). Not tag-collision, dropped, order-gap or placeholder-*: those name
@@ -303,6 +314,7 @@ DELIVERY_READ = COMMON + (
     "deleted",
     "owed",
     "filtered",
+    "guarantee",  # a relaxed topic's (issue 20): at-least-once duplicates are counted, not failed
     "forwarded",
     "routers",
     "origin_router",
@@ -1033,6 +1045,7 @@ def find_bad_lines(spark, sources: list, first: int = 1000) -> tuple[list[dict],
 #:   p the other router (origin_router, to_router or from_router), l a list (owed,
 #:   dests or subscribers), f forwarded, x routers, b settled (received, sub-outcome)
 #:   or deleted (settled), y settled's by code, or for a pub-outcome 1 remembered, 2 refused beyond the horizon,
+#:   for an owed-state-discarded 3 filtered out, for a received 4 its topic at-least-once,
 #:   rep a sub-outcome a resuming subscriber reported.
 EVENT_FIELDS = ("r", "e", "q", "t", "k", "s", "o", "p", "l", "f", "x", "b", "y", "fl", "rep")
 
@@ -1064,6 +1077,7 @@ def narrow(events: DataFrame, windows: dict) -> DataFrame:
         .when((kind == "pub-outcome") & (F.col("reason") == REMEMBERED), F.lit(1))
         .when((kind == "pub-outcome") & (F.col("condition") == BEYOND_HORIZON), F.lit(2))
         .when((kind == "owed-state-discarded") & (F.col("reason") == "filtered"), F.lit(3))
+        .when((kind == "received") & (F.col("guarantee") == AT_LEAST_ONCE), F.lit(4))
         .alias("y"),
         # who filtered it out (selectors): never owed it
         F.when((kind == "received") & F.col("filtered").isNotNull(), _hashes(F.col("filtered"))).alias("fl"),
@@ -1283,11 +1297,16 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"CASE WHEN origin IS NOT NULL THEN {lost_routers} ELSE array() END) END AS v_lost",
     )
 
-    # --- duplicated: one subscriber accepted this delivery id twice (reports aside)
+    # --- duplicated: one subscriber accepted this delivery id twice (reports aside). On an
+    # at-least-once topic that is allowed: counted (alo_dups), not failed.
     accepts = f"filter(answers, e -> e.o = {ACC})"
+    twice = (
+        f"filter(transform(array_distinct(transform({accepts}, e -> e.s)), s -> named_struct("
+        f"'s', s, 'a', filter({accepts}, e -> e.s = s))), x -> size(x.a) > 1)"
+    )
+    step = step.selectExpr("*", "exists(recv_all, e -> coalesce(e.y, 0) = 4) AS alo", f"{twice} AS twice")
     v_dup = (
-        f"transform(filter(transform(array_distinct(transform({accepts}, e -> e.s)), s -> named_struct("
-        f"'s', s, 'a', filter({accepts}, e -> e.s = s))), x -> size(x.a) > 1), x -> "
+        "CASE WHEN alo THEN array() ELSE transform(twice, x -> "
         + _violation(
             "duplicated",
             kind="'id'",
@@ -1298,7 +1317,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
             s="x.s",
             info={"where": "transform(x.a, e -> named_struct('r', e.r, 'e', e.e, 'q', e.q))"},
         )
-        + ")"
+        + ") END"
     )
     # --- invented: events about a delivery no router received
     referencing = ", ".join(str(KIND[n]) for n in REFERENCING)
@@ -1516,7 +1535,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         )
         step = step.selectExpr("*", f"{app} AS app")
         v_app = (
-            "concat(transform(filter(app, a -> a.n > 1), a -> "
+            "concat(transform(filter(app, a -> a.n > 1 AND NOT alo), a -> "
             + _violation("ledger", kind="'twice'", s="a.s", t="a.first.t", info={"n": "a.n"})
             + "), "
             # (not for a delivery a router whose log is missing took part in: what it sent, it
@@ -1576,6 +1595,11 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         # the subscribers whose selector did not select it, here or where they re-attached
         f"array_distinct(concat(flatten(transform(filter(ev, e -> e.k {K('received')}), e -> coalesce(e.fl, {_EMPTY}))), "
         f"transform(filter(ev, e -> e.k {K('owed-state-discarded')} AND coalesce(e.y, 0) = 3), e -> e.s))) AS filtered",
+        "alo",
+        # an at-least-once delivery's extra copies, per subscriber: accepted again (the
+        # routers' view) and handed again (its application's ledger), counted, not failed
+        "CASE WHEN alo THEN transform(twice, x -> named_struct('s', x.s, 'n', size(x.a) - 1)) END AS alo_dups",
+        "CASE WHEN alo THEN transform(filter(app, a -> a.n > 1), a -> named_struct('s', a.s, 'n', a.n - 1)) END AS alo_app_dups",
         f"concat(coalesce(v_lost, array()), v_dup, coalesce(v_invented, array()), v_record, v_arrival, v_unowed, "
         f"v_unsent, v_answer, v_disagree, {v_left}, {v_app}) AS v",
     )

@@ -67,6 +67,7 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
         f.groupBy("topic", F.col("pub.o").alias("o")).agg(
             F.sum(F.col("origin").isNotNull().cast("long")).alias("deliveries"),
             F.sum(F.col("presettled").cast("long")).alias("presettled"),
+            F.sum((F.col("alo") & F.col("origin").isNotNull()).cast("long")).alias("alo"),
             F.sum(F.col("told_accepted").cast("long")).alias("accepted"),
             F.count(F.when(F.col("pub").isNotNull(), F.lit(1))).alias("answered"),
             F.min("recv_ts").alias("t0"),
@@ -76,6 +77,7 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
     totals = {
         "deliveries": sum(r["deliveries"] for r in per),
         "presettled": sum(r["presettled"] for r in per),
+        "alo": sum(r["alo"] for r in per),
         "t0": min((r["t0"] for r in per if r["t0"] is not None), default=None),
         "t1": max((r["t1"] for r in per if r["t1"] is not None), default=None),
     }
@@ -102,12 +104,23 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
     filtered_by = {
         r["s"]: r["n"] for r in _rows(f.select(F.explode("filtered").alias("s")).groupBy("s").agg(F.count(F.lit(1)).alias("n")))
     }
+
+    # At-least-once topics' extra copies (allowed, counted): per subscriber, accepted again
+    # (the routers' view) and handed again (its application's ledger).
+    def copies(column: str, app: int) -> Column:
+        kept = F.coalesce(column, F.array())
+        return F.transform(kept, lambda d: F.struct(d["s"].alias("s"), d["n"].alias("n"), F.lit(app).alias("app")))
+
+    dups = f.where(F.col("alo")).select(F.explode(F.concat(copies("alo_dups", 0), copies("alo_app_dups", 1))).alias("d"))
+    dup_rows = _rows(dups.groupBy("d.s", "d.app").agg(F.sum("d.n").alias("n")))
+    duplicated_by = {r["s"]: r["n"] for r in dup_rows if r["app"] == 0}
     known = {row["subscriber"] for row in per_sub}
     for s_hash, n in filtered_by.items():
         if s_hash not in known:  # a subscriber that was never owed anything: only filtered
             per_sub.append({"subscriber": s_hash, "owed": 0, **{name: 0 for name in OUTCOME}, "unanswered": 0})
     for row in per_sub:
         row["filtered"] = filtered_by.get(row["subscriber"], 0)
+        row["duplicated"] = duplicated_by.get(row["subscriber"], 0)
         row["subscriber"] = names.subscriber(row["subscriber"])
     per_sub = sorted(per_sub, key=lambda r: r["subscriber"])[:max_rows]
     unfinished = _rows(
@@ -168,6 +181,13 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
         "kinds": kinds,
         "deliveries": totals["deliveries"] or 0,
         "presettled": totals["presettled"] or 0,
+        # at-least-once topics (docs/guarantees.md): their deliveries, and the extra copies
+        # subscribers accepted (routers' view) and applications were handed (ledgers)
+        "at_least_once": {
+            "deliveries": totals["alo"] or 0,
+            "duplicates": sum(r["n"] for r in dup_rows if r["app"] == 0),
+            "app_duplicates": sum(r["n"] for r in dup_rows if r["app"] == 1),
+        },
         "pub_outcomes": outcomes,
         "refused_before_record": refused,
         "per_topic": per_topic,
@@ -307,6 +327,13 @@ def render_terminal(report: dict, first: int = 5) -> str:
             f"  note: {report['beyond_horizon']:,} resend(s) refused beyond the resume horizon "
             f'(eorouter:resend-beyond-horizon: their publishers were told rejected, "may have been '
             f'delivered already"; docs/resumption.md)'
+        )
+    alo = (s or {}).get("at_least_once") or {}
+    if alo.get("deliveries"):
+        out.append(
+            f"  note: {alo['deliveries']:,} deliveries on at-least-once topics: {alo['duplicates']:,} extra "
+            f"cop(ies) accepted, {alo['app_duplicates']:,} handed again to applications (allowed there, "
+            f"counted; nothing lost is proven as for every topic; docs/guarantees.md)"
         )
     if v["proven_clean"]:
         out.append(f"VERDICT: proven clean: {v['line']}")
@@ -589,6 +616,7 @@ def write_html(report: dict, path: Path) -> None:
             "delivered already”)</small></p>"
         )
     lat = s["latency"]
+    alo = s.get("at_least_once") or {}
     parts.append("<h2>The run</h2>")
     parts.append(
         _table(
@@ -600,6 +628,10 @@ def write_html(report: dict, path: Path) -> None:
                 ["publisher outcomes", ", ".join(f"{k} {n:,}" for k, n in sorted(s["pub_outcomes"].items()))],
                 ["refused before a record existed", s["refused_before_record"]],
                 ["pre-settled (best effort, not owed)", s["presettled"]],
+                [
+                    "at-least-once: deliveries / extra copies accepted / handed again",
+                    " / ".join(f"{alo.get(k, 0):,}" for k in ("deliveries", "duplicates", "app_duplicates")),
+                ],
                 [
                     "latency p50 / p90 / p99 / max",
                     " / ".join(f"{lat[k] * 1000:.1f} ms" for k in ("p50", "p90", "p99", "max")) if lat else "-",
@@ -654,7 +686,18 @@ def write_html(report: dict, path: Path) -> None:
     parts.append("<h3>Subscribers (distinct deliveries)</h3>")
     parts.append(
         _table(
-            ["subscriber", "owed", "accepted", "rejected", "released", "modified", "settled only", "never answered", "filtered"],
+            [
+                "subscriber",
+                "owed",
+                "accepted",
+                "rejected",
+                "released",
+                "modified",
+                "settled only",
+                "never answered",
+                "filtered",
+                "accepted again (at-least-once)",
+            ],
             [
                 [
                     x["subscriber"],
@@ -666,10 +709,11 @@ def write_html(report: dict, path: Path) -> None:
                     x["none"],
                     x["unanswered"],
                     x.get("filtered", 0),
+                    x.get("duplicated", 0),
                 ]
                 for x in s["per_subscriber"]
             ],
-            {1, 2, 3, 4, 5, 6, 7, 8},
+            {1, 2, 3, 4, 5, 6, 7, 8, 9},
         )
     )
     parts.append("<h2>Violations</h2>")

@@ -90,18 +90,24 @@ class Copy:
 
 def _delivery_from(copy: Copy, origin: str, remote: str) -> str:
     """A delivery whose publisher is attached at ``origin``, sent to ``remote``, told accepted."""
+    return _deliveries_from(copy, origin, remote, 1)[0]
+
+
+def _deliveries_from(copy: Copy, origin: str, remote: str, n: int) -> list[str]:
+    """The first ``n`` such deliveries."""
     accepted = {
         e["delivery"] for _, _, e in copy.events(origin) if e["event"] == "pub-outcome" and e.get("outcome") == "accepted"
     }
-    for _, _, e in copy.events(origin):
-        if (
-            e["event"] == "received"
-            and e.get("origin_router") is None
-            and remote in (e.get("routers") or [])
-            and e["delivery"] in accepted
-        ):
-            return e["delivery"]
-    raise AssertionError(f"no delivery from {origin} to {remote}")
+    found = [
+        e["delivery"]
+        for _, _, e in copy.events(origin)
+        if e["event"] == "received"
+        and e.get("origin_router") is None
+        and remote in (e.get("routers") or [])
+        and e["delivery"] in accepted
+    ]
+    assert len(found) >= n, f"fewer than {n} deliveries from {origin} to {remote}"
+    return found[:n]
 
 
 # ----------------------------------------------------------------------------- no events at all
@@ -368,6 +374,74 @@ def resend_refused_beyond_the_horizon(copy: Copy) -> dict:
     return {}
 
 
+def _mark_at_least_once(copy: Copy, d: str) -> None:
+    """Every router's `received` line of ``d`` says its topic is at-least-once."""
+    for router in copy.files:
+        for file, index, line in copy.events(router):
+            if line["event"] == "received" and line["delivery"] == d:
+                copy.put(router, file, index, {**line, "guarantee": "at-least-once"})
+
+
+def _accepted_and_handed_again(copy: Copy, d: str) -> None:
+    """bob (at B) sent ``d`` again, accepted it again, and its application was handed it
+    again: what a resend after a failover does on an at-least-once topic."""
+    file, index, received = copy.find("B", lambda e: e["event"] == "received" and e["delivery"] == d)
+    last = max(i for f, i, e in copy.events("B", file) if e.get("delivery") == d or d in (e.get("deliveries") or []))
+    at = copy.events("B", file)[last][2]
+    stamp = {k: at[k] for k in ("seq", "ts", "router", "epoch", "boot")}
+    again = {**stamp, "event": "forwarded", "delivery": d, "subscriber": "bob-app/bob-in", "link": 1, "settled": False}
+    accept = {
+        **stamp,
+        "seq": stamp["seq"] + 1,
+        "event": "sub-outcome",
+        "delivery": d,
+        "subscriber": "bob-app/bob-in",
+        "outcome": "accepted",
+        "settled": True,
+    }
+    _insert_after(copy, "B", file, last, again)
+    _insert_after(copy, "B", file, last + 1, accept)
+    ledger = copy.ledgers / "bob.jsonl"
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    (handed,) = [raw for raw in lines if orjson.loads(raw).get("event") == "delivered" and orjson.loads(raw)["delivery"] == d]
+    ledger.write_bytes(b"".join(lines) + handed)
+
+
+def guarantees_judged_each_by_its_own(copy: Copy) -> dict:
+    """Three deliveries to bob: an at-least-once one accepted and handed twice (allowed
+    there: counted in the report, which the test checks, not a violation); an
+    exactly-once one accepted and handed twice (a duplicate, in the routers' view and
+    the application's); an at-least-once one bob never accepted, its accept deleted
+    (lost, as on any topic: only duplicates are allowed there). One copy for the three:
+    each reconciliation costs the suite seconds."""
+    twice_alo, twice_eo, unaccepted = _deliveries_from(copy, "A", "B", 3)
+    _mark_at_least_once(copy, twice_alo)
+    _accepted_and_handed_again(copy, twice_alo)
+    _accepted_and_handed_again(copy, twice_eo)
+    _mark_at_least_once(copy, unaccepted)
+    file, index, accept = copy.find(
+        "B",
+        lambda e: (
+            e.get("subscriber") == "bob-app/bob-in"
+            and (
+                e["event"] == "sub-outcome"
+                and e["delivery"] == unaccepted
+                or e["event"] == "sub-outcomes"
+                and unaccepted in e["deliveries"]
+            )
+        ),
+    )
+    if accept["event"] == "sub-outcomes" and len(accept["deliveries"]) > 1:
+        copy.put("B", file, index, {**accept, "deliveries": [x for x in accept["deliveries"] if x != unaccepted]})
+    else:
+        _delete(copy, "B", file, index)
+    return {
+        "duplicated": {f"bob-app/bob-in|{twice_eo}"},
+        "ledger": {f"twice|bob-app/bob-in|{twice_eo}"},
+        "lost": {unaccepted},
+    }
+
+
 def _ledger_outcome(copy: Copy, client: str, received: dict, outcome: str) -> None:
     """Rewrite the outcome a publisher's ledger holds for the delivery ``received`` names."""
     ledger = copy.ledgers / f"{client}.jsonl"
@@ -407,6 +481,7 @@ def _insert_after(copy: Copy, router: str, file: str, index: int, line: dict) ->
 
 #: name -> mutation. Each is applied to its own copy of one real run.
 MUTATIONS = {
+    "each guarantee's duplicates and losses, at-least-once and exactly-once": guarantees_judged_each_by_its_own,
     "every file empty": every_file_empty,
     "every file one garbage line": every_file_one_garbage_line,
     "a line deleted and another copied in its place": line_deleted_and_another_copied,

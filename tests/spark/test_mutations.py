@@ -71,6 +71,14 @@ def test_each_mutation_gives_its_named_violations(spark, run, tmp_path, name):
         assert "VERDICT: NOT clean" in printed
     else:  # a torn last line is a note, not a violation; so is a refusal beyond the horizon, shown
         assert rc == EXIT_CLEAN and report["verdict"]["proven_clean"]
+    alo = report["summary"]["at_least_once"]
+    if "at-least-once" in name:  # its duplicate counted, not failed
+        assert (alo["deliveries"], alo["duplicates"], alo["app_duplicates"]) == (2, 1, 1), alo
+        assert "1 extra cop(ies) accepted, 1 handed again" in printed, printed
+        (bob,) = [s for s in report["summary"]["per_subscriber"] if s["subscriber"] == "bob-app/bob-in"]
+        assert bob["duplicated"] == 1
+    elif "at-least-once" not in name:
+        assert alo["deliveries"] == 0 and "at-least-once" not in printed
     horizon = 1 if "beyond the resume horizon" in name else 0
     assert report["beyond_horizon"] == horizon
     assert ("refused beyond the resume horizon" in printed) == bool(horizon), printed

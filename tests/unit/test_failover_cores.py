@@ -537,7 +537,6 @@ def test_a_resend_reaching_the_origin_while_its_settled_record_lingers_is_answer
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
-
 @pytest.mark.parametrize("linger", [30.0, 0.5], ids=["record-lingering", "record-forgotten"])
 def test_a_resend_reaching_a_participant_while_its_settled_record_lingers_is_answered(linger):
     """The same at a router that took part: the subscriber is on C, the publisher on A.
