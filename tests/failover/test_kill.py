@@ -419,6 +419,40 @@ def test_kill_a_router_with_an_at_most_once_topic(scenario, tmp_path):
     assert report["summary"]["presettled"] > 0
 
 
+def test_kill_a_router_with_an_at_least_once_topic(scenario, tmp_path):
+    """A topic a [[guarantee]] rule makes at-least-once (docs/guarantees.md): every
+    subscriber is owed every message, but no router remembers a finished delivery,
+    so a publisher that fails over may have one delivered again. A, with a publisher
+    and a subscriber, is killed mid-run: every publisher hears accepted for every
+    message, every application gets every message at least once (first copies in
+    publisher order), and the proof is clean, holding the topic to its own promise:
+    nothing lost, and the extra copies counted (as many handed again as the
+    applications' ledgers hold)."""
+    s = scenario(overrides={"guarantee": [{"topics": ["orders"], "mode": "at-least-once"}]})
+    threads = s.publish_in_background()
+    s.wait_progress(20)
+    s.net.routers["A"].kill()
+    s.finish(threads)
+    for name in s.pubs:
+        assert [o.state for o in s.outcomes[name]] == ["accepted"] * MESSAGES, name
+    extra = 0
+    for name in s.subs:
+        got = s.received[name]
+        for pub in s.pubs:
+            mine = [int(b.split(":")[1]) for b in got if b.startswith(pub + ":")]
+            first = sorted(set(mine), key=mine.index)
+            assert first == list(range(1, MESSAGES + 1)), f"{name}: {pub}'s messages lost or out of order"
+        delivered = [e["delivery"] for e in s.ledger(name) if e["event"] == "delivered"]
+        extra += len(delivered) - len(set(delivered))
+    s.wait_no_records({"A"})
+    s.close()
+    report = prove_clean(tmp_path, s)
+    alo = report["summary"]["at_least_once"]
+    assert alo["deliveries"] == MESSAGES * len(s.pubs), alo
+    assert alo["app_duplicates"] == extra, (alo, extra)
+    print(f"\nat-least-once through a kill: {alo}")
+
+
 def test_kill_a_router_that_only_relays(scenario):
     """Ring A - B - C - D - A: A's traffic for C goes through B (the smaller id of
     two equal paths) until B dies, then through D."""
