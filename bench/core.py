@@ -34,7 +34,7 @@ from router.core.events import (
     LinkAttached,
     MessageReceived,
 )
-from router.core.guarantees import AT_MOST_ONCE, GuaranteeRule
+from router.core.guarantees import AT_LEAST_ONCE, AT_MOST_ONCE, GuaranteeRule
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
 from router.serving import tune_gc_for_serving
@@ -52,15 +52,21 @@ def run(
     address_for=None,
     installed_patterns: int = 0,
     at_most_once: bool = False,
+    at_least_once: bool = False,
 ) -> float:
     """µs per message; ``selector_for(s)``: subscriber s's JMS selector (bench.selectors);
     ``address_for(s)``: its address (a pattern taking "t", bench.wildcards);
     ``installed_patterns``: that many more subscriptions, each to a pattern taking
     other topics (attached, no credit), as a router serving many devices holds;
     ``at_most_once``: the topic is at-most-once by a [[guarantee]] rule and the
-    publisher sends unsettled (accepted on arrival; bench.guarantees)."""
+    publisher sends unsettled (accepted on arrival; bench.guarantees); ``at_least_once``:
+    the topic is at-least-once (bench.guarantees)."""
     # Bounds high enough that credit never limits this open-loop feed.
-    rules = (GuaranteeRule(("t",), AT_MOST_ONCE),) if at_most_once else ()
+    rules: tuple[GuaranteeRule, ...] = ()
+    if at_most_once:
+        rules = (GuaranteeRule(("t",), AT_MOST_ONCE),)
+    elif at_least_once:
+        rules = (GuaranteeRule(("t",), AT_LEAST_ONCE),)
     core = RouterCore(
         CoreSettings(
             router_id="A",

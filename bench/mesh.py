@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from router.core.commands import Forward
+from router.core.guarantees import GuaranteeRule
 from router.core.router import RouterCore
 from router.serving import tune_gc_for_serving
 
@@ -31,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"
 from meshkit import Mesh  # noqa: E402  (the tests' fake network, not a package)
 
 
-def run(n: int) -> dict[str, float]:
-    """µs per message inside each router's RouterCore.handle for ``n`` messages."""
+def run(n: int, guarantee: str | None = None) -> dict[str, float]:
+    """µs per message inside each router's RouterCore.handle for ``n`` messages;
+    ``guarantee``: the topic's mode by a [[guarantee]] rule (bench.guarantees)."""
     spent: dict[str, float] = {}
     handle = RouterCore.handle
 
@@ -44,7 +46,8 @@ def run(n: int) -> dict[str, float]:
             name = core.settings.router_id
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
 
-    mesh = Mesh("ABC", [("A", "B"), ("B", "C")], record_linger=1.0)
+    rules = (GuaranteeRule(("t",), guarantee),) if guarantee else ()
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C")], record_linger=1.0, guarantees=rules)
     sub = mesh.subscriber("C", "s", credit=10 * n + 100)
     pub = mesh.publisher("A", rcv_first=True)
     RouterCore.handle = timed
