@@ -5,7 +5,7 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from router.core import outcomes, tags
 from router.core.commands import (
@@ -13,7 +13,6 @@ from router.core.commands import (
     Drained,
     Forward,
     Log,
-    SendData,
     SendOutcome,
     SettleOutgoing,
 )
@@ -27,11 +26,10 @@ from router.core.constants import (
 from router.core.errors import ProtocolError
 from router.core.events import (
     CreditChanged,
-    DataReceived,
     MessageReceived,
     MessageTooLarge,
 )
-from router.core.guarantees import AT_LEAST_ONCE, EXACTLY_ONCE
+from router.core.guarantees import AT_LEAST_ONCE
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, OriginTemplate, splice_origin
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
@@ -435,133 +433,10 @@ class AdmissionMixin(CoreState):
             return keys, keys, best_effort
         return keys, [key for key, answer in zip(keys, answers) if not answer], best_effort
 
-    def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> None:
-        """Pre-settled copies for at-most-once subscribers that have credit now."""
-        for sub in topic.subscriptions.values():
-            if sub.best_effort and sub.link_id is not None and sub.credit > 0:
-                sub.credit -= 1
-                out.append(Forward(sub.link_id, tag, payload, True))
-
     def _refuse(self, delivery: int, condition: str, description: str, out: list[Command]) -> None:
         """Answer a publisher delivery the router will not carry."""
         out.append(SendOutcome(delivery, outcomes.REJECTED, True, condition, description))
         out.append(Log("pub-outcome", {"delivery": None, "outcome": "rejected", "condition": condition, "reason": description}))
-
-    def _relay_best_effort(self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float, out: list[Command]) -> None:
-        """Pre-settled: forward to whoever has credit now; never wait, never owe. An
-        unsettled transfer here (its topic is at-most-once) is accepted on arrival."""
-        resent = False
-        if not ev.settled:
-            out.append(SendOutcome(ev.delivery, outcomes.ACCEPTED, True))
-            if pub.resending is not None and ev.tag in pub.resending:  # (resumption.resume_at_most_once)
-                pub.resending.discard(ev.tag)
-                resent = True
-        try:
-            prepared = splice_origin(ev.payload, self._origin_template(pub), ev.tag)
-        except MessageError:
-            out.append(Log("dropped", {"delivery": None, "reason": "malformed pre-settled message"}))
-            self._refill_credit(topic, out)
-            return
-        # A message that already carries an origin is relayed as it is (best effort
-        # never refused anything).
-        payload = ev.payload if prepared is None else prepared[0]
-        ptag = ev.tag
-        if len(ptag) <= tags.MAX_INLINE_TAG:  # tags.outgoing_tag() inlined for short tags
-            tag = pub.stream + _TAG_SIZE[len(ptag)] + ptag
-        else:
-            tag = tags.outgoing_tag(pub.stream, ptag[: tags.MAX_TAG_SIZE])
-        delivery_id = tag.hex()
-        out.append(
-            Log(
-                "received",
-                {
-                    "delivery": delivery_id,
-                    "topic": topic.name,
-                    "publisher": pub.container_id,
-                    "link_name": pub.name,
-                    "pub_tag": ev.tag.hex(),
-                    "incarnation": pub.incarnation,
-                    "stream_seq": pub.next_seq - 1,
-                    "size": len(ev.payload),
-                    "settled": True,
-                    "owed": [],
-                },
-            )
-        )
-        line = out[-1].fields  # type: ignore[union-attr]
-        if topic.guarantee.mode != EXACTLY_ONCE:  # (only where a rule relaxes it: no key, no bytes otherwise)
-            line["guarantee"] = topic.guarantee.mode
-        if not ev.settled:  # what its publisher was told, on arrival
-            out.append(Log("pub-outcome", {"delivery": delivery_id, "outcome": "accepted"}))
-        if resent:
-            reason = "resent after a failover on an at-most-once topic: it may have been delivered already"
-            out.append(Log("dropped", {"delivery": delivery_id, "reason": reason}))
-            self._refill_credit(topic, out)
-            return
-        sent_to = self._best_effort_to_local(topic, tag, payload, out)
-        if sent_to:  # who got a pre-settled copy: what the applications' ledgers are held to
-            line["forwarded"] = sent_to
-        interested = self.net.interested_routers(topic.name)
-        if interested:
-            # One copy per next hop, as for exactly-once, but nobody answers it.
-            base = {
-                "origin": self.settings.router_id,
-                "epoch": self.epoch,
-                "boot": self.boot_id,
-                "topic": topic.name,
-                "pub": pub.container_id,
-                "link": pub.name,
-                "ptag": ptag.hex(),
-                "inc": pub.incarnation,
-                "seq": pub.next_seq - 1,
-                "hops": 0,
-                "be": True,
-            }
-            for hop, dests in self.net.split(sorted(interested)).by_next_hop.items():
-                header = dict(base)
-                header["dests"] = sorted(dests)
-                out.append(SendData(hop, tag, header, payload))
-                out.append(Log("forwarded-to-router", {"delivery": delivery_id, "to_router": hop, "dests": header["dests"]}))
-        self._refill_credit(topic, out)
-
-    def _best_effort_to_local(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> list[str]:
-        """A pre-settled copy to every local subscriber with credit now (at-most-once);
-        the keys of those it went to."""
-        sent_to = []
-        for sub in topic.subscriptions.values():
-            if sub.link_id is not None and sub.credit > 0:
-                sub.credit -= 1
-                out.append(Forward(sub.link_id, tag, payload, True))
-                sent_to.append(sub.key)
-        return sent_to
-
-    def _best_effort_from_router(self, ev: DataReceived, header: dict[str, Any], out: list[Command]) -> None:
-        """A pre-settled delivery relayed from its publisher's router: copies to our
-        subscribers with credit now; no record, no answer, no order hold."""
-        name: Any = header.get("topic")  # wire data: None when absent, which names no topic
-        topic = self._topic_if_wanted(name)
-        stream = ev.tag[: tags.STREAM_ID_SIZE]
-        seq = header.get("seq", 0)
-        if isinstance(seq, int) and seq > self.stream_seq.get(stream, -1):  # a resumed publisher numbers on from it
-            self.stream_seq[stream] = seq
-        line: dict[str, Any] = {
-            "delivery": ev.tag.hex(),
-            "topic": name,
-            "publisher": header.get("pub"),
-            "link_name": header.get("link"),
-            "pub_tag": header.get("ptag"),
-            "incarnation": header.get("inc"),
-            "stream_seq": seq,
-            "size": len(ev.payload),
-            "settled": True,
-            "owed": [],
-            "origin_router": header.get("origin"),
-        }
-        out.append(Log("received", line))
-        if topic is not None:
-            sent_to = self._best_effort_to_local(topic, ev.tag, ev.payload, out)
-            if sent_to:  # (the line is written after this event is handled)
-                line["forwarded"] = sent_to
 
     def _on_too_large(self, ev: MessageTooLarge, now: float, out: list[Command]) -> None:
         pub = self.publishers.get(ev.link_id)

@@ -19,8 +19,9 @@ from itertools import count
 from typing import Any
 
 from router.core.commands import Command
-from router.core.events import DataReceived
+from router.core.events import DataReceived, MessageReceived
 from router.core.links import PublisherLink, Subscription, Topic
+from router.core.message import OriginTemplate
 from router.core.network import Network
 from router.core.outcomes import Outcome
 from router.core.records import DeliveryRecord
@@ -94,9 +95,18 @@ class CoreState:
     def _distribute(self, record: DeliveryRecord, topic: Topic, out: list[Command]) -> tuple[list[str], list[str], bool]:
         raise NotImplementedError
 
+    def _pump(self, sub: Subscription, now: float, out: list[Command]) -> None: ...
+    def _origin_template(self, pub: PublisherLink) -> OriginTemplate:
+        raise NotImplementedError
+
+    def _refuse(self, delivery: int, condition: str, description: str, out: list[Command]) -> None: ...
+
+    # pre-settled relay
+    def _relay_best_effort(
+        self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float, out: list[Command]
+    ) -> None: ...
     def _best_effort_copies(self, topic: Topic, tag: bytes, payload: bytes, out: list[Command]) -> None: ...
     def _best_effort_from_router(self, ev: DataReceived, header: dict[str, Any], out: list[Command]) -> None: ...
-    def _pump(self, sub: Subscription, now: float, out: list[Command]) -> None: ...
 
     # credit
     def _refill_credit(self, topic: Topic, out: list[Command], bound_only: bool = False) -> None: ...

@@ -82,6 +82,7 @@ from router.core.network import (
     Network,
 )
 from router.core.outcomes import Outcome
+from router.core.presettled import PresettledMixin
 from router.core.records import (
     ANSWER_ACCEPTED,
     ANSWER_DONE,
@@ -96,7 +97,16 @@ from router.core.settlement import SettlementMixin
 from router.core.topictrie import PatternIndex, is_pattern, matches
 
 
-class RouterCore(AttachMixin, AdmissionMixin, SettlementMixin, CreditMixin, RelayMixin, ControlMixin, RemoteOutcomesMixin):
+class RouterCore(
+    AttachMixin,
+    AdmissionMixin,
+    PresettledMixin,
+    SettlementMixin,
+    CreditMixin,
+    RelayMixin,
+    ControlMixin,
+    RemoteOutcomesMixin,
+):
     # The core's services to its components (router/core/resumption.py): what they
     # may call, under public names. Everything else of the core is its own.
     SERVICES = (
