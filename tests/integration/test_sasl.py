@@ -264,6 +264,50 @@ def as_alice(router, **kw) -> BlockingConnection:
     return BlockingConnection(f"amqp://127.0.0.1:{router.port}", timeout=10, user="alice@eorouter", password="alice-secret", **kw)
 
 
+def test_plain_in_clear_where_a_listener_allows_it(router_factory, users_db, tmp_path):
+    """``sasl_allow_plain_in_clear``: the router warns at start, naming the listener,
+    and PLAIN then works without TLS there: bob subscribes and alice publishes with
+    their passwords in clear, the message arrives once; a wrong password is still
+    refused, and the router serves on."""
+    router = router_factory(
+        "A",
+        policy=LIMITED,
+        sasl={"users_db": str(users_db), "login_failure_delay": DELAY},
+        listener=[{"host": "127.0.0.1", "port": 0, "sasl_mechanisms": ["PLAIN"], "sasl_allow_plain_in_clear": True}],
+    )
+    warning = f"listener 127.0.0.1:{router.port} accepts SASL PLAIN without TLS (sasl_allow_plain_in_clear)"
+    assert warning in router.stderr_since_start()
+    url = f"amqp://127.0.0.1:{router.port}"
+    assert login(url, user="bob@eorouter", password="bob-secret", mechs="PLAIN") is None  # a reader: subscribes
+    topic = unique("orders/clear")
+    got: list = []
+    sub = ResumableSubscriber(
+        [f"127.0.0.1:{router.port}"],
+        topic,
+        container_id="bob-clear",
+        link_name="bob-clear-l",
+        state_path=tmp_path / "s.state",
+        user="bob@eorouter",
+        password="bob-secret",
+        sasl_mechanisms="PLAIN",
+        on_message=got.append,
+    ).start()
+    alice = BlockingConnection(
+        url, timeout=10, user="alice@eorouter", password="alice-secret", allowed_mechs="PLAIN", allow_insecure_mechs=True
+    )
+    try:
+        assert sub.wait_attached(10)
+        sender = alice.create_sender(topic)
+        assert sender.send(proton.Message(body="in clear")).remote_state == proton.Delivery.ACCEPTED
+        assert [m.body for m in got] == ["in clear"]
+    finally:
+        alice.close()
+        sub.close()
+    error = login(url, user="alice@eorouter", password="guess", mechs="PLAIN")
+    assert error is not None and ("Authentication failed" in error or "unauthorized-access" in error), error
+    router.check_alive("after logins in clear")
+
+
 def test_link_limits_and_message_size_per_user(router_factory, users_db):
     """alice may hold 2 links (a third is refused with resource-limit-exceeded, naming
     the group; closing one frees its place) and publish messages up to 1000 bytes (a
