@@ -89,17 +89,20 @@ def configure_logging(settings, level: str | None = None) -> None:
 _LOOPBACK = ("127.", "::1", "localhost")
 
 
-def _warn_if_open(config) -> None:
-    """A listener other machines can reach, that anyone may use: said loudly at start."""
-    for lst in config.listeners:
+def _warn_if_open(config, bound: list[tuple[str, int]] | None = None) -> None:
+    """A listener other machines can reach, that anyone may use: said loudly at start.
+    ``bound``: the listeners' addresses once bound (Server.bind), so that a warning
+    names the port a listener got, not a configured 0."""
+    for i, lst in enumerate(config.listeners):
         if lst.role != "normal":
             continue
+        port = bound[i][1] if bound is not None else lst.port
         if lst.sasl_allow_plain_in_clear:
             log.warning(
                 "listener %s:%d accepts SASL PLAIN without TLS (sasl_allow_plain_in_clear): passwords cross "
                 "the network readable by anyone on the path",
                 lst.host,
-                lst.port,
+                port,
             )
         if lst.host.startswith(_LOOPBACK):
             continue
@@ -109,7 +112,7 @@ def _warn_if_open(config) -> None:
                 "listener %s:%d is reachable from other machines and %s: anyone who reaches it may "
                 "publish and subscribe to any topic (docs/security.md)",
                 lst.host,
-                lst.port,
+                port,
                 "authenticates no one (ANONYMOUS logins, no TLS client certificates)" if not authenticated else "has no [policy]",
             )
 
@@ -166,10 +169,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         except (TlsError, SaslError) as exc:
             return _fail(str(exc), 2)
         try:
-            server.bind()
+            bound = server.bind()
         except OSError as exc:
             return _fail(exc.strerror or f"cannot listen: {exc}", 1)  # names the address and port
-        _warn_if_open(config)
+        _warn_if_open(config, bound)
         if config.metrics is not None:
             from router.adapter.metrics import MetricsServer
 

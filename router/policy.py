@@ -1,15 +1,24 @@
-"""Who may do what: the ``[policy]`` of a router's config (docs/security.md).
+"""Who may do what: the ``[policy]`` of a router's config (docs/security.md), as
+``Policy`` and ``Group`` values that config.py builds and the adapter asks.
 
-Users are identities the router established at connect: the common name of the
-client's TLS certificate, or ``anonymous`` for a client that presented none. Each
-user is in groups (``[policy.users]``; a user not listed is in ``default_group``,
-if any); each group lists the topics it may publish to and subscribe to (exact
-names, or patterns over ``/``-separated levels: ``+`` one level, ``#`` the rest),
-how many connections one of its users may hold, and whether it may use the
-``$management`` node. A user's rights are the union of its groups'.
+A user is the identity the adapter established when the connection opened
+(Engine._admit): the name a password login gave (SASL PLAIN or SCRAM, without the
+``[sasl] realm``: ``alice@eorouter`` is ``alice``), else the common name of the
+client's TLS certificate (SASL EXTERNAL, or any client that presented one), else
+``anonymous``. Each user is in groups (``[policy.users]``; a user not listed is in
+``default_group``, if any). Each group lists the topics it may publish to and
+subscribe to (exact names, or patterns over ``/``-separated levels: ``+`` one
+level, ``#`` the rest; a subscription to a pattern needs one rule covering all it
+can match), and may set per-user limits (connections, links held at once, the
+largest message it may publish) and whether its users may use ``$management``. A
+user's rights are the union of its groups', its limits the most generous of
+theirs; a user no group admits may not connect.
 
-Pure: no sockets, no proton. The adapter asks at open (connections) and at attach
-(links, a resumed link at another router included), never per message.
+Answers carry what a refusal names: the rule that allowed something, the group a
+limit comes from, ``describe`` for the user and its groups. Pure: no sockets, no
+proton. The adapter asks at open (connection limits) and at attach (topics,
+``$management``, link and message size limits; a link resuming at another router
+is decided again there: Engine._authorized), never per message.
 """
 
 from __future__ import annotations

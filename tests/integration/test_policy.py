@@ -4,6 +4,7 @@ certificates (their common name) or "anonymous"."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -12,7 +13,10 @@ from proton import Message, SSLDomain
 from proton.utils import BlockingConnection, SyncRequestResponse
 from tlskit import Pki
 
+from eorouter_tools.launcher import to_toml
+from router import cli
 from router.client import ResumablePublisher, ResumableSubscriber
+from router.config import load_config
 
 POLICY = {
     "default_group": "guests",
@@ -192,3 +196,64 @@ def test_a_bad_policy_is_a_config_error(router_factory):
         text=True,
     )
     assert "'#' must be a whole level, and the last" in done.stderr
+
+
+OPEN = "is reachable from other machines and authenticates no one"
+NO_POLICY = "is reachable from other machines and has no [policy]"
+
+
+@pytest.mark.parametrize(
+    "host, logins, policy, expected",
+    [
+        ("0.0.0.0", "anonymous", False, OPEN),
+        ("0.0.0.0", "anonymous", True, OPEN),  # a policy, but anyone is "anonymous"
+        ("::", "anonymous", False, OPEN),
+        ("0.0.0.0", "scram", False, NO_POLICY),
+        ("0.0.0.0", "scram", True, None),
+        ("0.0.0.0", "certificates", True, None),
+        ("127.0.0.1", "anonymous", False, None),
+        ("localhost", "anonymous", False, None),
+    ],
+)
+def test_a_listener_other_machines_reach_without_authentication_is_warned_about(
+    pki, tmp_path, caplog, host, logins, policy, expected
+):
+    """The start-up warning (cli._warn_if_open) on the config as an operator writes it.
+    Never bound: the tests listen on loopback only. The router process calls the same
+    function once its listeners are bound, naming each listener's bound port
+    (test_sasl.py's PLAIN-in-clear warning, and the loopback router below, show the
+    call in a real start)."""
+    listener: dict = {"host": host, "port": 0}
+    config: dict = {"router": {"id": "A"}}
+    if logins == "scram":
+        (tmp_path / "users.sasldb").write_bytes(b"")
+        config["sasl"] = {"users_db": str(tmp_path / "users.sasldb")}
+        listener["sasl_mechanisms"] = ["SCRAM-SHA-256"]
+    elif logins == "certificates":
+        cert, key = pki.server()
+        listener.update(tls_cert_file=str(cert), tls_key_file=str(key), tls_ca_file=str(pki.ca), tls_require_client_cert=True)
+    config["listener"] = [listener]
+    if policy:
+        config["policy"] = POLICY
+    path = tmp_path / "router.toml"
+    path.write_text(to_toml(config))
+    with caplog.at_level(logging.WARNING, logger="eorouter"):
+        cli._warn_if_open(load_config(path), [(host, 5999)])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if expected is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and expected in warnings[0], warnings
+        assert warnings[0].startswith(f"listener {host}:5999 "), warnings
+
+
+def test_an_open_router_on_loopback_starts_quietly_and_serves_anyone(router_factory):
+    """The default when nothing is configured: on 127.0.0.1, today's open router and no warning."""
+    router = router_factory("A")
+    assert "reachable from other machines" not in router.stderr_since_start()
+    conn = BlockingConnection(f"amqp://127.0.0.1:{router.port}", timeout=10)
+    try:
+        conn.create_sender("any/topic")
+        conn.create_receiver("any/topic")
+    finally:
+        conn.close()

@@ -264,6 +264,50 @@ def as_alice(router, **kw) -> BlockingConnection:
     return BlockingConnection(f"amqp://127.0.0.1:{router.port}", timeout=10, user="alice@eorouter", password="alice-secret", **kw)
 
 
+def test_plain_in_clear_where_a_listener_allows_it(router_factory, users_db, tmp_path):
+    """``sasl_allow_plain_in_clear``: the router warns at start, naming the listener,
+    and PLAIN then works without TLS there: bob subscribes and alice publishes with
+    their passwords in clear, the message arrives once; a wrong password is still
+    refused, and the router serves on."""
+    router = router_factory(
+        "A",
+        policy=LIMITED,
+        sasl={"users_db": str(users_db), "login_failure_delay": DELAY},
+        listener=[{"host": "127.0.0.1", "port": 0, "sasl_mechanisms": ["PLAIN"], "sasl_allow_plain_in_clear": True}],
+    )
+    warning = f"listener 127.0.0.1:{router.port} accepts SASL PLAIN without TLS (sasl_allow_plain_in_clear)"
+    assert warning in router.stderr_since_start()
+    url = f"amqp://127.0.0.1:{router.port}"
+    assert login(url, user="bob@eorouter", password="bob-secret", mechs="PLAIN") is None  # a reader: subscribes
+    topic = unique("orders/clear")
+    got: list = []
+    sub = ResumableSubscriber(
+        [f"127.0.0.1:{router.port}"],
+        topic,
+        container_id="bob-clear",
+        link_name="bob-clear-l",
+        state_path=tmp_path / "s.state",
+        user="bob@eorouter",
+        password="bob-secret",
+        sasl_mechanisms="PLAIN",
+        on_message=got.append,
+    ).start()
+    alice = BlockingConnection(
+        url, timeout=10, user="alice@eorouter", password="alice-secret", allowed_mechs="PLAIN", allow_insecure_mechs=True
+    )
+    try:
+        assert sub.wait_attached(10)
+        sender = alice.create_sender(topic)
+        assert sender.send(proton.Message(body="in clear")).remote_state == proton.Delivery.ACCEPTED
+        assert [m.body for m in got] == ["in clear"]
+    finally:
+        alice.close()
+        sub.close()
+    error = login(url, user="alice@eorouter", password="guess", mechs="PLAIN")
+    assert error is not None and ("Authentication failed" in error or "unauthorized-access" in error), error
+    router.check_alive("after logins in clear")
+
+
 def test_link_limits_and_message_size_per_user(router_factory, users_db):
     """alice may hold 2 links (a third is refused with resource-limit-exceeded, naming
     the group; closing one frees its place) and publish messages up to 1000 bytes (a
@@ -355,3 +399,102 @@ def test_a_resumed_link_gets_the_rights_its_user_has_there(router_factory, users
     finally:
         pub.close()
         sub.close()
+
+
+def test_a_resumed_subscriber_gets_the_rights_its_user_has_there(router_factory, users_db, tmp_path):
+    """bob subscribes at A, where he may; A dies and his durable subscriber resumes at
+    B, whose policy lets him only publish: B refuses the resumed link with
+    unauthorized-access naming the rule, the client stops with that error, and B goes
+    on serving carol (a reader there). A delivery published at B after A died is owed
+    to bob too (a durable subscriber of a lost router, wherever he re-attaches): B
+    holds alice's outcome until bob's terminus timeout (A's max_terminus_timeout, as
+    the resumable subscriber asks for expiry "never"), then discards what it owed him
+    (owed-state-discarded) and answers alice with carol's outcome; carol gets it
+    once, bob never."""
+    secret = {"network": {"secret": "sasl-resume-secret"}}
+    sasl = {"users_db": str(users_db), "login_failure_delay": DELAY}
+    passwd(users_db, "carol", "carol-secret")
+    a_policy = {"users": {"bob": ["readers"]}, "groups": {"readers": {"subscribe": ["orders/#"]}}}
+    b_policy = {
+        "users": {"alice": ["writers"], "bob": ["writers"], "carol": ["readers"]},
+        "groups": {"writers": {"publish": ["orders/#"]}, "readers": {"subscribe": ["orders/#"]}},
+    }
+    terminus_timeout = 3  # bob's subscription outlives A by this long
+    a = router_factory(
+        "A",
+        limits={"default_terminus_timeout": terminus_timeout, "max_terminus_timeout": terminus_timeout},
+        policy=a_policy,
+        sasl=sasl,
+        **secret,
+        listener=[scram_listener(), {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
+    )
+    b = router_factory(
+        "B",
+        policy=b_policy,
+        sasl=sasl,
+        **secret,
+        listener=[scram_listener()],
+        connector=[{"host": "127.0.0.1", "port": a.inter_router_port, "role": "inter-router"}],
+    )
+    topic = unique("orders/resume-sub")
+    bob_got: list = []
+    carol_got: list = []
+    bob = ResumableSubscriber(
+        [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"],
+        topic,
+        container_id="bob-app",
+        link_name="bob-l",
+        state_path=tmp_path / "bob.state",
+        user="bob@eorouter",
+        password="bob-secret",
+        on_message=bob_got.append,
+    ).start()
+    carol = ResumableSubscriber(
+        [f"127.0.0.1:{b.port}"],
+        topic,
+        container_id="carol-app",
+        link_name="carol-l",
+        state_path=tmp_path / "carol.state",
+        user="carol@eorouter",
+        password="carol-secret",
+        on_message=carol_got.append,
+    ).start()
+    pub = ResumablePublisher(
+        [f"127.0.0.1:{b.port}"],
+        topic,
+        container_id="alice-app",
+        link_name="alice-l",
+        state_path=tmp_path / "p.state",
+        user="alice@eorouter",
+        password="alice-secret",
+    ).start()
+    try:
+        assert bob.wait_attached(10) and carol.wait_attached(10) and pub.wait_attached(10)
+        deadline = time.monotonic() + 20
+        while not bob_got and time.monotonic() < deadline:  # until B knows of bob at A
+            assert pub.send_async("probe").result(timeout=20).state == "accepted"
+            time.sleep(0.2)
+        assert bob_got, "the network never carried alice's messages to bob"
+        assert bob.wait_for(lambda: bob.unsettled_count == 0, timeout=10)
+        a.kill()
+        a_died = time.monotonic()
+        with pytest.raises(Exception, match="unauthorized-access") as refused:
+            bob.wait_for(lambda: False, timeout=30)
+        assert "may not subscribe" in str(refused.value) and "'bob'" in str(refused.value)
+        assert "refused" in b.stderr_since_start()
+        probes = len(bob_got)
+        outcome = pub.send_async("after").result(timeout=terminus_timeout + 10)
+        answered = time.monotonic() - a_died
+        assert outcome.state == "accepted"
+        assert answered >= terminus_timeout - 0.5, f"answered {answered:.1f}s after A died: bob's share was not waited for"
+        assert [m.body for m in carol_got].count("after") == 1 and carol.router is not None  # B serves carol
+        assert len(bob_got) == probes  # nothing more reached bob
+        events = b.events()
+        after = [e["delivery"] for e in events if e["event"] == "received" and e["pub_tag"] == outcome.tag.hex()]
+        discarded = [e for e in events if e["event"] == "owed-state-discarded"]
+        assert [(e["delivery"], e["subscriber"]) for e in discarded] == [(after[0], "bob-app/bob-l")], discarded
+        b.check_alive("after refusing a resumed subscriber")
+    finally:
+        pub.close()
+        carol.close()
+        bob.close()

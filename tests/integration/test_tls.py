@@ -6,6 +6,8 @@ Clients dial "localhost": Qpid Proton verifies a server's certificate by name
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import subprocess
 import sys
 
@@ -116,6 +118,35 @@ def test_expired_certificates_are_refused(router_factory, pki):
         "B", listener=[{"host": "127.0.0.1", "port": 0, "tls_cert_file": str(server_cert), "tls_key_file": str(server_key)}]
     )
     assert not _connects(f"amqps://localhost:{stale.port}", client_tls(pki))
+
+
+def _handshake(port: int, pki, maximum=None) -> str:
+    """A raw TLS handshake (Python's own ``ssl``, not proton) with at most ``maximum``:
+    the version agreed, or the error of a refused handshake."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    if maximum is not None:
+        context.maximum_version = maximum
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                return str(tls.version())
+        except (ssl.SSLError, OSError) as exc:
+            return f"refused: {exc}"
+
+
+def test_tls_min_protocol_refuses_older_clients(router_factory, pki):
+    """A listener with ``tls_min_protocol = "TLSv1.3"`` refuses a client that speaks at
+    most TLS 1.2 during the handshake, while a TLS 1.3 client connects, and the
+    router goes on serving; the default minimum (TLS 1.2) takes that same client."""
+    router = router_factory("A", listener=[tls_listener(pki, tls_min_protocol="TLSv1.3"), tls_listener(pki)])
+    strict, default = (p for role, _, p in router.listeners if role == "normal")
+    refused = _handshake(strict, pki, maximum=ssl.TLSVersion.TLSv1_2)
+    assert refused.startswith("refused:") and "protocol version" in refused.lower(), refused
+    assert _handshake(strict, pki) == "TLSv1.3"
+    assert _connects(f"amqps://localhost:{strict}", client_tls(pki))
+    router.check_alive("after refusing a TLS 1.2 client")
+    assert _handshake(default, pki, maximum=ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
+    assert _connects(f"amqps://localhost:{default}", client_tls(pki))
 
 
 def test_an_encrypted_key_opens_with_its_password_file(router_factory, pki):
