@@ -113,6 +113,8 @@ class Spec:
     p_restart: float = 0.0  # per round and router: it stops and starts again (new epoch)
     p_fold: float = 0.0  # a sub-outcome directly followed by its accepted pub-outcome: one "completed" line
     p_batch: float = 0.0  # consecutive sub-outcomes of one subscriber, outcome and settled: one "sub-outcomes" line
+    alo_topics: int = 0  # the first this many topics are at-least-once (docs/guarantees.md)
+    p_repeat: float = 0.2  # an at-least-once copy a subscriber accepted is sent and accepted again (half of them handed again)
     faults: tuple[str, ...] = ()
     ledgers: bool = True
     ts0: float = 1_763_785_200.0
@@ -177,6 +179,9 @@ class Generator:
         self.router_ids = [f"{p}{chr(ord('A') + i)}" for i in range(spec.routers)]
         self.routers = {r: RouterLog(r, self.out / r / "events") for r in self.router_ids}
         topics = [f"{p}topic-{i}" for i in range(spec.topics)]
+        self.alo_topics = set(topics[: spec.alo_topics])
+        # What the proof must count for them (summary.at_least_once): never violations.
+        self.alo = {"deliveries": 0, "duplicates": 0, "app_duplicates": 0}
         rng = self.rng
         self.subs = [
             Sub(
@@ -565,6 +570,13 @@ class Generator:
             self._count(self._emit(origin, t, Kind.RECEIVED, {"delivery": d, **base, "size": 100, "settled": True, "owed": []}))
             return t
         self.deliveries += 1
+        # An at-least-once topic's delivery: some copies are repeated (as a resend after a
+        # failover repeats them); faults never touch it (their truths stay exact).
+        alo = pub.topic in self.alo_topics
+        if alo:
+            self.alo["deliveries"] += 1
+            if self.fault_plan:
+                self.used.add(self._delivery_id(pub, tag))  # (faults skip the deliveries in ``used``)
         # The origin owes it to the routers where a subscriber of the topic is
         # attached now; each router owes it to its subscribers still attached when
         # it arrives there (one that left in between makes that router answer "none").
@@ -592,7 +604,7 @@ class Generator:
                 "pub_ledger": None,
                 "recv": {},
             }
-            if self.fault_plan
+            if self.fault_plan and not alo
             else None
         )
         for rid in [origin.rid] + remote:
@@ -635,6 +647,8 @@ class Generator:
                 fields["routers"] = remote or None
             else:
                 fields["origin_router"] = origin.rid
+            if alo:
+                fields["guarantee"] = "at-least-once"
             ev = self._count(self._emit(log, arrive, Kind.RECEIVED, fields))
             self._recv_here.setdefault(rid, set()).add(d)
             if rec is not None:
@@ -676,7 +690,8 @@ class Generator:
                         )
                     )
                     late_send = {"t": sent_at, "seq": seq, "ev": fwd, "arrive": arrive, "answer": float("inf")}
-                    self.late_sends.setdefault((rid, log.epoch, sub.key, pub.container), []).append(late_send)
+                    if not alo:
+                        self.late_sends.setdefault((rid, log.epoch, sub.key, pub.container), []).append(late_send)
                     if rec is not None:
                         rec["late"][sub.key] = (rid, fwd)
                 handed = self._ledger(
@@ -714,10 +729,12 @@ class Generator:
                 handed["outcome"] = outcome
                 if rec is not None:
                     (rec["accepted"].add(sub.key) if outcome == "accepted" else rec["rejected"].append(rid))
-                if outcome == "accepted":
+                if outcome == "accepted" and not alo:
                     self.accepted_sub.append(
                         (rid, log.epoch, d, sub.key, sub, pub, base, arrive, answer_at, sub.detach_at is not None)
                     )
+                if outcome == "accepted" and alo and sub.detach_at is None and rng.random() < spec.p_repeat:
+                    answer_at = self._repeat(log, d, sub, handed, answer_at)
                 outcomes.append(outcome)
                 last = max(last, answer_at)
             answer = ("rejected" if "rejected" in outcomes else "accepted") if outcomes else "none"
@@ -784,7 +801,8 @@ class Generator:
                     {"delivery": d, "by": "origin-router", "deleted": True},
                 )
             )
-            self.closers.append((r, remote_log.epoch, d, [closer]))
+            if not alo:
+                self.closers.append((r, remote_log.epoch, d, [closer]))
         if reached or rng.random() < 0.5:
             a = self._count(self._emit(origin, settle, Kind.SETTLED, {"delivery": d, "by": "publisher", "deleted": False}))
             b = self._count(
@@ -795,11 +813,13 @@ class Generator:
                     {"delivery": d, "reason": "receivers-know-settled"},
                 )
             )
-            self.closers.append((origin.rid, origin.epoch, d, [b]))
+            if not alo:
+                self.closers.append((origin.rid, origin.epoch, d, [b]))
             del a
         else:
             closer = self._count(self._emit(origin, settle, Kind.SETTLED, {"delivery": d, "by": "publisher", "deleted": True}))
-            self.closers.append((origin.rid, origin.epoch, d, [closer]))
+            if not alo:
+                self.closers.append((origin.rid, origin.epoch, d, [closer]))
         del recv_ev
         self._recv_here.clear()
         if rec is not None:
@@ -808,6 +828,23 @@ class Generator:
             if rec["owed"] and rec["owed"] == rec["accepted"]:
                 self.fully_accepted.add(d)
         return done
+
+    def _repeat(self, log: RouterLog, d: str, sub: Sub, handed: dict, accepted_at: float) -> float:
+        """An at-least-once copy sent to ``sub`` again after it accepted it, and accepted
+        again; half the time its application is handed it again (a client that does
+        not remember tags). Returns when the repeat was accepted."""
+        rng = self.rng
+        again = accepted_at + rng.uniform(0.00005, 0.0005)
+        sent = {"delivery": d, "subscriber": sub.key, "link": sub.link, "settled": False}
+        self._count(self._emit(log, again, Kind.FORWARDED, sent))
+        if self.spec.ledgers and rng.random() < 0.5:
+            self._ledger(sub.container, {**handed, "ts": again + 0.0001})
+            self.alo["app_duplicates"] += 1
+        answered = again + rng.uniform(0.0002, 0.002)
+        accept = {"delivery": d, "subscriber": sub.key, "outcome": "accepted", "settled": True}
+        self._count(self._emit(log, answered, Kind.SUB_OUTCOME, accept))
+        self.alo["duplicates"] += 1
+        return answered
 
     # ------------------------------------------------------------ rounds
 
@@ -892,6 +929,7 @@ class Generator:
             "routers": self.router_ids,
             "faults": list(spec.faults),
             "truth": truth,
+            "at_least_once": self.alo,
             "seed": spec.seed,
         }
         (self.out / "truth.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -1320,6 +1358,12 @@ def main(argv: list[str] | None = None) -> int:
         help="inject a fault (repeatable); truth.json lists what the job must find",
     )
     parser.add_argument("--no-ledgers", action="store_true", help="skip the applications' ledgers")
+    parser.add_argument(
+        "--alo-topics",
+        type=int,
+        default=0,
+        help="the first N topics are at-least-once: some copies repeated (truth.json counts them: at_least_once)",
+    )
     args = parser.parse_args(argv)
     spec = Spec(
         routers=args.routers,
@@ -1335,6 +1379,7 @@ def main(argv: list[str] | None = None) -> int:
         p_batch=args.batch,
         faults=tuple(args.fault),
         ledgers=not args.no_ledgers,
+        alo_topics=args.alo_topics,
     )
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         print(f"gen-logs: {args.out} is not empty", file=sys.stderr)
