@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
 from router.core.commands import Command, Forward, Log, SendData, SendOutcome
-from router.core.constants import _TAG_SIZE
+from router.core.constants import _TAG_SIZE, _new
 from router.core.events import DataReceived, MessageReceived
 from router.core.guarantees import EXACTLY_ONCE
 from router.core.links import PublisherLink, Topic
@@ -36,7 +36,7 @@ class PresettledMixin(CoreState):
         unsettled transfer here (its topic is at-most-once) is accepted on arrival."""
         resent = False
         if not ev.settled:
-            out.append(SendOutcome(ev.delivery, outcomes.ACCEPTED, True))
+            out.append(_new(SendOutcome, (ev.delivery, outcomes.ACCEPTED, True, None, None, False, False)))
             if pub.resending is not None and ev.tag in pub.resending:  # (resumption.resume_at_most_once)
                 pub.resending.discard(ev.tag)
                 resent = True
@@ -55,28 +55,23 @@ class PresettledMixin(CoreState):
         else:
             tag = tags.outgoing_tag(pub.stream, ptag[: tags.MAX_TAG_SIZE])
         delivery_id = tag.hex()
-        out.append(
-            Log(
-                "received",
-                {
-                    "delivery": delivery_id,
-                    "topic": topic.name,
-                    "publisher": pub.container_id,
-                    "link_name": pub.name,
-                    "pub_tag": ev.tag.hex(),
-                    "incarnation": pub.incarnation,
-                    "stream_seq": pub.next_seq - 1,
-                    "size": len(ev.payload),
-                    "settled": True,
-                    "owed": [],
-                },
-            )
-        )
-        line = out[-1].fields  # type: ignore[union-attr]
+        line = {
+            "delivery": delivery_id,
+            "topic": topic.name,
+            "publisher": pub.container_id,
+            "link_name": pub.name,
+            "pub_tag": ptag.hex(),
+            "incarnation": pub.incarnation,
+            "stream_seq": pub.next_seq - 1,
+            "size": len(ev.payload),
+            "settled": True,
+            "owed": [],
+        }
+        out.append(_new(Log, ("received", line)))
         if topic.guarantee.mode != EXACTLY_ONCE:  # (only where a rule relaxes it: no key, no bytes otherwise)
             line["guarantee"] = topic.guarantee.mode
         if not ev.settled:  # what its publisher was told, on arrival
-            out.append(Log("pub-outcome", {"delivery": delivery_id, "outcome": "accepted"}))
+            out.append(_new(Log, ("pub-outcome", {"delivery": delivery_id, "outcome": "accepted"})))
         if resent:
             reason = "resent after a failover on an at-most-once topic: it may have been delivered already"
             out.append(Log("dropped", {"delivery": delivery_id, "reason": reason}))
