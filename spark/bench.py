@@ -330,7 +330,7 @@ def _cpu_model() -> str:
 
 
 def _phases(x: dict) -> str:
-    """The job's own phases (spark/cli.py), in the order it ran them."""
+    """The job's own phases (spark/job.py), in the order it ran them."""
     ph = {k: v for k, v in (x.get("phases_s") or {}).items() if k != "partitions"}
     return " / ".join(f"{v:.0f}" for v in ph.values()) if ph else "—"
 

@@ -11,7 +11,7 @@ of both, so an upgrade simply makes a new one. A JVM that cannot use an archive
 (another Java, a damaged file) ignores it and starts as it would without: the
 archive only ever saves time. ``python -m spark.jvm`` builds it (scripts/_setup.sh
 does, once per installation) by reconciling a small generated history, which loads
-the classes a real reconciliation loads.
+the classes a real reconciliation loads (in a child process: spark/jvm_dump.py).
 
 ``EOROUTER_SPARK_CDS``: ``off`` never uses one; a path puts it there instead of
 ``$XDG_CACHE_HOME/eorouter`` (default ``~/.cache/eorouter``).
@@ -83,7 +83,7 @@ def build(force: bool = False) -> Path | None:
         partial = Path(work) / "classes.jsa"
         # The child's JVM maps no archive (a dynamic archive cannot be dumped on top of another).
         subprocess.run(
-            [sys.executable, "-m", "spark.jvm", "--dump", str(partial), work],
+            [sys.executable, "-m", "spark.jvm_dump", str(partial), work],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -116,37 +116,6 @@ def _prune(made: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
-def _dump(archive: str, work: str) -> None:
-    """(In the child.) Reconcile a small history in a JVM that dumps its classes to
-    ``archive`` when it exits; make it exit and wait until it has."""
-    from spark import generate, load
-    from spark.cli import run_reconcile
-
-    logs = Path(work) / "logs"
-    generate.main([str(logs), "--events", "3000", "--routers", "3", "--publishers", "2", "--subscribers", "2", "--topics", "1"])
-    import json
-
-    truth = json.loads((logs / "truth.json").read_text())
-    options = [*load.java_options(small=True), f"-XX:ArchiveClassesAtExit={archive}"]
-    spark = load.get_session(
-        "local[2]", app_name="eorouter-class-archive", events=3000, conf={"spark.driver.extraJavaOptions": " ".join(options)}
-    )
-    run_reconcile(spark, [str(logs / r) for r in truth["routers"]], clients=str(logs / "clients"), out=Path(work) / "report")
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    spark.stop()
-    proc = getattr(gateway, "proc", None)
-    if gateway is not None and proc is not None:  # the JVM exits when its stdin closes, dumping the archive first
-        gateway.shutdown()
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout=300)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--dump":
-        _dump(sys.argv[2], sys.argv[3])
-    else:
-        made = build(force="--force" in sys.argv[1:])
-        print(made if made is not None else f"no class archive ({ENV}=off, or no java found)")
+    made = build(force="--force" in sys.argv[1:])
+    print(made if made is not None else f"no class archive ({ENV}=off, or no java found)")

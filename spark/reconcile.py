@@ -2466,13 +2466,11 @@ def describe(v: dict) -> str:
     return json.dumps(info)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``spark-submit spark/reconcile.py LOGDIR... [options]``: the master comes from
-    spark-submit (use ``eorouter reconcile`` for a local run)."""
+if __name__ == "__main__":
+    # ``spark-submit spark/reconcile.py LOGDIR... [options]``: this file run as a script
+    # (the module ``__main__``, not ``spark.reconcile``) is the command line of
+    # ``eorouter reconcile``, with the master from spark-submit. Only the script
+    # imports the command line: the module never does (scripts/check-cycles).
     from spark.cli import reconcile_main
 
-    return reconcile_main(argv, default_master=None)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(reconcile_main(default_master=None))

@@ -392,7 +392,7 @@ def text_overlaps(fig) -> list[tuple[str, str]]:
 
 def load_plotting() -> None:
     """Import matplotlib (a quarter of a second), so that a caller can do it while
-    Spark works (spark/cli.py: in the summary's thread)."""
+    Spark works (spark/job.py: in the summary's thread)."""
     import matplotlib
 
     matplotlib.use("Agg")

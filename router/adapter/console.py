@@ -4,14 +4,14 @@ polls (``/api/overview``), refreshed every second (docs/operations.md, "Console"
 Plain HTML, an inline SVG and a small script, no build toolchain and nothing
 fetched from elsewhere: the page opens wherever the listener is reachable. The
 overview is taken on the event loop's thread like every other read of the router
-(router/adapter/metrics.py), from the same snapshots as management.
+(router/adapter/snapshots.py), from the same snapshots as metrics and management.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from router.adapter.metrics import snapshot_topics
+from router.adapter.snapshots import snapshot_topics
 
 #: In-flight records listed on the page (the oldest; the rest are counted).
 INFLIGHT_SHOWN = 50

@@ -460,27 +460,14 @@ class Engine:
         a publisher's message or settlement, or a stale event. ``link``: the Link of
         the delivery's link, as drain() looked it up (None: not one we track)."""
         # Known deliveries first (one dict lookup): a pointer is in this map only
-        # while the delivery is unsettled on our side, so it cannot be stale. The
-        # publisher's settlement and a new message are inlined: they come once per
-        # message.
+        # while the delivery is unsettled on our side, so it cannot be stale.
         handle = self._incoming.get(d)
         if handle is not None:  # a publisher delivery the core has
             link = self._handles[handle][1]
             if link.rx_d is not None and d == link.rx_d:
                 self._receive_more(d, link)  # too large, still arriving
-            elif _delivery_settled(d):  # _publisher_settled, inlined
-                event: PublisherSettled | MessageReceived = _new(PublisherSettled, (link.link_id, handle))
-                try:  # self.dispatch(event, link.conn, link), inlined
-                    commands = self.core.handle(event, self.now)
-                except ProtocolError as err:
-                    self._refused(event, link, err)
-                    commands = None
-                if commands:
-                    self.execute(commands)
-                entry = self._handles.pop(handle, None)
-                if entry is not None:
-                    del self._incoming[entry[0]]
-                    _delivery_settle(d)
+            elif _delivery_settled(d):
+                self._publisher_settled(handle, d, link)
             return
         if link is None or not link.is_receiver:
             return  # a link we no longer track, or our pre-settled/settled sends
@@ -540,14 +527,7 @@ class Engine:
             return
         self._incoming[d] = handle
         self._handles[handle] = (d, link)
-        event = _new(MessageReceived, (link.link_id, handle, tag, payload, False))
-        try:  # self.dispatch(event, conn, link), inlined
-            commands = self.core.handle(event, self.now)
-        except ProtocolError as err:
-            self._refused(event, link, err)
-            return
-        if commands:
-            self.execute(commands)
+        self.dispatch(_new(MessageReceived, (link.link_id, handle, tag, payload, False)), conn, link)
 
     def _grow(self, n: int) -> None:
         self._rbuf_size = max(n, 2 * self._rbuf_size)
@@ -632,7 +612,7 @@ class Engine:
     def _publisher_settled(self, handle: int, d, link: Link) -> None:
         if link.rx_d is not None and d == link.rx_d:
             return  # settled mid-transfer: reported when its last frame arrives
-        self.dispatch(PublisherSettled(link.link_id, handle), link.conn, link)
+        self.dispatch(_new(PublisherSettled, (link.link_id, handle)), link.conn, link)
         if self._forget_incoming(handle):
             _delivery_settle(d)
 

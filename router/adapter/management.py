@@ -323,7 +323,7 @@ class Management:
         return out
 
     def _topics(self) -> list[dict]:
-        from router.adapter.metrics import snapshot_topics
+        from router.adapter.snapshots import snapshot_topics
 
         return [
             {"identity": t["topic"], "name": t["topic"], **{k: v for k, v in t.items() if k != "topic"}}

@@ -212,7 +212,7 @@ class Server:
         # iteration of the loop worked (not counting its wait in select()).
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self.loop_seconds = Buckets()
-        self.routes_converged = False  # set once by the readiness check (router/adapter/metrics.py)
+        self.routes_converged = False  # set once by the readiness check (router/adapter/snapshots.py)
         self.engine.management = Management(self)
         self.engine.policy = policy
         self.engine.realm = getattr(sasl_settings, "realm", None)

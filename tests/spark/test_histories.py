@@ -14,8 +14,8 @@ from faults import BATCH_FAULTS, Logs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark.cli import run_reconcile
 from spark.generate import FAULTS, LEDGER_FAULTS, CannotInject, Spec, generate
+from spark.job import run_reconcile
 
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 BATCH = 5

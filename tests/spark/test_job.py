@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from spark.cli import run_reconcile
 from spark.generate import Spec, generate
+from spark.job import run_reconcile
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def test_report_html_is_self_contained(json_report):
 
 
 def test_compacted_parquet_gives_the_same_verdict(spark, json_report, real_run, tmp_path):
-    from spark.cli import run_reconcile
+    from spark.job import run_reconcile
 
     _, from_json, _ = json_report
     out = tmp_path / "parquet"
