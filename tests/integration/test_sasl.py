@@ -260,6 +260,44 @@ def scram_listener(**extra) -> dict:
     return {"host": "127.0.0.1", "port": 0, "sasl_mechanisms": ["SCRAM-SHA-256"], **extra}
 
 
+def two_routers(router_factory, sasl: dict, a_policy: dict, b_policy: dict, **a_extra):
+    """Routers A and B joined by an inter-router link, each with its policy and SCRAM
+    logins on its client listener: a client fails over from A to B."""
+    secret = {"network": {"secret": "sasl-resume-secret"}}
+    a = router_factory(
+        "A",
+        policy=a_policy,
+        sasl=sasl,
+        **secret,
+        **a_extra,
+        listener=[scram_listener(), {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
+    )
+    b = router_factory(
+        "B",
+        policy=b_policy,
+        sasl=sasl,
+        **secret,
+        listener=[scram_listener()],
+        connector=[{"host": "127.0.0.1", "port": a.inter_router_port, "role": "inter-router"}],
+    )
+    return a, b
+
+
+def logged_in(kind, routers, topic: str, name: str, tmp_path, **kw):
+    """A resumable client of user ``name`` (password ``<name>-secret``), started, that
+    fails over along ``routers`` in order."""
+    return kind(
+        [f"127.0.0.1:{r.port}" for r in routers],
+        topic,
+        container_id=f"{name}-app",
+        link_name=f"{name}-l",
+        state_path=tmp_path / f"{name}.state",
+        user=f"{name}@eorouter",
+        password=f"{name}-secret",
+        **kw,
+    ).start()
+
+
 def as_alice(router, **kw) -> BlockingConnection:
     return BlockingConnection(f"amqp://127.0.0.1:{router.port}", timeout=10, user="alice@eorouter", password="alice-secret", **kw)
 
@@ -342,45 +380,12 @@ def test_a_resumed_link_gets_the_rights_its_user_has_there(router_factory, users
     unauthorized-access, naming the rule, the client stops with that error and keeps
     its unsettled deliveries in its state file (the publisher is their only store),
     and B goes on serving bob."""
-    secret = {"network": {"secret": "sasl-resume-secret"}}
-    sasl = {"users_db": str(users_db)}
     b_policy = {"users": {"alice": ["readers"], "bob": ["readers"]}, "groups": {"readers": {"subscribe": ["orders/#"]}}}
-    a = router_factory(
-        "A",
-        policy=LIMITED,
-        sasl=sasl,
-        **secret,
-        listener=[scram_listener(), {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
-    )
-    b = router_factory(
-        "B",
-        policy=b_policy,
-        sasl=sasl,
-        **secret,
-        listener=[scram_listener()],
-        connector=[{"host": "127.0.0.1", "port": a.inter_router_port, "role": "inter-router"}],
-    )
+    a, b = two_routers(router_factory, {"users_db": str(users_db)}, LIMITED, b_policy)
     topic = unique("orders/resume")
     got: list = []
-    sub = ResumableSubscriber(
-        [f"127.0.0.1:{b.port}"],
-        topic,
-        container_id="bob-app",
-        link_name="bob-l",
-        state_path=tmp_path / "s.state",
-        user="bob@eorouter",
-        password="bob-secret",
-        on_message=got.append,
-    ).start()
-    pub = ResumablePublisher(
-        [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"],
-        topic,
-        container_id="alice-app",
-        link_name="alice-l",
-        state_path=tmp_path / "p.state",
-        user="alice@eorouter",
-        password="alice-secret",
-    ).start()
+    sub = logged_in(ResumableSubscriber, [b], topic, "bob", tmp_path, on_message=got.append)
+    pub = logged_in(ResumablePublisher, [a, b], topic, "alice", tmp_path)
     try:
         assert sub.wait_attached(10) and pub.wait_attached(10)
         deadline = time.monotonic() + 20
@@ -411,7 +416,6 @@ def test_a_resumed_subscriber_gets_the_rights_its_user_has_there(router_factory,
     the resumable subscriber asks for expiry "never"), then discards what it owed him
     (owed-state-discarded) and answers alice with carol's outcome; carol gets it
     once, bob never."""
-    secret = {"network": {"secret": "sasl-resume-secret"}}
     sasl = {"users_db": str(users_db), "login_failure_delay": DELAY}
     passwd(users_db, "carol", "carol-secret")
     a_policy = {"users": {"bob": ["readers"]}, "groups": {"readers": {"subscribe": ["orders/#"]}}}
@@ -420,54 +424,14 @@ def test_a_resumed_subscriber_gets_the_rights_its_user_has_there(router_factory,
         "groups": {"writers": {"publish": ["orders/#"]}, "readers": {"subscribe": ["orders/#"]}},
     }
     terminus_timeout = 3  # bob's subscription outlives A by this long
-    a = router_factory(
-        "A",
-        limits={"default_terminus_timeout": terminus_timeout, "max_terminus_timeout": terminus_timeout},
-        policy=a_policy,
-        sasl=sasl,
-        **secret,
-        listener=[scram_listener(), {"host": "127.0.0.1", "port": 0, "role": "inter-router"}],
-    )
-    b = router_factory(
-        "B",
-        policy=b_policy,
-        sasl=sasl,
-        **secret,
-        listener=[scram_listener()],
-        connector=[{"host": "127.0.0.1", "port": a.inter_router_port, "role": "inter-router"}],
-    )
+    limits = {"default_terminus_timeout": terminus_timeout, "max_terminus_timeout": terminus_timeout}
+    a, b = two_routers(router_factory, sasl, a_policy, b_policy, limits=limits)
     topic = unique("orders/resume-sub")
     bob_got: list = []
     carol_got: list = []
-    bob = ResumableSubscriber(
-        [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"],
-        topic,
-        container_id="bob-app",
-        link_name="bob-l",
-        state_path=tmp_path / "bob.state",
-        user="bob@eorouter",
-        password="bob-secret",
-        on_message=bob_got.append,
-    ).start()
-    carol = ResumableSubscriber(
-        [f"127.0.0.1:{b.port}"],
-        topic,
-        container_id="carol-app",
-        link_name="carol-l",
-        state_path=tmp_path / "carol.state",
-        user="carol@eorouter",
-        password="carol-secret",
-        on_message=carol_got.append,
-    ).start()
-    pub = ResumablePublisher(
-        [f"127.0.0.1:{b.port}"],
-        topic,
-        container_id="alice-app",
-        link_name="alice-l",
-        state_path=tmp_path / "p.state",
-        user="alice@eorouter",
-        password="alice-secret",
-    ).start()
+    bob = logged_in(ResumableSubscriber, [a, b], topic, "bob", tmp_path, on_message=bob_got.append)
+    carol = logged_in(ResumableSubscriber, [b], topic, "carol", tmp_path, on_message=carol_got.append)
+    pub = logged_in(ResumablePublisher, [b], topic, "alice", tmp_path)
     try:
         assert bob.wait_attached(10) and carol.wait_attached(10) and pub.wait_attached(10)
         deadline = time.monotonic() + 20
