@@ -200,8 +200,18 @@ def ref(t, env) -> str:
 def test_selectors_agree_with_the_reference(tree, env):
     text = render(tree)
     expected = ref(tree, env)
-    got = compile_selector(text).evaluate(env)
+    selector = compile_selector(text)
+    got = selector.evaluate(env)
     assert {True: "T", False: "F", None: "U"}[got] == expected, text
+    assert selector.selects(env) is (expected == "T"), text  # the generated test, against the same reference
+
+
+def test_a_selector_too_deep_for_pythons_compiler_is_answered_by_its_closures():
+    text = " OR ".join(f"a={i}" for i in range(400))  # 400 levels: past the 200 Python's parser takes
+    selector = compile_selector(text)
+    assert selector.selects.__name__ != "_selects"  # not the generated function
+    assert selector.selects({"a": 399}) is True and selector.selects({"a": 400}) is False
+    assert selector.selects({}) is False and selector.evaluate({}) is None
 
 
 @pytest.mark.parametrize(
