@@ -388,6 +388,8 @@ class _Source(Transformer[Token, _Code]):
         return name
 
     def _literal(self, value: Value) -> _Code:
+        if value is None:  # (unknown: not a literal the comparisons below may specialize on)
+            return _Code("None", "False", "False")
         if type(value) is bool:
             return _Code(repr(value), repr(value), repr(not value), literal=value)
         return _Code(self._constant(value), "False", "False", literal=value)
@@ -414,6 +416,8 @@ class _Source(Transformer[Token, _Code]):
         return _Code(local, f"({local} is True)", f"({local} is False)", local=local)
 
     def sign(self, op: Token, x: _Code) -> _Code:
+        if is_number(x.literal):  # type: ignore[arg-type]  # a negative number: a literal too
+            return self._literal(_sign(str(op), x.literal))  # type: ignore[arg-type]
         return _Code(f"_sign({str(op)!r}, {x.value})")
 
     def arith(self, a: _Code, op: Token, b: _Code) -> _Code:
@@ -428,9 +432,13 @@ class _Source(Transformer[Token, _Code]):
         local = b.local if a.literal is not _NO_LITERAL else a.local
         if literal is _NO_LITERAL or local is None:
             return general
-        if type(literal) in (str, bool):  # like types compare with = and <> only, unlike ones are false
+        if type(literal) is str and o == "=":  # (a value of another type is never equal to a string)
+            yes = f"({a.value} == {b.value})"
+        elif type(literal) is bool and o == "=":  # (but 1 == True: the booleans by identity)
+            yes = f"({local} is {literal!r})"
+        elif type(literal) in (str, bool):  # like types compare with = and <> only, unlike ones are false
             kind = type(literal).__name__
-            yes = f"(type({local}) is {kind} and {a.value} {_PYTHON_OPS[o]} {b.value})" if o in ("=", "<>") else "False"
+            yes = f"(type({local}) is {kind} and {a.value} != {b.value})" if o == "<>" else "False"
         else:
             yes = f"({_NUMBER_TEST.format(v=local)} and {a.value} {_PYTHON_OPS[o]} {b.value})"
         return _Code(general.value, yes, f"({local} is not None and not {yes})")

@@ -33,6 +33,7 @@ leaves = st.one_of(
     st.sampled_from(NAMES).map(lambda n: ("ident", n)),
     st.integers(0, 1000).map(lambda v: ("int", v)),
     st.integers(0, 100000).map(lambda v: ("float", v / 100)),
+    st.booleans().map(lambda v: ("boollit", v)),
     st.text(alphabet="ab%_x'", max_size=4).map(lambda v: ("str", v)),
 )
 sums = st.recursive(
@@ -81,6 +82,8 @@ def render(t) -> str:
         return f"{t[1]:.2f}"
     if kind == "str":
         return q(t[1])
+    if kind == "boollit":
+        return "TRUE" if t[1] else "FALSE"
     if kind == "neg":
         return f"-({render(t[1])})"
     if kind == "arith":
@@ -116,7 +119,7 @@ def ref_value(t, env):
     kind = t[0]
     if kind == "ident":
         return env.get(t[1])
-    if kind in ("int", "float", "str"):
+    if kind in ("int", "float", "str", "boollit"):
         return t[1]
     if kind == "neg":
         v = ref_value(t[1], env)
@@ -237,10 +240,21 @@ def test_a_selector_too_deep_for_pythons_compiler_is_answered_by_its_closures():
         ("1.5e1 = 15", {}, True),
         (".5 = 0.5", {}, True),
         ("JMSPriority > 4 and color in ('red', 'blue')", {"JMSPriority": 9, "color": "blue"}, True),
+        ("t = TRUE", {"t": 1}, False),  # unlike types (though 1 == True in Python)
+        ("FALSE <> t", {"t": 0}, False),
+        ("t = 1", {"t": True}, False),
+        ("s = 'red'", {"s": 5}, False),
+        ("s <> 'red'", {"s": 5}, False),
+        ("'red' = s", {"s": "red"}, True),
+        ("n > -3", {"n": -2}, True),
+        ("n >= 2.5 AND n <= 3", {"n": 3}, True),
+        ("n BETWEEN 1 AND 3", {"n": True}, False),
     ],
 )
 def test_precedence_literals_and_unknowns(text, env, expected):
-    assert compile_selector(text).evaluate(env) is expected
+    selector = compile_selector(text)
+    assert selector.evaluate(env) is expected
+    assert selector.selects(env) is (expected is True)  # the generated test
 
 
 @pytest.mark.parametrize(
