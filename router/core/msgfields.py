@@ -19,6 +19,7 @@ origin, message.py).
 
 from __future__ import annotations
 
+import os
 import struct
 import uuid
 from collections.abc import Callable
@@ -267,3 +268,34 @@ def _id(v: Any) -> str | None:
     if isinstance(v, bytes):
         return v.hex()
     return str(v)
+
+
+def python_application_properties(payload: bytes, names: tuple[str, ...]) -> dict[str, Any]:
+    """The application properties ``names`` names, of this message: what
+    ``selector_env(payload, headers=False)`` gives for those names (absent: not in
+    the map), for a router whose selectors read no JMS name. The specification of
+    ``application_properties``, which is the compiled reader
+    (router/core/_msgfields.c) when it is built: it reads the usual messages itself
+    and leaves any it is not sure of to this function."""
+    every = selector_env(payload, False)
+    return {name: every[name] for name in names if name in every}
+
+
+ApplicationPropertiesReader = Callable[[bytes, tuple[str, ...]], dict[str, Any]]
+
+
+def _compiled_reader() -> ApplicationPropertiesReader | None:
+    """The compiled reader, unless it is not built or EOROUTER_COMPILED_MSGFIELDS=0."""
+    if os.environ.get("EOROUTER_COMPILED_MSGFIELDS", "1").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    try:
+        from router.core import _msgfields  # type: ignore[attr-defined]  # the compiled extension: no stub
+
+        _msgfields.bind(python_application_properties)
+        reader: ApplicationPropertiesReader = _msgfields.application_properties
+    except (ImportError, AttributeError):  # not built, or built from another version of this file
+        return None
+    return reader
+
+
+application_properties: ApplicationPropertiesReader = _compiled_reader() or python_application_properties
