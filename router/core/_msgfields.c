@@ -158,9 +158,10 @@ static Py_ssize_t named(PyObject *names, const unsigned char *key, Py_ssize_t si
     return found;
 }
 
-/* The application-properties map at p[i] into env. 0: read; 1: not sure (Python
- * reads it); -1: a Python error. */
-static int read_map(const unsigned char *p, Py_ssize_t n, Py_ssize_t i, PyObject *names, PyObject *env) {
+/* The application-properties map at p[i]: found[k], the value of names[k] (a new
+ * reference; the last one when a key repeats), stays NULL when absent. 0: read; 1:
+ * not sure (Python reads it); -1: a Python error. */
+static int read_map(const unsigned char *p, Py_ssize_t n, Py_ssize_t i, PyObject *names, PyObject **found) {
     Py_ssize_t count, j, end;
     if (i >= n)
         return 1;
@@ -243,31 +244,31 @@ static int read_map(const unsigned char *p, Py_ssize_t n, Py_ssize_t i, PyObject
         }
         if (value == NULL)
             return -1;
-        int failed = PyDict_SetItem(env, PyTuple_GET_ITEM(names, which), value);
-        Py_DECREF(value);
-        if (failed)
-            return -1;
+        Py_XSETREF(found[which], value);
     }
     return 0;
 }
 
-PyDoc_STRVAR(read_doc,
-             "read(payload, names) -> dict | None\n\n"
-             "The application properties ``names`` (a tuple of str) names, of the encoded message\n"
-             "``payload``, as msgfields.python_application_properties reads them; None when this\n"
-             "reader is not sure to read them exactly as it does.");
+#define MAX_NAMES 64 /* (more names than a router's selectors read: Python reads them) */
+#define AS_DICT 0
+#define AS_TUPLE 1
 
-static PyObject *read_properties(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* The properties ``names`` names as a dict (absent: not in it) or a tuple (absent:
+ * None); Py_None when not sure; NULL on a Python error. */
+static PyObject *read_properties(PyObject *const *args, Py_ssize_t nargs, int shape) {
     if (nargs != 2 || !PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "read(payload, names): names is a tuple of str");
+        PyErr_SetString(PyExc_TypeError, "(payload, names): names is a tuple of str");
         return NULL;
     }
     PyObject *names = args[1];
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); k++)
+    Py_ssize_t count = PyTuple_GET_SIZE(names);
+    for (Py_ssize_t k = 0; k < count; k++)
         if (!PyUnicode_Check(PyTuple_GET_ITEM(names, k))) {
-            PyErr_SetString(PyExc_TypeError, "read(payload, names): names is a tuple of str");
+            PyErr_SetString(PyExc_TypeError, "(payload, names): names is a tuple of str");
             return NULL;
         }
+    if (count > MAX_NAMES)
+        Py_RETURN_NONE;
     Py_buffer view = {0};
     const unsigned char *p;
     Py_ssize_t n;
@@ -280,78 +281,123 @@ static PyObject *read_properties(PyObject *self, PyObject *const *args, Py_ssize
         p = view.buf;
         n = view.len;
     }
-    PyObject *env = PyDict_New();
+    PyObject *found[MAX_NAMES] = {NULL};
     int outcome = 0;
-    if (env == NULL) {
-        outcome = -1;
-    } else {
-        Py_ssize_t i = 0;
-        while (i + 2 < n && p[i] == 0x00) {
-            if (p[i + 1] != 0x53) { /* a descriptor other than a small ulong */
-                outcome = 1;
-                break;
-            }
-            unsigned char code = p[i + 2];
-            if (code > APP_PROPERTIES)
-                break; /* the body (or a footer) */
-            if (code == APP_PROPERTIES) {
-                outcome = read_map(p, n, i + 3, names, env);
-                break;
-            }
-            if (i + 3 >= n)
-                break; /* (Python's IndexError: nothing more read) */
-            i = skip_section(p, n, i + 3);
-            if (i < 0) {
-                outcome = 1;
-                break;
-            }
+    Py_ssize_t i = 0;
+    while (i + 2 < n && p[i] == 0x00) {
+        if (p[i + 1] != 0x53) { /* a descriptor other than a small ulong */
+            outcome = 1;
+            break;
+        }
+        unsigned char code = p[i + 2];
+        if (code > APP_PROPERTIES)
+            break; /* the body (or a footer) */
+        if (code == APP_PROPERTIES) {
+            outcome = read_map(p, n, i + 3, names, found);
+            break;
+        }
+        if (i + 3 >= n)
+            break; /* (Python's IndexError: nothing more read) */
+        i = skip_section(p, n, i + 3);
+        if (i < 0) {
+            outcome = 1;
+            break;
         }
     }
     if (view.obj != NULL)
         PyBuffer_Release(&view);
-    if (outcome == 0)
-        return env;
-    Py_XDECREF(env);
-    if (outcome < 0)
+    PyObject *result = NULL;
+    if (outcome == 0 && shape == AS_TUPLE) {
+        result = PyTuple_New(count);
+        for (Py_ssize_t k = 0; result != NULL && k < count; k++) {
+            PyTuple_SET_ITEM(result, k, found[k] != NULL ? found[k] : Py_NewRef(Py_None));
+            found[k] = NULL; /* (the tuple has it) */
+        }
+    } else if (outcome == 0) {
+        result = PyDict_New();
+        for (Py_ssize_t k = 0; result != NULL && k < count; k++)
+            if (found[k] != NULL && PyDict_SetItem(result, PyTuple_GET_ITEM(names, k), found[k]) < 0)
+                Py_CLEAR(result);
+    } else if (outcome == 1) {
+        result = Py_NewRef(Py_None);
+    }
+    for (Py_ssize_t k = 0; k < count; k++)
+        Py_XDECREF(found[k]);
+    return result;
+}
+
+PyDoc_STRVAR(read_doc,
+             "read(payload, names) -> dict | None\n\n"
+             "The application properties ``names`` (a tuple of str) names, of the encoded message\n"
+             "``payload``, as msgfields.python_application_properties reads them; None when this\n"
+             "reader is not sure to read them exactly as it does.");
+
+static PyObject *read_dict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return read_properties(args, nargs, AS_DICT);
+}
+
+PyDoc_STRVAR(read_values_doc,
+             "read_values(payload, names) -> tuple | None\n\n"
+             "read's properties as a tuple in the order of ``names`` (None for an absent one), as\n"
+             "msgfields.python_application_values reads them; None when not sure.");
+
+static PyObject *read_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return read_properties(args, nargs, AS_TUPLE);
+}
+
+/* msgfields.python_application_properties and python_application_values, once bound */
+static PyObject *python_reader = NULL, *python_values_reader = NULL;
+
+PyDoc_STRVAR(bind_doc,
+             "bind(python_reader, python_values_reader): the readers application_properties and\n"
+             "application_values leave a message to when read or read_values declines it.");
+
+static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "bind(python_reader, python_values_reader): two functions");
         return NULL;
+    }
+    Py_XSETREF(python_reader, Py_NewRef(args[0]));
+    Py_XSETREF(python_values_reader, Py_NewRef(args[1]));
     Py_RETURN_NONE;
 }
 
-static PyObject *python_reader = NULL; /* msgfields.python_application_properties, once bound */
-
-PyDoc_STRVAR(bind_doc, "bind(python_reader): the reader application_properties leaves a message to when read declines it.");
-
-static PyObject *bind(PyObject *self, PyObject *reader) {
-    if (!PyCallable_Check(reader)) {
-        PyErr_SetString(PyExc_TypeError, "bind(python_reader): a function");
+/* read_properties, or the bound Python reader's answer when it declines (one call from
+ * Python either way: the usual message costs no Python frame). */
+static PyObject *read_or_leave(PyObject *const *args, Py_ssize_t nargs, int shape) {
+    PyObject *answer = read_properties(args, nargs, shape);
+    if (answer != Py_None)
+        return answer; /* (or NULL: an error) */
+    Py_DECREF(answer);
+    PyObject *reader = shape == AS_TUPLE ? python_values_reader : python_reader;
+    if (reader == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "no Python reader bound");
         return NULL;
     }
-    Py_XSETREF(python_reader, Py_NewRef(reader));
-    Py_RETURN_NONE;
+    return PyObject_Vectorcall(reader, args, (size_t)nargs, NULL);
 }
 
 PyDoc_STRVAR(application_properties_doc,
-             "application_properties(payload, names) -> dict\n\n"
-             "read(payload, names), or the bound Python reader's answer when read declines (one call\n"
-             "from Python either way: the usual message costs no Python frame).");
+             "application_properties(payload, names) -> dict: read's, or the Python reader's.");
 
 static PyObject *application_properties(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *env = read_properties(self, args, nargs);
-    if (env != Py_None)
-        return env; /* (or NULL: an error) */
-    Py_DECREF(env);
-    if (python_reader == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "application_properties: no Python reader bound");
-        return NULL;
-    }
-    return PyObject_Vectorcall(python_reader, args, (size_t)nargs, NULL);
+    return read_or_leave(args, nargs, AS_DICT);
+}
+
+PyDoc_STRVAR(application_values_doc,
+             "application_values(payload, names) -> tuple: read_values's, or the Python reader's.");
+
+static PyObject *application_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return read_or_leave(args, nargs, AS_TUPLE);
 }
 
 static PyMethodDef methods[] = {
-    {"read", (PyCFunction)(void (*)(void))read_properties, METH_FASTCALL, read_doc},
-    {"bind", bind, METH_O, bind_doc},
+    {"read", (PyCFunction)(void (*)(void))read_dict, METH_FASTCALL, read_doc},
+    {"read_values", (PyCFunction)(void (*)(void))read_tuple, METH_FASTCALL, read_values_doc},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, bind_doc},
     {"application_properties", (PyCFunction)(void (*)(void))application_properties, METH_FASTCALL,
      application_properties_doc},
+    {"application_values", (PyCFunction)(void (*)(void))application_values, METH_FASTCALL, application_values_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -281,21 +281,36 @@ def python_application_properties(payload: bytes, names: tuple[str, ...]) -> dic
     return {name: every[name] for name in names if name in every}
 
 
+def python_application_values(payload: bytes, names: tuple[str, ...]) -> tuple[Any, ...]:
+    """python_application_properties as a tuple in the order of ``names`` (None for
+    an absent one, as a selector sees it): what a roster with one selector reads,
+    without a dict. The specification of ``application_values``."""
+    every = selector_env(payload, False)
+    return tuple(every.get(name) for name in names)
+
+
 ApplicationPropertiesReader = Callable[[bytes, tuple[str, ...]], dict[str, Any]]
+ApplicationValuesReader = Callable[[bytes, tuple[str, ...]], tuple[Any, ...]]
 
 
-def _compiled_reader() -> ApplicationPropertiesReader | None:
-    """The compiled reader, unless it is not built or EOROUTER_COMPILED_MSGFIELDS=0."""
+def _compiled_readers() -> tuple[ApplicationPropertiesReader, ApplicationValuesReader] | None:
+    """The compiled readers, unless they are not built or EOROUTER_COMPILED_MSGFIELDS=0."""
     if os.environ.get("EOROUTER_COMPILED_MSGFIELDS", "1").strip().lower() in ("0", "off", "no", "false"):
         return None
     try:
         from router.core import _msgfields  # type: ignore[attr-defined]  # the compiled extension: no stub
 
-        _msgfields.bind(python_application_properties)
-        reader: ApplicationPropertiesReader = _msgfields.application_properties
-    except (ImportError, AttributeError):  # not built, or built from another version of this file
+        _msgfields.bind(python_application_properties, python_application_values)
+        readers: tuple[ApplicationPropertiesReader, ApplicationValuesReader] = (
+            _msgfields.application_properties,
+            _msgfields.application_values,
+        )
+    except (ImportError, AttributeError, TypeError):  # not built, or built from another version of this file
         return None
-    return reader
+    return readers
 
 
-application_properties: ApplicationPropertiesReader = _compiled_reader() or python_application_properties
+application_properties, application_values = _compiled_readers() or (
+    python_application_properties,
+    python_application_values,
+)

@@ -79,6 +79,7 @@ class Roster:
         "names",
         "tests",
         "test_of",
+        "values_test",
     )
 
     def __init__(self, subs: Iterable[Subscription]) -> None:
@@ -95,6 +96,7 @@ class Roster:
         tests: dict[str, int] = {}
         test_of = []
         self.tests: list[Callable[[Mapping[str, Any]], bool]] = []
+        sole = None  # the selector, when there is one (or the same one for all)
         for sub in self.subs:
             if sub.selector is None:
                 test_of.append(-1)
@@ -103,9 +105,15 @@ class Roster:
             if sub.selector.text not in tests:
                 tests[sub.selector.text] = len(self.tests)
                 self.tests.append(sub.selector.selects)
+                sole = sub.selector
             test_of.append(tests[sub.selector.text])
         self.names = tuple(sorted(names - JMS_NAMES))
         self.test_of = tuple(test_of)
+        # One selector here, reading no JMS name (the usual): its test of the values of
+        # ``names`` as a tuple, which costs less per message than a dict.
+        self.values_test: Callable[[tuple[Any, ...]], bool] | None = None
+        if len(self.tests) == 1 and sole is not None and sole.value_names == self.names:
+            self.values_test = sole.selects_values
         self.selections: dict[tuple[bool, ...], Roster] = {}
         # A list, not a tuple: it goes into "received" lines as it is (never mutated).
         self.keys = [sub.key for sub in self.subs]

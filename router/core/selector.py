@@ -37,6 +37,7 @@ Value = bool | int | float | str | None
 Env = Mapping[str, Value]
 Expr = Callable[[Env], Value]
 Test = Callable[[Env], bool]
+ValuesTest = Callable[[tuple[Value, ...]], bool]
 
 _GRAMMAR = r"""
 ?start: or_expr
@@ -394,9 +395,13 @@ class _Source(Transformer[Token, _Code]):
             return _Code(repr(value), repr(value), repr(not value), literal=value)
         return _Code(self._constant(value), "False", "False", literal=value)
 
-    def function(self, body: str) -> str:
+    def functions(self, body: str) -> str:
+        """``_selects(env)``, and ``_selects_values(values)``: the same test of the
+        values of the names it reads, in their sorted order (a tuple: no dict)."""
         reads = "".join(f"    {local} = env.get({name!r})\n" for name, local in self.locals.items())
-        return f"def _selects(env):\n{reads}    return {body}\n"
+        unpack = "".join(f"{self.locals[name]}, " for name in sorted(self.locals))
+        unpack_line = f"    {unpack}= values\n" if unpack else ""
+        return f"def _selects(env):\n{reads}    return {body}\n\ndef _selects_values(values):\n{unpack_line}    return {body}\n"
 
     def number(self, tok: Token) -> _Code:
         text = str(tok)
@@ -502,35 +507,43 @@ class _Source(Transformer[Token, _Code]):
         return _Code(f"not3(truth({a.value}))", a.false, a.true)
 
 
-def _generated_test(tree: Tree[Token]) -> Test | None:
-    """``selects`` as one generated function (~3x faster than the closures on a
-    simple selector: docs/benchmarks.md); None when Python cannot compile it (a
-    selector nested deeper than its parser allows): the closures answer then."""
+def _generated_tests(tree: Tree[Token]) -> tuple[Test, ValuesTest] | None:
+    """``selects`` and ``selects_values`` as generated functions (~5x faster than the
+    closures on a simple selector); None when Python cannot compile them (a selector
+    nested deeper than its parser allows): the closures answer then."""
     source = _Source()
     try:
         body = source.transform(tree)
         namespace: dict[str, object] = {**_HELPERS, **source.constants}
-        exec(compile(source.function(body.true), "<selector>", "exec"), namespace)
+        exec(compile(source.functions(body.true), "<selector>", "exec"), namespace)
     except (SyntaxError, RecursionError, MemoryError, VisitError):
         return None
-    return namespace["_selects"]  # type: ignore[return-value]
+    return namespace["_selects"], namespace["_selects_values"]  # type: ignore[return-value]
 
 
 class Selector:
     """A compiled selector: ``selects(env)`` is True only for a message it selects.
 
-    ``selects`` is one generated Python function (see _Source) when Python can compile
-    it, else the closures' own answer; ``evaluate`` is always the closures' (they are
-    the specification the generated test is checked against)."""
+    ``selects`` (and ``selects_values``) is one generated Python function (see
+    _Source) when Python can compile it, else the closures' own answer; ``evaluate``
+    is always the closures' (they are the specification the generated tests are
+    checked against)."""
 
-    __slots__ = ("text", "_expr", "names", "selects")
+    __slots__ = ("text", "_expr", "names", "value_names", "selects", "selects_values")
 
-    def __init__(self, text: str, expr: Expr, names: frozenset[str] = frozenset(), test: Test | None = None):
+    def __init__(self, text: str, expr: Expr, names: frozenset[str] = frozenset(), tests: tuple[Test, ValuesTest] | None = None):
         self.text = text
         self._expr = expr
         self.names = names  # the property and header names it reads
-        # An instance attribute, not a method: one call per message, no bound method made.
-        self.selects: Test = test if test is not None else (lambda env: expr(env) is True)
+        self.value_names = tuple(sorted(names))  # the order selects_values takes their values in
+        # Instance attributes, not methods: one call per message, no bound method made.
+        # selects_values(values): selects' answer for the message whose value_names have
+        # these values (a topic with this one selector reads them as a tuple, selection.py).
+        if tests is None:
+            self.selects: Test = lambda env: expr(env) is True
+            self.selects_values: ValuesTest = lambda values: expr(dict(zip(self.value_names, values))) is True
+        else:
+            self.selects, self.selects_values = tests
 
     def evaluate(self, env: Env) -> bool | None:
         """The expression's three-valued truth for this message."""
@@ -563,4 +576,4 @@ def compile_selector(text: str) -> Selector:
         if isinstance(err.orig_exc, SelectorError):
             raise err.orig_exc from None
         raise
-    return Selector(text, expr, frozenset(compiler.names), _generated_test(tree))
+    return Selector(text, expr, frozenset(compiler.names), _generated_tests(tree))

@@ -20,12 +20,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.core.msgfields import application_properties, python_application_properties
+from router.core.msgfields import (
+    application_properties,
+    application_values,
+    python_application_properties,
+    python_application_values,
+)
 
 try:
     from router.core._msgfields import read as compiled  # type: ignore[import-not-found]
+    from router.core._msgfields import read_values as compiled_values  # type: ignore[import-not-found]
 except ImportError:
-    compiled = None
+    compiled = compiled_values = None
 needs_compiled = pytest.mark.skipif(compiled is None, reason="the compiled reader is not built (setup.py build_ext)")
 
 NAMES = ("color", "n", "x", "é", "\ufffd", "a.b")
@@ -132,6 +138,12 @@ def test_the_compiled_reader_reads_as_the_python_one_or_declines(payload, names)
     got = compiled(payload, names)
     assert got is None or _same(got) == _same(expected)
     assert _same(application_properties(payload, names)) == _same(expected)
+    expected_values = python_application_values(payload, names)
+    assert _same(dict(zip(names, expected_values))) == _same({name: expected.get(name) for name in names})
+    got_values = compiled_values(payload, names)
+    assert (got_values is None) is (got is None)
+    assert got_values is None or _same(dict(zip(names, got_values))) == _same(dict(zip(names, expected_values)))
+    assert _same(dict(zip(names, application_values(payload, names)))) == _same(dict(zip(names, expected_values)))
 
 
 @needs_compiled
@@ -163,6 +175,7 @@ def test_the_compiled_reader_reads_what_clients_send():
     assert _same(got) == _same(python_application_properties(payload, names))
     assert got["color"] == "red" and got["n"] == 7 and got["id"] == str(uuid.UUID(int=5)) and got["raw"] is None
     assert "missing" not in got and got["none"] is None
+    assert compiled_values(payload, names) == tuple(got.get(name) for name in names)
     assert compiled(proton.Message(body="x").encode(), names) == {}
 
 
@@ -175,6 +188,7 @@ def test_the_core_reads_with_the_compiled_reader_which_leaves_what_it_declines_t
     described_value = b"\x00\x53\x74\xc1\x0c\x02\xa1\x05color\x00\x53\x01\x41"  # declined: Python reads it
     assert compiled(described_value, ("color",)) is None
     assert application_properties(described_value, ("color",)) == {"color": True}
+    assert application_values(described_value, ("color", "x")) == (True, None)
 
 
 def test_without_the_compiled_reader_the_core_reads_in_python():
@@ -182,6 +196,7 @@ def test_without_the_compiled_reader_the_core_reads_in_python():
         "from router.core import msgfields, selection\n"
         "assert msgfields.application_properties is msgfields.python_application_properties\n"
         "assert selection.application_properties is msgfields.python_application_properties\n"
+        "assert selection.application_values is msgfields.python_application_values\n"
         "payload = bytes.fromhex('005374c10d02a105636f6c6f72a103726564')  # color = 'red'\n"
         "assert msgfields.application_properties(payload, ('color', 'n')) == {'color': 'red'}\n"
     )

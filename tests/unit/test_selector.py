@@ -207,6 +207,8 @@ def test_selectors_agree_with_the_reference(tree, env):
     got = selector.evaluate(env)
     assert {True: "T", False: "F", None: "U"}[got] == expected, text
     assert selector.selects(env) is (expected == "T"), text  # the generated test, against the same reference
+    values = tuple(env.get(name) for name in selector.value_names)
+    assert selector.selects_values(values) is (expected == "T"), text
 
 
 def test_a_selector_too_deep_for_pythons_compiler_is_answered_by_its_closures():
@@ -215,6 +217,7 @@ def test_a_selector_too_deep_for_pythons_compiler_is_answered_by_its_closures():
     assert selector.selects.__name__ != "_selects"  # not the generated function
     assert selector.selects({"a": 399}) is True and selector.selects({"a": 400}) is False
     assert selector.selects({}) is False and selector.evaluate({}) is None
+    assert selector.selects_values((399,)) is True and selector.selects_values((None,)) is False
 
 
 @pytest.mark.parametrize(
@@ -254,7 +257,8 @@ def test_a_selector_too_deep_for_pythons_compiler_is_answered_by_its_closures():
 def test_precedence_literals_and_unknowns(text, env, expected):
     selector = compile_selector(text)
     assert selector.evaluate(env) is expected
-    assert selector.selects(env) is (expected is True)  # the generated test
+    assert selector.selects(env) is (expected is True)  # the generated tests
+    assert selector.selects_values(tuple(env.get(name) for name in selector.value_names)) is (expected is True)
 
 
 @pytest.mark.parametrize(

@@ -75,8 +75,9 @@ def test_equal_selectors_are_evaluated_once_per_message(monkeypatch):
 
     def counted(text):
         selector = compile_selector(text)
-        real = selector.selects
+        real, real_values = selector.selects, selector.selects_values
         selector.selects = lambda env: calls.append(1) or real(env)
+        selector.selects_values = lambda values: calls.append(1) or real_values(values)
         return selector
 
     monkeypatch.setattr(attach, "compile_selector", counted)
