@@ -7,7 +7,10 @@ application properties, with K subscribers that have no selector, all the same
 simple selector (``color = 'red' AND n > 0``: evaluated once per message), or each a
 different one (``n > -s``: K evaluations per message); every selector selects every
 message, so the copies are the same and only the selecting differs. Runs alternate;
-the best of ``--repeat`` each. Prints µs per message and what a selector adds per copy."""
+the best of ``--repeat`` each. Prints µs per message and what a selector adds per copy.
+
+``--only KIND`` runs one kind once: under ``valgrind --tool=callgrind``, the difference
+between two message counts is its instructions per message (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -31,9 +34,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=20000)
     p.add_argument("--in-flight", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument(
+        "--only",
+        choices=sorted(KINDS),
+        help="run this kind once per K and print its µs/msg (for callgrind: instructions do not drift with load)",
+    )
     args = p.parse_args(argv)
     tune_gc_for_serving()
     payload = Message(body="x" * 100, properties={"color": "red", "n": 7}).encode()
+    if args.only is not None:
+        for k in (int(x) for x in args.subscribers.split(",")):
+            us = run(k, args.in_flight, args.messages, False, KINDS[args.only], payload)
+            print(f"K={k}: {args.only} {us:.1f} µs/msg", flush=True)
+        return 0
     for k in (int(x) for x in args.subscribers.split(",")):
         best = best_alternating(
             {

@@ -19,6 +19,7 @@ origin, message.py).
 
 from __future__ import annotations
 
+import os
 import struct
 import uuid
 from collections.abc import Callable
@@ -267,3 +268,49 @@ def _id(v: Any) -> str | None:
     if isinstance(v, bytes):
         return v.hex()
     return str(v)
+
+
+def python_application_properties(payload: bytes, names: tuple[str, ...]) -> dict[str, Any]:
+    """The application properties ``names`` names, of this message: what
+    ``selector_env(payload, headers=False)`` gives for those names (absent: not in
+    the map), for a router whose selectors read no JMS name. The specification of
+    ``application_properties``, which is the compiled reader
+    (router/core/_msgfields.c) when it is built: it reads the usual messages itself
+    and leaves any it is not sure of to this function."""
+    every = selector_env(payload, False)
+    return {name: every[name] for name in names if name in every}
+
+
+def python_application_values(payload: bytes, names: tuple[str, ...]) -> tuple[Any, ...]:
+    """python_application_properties as a tuple in the order of ``names`` (None for
+    an absent one, as a selector sees it): what a roster with one selector reads,
+    without a dict. The specification of ``application_values``."""
+    every = selector_env(payload, False)
+    return tuple(every.get(name) for name in names)
+
+
+ApplicationPropertiesReader = Callable[[bytes, tuple[str, ...]], dict[str, Any]]
+ApplicationValuesReader = Callable[[bytes, tuple[str, ...]], tuple[Any, ...]]
+
+
+def _compiled_readers() -> tuple[ApplicationPropertiesReader, ApplicationValuesReader] | None:
+    """The compiled readers, unless they are not built or EOROUTER_COMPILED_MSGFIELDS=0."""
+    if os.environ.get("EOROUTER_COMPILED_MSGFIELDS", "1").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    try:
+        from router.core import _msgfields  # type: ignore[attr-defined]  # the compiled extension: no stub
+
+        _msgfields.bind(python_application_properties, python_application_values)
+        readers: tuple[ApplicationPropertiesReader, ApplicationValuesReader] = (
+            _msgfields.application_properties,
+            _msgfields.application_values,
+        )
+    except (ImportError, AttributeError, TypeError):  # not built, or built from another version of this file
+        return None
+    return readers
+
+
+application_properties, application_values = _compiled_readers() or (
+    python_application_properties,
+    python_application_values,
+)

@@ -16,7 +16,7 @@ from router.core.msgfields import JMS_NAMES
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from router.core.links import Subscription
     from router.core.settled import StreamSettled
@@ -67,7 +67,20 @@ class Roster:
     distributed with, so a record holds no per-subscriber object or map entry.
     A topic builds a new one whenever a subscription comes, goes, or changes link."""
 
-    __slots__ = ("subs", "keys", "links", "index", "all_done", "selective", "selections", "headers")
+    __slots__ = (
+        "subs",
+        "keys",
+        "links",
+        "index",
+        "all_done",
+        "selective",
+        "selections",
+        "headers",
+        "names",
+        "tests",
+        "test_of",
+        "values_test",
+    )
 
     def __init__(self, subs: Iterable[Subscription]) -> None:
         self.subs = tuple(subs)
@@ -75,6 +88,32 @@ class Roster:
         # subscriptions that select it, a smaller roster made once per selection.
         self.selective = any(sub.selector is not None for sub in self.subs)
         self.headers = any(sub.selector is not None and sub.selector.names & JMS_NAMES for sub in self.subs)
+        # What selection.py needs per message, worked out once here: the application
+        # properties the selectors read (only those are decoded), each distinct
+        # selector's test once (evaluated once per message), and which test each
+        # subscription takes (-1: it has no selector).
+        names: set[str] = set()
+        tests: dict[str, int] = {}
+        test_of = []
+        self.tests: list[Callable[[Mapping[str, Any]], bool]] = []
+        sole = None  # the selector, when there is one (or the same one for all)
+        for sub in self.subs:
+            if sub.selector is None:
+                test_of.append(-1)
+                continue
+            names |= sub.selector.names
+            if sub.selector.text not in tests:
+                tests[sub.selector.text] = len(self.tests)
+                self.tests.append(sub.selector.selects)
+                sole = sub.selector
+            test_of.append(tests[sub.selector.text])
+        self.names = tuple(sorted(names - JMS_NAMES))
+        self.test_of = tuple(test_of)
+        # One selector here, reading no JMS name (the usual): its test of the values of
+        # ``names`` as a tuple, which costs less per message than a dict.
+        self.values_test: Callable[[tuple[Any, ...]], bool] | None = None
+        if len(self.tests) == 1 and sole is not None and sole.value_names == self.names:
+            self.values_test = sole.selects_values
         self.selections: dict[tuple[bool, ...], Roster] = {}
         # A list, not a tuple: it goes into "received" lines as it is (never mutated).
         self.keys = [sub.key for sub in self.subs]

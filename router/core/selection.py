@@ -4,7 +4,7 @@ selector evaluated once per message. Pure."""
 
 from __future__ import annotations
 
-from router.core.msgfields import selector_env
+from router.core.msgfields import application_properties, application_values, selector_env
 from router.core.records import DeliveryRecord, Roster
 
 #: Selections (which subscriptions select a message) whose roster a topic's roster keeps made.
@@ -14,25 +14,29 @@ MAX_SELECTIONS = 64
 def selected_roster(record: DeliveryRecord, roster: Roster) -> Roster:
     """The roster of the subscriptions whose selector selects ``record`` (``roster``
     itself when all do); the others go into ``record.filtered``."""
-    env = selector_env(record.payload or b"", roster.headers)
-    verdicts: dict[str, bool] = {}
-    chosen = []
-    for sub in roster.subs:
-        selector = sub.selector
-        if selector is None:
-            chosen.append(True)
-            continue
-        verdict = verdicts.get(selector.text)
-        if verdict is None:
-            verdict = verdicts[selector.text] = selector.selects(env)
-        chosen.append(verdict)
-    if all(chosen):
-        return roster
+    payload = record.payload or b""
+    values_test = roster.values_test
+    if values_test is not None:  # one selector here: its properties as a tuple, no dict
+        if values_test(application_values(payload, roster.names)):
+            return roster
+        verdicts = [False]
+    else:
+        # Only the application properties the selectors read, unless one reads a JMS name.
+        env = selector_env(payload) if roster.headers else application_properties(payload, roster.names)
+        tests = roster.tests
+        for test in tests:
+            if not test(env):
+                break
+        else:
+            return roster  # every selector selects it: the usual case, so the cheapest
+        # (Each test is some subscription's: one that fails leaves someone out.)
+        failed = tests.index(test)
+        verdicts = [True] * failed + [False] + [test(env) for test in tests[failed + 1 :]]
+    chosen = tuple(True if i < 0 else verdicts[i] for i in roster.test_of)
     record.filtered = [sub.key for sub, yes in zip(roster.subs, chosen) if not yes]
-    selection = tuple(chosen)
-    selected = roster.selections.get(selection)
+    selected = roster.selections.get(chosen)
     if selected is None:
         selected = Roster(sub for sub, yes in zip(roster.subs, chosen) if yes)
         if len(roster.selections) < MAX_SELECTIONS:  # (2^n selections of n selectors: keep the usual few)
-            roster.selections[selection] = selected
+            roster.selections[chosen] = selected
     return selected

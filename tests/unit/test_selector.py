@@ -33,6 +33,7 @@ leaves = st.one_of(
     st.sampled_from(NAMES).map(lambda n: ("ident", n)),
     st.integers(0, 1000).map(lambda v: ("int", v)),
     st.integers(0, 100000).map(lambda v: ("float", v / 100)),
+    st.booleans().map(lambda v: ("boollit", v)),
     st.text(alphabet="ab%_x'", max_size=4).map(lambda v: ("str", v)),
 )
 sums = st.recursive(
@@ -81,6 +82,8 @@ def render(t) -> str:
         return f"{t[1]:.2f}"
     if kind == "str":
         return q(t[1])
+    if kind == "boollit":
+        return "TRUE" if t[1] else "FALSE"
     if kind == "neg":
         return f"-({render(t[1])})"
     if kind == "arith":
@@ -116,7 +119,7 @@ def ref_value(t, env):
     kind = t[0]
     if kind == "ident":
         return env.get(t[1])
-    if kind in ("int", "float", "str"):
+    if kind in ("int", "float", "str", "boollit"):
         return t[1]
     if kind == "neg":
         v = ref_value(t[1], env)
@@ -200,8 +203,21 @@ def ref(t, env) -> str:
 def test_selectors_agree_with_the_reference(tree, env):
     text = render(tree)
     expected = ref(tree, env)
-    got = compile_selector(text).evaluate(env)
+    selector = compile_selector(text)
+    got = selector.evaluate(env)
     assert {True: "T", False: "F", None: "U"}[got] == expected, text
+    assert selector.selects(env) is (expected == "T"), text  # the generated test, against the same reference
+    values = tuple(env.get(name) for name in selector.value_names)
+    assert selector.selects_values(values) is (expected == "T"), text
+
+
+def test_a_selector_too_deep_for_pythons_compiler_is_answered_by_its_closures():
+    text = " OR ".join(f"a={i}" for i in range(400))  # 400 levels: past the 200 Python's parser takes
+    selector = compile_selector(text)
+    assert selector.selects.__name__ != "_selects"  # not the generated function
+    assert selector.selects({"a": 399}) is True and selector.selects({"a": 400}) is False
+    assert selector.selects({}) is False and selector.evaluate({}) is None
+    assert selector.selects_values((399,)) is True and selector.selects_values((None,)) is False
 
 
 @pytest.mark.parametrize(
@@ -227,10 +243,22 @@ def test_selectors_agree_with_the_reference(tree, env):
         ("1.5e1 = 15", {}, True),
         (".5 = 0.5", {}, True),
         ("JMSPriority > 4 and color in ('red', 'blue')", {"JMSPriority": 9, "color": "blue"}, True),
+        ("t = TRUE", {"t": 1}, False),  # unlike types (though 1 == True in Python)
+        ("FALSE <> t", {"t": 0}, False),
+        ("t = 1", {"t": True}, False),
+        ("s = 'red'", {"s": 5}, False),
+        ("s <> 'red'", {"s": 5}, False),
+        ("'red' = s", {"s": "red"}, True),
+        ("n > -3", {"n": -2}, True),
+        ("n >= 2.5 AND n <= 3", {"n": 3}, True),
+        ("n BETWEEN 1 AND 3", {"n": True}, False),
     ],
 )
 def test_precedence_literals_and_unknowns(text, env, expected):
-    assert compile_selector(text).evaluate(env) is expected
+    selector = compile_selector(text)
+    assert selector.evaluate(env) is expected
+    assert selector.selects(env) is (expected is True)  # the generated tests
+    assert selector.selects_values(tuple(env.get(name) for name in selector.value_names)) is (expected is True)
 
 
 @pytest.mark.parametrize(
