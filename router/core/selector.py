@@ -163,18 +163,24 @@ def arith(op: str, a: Value, b: Value) -> Value:
     if not (is_number(a) and is_number(b)):
         return None
     assert isinstance(a, (int, float)) and isinstance(b, (int, float))
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if b == 0:
+    try:
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if b == 0:
+            return None
+        if type(a) is int and type(b) is int:
+            q = abs(a) // abs(b)
+            return q if (a >= 0) == (b >= 0) else -q
+        r = a / b
+    except OverflowError:
+        # An integer too large for a float met a float (a subscriber's literal of
+        # hundreds of digits): no value, as for a division by zero, never an error
+        # that would stop the router's work on the message for everyone.
         return None
-    if type(a) is int and type(b) is int:
-        q = abs(a) // abs(b)
-        return q if (a >= 0) == (b >= 0) else -q
-    r = a / b
     return r if math.isfinite(r) else None
 
 

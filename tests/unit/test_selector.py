@@ -252,6 +252,11 @@ def test_a_selector_too_deep_for_pythons_compiler_is_answered_by_its_closures():
         ("n > -3", {"n": -2}, True),
         ("n >= 2.5 AND n <= 3", {"n": 3}, True),
         ("n BETWEEN 1 AND 3", {"n": True}, False),
+        # an integer too large for a float meeting a float: no value, never an error (a
+        # subscriber's literal; an error would stop the message for every subscriber)
+        ("1" + "0" * 400 + " * f > 0", {"f": 1.5}, None),
+        ("f - 1" + "0" * 400 + " IS NULL", {"f": 1.5}, True),
+        ("1" + "0" * 400 + " / f > 0", {"f": 2.5}, None),
     ],
 )
 def test_precedence_literals_and_unknowns(text, env, expected):
