@@ -32,6 +32,7 @@ from router.core.events import (
 from router.core.guarantees import AT_LEAST_ONCE
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import MessageError, OriginTemplate, splice_origin
+from router.core.msgfields import application_values
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import (
     ANSWER_UNSENT,
@@ -401,7 +402,11 @@ class AdmissionMixin(CoreState):
             roster = topic.roster = Roster(sub for sub in topic.subscriptions.values() if not sub.best_effort)
         best_effort = len(roster.subs) != len(topic.subscriptions)
         if roster.selective:
-            roster = selected_roster(record, roster)
+            # One selector here (the usual) that selects it: its test, inlined; anything
+            # else (several selectors, or it does not select it) is selected_roster's.
+            values_test = roster.values_test
+            if values_test is None or not values_test(application_values(record.payload or b"", roster.names)):
+                roster = selected_roster(record, roster)
         subs = roster.subs
         if not subs:
             # Owed to nobody here (a router that only relays or originates it, only
