@@ -5,8 +5,9 @@
 random connected graph where every router has 3 or 4 neighbours, subscribers spread
 over the routers uniformly and over the topics by a Zipf law (s = 1), then
 
-1. an **attach storm**: every subscriber attaches at once; the control messages and bytes
-   that cross links until the network is quiet, per kind, per router and per subscriber;
+1. an **attach storm**: every subscriber attaches, in waves of ``--wave`` at once; the control
+   messages and bytes that cross links until the network is quiet, per kind, per router and
+   per subscriber;
 2. **memory** each router holds for subscriber identities: a ``sys.getsizeof`` walk (over
    ``gc.get_referents``) from the membership table, the local announcer, the flood
    memory and the announcement acks, on a sample of routers (``--walk``);
@@ -17,7 +18,7 @@ over the routers uniformly and over the topics by a Zipf law (s = 1), then
    way; the rounds and messages until every survivor's routes and membership views
    agree again (``agreement`` below says what that means), then the dead router's
    subscribers resume at a neighbour and everyone answers what it has: every
-   publisher must get its outcome.
+   publisher must get its outcome, every subscriber each delivery of its topic, once.
 
 Why a driver of its own rather than tests/unit/meshkit.py's ``Mesh``: the same fake
 network (a core's SendControl / SendData become its neighbour's ControlReceived /
@@ -27,10 +28,11 @@ previous round, and every control message one router has for one neighbour in a 
 travels as one transfer, encoded and decoded by router/interrouter_codec.py as the
 adapter does (which batches per loop iteration). Rounds are what convergence is
 counted in, the byte counts are the real wire's, and batching keeps 100 cores x 100,000
-subscribers (tens of millions of control messages) to minutes: ``Mesh`` settles after
-each attach and keeps every command for the test to read, which at this size is
-gigabytes and hours. Only the client commands the run needs are kept (Forward,
-SendOutcome).
+subscribers (tens of millions of control messages) to minutes where ``Mesh`` settles
+after each attach and keeps every command for the test to read. Only the client
+commands the run needs are kept (Forward, SendOutcome), and the attach storm goes in
+waves: an announcement's traffic does not depend on the others in flight, and a wave
+bounds the messages on the wire at once.
 
 Agreement (router/core/routing.py, network.py, membership.py): every surviving router
 R (1) holds the same stamp (epoch, boot, version) for every survivor's link state as
@@ -152,7 +154,7 @@ class Subscriber:
     topic: str
     link: int
     unanswered: list[bytes] = field(default_factory=list)  # copies it holds, not yet answered
-    seen: set[bytes] = field(default_factory=set)  # every tag it was given
+    answered: set[bytes] = field(default_factory=set)  # tags it accepted and settled
 
 
 class ScaleNet:
@@ -172,6 +174,7 @@ class ScaleNet:
         self.subscriber_at: dict[int, Subscriber] = {}  # link -> subscriber
         self.outcomes: dict[int, SendOutcome] = {}  # publisher delivery -> its outcome
         self.forwards = 0
+        self.duplicates = 0
         self.traffic = Traffic()
         for a, b in edges:
             self.connect(a, b)
@@ -192,8 +195,10 @@ class ScaleNet:
                 sub = self.subscriber_at.get(c.link_id)
                 if sub is not None:
                     self.forwards += 1
-                    sub.seen.add(c.tag)
-                    sub.unanswered.append(c.tag)
+                    if c.tag in sub.answered:
+                        self.duplicates += 1  # given again what it accepted and settled: not exactly once
+                    elif c.tag not in sub.unanswered:  # (a resend to a resumed link of what it holds is no new copy)
+                        sub.unanswered.append(c.tag)
             elif kind is SendOutcome:
                 self.outcomes[c.delivery] = c
 
@@ -314,6 +319,7 @@ class ScaleNet:
         tags = sub.unanswered[: len(sub.unanswered) if count is None else count]
         del sub.unanswered[: len(tags)]
         for tag in tags:
+            sub.answered.add(tag)
             self.feed(sub.router, OutcomeReceived(sub.link, tag, outcomes.ACCEPTED, True))
         return len(tags)
 
@@ -457,7 +463,7 @@ def run(
     degree = Counter(name for edge in edges for name in edge)
     diameter = max(max(compute_routes(n, net.true_graph()).cost.values()) for n in names)
     log(f"{routers} routers, {len(edges)} links (degree {min(degree.values())}-{max(degree.values())}, diameter {diameter})")
-    assert not net.routes_agree(), "routes agree at the start"
+    assert not net.routes_agree(), "routes disagree at the start"
     topic_names = [f"tenant{i % 37:02d}/orders/region-{i:04d}" for i in range(topics)]
     weights = zipf_weights(topics)
     placed = [(rng.choice(names), rng.choices(topic_names, weights)[0]) for _ in range(subscribers)]
@@ -508,9 +514,9 @@ def run(
     assert not problems, problems[:5]
     result["attach"] = attach
 
-    # 2. memory, on a sample of routers (the walk is slow; every router holds the others)
-    by_subs = sorted(names, key=lambda n: (degree[n], n))
-    sample = sorted({by_subs[int(i * (len(by_subs) - 1) / max(1, walk - 1))] for i in range(walk)})
+    # 2. memory, on a sample of routers spread by degree (the walk is slow; every router holds the others)
+    by_degree = sorted(names, key=lambda n: (degree[n], n))
+    sample = sorted({by_degree[int(i * (len(by_degree) - 1) / max(1, walk - 1))] for i in range(walk)})
     local = Counter(sub.router for sub in subs)
     memory = {}
     for name in sample:
@@ -572,7 +578,7 @@ def run(
             del net.subscriber_at[sub.link]
             unsettled = [[tag, "none"] for tag in sub.unanswered]
             properties = {"eorouter:resume": True, "eorouter:unsettled": unsettled} if unsettled else None
-            net.attach(neighbour, sub.container, sub.name, sub.topic, properties).seen = sub.seen
+            net.attach(neighbour, sub.container, sub.name, sub.topic, properties).answered = sub.answered
         for _ in range(20):
             net.settle()
             pending = [s for s in net.subscriber_at.values() if s.unanswered]
@@ -582,6 +588,10 @@ def run(
                 net.answer(s)
 
     failover = measured(net, "failover", fail_over)
+    # every subscriber of a topic at publish time (the dead router's where they resumed)
+    # accepted each of its deliveries once
+    on_topic = Counter(chosen[i % len(chosen)] for i in range(messages))
+    missing = sum(on_topic[s.topic] - len(s.answered) for s in net.subscriber_at.values())
     finished = [d for d in deliveries if d in net.outcomes]
     accepted = [d for d in finished if net.outcomes[d].outcome == outcomes.ACCEPTED]
     result.update(
@@ -592,6 +602,8 @@ def run(
         victim_degree=degree[victim],
         in_flight={"deliveries": len(deliveries), "copies": copies, "answered_before": answered, "resumed": len(moving)},
         finished=len(finished),
+        duplicates=net.duplicates,
+        missing=missing,
         accepted=len(accepted),
         seconds=time.perf_counter() - started,
         rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -671,8 +683,9 @@ def report(r: dict[str, Any]) -> str:
         f"{r['victim']} (degree {r['victim_degree']}, the busiest transit router) died with {f['deliveries']} exactly-once "
         f"deliveries in flight ({f['copies']:,} copies at subscribers, {f['answered_before']:,} answered just before); "
         f"routes and lost marks agree after {r['kill'].agreed_after} rounds ({r['kill'].messages_to_agree:,} control "
-        f"messages), all quiet after {r['kill'].quiet_after}; {f['resumed']} of its subscribers resumed at a "
-        f"neighbour; {r['finished']}/{f['deliveries']} publishers got their outcome, {r['accepted']} accepted"
+        f"messages), all quiet after {r['kill'].quiet_after}; {f['resumed']:,} of its subscribers resumed at a "
+        f"neighbour; {r['finished']}/{f['deliveries']} publishers got their outcome, {r['accepted']} accepted; "
+        f"{r['missing']} copies missing at subscribers, {r['duplicates']} given twice"
     )
     lines.append(f"run {r['seconds']:.0f} s, peak RSS {r['rss_mb']:,.0f} MB")
     return "\n".join(lines)

@@ -60,6 +60,7 @@ def test_a_router_dies_routes_agree_again_and_every_delivery_in_flight_finishes(
     assert in_flight["copies"] > in_flight["answered_before"] > 0
     assert in_flight["resumed"] > 0, "the dead router had subscribers to the topics in flight"
     assert small["finished"] == small["accepted"] == 8
+    assert small["missing"] == 0 and small["duplicates"] == 0, "every subscriber accepted each delivery once"
 
 
 def test_agreement_sees_a_router_that_has_not_heard_of_a_death():
