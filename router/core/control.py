@@ -127,6 +127,12 @@ class ControlMixin(CoreState):
                         self._subscriber_ready(message["key"], out)
             elif kind == "subs":
                 changes = self.net.membership.apply(snapshot_from(message))
+                if changes:
+                    # Only the two ends of a link that comes up exchange snapshots: what one
+                    # taught us (a partition healing: subscribers that came or went on the
+                    # other side meanwhile), the routers behind us do not know either. Passed
+                    # on only when it changed something here, so it stops where it is known.
+                    self._flood(message, ev.router_id, out)
                 self._membership_changed(changes, now, out)
             elif kind == "stream-resumed":
                 if self._flood_once(

@@ -302,3 +302,44 @@ def test_a_router_that_lost_its_subscriber_before_the_copy_arrived_answers_none(
     mesh.settle_publisher("A", pub, 1)
     mesh.advance(60.0)
     assert all(core.record_count() == 0 for core in mesh.cores.values())
+
+
+# ------------------------------------------------------------------ a partition heals
+
+
+LINE4 = ("ABCD", [("A", "B"), ("B", "C"), ("C", "D")])
+
+
+def test_a_subscriber_that_attached_during_a_partition_is_known_everywhere_once_it_heals():
+    """A - B - C - D, cut between B and C: a subscriber attaches at D meanwhile, which
+    only C and D hear of. When B and C meet again they exchange their snapshots; what
+    B learns from C's it must pass on to A, or A never sends D anything (it released
+    what D's subscriber was owed). Found by the scale model (issue 21 part 4)."""
+    mesh = Mesh(*LINE4)
+    mesh.cut("B", "C")
+    sub = mesh.subscriber("D", "late", durable=2, timeout=60)
+    mesh.connect("B", "C")
+    mesh.settle()
+    mesh.advance(50.0)
+    pub = mesh.publisher("A", rcv_first=True)
+    d = mesh.publish("A", pub, b"1", payload=encode("after the partition"))
+    (copy,) = mesh.forwarded("D", sub)
+    mesh.answer("D", sub, copy.tag)
+    assert [c.outcome for c in mesh.outcomes_for("A", d)] == [outcomes.ACCEPTED]
+
+
+def test_a_subscriber_that_left_during_a_partition_is_forgotten_everywhere_once_it_heals():
+    """The mirror: D's subscriber closes its link while B and C are apart; once they
+    meet again A must no longer count D as interested (it would wait for D's answer,
+    or send D copies for nobody)."""
+    mesh = Mesh(*LINE4)
+    sub = mesh.subscriber("D", "gone")
+    mesh.cut("B", "C")
+    mesh.detach("D", sub, closed=True)
+    mesh.connect("B", "C")
+    mesh.settle()
+    mesh.advance(50.0)
+    assert "D" not in mesh.cores["A"].net.interested_routers("t")
+    pub = mesh.publisher("A", rcv_first=True)
+    d = mesh.publish("A", pub, b"1", payload=encode("nobody"))
+    assert [c.outcome for c in mesh.outcomes_for("A", d)] == [mesh.cores["A"].settings.no_subscribers]
