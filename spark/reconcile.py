@@ -1199,8 +1199,8 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         # every send to a subscriber: in `received.forwarded` (pre-settled copies too: an
         # at-most-once topic's, docs/guarantees.md), or a `forwarded`
         f"concat(flatten(transform(filter(ev, e -> e.k {K('received')}), "
-        f"e -> transform(coalesce(e.f, {_EMPTY}), s -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', s)))), "
-        f"transform(filter(ev, e -> e.k {K('forwarded')}), e -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', e.s))"
+        f"e -> transform(coalesce(e.f, {_EMPTY}), s -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', s, 't', e.t)))), "
+        f"transform(filter(ev, e -> e.k {K('forwarded')}), e -> named_struct('r', e.r, 'e', e.e, 'q', e.q, 's', e.s, 't', e.t))"
         f") AS sends",
         # a subscriber's answers that count as new ones (not reported on a resume)
         f"filter(ev, e -> e.k {K('sub-outcome')} AND NOT coalesce(e.rep, false)) AS answers",
@@ -1555,8 +1555,13 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     first_sends = (
         "transform(array_distinct(transform(sends, x -> named_struct('r', x.r, 's', x.s))), rs -> "
         "array_min(transform(filter(sends, x -> x.r = rs.r AND x.s = rs.s), x -> named_struct("
-        "'e', x.e, 'q', x.q, 'r', x.r, 's', x.s))))"
+        "'e', x.e, 'q', x.q, 'r', x.r, 's', x.s, 't', x.t))))"
     )
+    # On an at-least-once topic a subscriber that failed over may be sent a delivery again
+    # at its new router after later ones (a resend its new router had forgotten): a repeat,
+    # counted as such, not the first copy whose place in publisher order is judged there.
+    step = step.selectExpr("*", f"{first_sends} AS fs0")
+    first_sends = "CASE WHEN alo THEN filter(fs0, x -> NOT exists(fs0, y -> y.s = x.s AND y.r != x.r AND y.t < x.t)) ELSE fs0 END"
     # Each subscriber owed it or answering it: accepted if it ever accepted, else its
     # first answer, else 0 (never answered).
     statuses = (
