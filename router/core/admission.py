@@ -168,16 +168,13 @@ class AdmissionMixin(CoreState):
         resent = False
         existing = self.records.get(tag)
         resending = pub.resending
-        if topic.guarantee.mode == AT_LEAST_ONCE:
-            # No settled memory to consult (docs/guarantees.md): a resend this router no
-            # longer holds is delivered again, a reused tag is a new delivery of the same id.
-            if resending is not None and ptag in resending:
-                resending.discard(ptag)
-                resent = True
-        elif resending is not None and ptag in resending:
+        alo = topic.guarantee.mode == AT_LEAST_ONCE
+        if resending is not None and ptag in resending:
             resending.discard(ptag)
             resent = True  # a resend of a delivery it reported unsettled: never a reuse
-            if existing is None:
+            # (At-least-once keeps no settled memory to consult, docs/guarantees.md: a
+            # resend this router no longer holds is delivered again.)
+            if existing is None and not alo:
                 settled = self.settled
                 verdict = settled.resend_verdict(tag, pub.incarnation)
                 final = settled.outcome_of(tag) if verdict == KNOWN else None
@@ -189,7 +186,7 @@ class AdmissionMixin(CoreState):
                     self._refuse_beyond_horizon(tag, ev.delivery, out)
                     self._refill_credit(topic, out)
                     return None
-        elif existing is None:
+        elif existing is None and not alo:
             # ``tag in self.settled``, inlined: once per message
             memory = pub.memory
             if memory is None:
