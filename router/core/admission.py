@@ -30,7 +30,7 @@ from router.core.events import (
     MessageTooLarge,
 )
 from router.core.guarantees import AT_LEAST_ONCE
-from router.core.links import PublisherLink, Subscription, Topic
+from router.core.links import PublisherLink, Subscription, Topic, hold_in_order
 from router.core.message import MessageError, OriginTemplate, splice_origin
 from router.core.msgfields import application_values
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
@@ -486,7 +486,7 @@ class AdmissionMixin(CoreState):
             if state.outcome is not None and not state.resend:
                 continue
             if sub.placeholders and self.resumption.placeholder_blocks(sub, record):
-                sub.held.setdefault(record.tag[: tags.STREAM_ID_SIZE], []).append(record)
+                hold_in_order(sub.held.setdefault(record.tag[: tags.STREAM_ID_SIZE], []), record)
                 continue
             self._send(sub, link_id, record, record.payload, state, out)
             if record.pub_settled:  # a resumed subscriber's re-send, settled meanwhile

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
@@ -13,6 +15,16 @@ if TYPE_CHECKING:
     from router.core.records import DeliveryRecord, Roster
     from router.core.selector import Selector
     from router.core.settled import StreamSettled
+
+
+_STREAM_SEQ = attrgetter("stream_seq")
+
+
+def hold_in_order(held: list[DeliveryRecord], record: DeliveryRecord) -> None:
+    """Add ``record`` to a subscription's held-back records of one stream
+    (``Subscription.held``), kept in publisher order (stream_seq); usually it goes
+    last, but a fulfilled placeholder's delivery may come after later ones."""
+    insort(held, record, key=_STREAM_SEQ)
 
 
 class PublisherLink:
@@ -30,6 +42,7 @@ class PublisherLink:
         "next_seq",
         "origin",
         "resending",
+        "resumed_with",
         "awaiting_seq",
         "memory",
     )
@@ -64,6 +77,11 @@ class PublisherLink:
         # Resumed: the publisher tags it reported unsettled and has not resent yet. A
         # transfer with one of them is a resend, never a new use of the tag.
         self.resending: set[bytes] | None = None
+        # Resumed here with a complete unsettled list: the outgoing tags of that list.
+        # While this link stays attached, every later delivery of the stream comes
+        # through us, so a tag of it we never saw and the list leaves out was settled
+        # before the resume (resumption.settled_before_resume).
+        self.resumed_with: frozenset[bytes] | None = None
         # Resumed: the routers yet to say how far they saw its stream numbered (its
         # credit waits for them, so its numbering continues past every seq already
         # used: docs/resumption.md, "Publisher order across a resume").

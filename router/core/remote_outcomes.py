@@ -155,12 +155,15 @@ class RemoteOutcomesMixin(CoreState):
 
     def _on_settled_query(self, message: dict[str, Any], out: list[Command]) -> None:
         """Another router holds a placeholder for a delivery it never saw: if we know
-        it settled (a record settled, or its tag remembered), say so."""
+        it settled (a record settled, or its tag remembered, or its publisher resumed
+        here without it and stayed: resumption.settled_before_resume), say so."""
         tag = bytes.fromhex(message["d"])
         record = self.records.get(tag)
         if (record is not None and record.pub_settled) or (record is None and tag in self.settled):
             code = self._final_outcome(record) if record is not None else self.settled.outcome_of(tag)
             self._route_control(message["from"], self._settle_message(tag, code, True), out)
+        elif record is None and self.resumption.settled_before_resume(tag):
+            self._route_control(message["from"], self._settle_message(tag, None, True), out)
 
     def _on_settle_ack(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         record = self.records.get(bytes.fromhex(message["d"]))

@@ -9,7 +9,6 @@ the core.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
@@ -17,6 +16,7 @@ from router.core.commands import Command, DetachLink, Log
 from router.core.constants import _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
 from router.core.errors import ProtocolError
 from router.core.guarantees import AT_LEAST_ONCE
+from router.core.links import hold_in_order
 from router.core.moved import MovedSubscribers
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, RouterState, SubscriberState
@@ -26,13 +26,10 @@ if TYPE_CHECKING:
 
     from router.core.events import MessageReceived
     from router.core.links import PublisherLink, Subscription, Topic
-    from router.core.router import RouterCore
 
 RESUME_PROPERTY = "eorouter:resume"
 UNSETTLED_PROPERTY = "eorouter:unsettled"
 INCOMPLETE_PROPERTY = "eorouter:incomplete-unsettled"
-# How many resumed publisher streams' unsettled lists a router remembers.
-RESUMED_STREAMS_KEPT = 10_000
 
 _STATE_NAMES = {
     "none": outcomes.NONE,
@@ -65,6 +62,30 @@ def reported_unsettled(properties: dict[str, Any] | None) -> tuple[bool, dict[by
     return resuming, reported, props.get(INCOMPLETE_PROPERTY) is True
 
 
+#: A resumed stream's numbering never continues below the wall clock in microseconds.
+SEQ_PER_SECOND = 1_000_000
+
+
+def continued_seq(next_seq: int, highest_seen: int, now: float) -> int:
+    """Where a resumed publisher stream's numbering (stream_seq, publisher order)
+    continues: after every number this router and the other routers still know of
+    (``highest_seen``; their answers raise it further, on_stream_seq), and never below
+    ``now`` in microseconds of wall time.
+
+    The floor is for what no live router knows. The routers that numbered the stream
+    last may all be dead (every router its publisher and subscribers were on), and the
+    survivors may never have seen it (no subscriber there), so their answers say
+    nothing: continuing at 0 would number the next messages below ones the subscribers
+    already have (the receivers' order chains, router/core/relay.py, would pass
+    anything, and the proof would call every later delivery out of order). Numbers
+    need only grow in publisher order, not be dense, and one run of numbering grows by
+    one per message, so it stays below a later floor unless it numbered more than a
+    million messages per second since it began, or the wall clocks of the two routers
+    differ by more than the time between the two resumes (the same assumption as the
+    mint-time rule, router/core/settled.py)."""
+    return max(next_seq, highest_seen + 1, int(now * SEQ_PER_SECOND))
+
+
 def state_name(outcome: Outcome | None) -> str:
     return "none" if outcome is None else outcomes.NAMES[outcome.code]
 
@@ -76,16 +97,9 @@ class Resumption(MovedSubscribers):
     (each says when). This component reads the core's public state (``records``,
     ``topics``, ``publishers``, ``subscriptions``, ``by_delivery``, ``net``,
     ``settings``, ``epoch``, ``stream_seq``, ``lost``, ``settled``) and calls only the
-    core's services named in ``RouterCore.SERVICES`` (router/core/router.py). Its own
-    state: the last complete unsettled list each resumed stream was announced with."""
-
-    def __init__(self, core: RouterCore) -> None:
-        super().__init__(core)
-        # publisher stream -> the outgoing tags its publisher still held unsettled when
-        # it last resumed with a complete list (here, or announced by "stream-resumed"):
-        # any other tag of the stream published before then it had settled, so a
-        # resuming subscriber's placeholder for it would wait for nothing. Bounded.
-        self.resumed_streams: OrderedDict[bytes, frozenset[bytes]] = OrderedDict()
+    core's services named in ``RouterCore.SERVICES`` (router/core/router.py). It keeps
+    no state of its own: what it needs rides on the links (``PublisherLink.resumed_with``,
+    ``Subscription.placeholders``)."""
 
     # ------------------------------------------------------------ publishers
 
@@ -96,13 +110,15 @@ class Resumption(MovedSubscribers):
         its stream's deliveries we hold. Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         # Continue the stream's numbering (publisher order) where any router left it.
-        pub.next_seq = max(pub.next_seq, self.core.stream_seq.get(pub.stream, -1) + 1)
+        pub.next_seq = continued_seq(pub.next_seq, self.core.stream_seq.get(pub.stream, -1), now)
         answer: list[list[bytes | str]] = []
         for pub_tag in reported:
             record = self.core.records.get(tags.outgoing_tag(pub.stream, pub_tag))
             if record is not None:
                 answer.append([pub_tag, state_name(record.outcome) if record.outcome else "none"])
         pub.resending = set(reported) or None
+        if not incomplete:
+            pub.resumed_with = frozenset(tags.outgoing_tag(pub.stream, t) for t in reported)
         out.append(
             Log(
                 "resume-requested",
@@ -129,7 +145,7 @@ class Resumption(MovedSubscribers):
         have been delivered before its router died, and is not relayed again
         (admission's ``_relay_best_effort``): at most once, never twice."""
         _, reported, incomplete = reported_unsettled(properties)
-        pub.next_seq = max(pub.next_seq, self.core.stream_seq.get(pub.stream, -1) + 1)
+        pub.next_seq = continued_seq(pub.next_seq, self.core.stream_seq.get(pub.stream, -1), now)
         pub.resending = set(reported) or None
         out.append(
             Log(
@@ -247,15 +263,11 @@ class Resumption(MovedSubscribers):
                     self.core.answer_origin(record, record.outcome, at, out)
 
     def _stream_resumed(self, stream: bytes, unsettled_pub_tags: Iterable[bytes], now: float, out: list[Command]) -> None:
-        """The stream's publisher resumed with a complete unsettled list: remember it,
-        and drop resuming subscribers' placeholders for tags it no longer holds (it
-        settled them; they will never arrive) so they stop holding the stream back."""
+        """The stream's publisher resumed with a complete unsettled list: drop resuming
+        subscribers' placeholders for tags it no longer holds (they were made before
+        this resume, so the publisher had sent them: it settled them, and they will
+        never arrive) so they stop holding the stream back."""
         still = frozenset(tags.outgoing_tag(stream, t) for t in unsettled_pub_tags)
-        resumed = self.resumed_streams
-        resumed[stream] = still
-        resumed.move_to_end(stream)
-        if len(resumed) > RESUMED_STREAMS_KEPT:
-            resumed.popitem(last=False)
         self._drop_placeholders(stream, lambda waiting: sorted(waiting - still), now, out)
 
     def _hand_origin_over(self, record: DeliveryRecord, new_origin: str, now: float, out: list[Command]) -> None:
@@ -410,9 +422,8 @@ class Resumption(MovedSubscribers):
         (a placeholder holds the rest of its stream back) unless its publisher
         resumed without it (settled)."""
         stream = tag[: tags.STREAM_ID_SIZE]
-        still = self.resumed_streams.get(stream)
-        if still is not None and tag not in still:
-            # Its publisher resumed without it: settled (its router died
+        if self.settled_before_resume(tag):
+            # Its publisher resumed here without it: settled (its router died
             # before this subscriber heard). Left out of our answer.
             out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
             return
@@ -424,6 +435,25 @@ class Resumption(MovedSubscribers):
         # ask; a router that knows it settled answers "settle" with "done".
         for router_id in sorted(self.core.net.reachable() - {self.core.settings.router_id}):
             self.core.route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
+
+    def settled_before_resume(self, tag: bytes) -> bool:
+        """Whether ``tag``, a delivery this router holds no record of and does not
+        remember settled, is one its publisher had settled: true when the publisher
+        resumed *here* with a complete unsettled list that leaves it out, and its link
+        has stayed attached since. Every delivery of the stream published after that
+        resume came through this router (it would hold the record or remember it
+        settled), so the tag is older, and the publisher no longer held it.
+
+        Not so from another router's list (a "stream-resumed" heard earlier): a tag
+        published after that resume is missing from it too. Trusting such a list
+        told a subscriber that moved to a freshly restarted router that a delivery
+        was settled which was still on its way, and then sent it as a new one
+        (found by `scripts/bench --failover`)."""
+        stream = tag[: tags.STREAM_ID_SIZE]
+        for pub in self.core.publishers.values():
+            if pub.stream == stream and pub.resumed_with is not None:
+                return tag not in pub.resumed_with
+        return False
 
     def _owe_reported(self, record: DeliveryRecord, key: str, code: int, now: float, out: list[Command]) -> SubscriberState:
         """A resuming subscriber reported a delivery we hold unsettled: owed to it and
@@ -477,7 +507,11 @@ class Resumption(MovedSubscribers):
             out.append(Log("placeholder-fulfilled", {"subscriber": sub.key, "delivery": record.delivery_id}))
             state = self.owe_here(record, sub.key)
             state.resend = True
-            sub.queue.appendleft(record)
+            # Held with what its stream held back, in publisher order, and all of it
+            # sent once the last placeholder is fulfilled. (Put at the head of the
+            # queue instead, several fulfilled while the subscriber waited to be ready
+            # went out in reverse: found by `scripts/bench --failover`.)
+            hold_in_order(sub.held.setdefault(stream, []), record)
             if not waiting:
                 self._release_held(sub, stream)
             self.core.pump(sub, now, out)

@@ -14,6 +14,7 @@ from meshkit import Mesh
 
 from router.core import outcomes
 from router.core.commands import OpenLink, SendOutcome
+from router.core.events import CreditChanged
 from router.core.router import INCARNATION_PROPERTY
 
 TRIANGLE = ("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
@@ -265,6 +266,83 @@ def test_a_placeholder_is_dropped_when_its_publisher_resumes_elsewhere_without_i
     got = mesh.forwarded("B", sub)
     assert [decode(c.payload).body for c in got] == ["m2", "m3", "m4"]
     assert "placeholder-expired" not in [e.kind for e in mesh.logs["B"]]
+
+
+def test_a_delivery_published_after_a_resume_heard_elsewhere_is_not_taken_for_settled():
+    """Found by `scripts/bench --failover`: the publisher resumed at B with nothing
+    unsettled (C heard its "stream-resumed"), then published #4, which the
+    subscriber at B accepted before B died. The subscriber moves to C and reports #4.
+    C must not conclude from the list it heard that #4 was settled (it was published
+    after that list): it waits for it (a placeholder) and, when the publisher
+    resumes at C with #4 and resends it, sends it as the re-send it is."""
+    from router.core import tags
+
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    mesh.kill("A")
+    at_b = _resume_publisher(mesh, "B", incarnation, [])
+    mesh.settle()
+    sub = mesh.subscriber("B", "k", durable=2, timeout=60)
+    payload = encode("m4")
+    mesh.publish("B", at_b, b"4", payload=payload)
+    (copy,) = mesh.forwarded("B", sub)
+    _accept_unsettled(mesh, "B", sub, copy.tag)
+    mesh.kill("B")
+    moved = _resume_subscriber(mesh, "C", "k", [(copy.tag, "accepted")])
+    kinds = [(e.kind, e.fields.get("delivery")) for e in mesh.logs["C"]]
+    assert ("placeholder-created", copy.tag.hex()) in kinds
+    assert ("placeholder-settled", copy.tag.hex()) not in kinds
+    at_c = _resume_publisher(mesh, "C", incarnation, [b"4"])
+    assert ("placeholder-settled", copy.tag.hex()) not in [(e.kind, e.fields.get("delivery")) for e in mesh.logs["C"]]
+    resent = mesh.publish("C", at_c, b"4", payload=payload)
+    assert [e.fields["delivery"] for e in mesh.logs["C"] if e.kind == "placeholder-fulfilled"] == [copy.tag.hex()]
+    (again,) = mesh.forwarded("C", moved)
+    assert again.tag == copy.tag == tags.outgoing_tag(tags.stream_id("P", "p", incarnation), b"4")
+    mesh.answer("C", moved, again.tag)
+    assert [c.outcome for c in mesh.outcomes_for("C", resent)] == [outcomes.ACCEPTED]
+
+
+def test_the_publisher_where_it_resumed_answers_for_a_tag_it_settled_before():
+    """The sound form of the rule above: asked "settled?" about a tag it never saw,
+    the router where the publisher resumed (and stayed) answers for it when the
+    publisher's complete list left it out, so the subscriber's stream is not held
+    back until the placeholder expires."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    incarnation, (t1, t2, t3), payloads = _kill_a_with_one_settled_delivery(mesh)
+    pub = _resume_publisher(mesh, "B", incarnation, [b"2", b"3"])
+    sub = _resume_subscriber(mesh, "C", "k", [(t1, "accepted"), (t2, "none"), (t3, "none")])
+    settled = [e.fields["delivery"] for e in mesh.logs["C"] if e.kind == "placeholder-settled"]
+    assert settled == [t1.hex()], "B said #1 was settled before its publisher resumed there"
+    for n in (b"2", b"3"):
+        mesh.publish("B", pub, n, payload=payloads[int(n)])
+    mesh.publish("B", pub, b"4", body="m4")
+    assert [decode(c.payload).body for c in mesh.forwarded("C", sub)] == ["m2", "m3", "m4"]
+    assert "placeholder-expired" not in [e.kind for e in mesh.logs["C"]]
+
+
+def test_fulfilled_placeholders_go_out_in_publisher_order_to_a_subscriber_without_credit():
+    """Found by `scripts/bench --failover`: several placeholders fulfilled while the
+    resumed subscriber could not be sent anything were sent in reverse once it
+    could (each was put at the head of its queue)."""
+    mesh = Mesh(*TRIANGLE, record_linger=1.0)
+    incarnation, (t1, t2, t3), payloads = _kill_a_with_one_settled_delivery(mesh)
+    sub = mesh.subscriber(
+        "B",
+        "k",
+        credit=0,
+        durable=2,
+        timeout=60,
+        properties={"eorouter:resume": True, "eorouter:unsettled": [[t2, "none"], [t3, "none"]]},
+    )
+    pub = _resume_publisher(mesh, "B", incarnation, [b"2", b"3"])
+    for n in (b"2", b"3"):
+        mesh.publish("B", pub, n, payload=payloads[int(n)])
+    mesh.publish("B", pub, b"4", body="m4")
+    assert mesh.forwarded("B", sub) == []
+    mesh.feed("B", CreditChanged(sub, 10))
+    mesh.settle()
+    assert [decode(c.payload).body for c in mesh.forwarded("B", sub)] == ["m2", "m3", "m4"]
 
 
 def test_a_new_delivery_waits_behind_a_placeholder_of_its_stream():
@@ -606,13 +684,48 @@ def test_a_stream_resumed_at_a_router_that_never_saw_it_continues_its_numbering(
     assert not [c for c in mesh.client["B"] if isinstance(c, GrantCredit) and c.link_id == 500]
     mesh.settle()
     assert [c for c in mesh.client["B"] if isinstance(c, GrantCredit) and c.link_id == 500]
-    assert [e.fields["next_seq"] for e in mesh.logs["B"] if e.kind == "stream-seq-continued"] == [3]
+    (continued,) = [e.fields["next_seq"] for e in mesh.logs["B"] if e.kind == "stream-seq-continued"]
+    assert continued > 2
     mesh.publish("B", 500, b"4", body="m4")
     for r, link in subs.items():
         seq_of = {e.fields["delivery"]: e.fields["stream_seq"] for e in mesh.logs[r] if e.kind == "received"}
         copies = mesh.forwarded(r, link)
         assert [decode(c.payload).body for c in copies] == ["m1", "m2", "m3", "m4"]
-        assert [seq_of[c.tag.hex()] for c in copies] == [0, 1, 2, 3], r
+        assert [seq_of[c.tag.hex()] for c in copies] == [0, 1, 2, continued], r
+
+
+def test_a_stream_whose_every_router_died_continues_above_what_its_subscribers_have():
+    """Found by `scripts/bench --failover`: the publisher and its only subscriber were
+    on A, which numbered #1-#3 and died; the publisher resumes at B, and neither B nor
+    C ever saw the stream (no subscriber there), so every answer says "nothing". The
+    numbering must still continue above #3, which the subscriber already has: at 0,
+    the proof called every later message out of order, and the receivers' order
+    chains (prev <= their head) let any copy through. It continues at the resuming
+    router's wall clock in microseconds, above any number a run of numbering that
+    began earlier can have reached."""
+    mesh = Mesh(*TRIANGLE, record_linger=0.5)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    for n in (1, 2, 3):
+        mesh.publish("A", pub, str(n).encode(), body=f"m{n}")
+    for copy in mesh.forwarded("A", sub):
+        mesh.answer("A", sub, copy.tag)
+    seq_at_a = [e.fields["stream_seq"] for e in mesh.logs["A"] if e.kind == "received"]
+    assert seq_at_a == [0, 1, 2]
+    mesh.kill("A")
+    mesh.settle()
+    moved = _resume_subscriber(mesh, "B", "k", [])
+    resumed = _resume_publisher(mesh, "B", incarnation, [])
+    mesh.settle()
+    (continued,) = [e.fields["next_seq"] for e in mesh.logs["B"] if e.kind == "stream-seq-continued"]
+    assert continued > max(seq_at_a)
+    mesh.publish("B", resumed, b"4", body="m4")
+    mesh.publish("B", resumed, b"5", body="m5")
+    seq_of = {e.fields["delivery"]: e.fields["stream_seq"] for e in mesh.logs["B"] if e.kind == "received"}
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m4", "m5"]
+    assert [seq_of[c.tag.hex()] for c in copies] == [continued, continued + 1]
 
 
 def test_a_resumed_publisher_waits_for_its_numbering_no_longer_than_the_timeout():
