@@ -1204,6 +1204,8 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f") AS sends",
         # a subscriber's answers that count as new ones (not reported on a resume)
         f"filter(ev, e -> e.k {K('sub-outcome')} AND NOT coalesce(e.rep, false)) AS answers",
+        # the subscribers that reported holding it where the router had no record yet
+        f"filter(ev, e -> e.k {K('placeholder-created')}) AS placeholders",
     )
     # each record with its router's first answer in that epoch (pub-outcome or outcome-to-router)
     step = step.selectExpr(
@@ -1298,8 +1300,14 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     )
 
     # --- duplicated: one subscriber accepted this delivery id twice (reports aside). On an
-    # at-least-once topic that is allowed: counted (alo_dups), not failed.
-    accepts = f"filter(answers, e -> e.o = {ACC})"
+    # at-least-once topic that is allowed: counted (alo_dups), not failed. Nor is the
+    # answer to the re-send a router owes a subscriber that reported holding the
+    # delivery before the router had it (a placeholder, docs/resumption.md): the
+    # subscriber recognises the tag and answers with the state it reported.
+    accepts = (
+        f"filter(answers, e -> e.o = {ACC} AND NOT exists(placeholders, p -> p.r = e.r AND p.e = e.e "
+        "AND p.s = e.s AND p.q < e.q))"
+    )
     twice = (
         f"filter(transform(array_distinct(transform({accepts}, e -> e.s)), s -> named_struct("
         f"'s', s, 'a', filter({accepts}, e -> e.s = s))), x -> size(x.a) > 1)"
