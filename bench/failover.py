@@ -38,7 +38,10 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
+import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -219,16 +222,23 @@ class FailoverRun:
             time.sleep(0.05)
         raise TimeoutError(f"no steady outcomes for {seconds} s within {timeout} s")
 
-    def kill_round(self, timeout: float) -> dict:
-        victim = self.where("pub")
+    def kill_round(self, timeout: float, victim: str | None = None, stall: float = 0.0) -> dict:
+        """Kill ``victim`` (None: the router the publisher is on), after stopping it
+        (SIGSTOP) for ``stall`` seconds if given (a router that hangs, then dies:
+        the clients notice the stall by their heartbeat), and measure from the fault."""
+        if victim is None:
+            victim = self.where("pub")
         if victim is None:
             raise RuntimeError("cannot tell which router the publisher is on")
         moving = [name for name in self.subs if self.where(name) == victim]
         dead = self.net.routers[victim].url
         marks = {name: len(self.tails[name].lines) for name in self.tails}
         killed_at = time.time()
+        if stall > 0:
+            os.kill(self.net.routers[victim].proc.pid, signal.SIGSTOP)
+            time.sleep(stall)
         self.net.routers[victim].kill()
-        got: dict = {"victim": victim, "subscribers_on_victim": moving}
+        got: dict = {"victim": victim, "subscribers_on_victim": moving, "stall": stall}
         first_new_tag = None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -383,15 +393,29 @@ def run(args: argparse.Namespace) -> dict:
         "command": "python -m bench.failover " + " ".join(args.argv),
         "date": _dt.datetime.now(_dt.UTC).isoformat(),
         "machine": machine_facts(),
-        "settings": {"kills": args.kills, "rate": args.rate, "heartbeat": args.heartbeat, "settle": args.settle},
+        "settings": {
+            "kills": args.kills,
+            "rate": args.rate,
+            "heartbeat": args.heartbeat,
+            "settle": args.settle,
+            "victims": args.victims,
+            "stall": args.stall,
+            "load": args.load,
+            "seed": args.seed,
+        },
         "rounds": [],
     }
     failover = FailoverRun(work, args.rate, args.heartbeat)
+    rng = random.Random(args.seed)
+    # Races show on a busy machine: --load N keeps N more processes spinning on the CPU.
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL) for _ in range(args.load)]
     try:
         failover.start_publishing()
         for n in range(args.kills):
             failover.wait_steady(args.settle)
-            r = failover.kill_round(args.timeout)
+            victim = rng.choice(sorted(failover.net.routers)) if args.victims == "any" else None
+            stall = rng.uniform(0.5, 2.5) if rng.random() < args.stall else 0.0
+            r = failover.kill_round(args.timeout, victim, stall)
             doc["rounds"].append(r)
             print(
                 f"kill {n + 1:2d}/{args.kills} {r['victim']}: publisher {fmt_s(r.get('publisher'))}, new message "
@@ -404,6 +428,9 @@ def run(args: argparse.Namespace) -> dict:
         failover.wait_steady(args.settle)
         doc["end"] = failover.finish()
     finally:
+        for p in load:
+            p.kill()
+            p.wait()
         failover.close()
     for key, _ in MEASURES:
         doc[key] = distribution([r[key] for r in doc["rounds"] if r.get(key) is not None])
@@ -453,8 +480,11 @@ def markdown(doc: dict) -> str:
     )
     return (
         run_header(doc)
-        + f"\nSettings: 3 routers (A, B, C, each linked to the other two), {st['kills']} SIGKILLs, each of the router the "
-        f"publisher was on, restarted before the next kill; one resumable publisher (router.client) at {st['rate']:.0f} msgs/s "
+        + f"\nSettings: 3 routers (A, B, C, each linked to the other two), {st['kills']} SIGKILLs, each of "
+        + ("a router chosen at random" if st.get("victims") == "any" else "the router the publisher was on")
+        + (f" ({st['stall']:.0%} of them after a 0.5-2.5 s SIGSTOP, timed from the stop)" if st.get("stall") else "")
+        + (f", beside {st['load']} processes spinning on the CPU" if st.get("load") else "")
+        + f", restarted before the next kill; one resumable publisher (router.client) at {st['rate']:.0f} msgs/s "
         f"on an exactly-once topic, three resumable durable subscribers (one starts on the publisher's router); client "
         f"heartbeat {st['heartbeat']:g} s; {st['settle']:g} s of steady outcomes before each kill.\n\n"
         "| seconds from the SIGKILL to … | kills | min | p50 | p90 | max | within 1 s |\n"
@@ -478,6 +508,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat", type=float, default=1.0, help="the clients' heartbeat, s (default 1)")
     p.add_argument("--settle", type=float, default=1.0, help="steady outcomes before each kill, s (default 1)")
     p.add_argument("--timeout", type=float, default=30, help="give up on a round's measures after this long, s")
+    p.add_argument(
+        "--victims",
+        choices=["publisher", "any"],
+        default="publisher",
+        help="kill the publisher's router each round (default), or any router, chosen at random",
+    )
+    p.add_argument("--stall", type=float, default=0.0, help="the share of kills preceded by a 0.5-2.5 s SIGSTOP (default 0)")
+    p.add_argument("--load", type=int, default=0, help="processes spinning on the CPU beside the run (default 0)")
+    p.add_argument("--seed", type=int, default=1, help="for --victims any and --stall (default 1)")
     p.add_argument("--no-proof", action="store_true", help="skip eorouter reconcile at the end")
     p.add_argument("--keep", action="store_true", help="keep the routers' logs and the ledgers")
     p.add_argument("--write-docs", action="store_true", help="rewrite docs/benchmarks.md's failover block")
