@@ -1451,10 +1451,14 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     # subscribers did (docs/delivery-rule.md). Excused, for "every owed subscriber
     # accepted": a router that received it never logged its answer and died, or
     # the origin had it unreachable when it answered: the origin could not know.
+    # A subscriber's answer at the answer's own seq came before it: a "completed"
+    # line folds the sub-outcome and the pub-outcome it caused, in that order
+    # (comparing with < missed a refusal folded into its own answer's line:
+    # found by the generated histories, --fault outcome-refused with p_fold 1).
     pairs = (
         "flatten(transform(recs, rec -> transform(rec.owed, s -> named_struct('r', rec.r, 'e', rec.e, 's', s, "
         f"'ans', rec.ans, 'first', array_min(transform(filter({said('rec', 's')}, e -> rec.ans IS NULL OR "
-        f"e.q < rec.ans.q), e -> named_struct('q', e.q, 'o', CASE WHEN e.k {K('expired')} THEN {EXPIRED} "
+        f"e.q <= rec.ans.q), e -> named_struct('q', e.q, 'o', CASE WHEN e.k {K('expired')} THEN {EXPIRED} "
         "ELSE e.o END)))))))"
     )
     # A delivery a router whose log is missing took part in (it received it, or sent

@@ -133,6 +133,31 @@ def test_folded_lines_give_the_same_verdicts(spark, tmp_path):
             ledger.rename(clients / ledger.name)
     assert folded > 50 and all(truth[f"h{n}."] for n in range(1, 8))
     assert made["duplicates"] > 5 and made["app_duplicates"] > 0, made
+    # Found by test_verdict_matches_known_truth: a subscriber's refusal folded into
+    # the "completed" line of its router's (wrong) accepted answer, at the same seq,
+    # was not counted as coming before that answer (outcome-disagrees missed).
+    spec = Spec(
+        routers=1,
+        publishers=3,
+        subscribers=2,
+        topics=2,
+        deliveries=25,
+        round_size=11,
+        seed=0,  # a seed whose refused subscriber's answer is folded into that line
+        p_reject=0.1,
+        p_presettled=0.2,
+        p_refused=0.1,
+        p_fold=1.0,
+        p_batch=1.0,
+        faults=("outcome-refused",),
+        prefix="h8.",
+    )
+    info = generate(tmp_path / "h8", spec)
+    truth[spec.prefix] = {check: set(items) for check, items in info["truth"].items()}
+    assert set(truth[spec.prefix]) == {"outcome-disagrees", "lost"}
+    routers += [str(tmp_path / "h8" / r) for r in info["routers"]]
+    for ledger in sorted((tmp_path / "h8").glob("clients/*.jsonl")):
+        ledger.rename(clients / ledger.name)
     result = run_reconcile(spark, routers, clients=str(clients), first=None)
     found = violations_by_history(result, truth)
     assert found == truth
