@@ -85,6 +85,18 @@ def test_verdict_matches_known_truth(spark, tmp_path_factory, batch):
     assert result["verdict"]["proven_clean"] == (not any(truth.values()))
 
 
+def _add_history(base, spec: Spec, routers: list, truth: dict) -> dict:
+    """Generate ``spec``'s history under ``base``/<prefix>, its ledgers into
+    ``base``/clients; add its routers and its truth. Returns generate()'s info."""
+    out = base / spec.prefix.rstrip(".")
+    info = generate(out, spec)
+    truth[spec.prefix] = {check: set(items) for check, items in info["truth"].items()}
+    routers += [str(out / r) for r in info["routers"]]
+    for ledger in sorted(out.glob("clients/*.jsonl")):
+        ledger.rename(base / "clients" / ledger.name)
+    return info
+
+
 def test_folded_lines_give_the_same_verdicts(spark, tmp_path):
     """The router's hot path writes one "completed" line for a sub-outcome, the
     accepted pub-outcome it caused and the settlement (router.eventschema.FOLDED). With
@@ -123,14 +135,10 @@ def test_folded_lines_give_the_same_verdicts(spark, tmp_path):
             faults=faults,
             prefix=f"h{n}.",
         )
-        info = generate(tmp_path / f"h{n}", spec)
+        info = _add_history(tmp_path, spec, routers, truth)
         folded += info["folded_lines"]
         for key in made:
             made[key] += info["at_least_once"][key]
-        truth[spec.prefix] = {check: set(items) for check, items in info["truth"].items()}
-        routers += [str(tmp_path / f"h{n}" / r) for r in info["routers"]]
-        for ledger in sorted((tmp_path / f"h{n}").glob("clients/*.jsonl")):
-            ledger.rename(clients / ledger.name)
     assert folded > 50 and all(truth[f"h{n}."] for n in range(1, 8))
     assert made["duplicates"] > 5 and made["app_duplicates"] > 0, made
     # Found by test_verdict_matches_known_truth: a subscriber's refusal folded into
@@ -152,12 +160,8 @@ def test_folded_lines_give_the_same_verdicts(spark, tmp_path):
         faults=("outcome-refused",),
         prefix="h8.",
     )
-    info = generate(tmp_path / "h8", spec)
-    truth[spec.prefix] = {check: set(items) for check, items in info["truth"].items()}
+    _add_history(tmp_path, spec, routers, truth)
     assert set(truth[spec.prefix]) == {"outcome-disagrees", "lost"}
-    routers += [str(tmp_path / "h8" / r) for r in info["routers"]]
-    for ledger in sorted((tmp_path / "h8").glob("clients/*.jsonl")):
-        ledger.rename(clients / ledger.name)
     result = run_reconcile(spark, routers, clients=str(clients), first=None)
     found = violations_by_history(result, truth)
     assert found == truth
