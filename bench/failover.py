@@ -123,7 +123,14 @@ class FailoverRun:
         self.net = RouterNetwork(
             work / "routers",
             parse_topology(TRIANGLE),
-            overrides={"delivery": {"record_linger": 1.0}, "failover": {"publisher_resume_timeout": 20}},
+            overrides={
+                "delivery": {"record_linger": 1.0},
+                "failover": {"publisher_resume_timeout": 20},
+                # Every restart opens a new file: with the default retention (10 files) a
+                # router restarted more often loses its first epochs' logs, and the proof
+                # rightly reports them missing (found with --victims any). Keep them all.
+                "eventlog": {"retention": 1000},
+            },
         )
         self.net.start()
         self.subs: dict[str, ResumableSubscriber] = {}
