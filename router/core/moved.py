@@ -81,9 +81,8 @@ class MovedSubscribers:
                 continue
             del record.remote_routers[router_id]
             keys = [str(s.key) for s in self.core.net.membership.subscribers_at(router_id, record.topic) if s.durable]
-            for key in keys:
-                self._owe_moved_or_local(record, key, now, out)
-            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id, "subscribers": keys}))
+            owed = [key for key in keys if self._owe_moved_or_local(record, key, now, out)]
+            out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id, "subscribers": owed}))
             self.resend_to_moved(record, out)
             if record.outcome is None:
                 self.core.maybe_answer_publisher(record, now, out)
@@ -100,21 +99,23 @@ class MovedSubscribers:
         if record.moved:
             self.resend_to_moved(record, out)
 
-    def _owe_moved_or_local(self, record: DeliveryRecord, key: str, now: float | None, out: list[Command]) -> None:
+    def _owe_moved_or_local(self, record: DeliveryRecord, key: str, now: float | None, out: list[Command]) -> bool:
         """Owe ``record`` to a subscriber of a lost router: here if it already
-        re-attached here, else wherever it shows up."""
+        re-attached here, else wherever it shows up. False: it is not owed it (it is
+        back here, and its selector does not select it), so no log may say it is."""
         sub = self.core.subscriptions.get(key)
         if sub is None:
             record.own_moved().setdefault(key, MovedState())
-            return
+            return True
         if key not in record.subscribers:
             if not self.selects(record, key, out):
-                return
+                return False
             self.owe_here(record, key)
             if sub.link_id is not None:
                 sub.queue.append(record)
                 if now is not None:
                     self.core.pump(sub, now, out)
+        return True
 
     def local_subscriber_moved(self, key: str, to_router: str, now: float, out: list[Command]) -> None:
         """A durable subscriber we held (detached, retained) attached at another router:

@@ -322,10 +322,9 @@ class Resumption(MovedSubscribers):
             # before they had it: its durable ones are owed it by us now, wherever
             # they re-attach (what _router_lost does for a router we wait for).
             keys = [str(s.key) for s in self.core.net.membership.subscribers_at(old_origin, record.topic) if s.durable]
-            if keys:
-                for key in keys:
-                    self._owe_moved_or_local(record, key, now, out)
-                out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin, "subscribers": keys}))
+            owed = [key for key in keys if self._owe_moved_or_local(record, key, now, out)]
+            if owed:
+                out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin, "subscribers": owed}))
                 self.resend_to_moved(record, out)
         self.core.maybe_answer_publisher(record, now, out)
 

@@ -11,7 +11,8 @@ from meshkit import Mesh
 
 from router.core import outcomes
 from router.core.errors import ProtocolError
-from router.core.events import SUBSCRIBER, LinkAttached
+from router.core.commands import Forward, Log, SendOutcome
+from router.core.events import SUBSCRIBER, CreditChanged, LinkAttached, MessageReceived, PeerLost
 from router.core.selector import NOT_A_STRING, compile_selector
 
 PAIR = ("AB", [("A", "B")])
@@ -103,3 +104,29 @@ def test_a_bad_selector_refuses_the_attach(selector, fragment):
         mesh.cores["A"].handle(LinkAttached(99, 99, "S-x", "x", SUBSCRIBER, "t", selector=selector), mesh.now)
     assert err.value.condition == "amqp:invalid-field" and fragment in err.value.description
     assert "S-x/x" not in mesh.cores["A"].subscriptions  # nothing changed
+
+
+def test_a_moved_subscriber_its_selector_skips_is_not_logged_as_owed():
+    """Found under CPU load by tests/failover/test_kill.py: a durable subscriber with a
+    selector re-attached at B before B noticed that its old router A had died. A
+    message B then took in was not for it (filtered); when B lost A, it logged the
+    message as owed to A's durable subscribers, this one included, though it owed it
+    nothing, and the proof counted it lost."""
+    mesh = Mesh("AB", [("A", "B")])
+    mesh.subscriber("A", "k", durable=2, timeout=60, selector="color = 'red'")
+    pub = mesh.publisher("B", rcv_first=True)
+    # A is dead from here on: B's messages to it go nowhere. B hears of it only after
+    # the subscriber is back, at B, and after it took in a message that the
+    # subscriber's selector does not select.
+    b, now, said = mesh.cores["B"], mesh.now, []
+    for event in (
+        LinkAttached(50, 50, "S-k", "k", SUBSCRIBER, "t", durable=2, timeout=60, selector="color = 'red'", rcv_settle_mode=1),
+        CreditChanged(50, 100),
+        MessageReceived(pub, 99, b"1", colored("blue"), False),
+        PeerLost(mesh.links[frozenset("AB")], "A"),
+    ):
+        said += b.handle(event, now)
+    assert not [c for c in said if isinstance(c, Forward) and c.link_id == 50]
+    moves = [c.fields for c in said if isinstance(c, Log) and c.kind == "owed-moved"]
+    assert all("S-k/k" not in m["subscribers"] for m in moves), moves
+    assert [c.outcome for c in said if isinstance(c, SendOutcome) and c.delivery == 99] == [outcomes.ACCEPTED]
