@@ -10,8 +10,8 @@ from corekit import decode, encode
 from meshkit import Mesh
 
 from router.core import outcomes
-from router.core.errors import ProtocolError
 from router.core.commands import Forward, Log, SendOutcome
+from router.core.errors import ProtocolError
 from router.core.events import SUBSCRIBER, CreditChanged, LinkAttached, MessageReceived, PeerLost
 from router.core.selector import NOT_A_STRING, compile_selector
 
