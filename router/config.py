@@ -22,6 +22,7 @@ from router import eventlog
 from router.core import outcomes
 from router.core.guarantees import MODES as GUARANTEE_MODES
 from router.core.guarantees import GuaranteeRule
+from router.core.resumption import SETTLE_MODES
 from router.core.settings import CoreSettings
 from router.policy import Group, Policy, valid_pattern
 
@@ -363,7 +364,7 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "delivery": {
         "no_subscribers": _choice(NO_SUBSCRIBER_OUTCOMES),
-        "publisher_rcv_settle_mode": _choice(("first", "as-requested")),
+        "publisher_rcv_settle_mode": _choice(SETTLE_MODES),
         "record_linger": _seconds(positive=False),
         "drain_grace": _seconds(positive=False),
     },

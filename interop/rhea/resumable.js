@@ -567,7 +567,9 @@ class ResumableClient {
   }
 
   resumeProps(conn) {
-    if (!this.state.attachedOnce) { this.lastResume = null; return undefined; }
+    // The first attach says only that we resume after a failure: a router then settles a publisher's deliveries in
+    // two steps (docs/delivery-rule.md, "Settlement").
+    if (!this.state.attachedOnce) { this.lastResume = null; return { [RESUME]: false }; }
     const remoteMax = conn.max_frame_size || 0;
     const budget = unsettledBudget(remoteMax, this.linkName, this.topic, this.unsettledCap);
     const r = resumeProperties(this.state.entries(), budget, this.incarnationToPresent());
@@ -710,7 +712,9 @@ class ResumablePublisher extends ResumableClient {
   incarnationToPresent() { return this.state.incarnation; }
 
   makeLink(conn, props) {
-    const opts = { name: this.linkName, target: { address: this.topic }, source: {}, snd_settle_mode: 0, rcv_settle_mode: 0,
+    // rcv-settle-mode second: the router keeps its subscribers' copies unsettled until we settled, so that a router
+    // dying between the two cannot leave a subscriber that forgot a delivery we still resend. A router may answer first.
+    const opts = { name: this.linkName, target: { address: this.topic }, source: {}, snd_settle_mode: 0, rcv_settle_mode: 1,
                    autosettle: false, treat_modified_as_released: false };
     if (props) opts.properties = props;
     return conn.open_sender(opts);
@@ -797,7 +801,7 @@ class ResumablePublisher extends ResumableClient {
     const hex = tag.toString('hex');
     const entry = this.state.unsettled.get(hex);
     d.update(true); // settle: the delivery is done for us
-    // The router never settles a publisher's delivery itself (it waits for ours); rhea drops a sent delivery from
+    // With rcv-settle-mode second the router does not settle a publisher's delivery itself (it waits for ours); rhea drops a sent delivery from
     // its session buffer only once both sides settled, and stops being sendable when that buffer (2048) is
     // full. We settled, the router has nothing more to say about it: let rhea forget it.
     d.remote_settled = true;

@@ -14,6 +14,7 @@ from cproton_ffi import ffi, lib
 from proton._data import Data, Described, PropertyDict, symbol
 
 from router.core.events import PUBLISHER, SUBSCRIBER, LinkAttached
+from router.core.resumption import publisher_settles_first
 from router.core.selector import NOT_A_STRING, SELECTOR_CODE, SELECTOR_FILTER
 
 _EXPIRY_NAMES = {
@@ -114,6 +115,7 @@ class Link:
         "max_size",
         "counted",
         "selector",
+        "settles_first",
     )
 
     def __init__(self, link_id: int, conn: Conn, ptr, is_receiver: bool, name: str, max_size: int = 0):
@@ -146,6 +148,9 @@ class Link:
         self.max_size = max_size
         self.counted = False  # held against its user's max_links ([policy])
         self.selector: tuple[Any, str] | None = None  # sender links: (filter key, JMS selector) its source asked for
+        # Receiver links: the router settles its deliveries with their outcome
+        # (rcv-settle-mode first), decided at attach (resumption.publisher_settles_first).
+        self.settles_first = False
 
     def __repr__(self) -> str:
         return f"<Link {self.link_id} {self.name!r} on conn {self.conn.conn_id}>"
@@ -293,9 +298,15 @@ def echo_filter(terminus, selector: tuple[Any, str] | None) -> None:
         data.put_object({key: Described(symbol(SELECTOR_FILTER), text)})
 
 
-def attach_event(link: Link, container_id: str, publishers_settle_first: bool = False) -> LinkAttached:
-    """The LinkAttached for a link the peer just attached (AMQP_link_attach)."""
+def attach_event(link: Link, container_id: str, publisher_settle_mode: str = "as-requested") -> LinkAttached:
+    """The LinkAttached for a link the peer just attached (AMQP_link_attach);
+    ``publisher_settle_mode``: the config's ``publisher_rcv_settle_mode``."""
     ptr = link.ptr
+    properties = decode_properties(lib.pn_link_remote_properties(ptr))
+    requested = int(lib.pn_link_remote_rcv_settle_mode(ptr))
+    link.settles_first = link.is_receiver and publisher_settles_first(
+        publisher_settle_mode, requested == lib.PN_RCV_SECOND, properties
+    )
     if link.is_receiver:  # the peer sends: a publisher; the address is its target's
         role = PUBLISHER
         terminus = lib.pn_link_remote_target(ptr)
@@ -321,10 +332,8 @@ def attach_event(link: Link, container_id: str, publishers_settle_first: bool = 
         snd_settle_mode=int(lib.pn_link_remote_snd_settle_mode(ptr)),
         # The mode in use: the receiver chooses it, so for a publisher (our receiving
         # link) it is ours when the router settles with the outcome.
-        rcv_settle_mode=lib.PN_RCV_FIRST
-        if link.is_receiver and publishers_settle_first
-        else int(lib.pn_link_remote_rcv_settle_mode(ptr)),
-        properties=decode_properties(lib.pn_link_remote_properties(ptr)),
+        rcv_settle_mode=lib.PN_RCV_FIRST if link.settles_first else requested,
+        properties=properties,
         selector=link.selector[1] if link.selector is not None else None,
     )
 
@@ -334,7 +343,7 @@ def open_link(
     timeout: int,
     properties: dict | None,
     max_message_size: int,
-    publishers_settle_first: bool = False,
+    settles_first: bool = False,
     presettled: bool = False,
 ) -> None:
     """CORE_open_link: mirror the peer's termini and settle modes (``presettled``: say
@@ -350,7 +359,7 @@ def open_link(
         echo_filter(ours, link.selector)
     lib.pn_terminus_set_timeout(ours, timeout)
     lib.pn_link_set_snd_settle_mode(ptr, lib.PN_SND_SETTLED if presettled else lib.pn_link_remote_snd_settle_mode(ptr))
-    if link.is_receiver and publishers_settle_first:
+    if link.is_receiver and settles_first:
         lib.pn_link_set_rcv_settle_mode(ptr, lib.PN_RCV_FIRST)
     else:
         lib.pn_link_set_rcv_settle_mode(ptr, lib.pn_link_remote_rcv_settle_mode(ptr))

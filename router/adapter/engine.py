@@ -157,7 +157,7 @@ class Engine:
         self.silent: list[Conn] = []  # idle timeout expired: the server cuts these at once
         self.max_message_size = max_message_size
         settings = getattr(core, "settings", None)  # a test's stand-in core may have none
-        self.publishers_settle_first = settings is None or settings.publisher_rcv_settle_mode == "first"
+        self.publisher_settle_mode = "first" if settings is None else settings.publisher_rcv_settle_mode
         self.now = 0.0  # set by the loop once per iteration (one timestamp per iteration)
         self.touched: set[Conn] = set()  # connections that got engine work during this batch
         self.opened: list[Conn] = []  # connections whose peer's open frame just arrived
@@ -680,7 +680,7 @@ class Engine:
             fastpath.mark_link(lp, link_id)
         conn.links[link_id] = link
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
-        event = endpoints.attach_event(link, container_id, self.publishers_settle_first)
+        event = endpoints.attach_event(link, container_id, self.publisher_settle_mode)
         link.address = event.address
         if self.policy is not None and not self._authorized(link, event.address):
             return
@@ -969,7 +969,7 @@ class Engine:
         if link is None:
             return
         endpoints.open_link(
-            link, cmd.timeout, cmd.properties, link.max_size, self.publishers_settle_first or cmd.settles_first, cmd.presettled
+            link, cmd.timeout, cmd.properties, link.max_size, link.settles_first or cmd.settles_first, cmd.presettled
         )
         self.touched.add(link.conn)
 

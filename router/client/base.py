@@ -35,6 +35,7 @@ from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from router.client.ledger import Ledger
 from router.client.protocol import (
+    RESUME,
     Backoff,
     ResumeAnswer,
     failover_urls,
@@ -436,10 +437,12 @@ class ResumableClient:
         link.open()
 
     def _resume_props(self, connection) -> dict | None:
-        """Properties for our attach: None for the very first attach of this identity."""
+        """Properties for our attach. The very first attach of this identity says only
+        that we resume after a failure (``eorouter:resume`` false): a router then
+        settles a publisher's deliveries in two steps (docs/delivery-rule.md)."""
         if not self.state.attached_once:
             self.last_resume = None
-            return None
+            return {RESUME: False}
         transport = connection.transport
         remote_max = transport.remote_max_frame_size if transport is not None else 0
         kw = {"cap": self.unsettled_cap} if self.unsettled_cap is not None else {}

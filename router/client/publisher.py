@@ -168,7 +168,11 @@ class ResumablePublisher(ResumableClient):
         link.target.address = self.topic
         link.source.address = None
         link.snd_settle_mode = Link.SND_UNSETTLED
-        link.rcv_settle_mode = Link.RCV_FIRST
+        # Second: the router keeps its subscribers' copies unsettled until we settled,
+        # so that a router dying between the two can never leave a subscriber that
+        # forgot a delivery we still resend (docs/delivery-rule.md, "Settlement").
+        # A router may answer first; we settle on the outcome either way.
+        link.rcv_settle_mode = Link.RCV_SECOND
         return link
 
     def _incarnation(self) -> str | None:

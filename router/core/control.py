@@ -230,7 +230,8 @@ class ControlMixin(CoreState):
         )
         me = self.settings.router_id
         reachable = self.net.reachable()
-        for router_id in sorted(self.lost & reachable):
+        regained = sorted(self.lost & reachable)
+        for router_id in regained:
             self.lost.discard(router_id)
             self._membership_changed(self.net.membership.router_regained(router_id), now, out)
         for router_id in sorted(self._known_routers - reachable):
@@ -252,6 +253,13 @@ class ControlMixin(CoreState):
                 self._answer_origin(record, record.outcome, record.origin_router, out)
             if not record.pub_settled:
                 self.resumption.resend_to_moved(record, out)
+                if regained and record.origin_router is None and record.pub_delivery is None:
+                    # Its publisher went while we were cut off, and may have resumed
+                    # behind the cut: that router's "stream-resumed" never reached us.
+                    # Where it resumed, or where the delivery was finished, says so
+                    # (settle, done); else it waits for publisher_resume_timeout.
+                    for router_id in regained:
+                        self._route_control(router_id, {"t": "settled?", "d": record.tag.hex()}, out)
         # Subscribers waiting for confirmation from routers we can no longer reach
         # need not wait for them, nor resumed publishers for their stream's numbering.
         reachable = self.net.reachable()

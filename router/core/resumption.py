@@ -31,6 +31,31 @@ RESUME_PROPERTY = "eorouter:resume"
 UNSETTLED_PROPERTY = "eorouter:unsettled"
 INCOMPLETE_PROPERTY = "eorouter:incomplete-unsettled"
 
+#: ``[delivery] publisher_rcv_settle_mode`` (docs/delivery-rule.md, "Settlement")
+SETTLE_MODES = ("resumable", "first", "as-requested")
+
+
+def publisher_settles_first(mode: str, asks_second: bool, properties: dict[str, Any] | None) -> bool:
+    """Whether the router settles a publisher's deliveries itself, with their outcome
+    (rcv-settle-mode first), rather than after the publisher settled them (second).
+
+    A publisher that resumes resends what it has not seen settled. With the first mode
+    its router settles the subscribers' copies in the same breath as the publisher's
+    delivery: should the router die after a subscriber saw its copy settled and before
+    the publisher saw its own, the resend finds nobody alive who remembers the
+    delivery, and a subscriber that forgot it is sent it as new. With the second mode
+    the subscribers' copies stay unsettled (they report them when they resume) until
+    the publisher has settled, after which it never resends. So "resumable" gives the
+    second mode to a publisher that asks for it and speaks the resume protocol (its
+    attach carries ``eorouter:resume``, true or false); any other publisher gets first,
+    which clients that complete a send only on a settled disposition need."""
+    if mode == "first" or not asks_second:
+        return True
+    if mode == "as-requested":
+        return False
+    return not (properties and RESUME_PROPERTY in properties)
+
+
 _STATE_NAMES = {
     "none": outcomes.NONE,
     "accepted": outcomes.ACCEPTED,

@@ -34,8 +34,10 @@ class CoreSettings:
     # A publisher link's receiver settle mode (AMQP lets the receiver, the router,
     # choose it): "first" settles every delivery with its final outcome, whatever
     # the publisher asked for; "as-requested" honours a publisher asking for second
-    # (outcome unsettled, the router settles after the publisher did).
-    publisher_rcv_settle_mode: str = "first"
+    # (outcome unsettled, the router settles after the publisher did); "resumable"
+    # honours it for a publisher that speaks the resume protocol only
+    # (resumption.publisher_settles_first says why).
+    publisher_rcv_settle_mode: str = "resumable"
     # Failover (docs/resumption.md): how long a resumed subscriber's placeholder
     # blocks its publisher stream, and how long a detached publisher's deliveries
     # wait for it to resume before the router settles them on its behalf.

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cproton import ffi, lib
-from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus
+from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus, symbol
 from proton.reactor import Container
 
 OUTCOME_NAMES = {
@@ -501,15 +501,19 @@ class Conn:
         presettled: bool = False,
         auto_settle: bool = True,
         rcv_second: bool = False,
+        properties: dict | None = None,
         wait: bool = True,
     ) -> Publisher:
         """A sender link with target address ``topic`` (None: no address at all).
-        ``rcv_second`` asks for rcv-settle-mode=second (the router decides)."""
+        ``rcv_second`` asks for rcv-settle-mode=second (the router decides);
+        ``properties``: the attach's link properties (string keys, sent as symbols)."""
         link = self.session().sender(name or unique(f"pub-{topic}"))
         link.target.address = topic
         link.source.address = None
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_SECOND if rcv_second else Link.RCV_FIRST
+        if properties:
+            link.properties = {symbol(k): v for k, v in properties.items()}
         pub = Publisher(self, link, auto_settle=auto_settle)
         self.links.append(pub)
         link.open()

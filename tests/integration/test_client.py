@@ -454,10 +454,11 @@ def test_attach_properties_carry_the_documented_values(stubs, clients):
     assert sub.wait_attached(10)
     stub.wait(lambda: len(stub.transfers) == 3 and len(got) == 2, what="3 transfers and 2 deliveries")
     first_pub, first_sub = stub.attaches[0], stub.attaches[1]
-    # first attaches: no resume properties
+    # first attaches: eorouter:resume false (we will resume), nothing else
     assert first_pub.role == "publisher" and first_pub.name == "pub-w-link" and first_pub.address == "wire"
-    assert first_pub.container_id == "pub-w" and not (first_pub.properties or {}).get(RESUME)
-    assert first_sub.role == "subscriber" and first_sub.properties is None
+    assert first_pub.container_id == "pub-w" and first_pub.properties == {RESUME: False}
+    assert first_pub.rcv_settle_mode == 1  # second: the two-step settlement
+    assert first_sub.role == "subscriber" and first_sub.properties == {RESUME: False}
     assert first_sub.durable == Terminus.DELIVERIES  # unsettled-state
     assert first_sub.expiry_policy == Terminus.EXPIRE_NEVER
     assert first_sub.rcv_settle_mode == 1  # second

@@ -332,8 +332,9 @@ def test_at_most_once_subscriber_is_never_owed(router, amqp):
 
 
 def test_publisher_gets_its_outcome_settled_and_a_second_mode_subscriber_its_settlement(router, amqp):
-    # Default: the router chooses rcv-settle-mode=first for publisher links, whatever
-    # they ask, and settles each delivery with its final outcome.
+    # Default: the router chooses rcv-settle-mode=first for publisher links that do not
+    # speak the resume protocol, whatever they ask, and settles each delivery with its
+    # final outcome.
     topic = unique("firstpub")
     second = amqp.connect(router.url).subscriber(topic, rcv_second=True)
     pub = amqp.connect(router.url).publisher(topic, auto_settle=False, rcv_second=True)
@@ -350,6 +351,36 @@ def test_publisher_gets_its_outcome_settled_and_a_second_mode_subscriber_its_set
     delivery = rec.tag.hex()
     settled = [e for e in router.events() if e["event"] == "settled" and e.get("delivery") == delivery]
     assert [e.get("by") for e in settled] == ["router"]
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_resumable_publisher_asking_second_gets_the_two_step_settlement_by_default(router, amqp, resume):
+    """A publisher that will resume resends what it has not seen settled: the router
+    must not settle any subscriber's copy before the publisher settled
+    (resumption.publisher_settles_first). eorouter:resume false: a first attach."""
+    topic = unique("resumable")
+    second = amqp.connect(router.url).subscriber(topic, rcv_second=True)
+    props = {"eorouter:resume": resume}
+    pub = amqp.connect(router.url).publisher(topic, auto_settle=False, rcv_second=True, properties=props)
+    assert pub.link.remote_rcv_settle_mode == Link.RCV_SECOND
+    sent = pub.send("x")
+    amqp.wait(lambda: second.received, what="subscriber receives")
+    rec = second.received[0]
+    second.accept(rec)
+    amqp.wait(lambda: sent.outcome, what="publisher outcome")
+    assert sent.outcome == "accepted" and not sent.remote_settled
+    amqp.pump(HOLD)  # negative check: the publisher has not settled, so neither may the router
+    assert not rec.remote_settled, "router settled a subscriber's copy before the resumable publisher settled"
+    pub.settle(sent)
+    amqp.wait(lambda: rec.remote_settled, what="router relaying the publisher's settlement")
+    settled = [e for e in router.events() if e["event"] == "settled" and e.get("delivery") == rec.tag.hex()]
+    assert [e.get("by") for e in settled] == ["publisher"]
+
+
+def test_a_resumable_publisher_asking_first_gets_first(router, amqp):
+    topic = unique("resumable1st")
+    pub = amqp.connect(router.url).publisher(topic, rcv_second=False, properties={"eorouter:resume": False})
+    assert pub.link.remote_rcv_settle_mode == Link.RCV_FIRST
 
 
 @pytest.fixture(scope="module")

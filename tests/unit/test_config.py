@@ -202,6 +202,12 @@ BAD_VALUES = [
     ),
     ('[router]\nid = "A"\n[delivery]\nno_subscribers = "none"', "delivery.no_subscribers", "one of", "found 'none'"),
     (
+        '[router]\nid = "A"\n[delivery]\npublisher_rcv_settle_mode = "second"',
+        "delivery.publisher_rcv_settle_mode",
+        "one of 'resumable', 'first', 'as-requested'",
+        "found 'second'",
+    ),
+    (
         '[router]\nid = "A"\n[delivery]\nrecord_linger = -0.1',
         "delivery.record_linger",
         "a non-negative number of seconds",

@@ -13,8 +13,9 @@ from corekit import decode, encode
 from meshkit import Mesh
 
 from router.core import outcomes
-from router.core.commands import OpenLink, SendOutcome
+from router.core.commands import OpenLink, SendOutcome, SettleOutgoing
 from router.core.events import CreditChanged
+from router.core.resumption import publisher_settles_first
 from router.core.router import INCARNATION_PROPERTY
 
 TRIANGLE = ("ABC", [("A", "B"), ("B", "C"), ("C", "A")])
@@ -870,3 +871,114 @@ def test_a_settlement_lost_with_the_dead_origin_reaches_a_participant_from_the_n
         mesh.settle()
         mesh.advance(2.0)
     assert mesh.cores["C"].record_count() == 0, "C still waits for a settlement"
+
+
+def _origin_dies_with_a_finished_delivery_its_publisher_never_heard_settled(rcv_first):
+    """C (origin) has a publisher and a durable subscriber; B another. Every subscriber
+    accepts delivery 1 and C tells its publisher "accepted"; C dies before the
+    publisher has seen the delivery settled. Both resume at A, the subscriber with
+    what it still holds unsettled, the publisher resending 1. Returns the copies A
+    sent the moved subscriber, the tags it held when it resumed, the copies B's
+    subscriber got, and the publisher's answers at A."""
+    mesh = Mesh(*TRIANGLE)
+    local = mesh.subscriber("C", "local", durable=2, timeout=60)
+    remote = mesh.subscriber("B", "remote", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=rcv_first)
+    incarnation = open_properties(mesh, "C", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    delivery = mesh.publish("C", pub, b"1", payload=payload)
+    (copy,) = mesh.forwarded("C", local)
+    mesh.answer("B", remote, mesh.forwarded("B", remote)[0].tag, settled=False)
+    mesh.answer("C", local, copy.tag, settled=False)
+    assert [c.outcome for c in mesh.outcomes_for("C", delivery)] == [outcomes.ACCEPTED]
+    # What the subscriber at C still holds unsettled: its copy, unless C settled it.
+    settled_at_c = any(isinstance(c, SettleOutgoing) and c.link_id == local for c in mesh.client["C"])
+    held = [] if settled_at_c else [[copy.tag, "accepted"]]
+    mesh.kill("C")  # the publisher never saw its delivery settled
+    moved = mesh.subscriber("A", "local", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": held})
+    resumed = mesh.publisher(
+        "A",
+        name="p",
+        container="P",
+        rcv_first=rcv_first,
+        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "accepted"]]},
+    )
+    again = mesh.publish("A", resumed, b"1", payload=payload)
+    for c in mesh.forwarded("A", moved):
+        mesh.answer("A", moved, c.tag, settled=False)
+    return mesh.forwarded("A", moved), [t for t, _ in held], mesh.forwarded("B", remote), mesh.outcomes_for("A", again)
+
+
+def test_a_resumable_publishers_delivery_finished_by_a_dying_origin_reaches_nobody_twice():
+    """The two-step settlement (rcv-settle-mode second, what a resumable publisher gets
+    by default): the subscribers' copies stay unsettled until the publisher settled,
+    so the moved subscriber still holds its copy; the resend is matched to it (sent
+    again under the tag it holds, which the resume protocol says to recognise)."""
+    copies, held, remote_copies, answers = _origin_dies_with_a_finished_delivery_its_publisher_never_heard_settled(
+        rcv_first=False
+    )
+    assert held, "C settled a subscriber's copy before the publisher settled its delivery"
+    assert all(c.tag in held for c in copies), "the moved subscriber was sent a delivery it no longer holds"
+    assert len(remote_copies) == 1
+    assert [a.outcome for a in answers] == [outcomes.ACCEPTED]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="rcv-settle-mode first settles the subscribers' copies with the publisher's outcome: "
+    "a router dying between the two leaves nobody who remembers (docs/delivery-rule.md, 'Settlement')",
+)
+def test_with_the_first_mode_the_same_death_sends_a_forgotten_delivery_again():
+    copies, held, _, _ = _origin_dies_with_a_finished_delivery_its_publisher_never_heard_settled(rcv_first=True)
+    assert all(c.tag in held for c in copies)
+
+
+@pytest.mark.parametrize(
+    "mode,asks_second,properties,first",
+    [
+        ("resumable", True, {"eorouter:resume": False}, False),  # a resumable publisher's first attach
+        ("resumable", True, {"eorouter:resume": True, "eorouter:unsettled": []}, False),
+        ("resumable", True, None, True),  # a plain client asking second (Azure's needs a settled outcome)
+        ("resumable", True, {"other": 1}, True),
+        ("resumable", False, {"eorouter:resume": False}, True),  # it asked first: it would never settle
+        ("as-requested", True, None, False),
+        ("as-requested", False, None, True),
+        ("first", True, {"eorouter:resume": True}, True),
+    ],
+)
+def test_who_settles_a_publishers_delivery_first(mode, asks_second, properties, first):
+    assert publisher_settles_first(mode, asks_second, properties) is first
+
+
+def test_a_router_cut_off_before_its_publisher_settled_learns_it_did_when_the_cut_heals():
+    """A finished delivery 1 and told its publisher, which settled it and moved to B
+    while A was cut off (the settlement never reached A; B's "stream-resumed" did not
+    either). When A regains the others, it asks, and B (where the publisher resumed
+    with a complete list without 1, and stayed) says it is settled: A ends its record
+    then, not publisher_resume_timeout later."""
+    mesh = Mesh(*TRIANGLE, publisher_resume_timeout=60)
+    sub = mesh.subscriber("B", "s", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P")
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    delivery = mesh.publish("A", pub, b"1")
+    mesh.answer("B", sub, mesh.forwarded("B", sub)[0].tag, settled=False)
+    assert [c.outcome for c in mesh.outcomes_for("A", delivery)] == [outcomes.ACCEPTED]
+    mesh.cut("A", "B")
+    mesh.cut("A", "C")
+    mesh.settle()
+    mesh.detach("A", pub)  # its connection went with the cut; its settlement never arrived
+    mesh.publisher(
+        "B",
+        name="p",
+        container="P",
+        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": []},
+    )
+    mesh.advance(2)
+    assert mesh.cores["A"].record_count() == 1
+    mesh.connect("A", "B")
+    mesh.connect("A", "C")
+    mesh.settle()
+    mesh.advance(5)  # past record_linger, far before publisher_resume_timeout
+    settled = [e.fields for e in mesh.logs["A"] if e.kind == "settled"]
+    assert [s["by"] for s in settled] == ["settled-elsewhere"]
+    assert mesh.cores["A"].record_count() == 0
