@@ -400,7 +400,8 @@ def identity_memory(core: RouterCore) -> dict[str, int]:
         "views": deep_size([table._views], seen),
         "by_topic": deep_size([table._by_topic, table._patterns], seen),  # topic -> router -> keys
         "locations": deep_size([table._locations], seen),  # key -> routers where it is known
-        "flooded": deep_size([core._flooded], seen),  # announcement stamps already flooded on (never pruned)
+        # stamps of "stream-resumed" floods passed on (announcements: the table knows repeats)
+        "flooded": deep_size([core._flooded], seen),
         "announcer": deep_size([net.announcer], seen),  # our own live announcements
         "acks": deep_size([core._awaiting_acks], seen),  # our attaches waiting for every router's ack
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router.core.announcements import RemoteSubscriberAdded, SubscriberMoved
+from router.core.announcements import RemoteSubscriberAdded, SubscriberMoved, validate_announcement
 from router.core.commands import (
     Command,
     Log,
@@ -46,11 +46,14 @@ class ControlMixin(CoreState):
         for peer in self._neighbours_except(source):
             out.append(SendControl(peer, message))
 
-    def _flood_once(self, stamp: tuple[Any, ...], message: dict[str, Any], source: str, out: list[Command]) -> bool:
-        """Flood a message on the first time we see it; False for a repeat."""
+    def _flood_once(self, stamp: tuple[Any, ...], message: dict[str, Any], source: str, now: float, out: list[Command]) -> bool:
+        """Flood a message on the first time we see it; False for a repeat. The stamp is
+        kept for a resume horizon (every copy of one flood arrives within seconds), then
+        forgotten by the settled memory's sweep (router.RouterCore._sweep_settled)."""
         if stamp in self._flooded:
             return False
-        self._flooded.add(stamp)
+        self._flooded[stamp] = now
+        self._arm_sweep(now)
         self._flood(message, source, out)
         return True
 
@@ -139,6 +142,7 @@ class ControlMixin(CoreState):
                     ("stream", message.get("stream"), message.get("at"), message.get("n"), len(message.get("unsettled", ()))),
                     message,
                     ev.router_id,
+                    now,
                     out,
                 ):
                     self.resumption.on_stream_resumed(message, now, out)
@@ -156,11 +160,14 @@ class ControlMixin(CoreState):
 
     def _on_announcement(self, message: dict[str, Any], source: str, now: float, out: list[Command]) -> None:
         announcement = announcement_from(message)
-        stamp = (announcement.router, announcement.epoch, announcement.boot, announcement.version)
         if announcement.router == self.settings.router_id:
             return
-        if stamp not in self._flooded:
-            self._flooded.add(stamp)
+        # Checked before it is flooded on: a malformed one must not go round a loop.
+        validate_announcement(announcement)
+        # A repeat (it came by another path too) or older news is not flooded again.
+        # The membership table's per-incarnation versions say so: what they keep grows
+        # with the subscribers, not with every attach and detach ever seen.
+        if not self.net.membership.already_seen(announcement):
             learnt = (announcement.router, "attached" if message["t"] == "sub+" else "detached")
             self.announcements_learnt[learnt] = self.announcements_learnt.get(learnt, 0) + 1
             self._flood(message, source, out)

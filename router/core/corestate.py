@@ -63,7 +63,7 @@ class CoreState:
     stream_seq: dict[bytes, int]
     lost: set[str]
     announcements_learnt: dict[tuple[str, str], int]
-    _flooded: set[tuple[Any, ...]]
+    _flooded: dict[tuple[Any, ...], float]
     _awaiting_acks: dict[str, tuple[int, set[str], int]]
     _last_sent: dict[tuple[bytes, str], int]
     _chain_head: dict[bytes, int]
@@ -74,6 +74,7 @@ class CoreState:
     # (RouterCore's own and the mixins') as overrides. (A stub that returns a value
     # raises: an empty body would be an error; none of these bodies ever runs.)
     def _add_timer(self, deadline: float, kind: int, obj: Any) -> None: ...
+    def _arm_sweep(self, now: float) -> None: ...
     def _topic_if_wanted(self, name: str) -> Topic | None:
         raise NotImplementedError
 

@@ -225,6 +225,18 @@ class MembershipTable:
             self._apply_news(view, message, out)
         return out
 
+    def already_seen(self, message: Announcement) -> bool:
+        """Whether ``message`` is news no more: its version of its router's current
+        incarnation was applied here (or covered by a snapshot), or it comes from an
+        older incarnation than the one we know."""
+        view = self._views.get(message.router)
+        if view is None:
+            return False
+        incarnation = Incarnation(message.epoch, message.boot)
+        if incarnation == view.incarnation:
+            return view.seen(message.version)
+        return incarnation < view.incarnation
+
     def _apply_snapshot(self, snapshot: SubscribersSnapshot) -> list[Change]:
         validate_snapshot(snapshot)
         out: list[Change] = []

@@ -200,7 +200,9 @@ class RouterCore(
         # (announcing router, attached | detached) -> announcements learnt (each once, however
         # many neighbours flood it): an operator's count (router/adapter/metrics.py)
         self.announcements_learnt: dict[tuple[str, str], int] = {}
-        self._flooded: set[tuple[Any, ...]] = set()  # announcements already flooded on: (router, epoch, boot, version)
+        # "stream-resumed" floods already passed on -> when (oldest first): forgotten a
+        # resume horizon later. (Announcements: the membership table knows repeats.)
+        self._flooded: dict[tuple[Any, ...], float] = {}
         # subscriber key -> (link id, routers yet to confirm, the announcement's version)
         self._awaiting_acks: dict[str, tuple[int, set[str], int]] = {}
         # Publisher order across routers (docs/inter-router.md, "publisher order"):
@@ -403,8 +405,20 @@ class RouterCore(
             self._chain_head.pop(stream, None)
         if forgotten:
             out.append(Log("streams-forgotten", {"count": len(forgotten), "remembered": len(self.settled.streams)}))
-        self._sweep_at = now + self.settled.sweep_interval()
-        self._add_timer(self._sweep_at, _TIMER_SETTLED_SWEEP, None)
+        horizon = now - self.settled.horizon
+        while self._flooded:
+            stamp, when = next(iter(self._flooded.items()))
+            if when > horizon:
+                break
+            del self._flooded[stamp]
+        self._sweep_at = None
+        self._arm_sweep(now)
+
+    def _arm_sweep(self, now: float) -> None:
+        """Arm the next sweep of what is remembered for a horizon, unless one is armed."""
+        if self._sweep_at is None:
+            self._sweep_at = now + self.settled.sweep_interval()
+            self._add_timer(self._sweep_at, _TIMER_SETTLED_SWEEP, None)
 
     def _stream_in_use(self) -> set[bytes]:
         """Streams with a publisher link here or a record here: never forgotten."""

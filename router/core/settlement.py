@@ -20,7 +20,6 @@ from router.core.constants import (
     _RELEASED,
     _TERMINAL,
     _TIMER_LINGER,
-    _TIMER_SETTLED_SWEEP,
     ACCEPTED,
     GONE,
     _new,
@@ -380,9 +379,7 @@ class SettlementMixin(CoreState):
         if record.pub_settled:
             return
         record.pub_settled = True
-        if self._sweep_at is None:  # the first settlement arms the settled memory's sweeps
-            self._sweep_at = now + self.settled.sweep_interval()
-            self._add_timer(self._sweep_at, _TIMER_SETTLED_SWEEP, None)
+        self._arm_sweep(now)  # the first settlement arms the settled memory's sweeps
         payload = record.payload
         record.payload = None
         if record.pub_delivery is not None:

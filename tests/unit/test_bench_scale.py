@@ -49,7 +49,9 @@ def test_every_router_holds_every_other_routers_subscribers_at_a_plausible_size(
     for name, memory in small["memory"].items():
         remote = 500 - memory["local"]
         assert 200 < memory["table"] / remote < 5000, (name, memory)
-        assert memory["flooded"] > 0 and memory["announcer"] > 0
+        assert memory["announcer"] > 0
+        # Storms leave no flood stamps behind: the table's versions recognise repeats.
+        assert memory["flooded"] < 1000, (name, memory["flooded"])
 
 
 def test_a_router_dies_routes_agree_again_and_every_delivery_in_flight_finishes(small):

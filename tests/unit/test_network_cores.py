@@ -343,3 +343,36 @@ def test_a_subscriber_that_left_during_a_partition_is_forgotten_everywhere_once_
     pub = mesh.publisher("A", rcv_first=True)
     d = mesh.publish("A", pub, b"1", payload=encode("nobody"))
     assert [c.outcome for c in mesh.outcomes_for("A", d)] == [mesh.cores["A"].settings.no_subscribers]
+
+
+def test_what_a_router_keeps_to_recognise_repeated_floods_does_not_grow_with_churn():
+    """Every attach and detach is flooded over every link; a router used to keep a stamp
+    of each one it ever passed on, so its memory grew with churn (docs/benchmarks.md,
+    the scale model). The membership table's versions recognise a repeat instead,
+    and a resumed stream's flood is forgotten a resume horizon later."""
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C"), ("C", "A")], resume_horizon=60.0)
+    for n in range(300):
+        link = mesh.subscriber("A", f"s{n % 7}", durable=0)
+        mesh.detach("A", link, closed=True)
+    for name in "BC":
+        membership = mesh.cores[name].net.membership
+        view = membership._views["A"]
+        assert not view.above and view.through >= 600, (name, view.through, len(view.above))
+        assert len(view.entries) <= 7  # at most one tombstone per key, folded as versions go by
+        assert not mesh.cores[name]._flooded
+    # Each announcement was applied once at each router, though it came by two paths.
+    assert mesh.cores["B"].announcements_learnt == {("A", "attached"): 300, ("A", "detached"): 300}
+    # A resumed stream's flood is kept as a stamp until a horizon later.
+    pub = mesh.publisher("A", name="p", container="P")
+    incarnation = mesh.cores["A"].publishers[pub].incarnation
+    mesh.detach("A", pub)
+    mesh.publisher(
+        "B",
+        name="p",
+        container="P",
+        properties={"eorouter:incarnation": incarnation, "eorouter:resume": True, "eorouter:unsettled": []},
+    )
+    assert len(mesh.cores["C"]._flooded) == 1
+    for _ in range(8):
+        mesh.advance(30.0)
+    assert not mesh.cores["C"]._flooded
