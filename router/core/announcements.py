@@ -28,10 +28,18 @@ class SubscriberKey(NamedTuple):
 # --- announcements (flooded between routers) -------------------------------------------------
 
 
+#: The deliveries a router held when a subscription began there, and so never owed
+#: it: publisher stream id (hex) -> [[low, high], ...] ranges of their stream_seq.
+Before = dict[str, list[list[int]]]
+
+
 class SubscriberAttached(NamedTuple):
     """A subscriber's link attached at ``router``. ``resumed``: it attached with
     unsettled state (an old link resuming, not a new one). ``timeout``: the
-    terminus timeout the router granted, seconds (0 when not durable)."""
+    terminus timeout the router granted, seconds (0 when not durable). ``before``:
+    for a new durable subscription, the deliveries its router held when it began
+    (never owed to it there: a router that loses ``router`` must not owe them to
+    it either, docs/resumption.md); None when there were none."""
 
     router: RouterId
     epoch: int
@@ -43,6 +51,7 @@ class SubscriberAttached(NamedTuple):
     durable: bool
     resumed: bool
     timeout: int
+    before: Before | None = None
 
     @property
     def key(self) -> SubscriberKey:
@@ -146,6 +155,24 @@ class RemoteSubscriber(NamedTuple):
     timeout: int
     version: int
     lost_at: float | None  # when its router was marked lost
+    before: Before | None = None  # SubscriberAttached.before
+
+    def was_here_before(self, stream: bytes, seq: int) -> bool:
+        """Whether the delivery numbered ``seq`` of publisher stream ``stream`` was at
+        its router before this subscription began there (so never owed to it there)."""
+        ranges = self.before.get(stream.hex()) if self.before else None
+        return ranges is not None and any(low <= seq <= high for low, high in ranges)
+
+
+def seq_ranges(seqs: list[int]) -> list[list[int]]:
+    """Sorted stream_seq numbers as [[low, high], ...] runs of consecutive numbers."""
+    ranges: list[list[int]] = []
+    for seq in sorted(seqs):
+        if ranges and seq <= ranges[-1][1] + 1:
+            ranges[-1][1] = max(ranges[-1][1], seq)
+        else:
+            ranges.append([seq, seq])
+    return ranges
 
 
 class MembershipStamp(NamedTuple):
@@ -187,6 +214,17 @@ def validate_announcement(message: Announcement) -> None:
             raise ProtocolError("amqp:invalid-field", f"announcement {name} {getattr(message, name)!r}")
     if not _is_int(message.timeout) or message.timeout < 0:
         raise ProtocolError("amqp:invalid-field", f"announcement timeout {message.timeout!r}")
+    before = getattr(message, "before", None)
+    if before is not None and not (
+        isinstance(before, dict)
+        and all(
+            isinstance(stream, str)
+            and isinstance(ranges, list)
+            and all(isinstance(r, list) and len(r) == 2 and _is_int(r[0]) and _is_int(r[1]) and r[0] <= r[1] for r in ranges)
+            for stream, ranges in before.items()
+        )
+    ):
+        raise ProtocolError("amqp:invalid-field", f"announcement before {before!r}")
 
 
 def validate_snapshot(snapshot: SubscribersSnapshot) -> None:

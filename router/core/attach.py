@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from router.core import tags
+from router.core.announcements import seq_ranges
 from router.core.commands import (
     Command,
     DetachLink,
@@ -37,7 +38,7 @@ from router.core.events import (
 )
 from router.core.guarantees import AT_LEAST_ONCE, AT_MOST_ONCE, Guarantee, guarantee_of
 from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
-from router.core.links import PublisherLink, Subscription
+from router.core.links import PublisherLink, Subscription, Topic
 from router.core.moved import _split_key
 from router.core.network import (
     announcement_message,
@@ -223,6 +224,8 @@ class AttachMixin(CoreState):
             for topic in topics:
                 topic.subscriptions[key] = sub
         sub.durable = ev.durable != DURABLE_NONE
+        if not resumed and sub.durable and not reported_unsettled(ev.properties)[0]:
+            sub.before = _deliveries_here(topics)
         sub.timeout = self._terminus_timeout(ev)
         sub.link_id = ev.link_id
         sub.conn_id = ev.conn_id
@@ -267,7 +270,7 @@ class AttachMixin(CoreState):
         a publisher anywhere that starts after this subscriber saw its attach cannot
         miss it), or at once when no other router is reachable."""
         announcement = self.net.announcer.attached(
-            address, ev.container_id, ev.name, durable=sub.durable, resumed=resumed, timeout=sub.timeout
+            address, ev.container_id, ev.name, durable=sub.durable, resumed=resumed, timeout=sub.timeout, before=sub.before
         )
         sub.announced = True
         self._flood(announcement_message(announcement), None, out)
@@ -501,3 +504,13 @@ def _selector_of(ev: LinkAttached) -> Selector | None:
         return compile_selector(text)
     except SelectorError as err:
         raise ProtocolError("amqp:invalid-field", f"selector {text[:200]!r}: {err}") from None
+
+
+def _deliveries_here(topics: list[Topic]) -> dict[str, list[list[int]]] | None:
+    """The deliveries of ``topics`` held here, as a new subscription to them begins:
+    publisher stream (hex) -> stream_seq ranges (SubscriberAttached.before)."""
+    seqs: dict[bytes, list[int]] = {}
+    for topic in topics:
+        for record in topic.records.values():
+            seqs.setdefault(record.tag[: tags.STREAM_ID_SIZE], []).append(record.stream_seq)
+    return {stream.hex(): seq_ranges(found) for stream, found in seqs.items()} or None

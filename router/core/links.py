@@ -116,6 +116,7 @@ class Subscription:
         "held",
         "selector",
         "pattern",
+        "before",
     )
 
     def __init__(self, key: str, container_id: str, name: str, topic: str, pattern: bool = False):
@@ -147,6 +148,9 @@ class Subscription:
         # this router has not seen yet; deliveries of that stream wait in ``held``.
         self.placeholders: dict[bytes, set[bytes]] = {}
         self.held: dict[bytes, list[DeliveryRecord]] = {}
+        # A new durable subscription: the deliveries here when it began, never owed to
+        # it (SubscriberAttached.before); announced with it every time while it lives.
+        self.before: dict[str, list[list[int]]] | None = None
 
     @property
     def attached(self) -> bool:

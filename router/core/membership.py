@@ -102,6 +102,7 @@ from router.core.announcements import (  # noqa: F401  (re-exported: the table's
     REASON_RESTARTED,
     REASON_SUPERSEDED,
     Announcement,
+    Before,
     Change,
     MembershipStamp,
     RemoteSubscriber,
@@ -193,7 +194,7 @@ class _RouterView:
 def _view_of(router: RouterId, entry: _Entry, lost_at: float | None) -> RemoteSubscriber:
     m = entry.message
     if isinstance(m, SubscriberAttached):
-        return RemoteSubscriber(router, m.key, m.topic, True, m.durable, m.resumed, m.timeout, m.version, lost_at)
+        return RemoteSubscriber(router, m.key, m.topic, True, m.durable, m.resumed, m.timeout, m.version, lost_at, m.before)
     return RemoteSubscriber(router, m.key, m.topic, False, True, False, m.timeout, m.version, lost_at)
 
 
@@ -442,6 +443,13 @@ class MembershipTable:
                 best, best_learnt = router, entry.learnt
         return best
 
+    def announced_elsewhere(self, key: SubscriberKey) -> tuple[RemoteSubscriber, ...]:
+        """Every other router's entry for ``key``, lost routers' included, by router."""
+        return tuple(
+            _view_of(router, self._views[router].entries[key], self._views[router].lost_at)
+            for router in sorted(self._locations.get(key, ()))
+        )
+
     def awaiting_reattach(self, router: RouterId) -> frozenset[SubscriberKey]:
         """Subscribers of lost ``router`` (not expired) not yet attached at a router
         that is not lost."""
@@ -511,12 +519,20 @@ class LocalAnnouncer:
         self._live: dict[SubscriberKey, Announcement] = {}
 
     def attached(
-        self, topic: str, container_id: str, link_name: str, *, durable: bool, resumed: bool, timeout: int
+        self,
+        topic: str,
+        container_id: str,
+        link_name: str,
+        *,
+        durable: bool,
+        resumed: bool,
+        timeout: int,
+        before: Before | None = None,
     ) -> SubscriberAttached:
         """A subscriber attached here: the announcement to flood."""
         self.version += 1
         message = SubscriberAttached(
-            self.self_id, self.epoch, self.boot, self.version, topic, container_id, link_name, durable, resumed, timeout
+            self.self_id, self.epoch, self.boot, self.version, topic, container_id, link_name, durable, resumed, timeout, before
         )
         self._live[message.key] = message
         return message

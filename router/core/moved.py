@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router.core import outcomes
+from router.core import outcomes, tags
 from router.core.announcements import RemoteSubscriberRemoved, SubscriberKey
 from router.core.commands import Command, Log, SendData
 from router.core.constants import _TIMER_MEMBERSHIP
@@ -80,13 +80,26 @@ class MovedSubscribers:
             if state is None or state.outcome is not None or record.pub_settled:
                 continue
             del record.remote_routers[router_id]
-            keys = [str(s.key) for s in self.core.net.membership.subscribers_at(router_id, record.topic) if s.durable]
+            keys = self.durable_owed_at(router_id, record)
             owed = [key for key in keys if self._owe_moved_or_local(record, key, now, out)]
             out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": router_id, "subscribers": owed}))
             self.resend_to_moved(record, out)
             if record.outcome is None:
                 self.core.maybe_answer_publisher(record, now, out)
         self.schedule_membership_expiry()
+
+    def durable_owed_at(self, router_id: str, record: DeliveryRecord) -> list[str]:
+        """The durable subscribers of ``record``'s topic at ``router_id`` (lost) that it
+        was owed to there: every one we know of there, but those whose subscription
+        began after the delivery had arrived (their announcement says what was there
+        before them): they were never owed it, and handed it now they would get it
+        after later messages they already had, out of publisher order."""
+        stream = record.tag[: tags.STREAM_ID_SIZE]
+        return [
+            str(s.key)
+            for s in self.core.net.membership.subscribers_at(router_id, record.topic)
+            if s.durable and not s.was_here_before(stream, record.stream_seq)
+        ]
 
     def owe_lost_subscribers(self, record: DeliveryRecord, out: list[Command]) -> None:
         """Durable subscribers of routers we lost are owed new deliveries too (they

@@ -49,6 +49,8 @@ def link_state_from(msg: dict[str, Any]) -> LinkState:
 def announcement_message(announcement: Announcement) -> dict[str, Any]:
     msg = announcement._asdict()
     msg["t"] = "sub+" if isinstance(announcement, SubscriberAttached) else "sub-"
+    if msg.get("before", 1) is None:
+        del msg["before"]  # the usual case: nothing on the wire
     return msg
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
+from router.core.announcements import SubscriberKey
 from router.core.commands import Command, DetachLink, Log
 from router.core.constants import _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
 from router.core.errors import ProtocolError
@@ -346,7 +347,7 @@ class Resumption(MovedSubscribers):
             # The old origin owed it to its own subscribers too, and may have died
             # before they had it: its durable ones are owed it by us now, wherever
             # they re-attach (what _router_lost does for a router we wait for).
-            keys = [str(s.key) for s in self.core.net.membership.subscribers_at(old_origin, record.topic) if s.durable]
+            keys = self.durable_owed_at(old_origin, record)
             owed = [key for key in keys if self._owe_moved_or_local(record, key, now, out)]
             if owed:
                 out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin, "subscribers": owed}))
@@ -416,8 +417,15 @@ class Resumption(MovedSubscribers):
                 continue  # left out of our answer: it is settled
             known.append((tag, record, self._owe_reported(record, key, code, now, out)))
         if not incomplete:
-            # Unsettled records it did not report: it never got them.
+            # Unsettled records it did not report: it never got them. But not those its
+            # subscription began after, at the router it comes from (that router's
+            # announcement of it says what it held then): never owed to it.
+            began = [
+                s for s in self.core.net.membership.announced_elsewhere(SubscriberKey(sub.container_id, sub.name)) if s.before
+            ]
             for record in records:
+                if began and any(s.was_here_before(record.tag[: tags.STREAM_ID_SIZE], record.stream_seq) for s in began):
+                    continue
                 if not record.pub_settled and record.tag not in reported and record.payload is not None:
                     state = record.subscribers.get(key)
                     if (state is None or state.outcome is None) and (state is not None or self.selects(record, key, out)):

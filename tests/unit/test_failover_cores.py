@@ -982,3 +982,36 @@ def test_a_router_cut_off_before_its_publisher_settled_learns_it_did_when_the_cu
     settled = [e.fields for e in mesh.logs["A"] if e.kind == "settled"]
     assert [s["by"] for s in settled] == ["settled-elsewhere"]
     assert mesh.cores["A"].record_count() == 0
+
+
+@pytest.mark.parametrize("late_first", [False, True])
+def test_a_subscription_that_began_after_a_delivery_arrived_is_not_owed_it_when_its_router_dies(late_first):
+    """docs/resumption.md: a new durable subscription at C is owed what reaches C after
+    it began, not what C already held. When C dies, A (the origin) owes C's durable
+    subscribers what C owed them; its announcement said what C held when it began,
+    so A leaves that out (it used to owe it everything: the late one got a message it
+    was never owed, after a later one it already had: out of publisher order)."""
+    mesh = Mesh(*TRIANGLE)
+    early = mesh.subscriber("C", "early", durable=2, timeout=60)
+    pub = mesh.publisher("A")
+    d1 = mesh.publish("A", pub, b"1", body="one")
+    late = mesh.subscriber("C", "late", durable=2, timeout=60)
+    d2 = mesh.publish("A", pub, b"2", body="two")
+    assert [decode(c.payload).body for c in mesh.forwarded("C", late)] == ["two"]
+    held_early = [[c.tag, "none"] for c in mesh.forwarded("C", early)]
+    held_late = [[c.tag, "none"] for c in mesh.forwarded("C", late)]
+    mesh.kill("C")  # before anyone answered
+    resumed = {
+        name: mesh.subscriber("B", name, durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": held})
+        for name, held in sorted((("early", held_early), ("late", held_late)), reverse=late_first)
+    }
+    got = {name: [decode(c.payload).body for c in mesh.forwarded("B", link)] for name, link in resumed.items()}
+    assert got == {"early": ["one", "two"], "late": ["two"]}
+    for link in resumed.values():
+        for c in mesh.forwarded("B", link):
+            mesh.answer("B", link, c.tag)
+    for d in (d1, d2):
+        assert [c.outcome for c in mesh.outcomes_for("A", d)] == [outcomes.ACCEPTED]
+        mesh.settle_publisher("A", pub, d)
+    mesh.advance(5)
+    assert all(core.record_count() == 0 for name, core in mesh.cores.items() if name != "C")

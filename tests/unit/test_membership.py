@@ -53,8 +53,8 @@ def added(router, key=S1, topic="t", durable=False, resumed=False, timeout=0):
 
 
 def state(table: MembershipTable) -> set[tuple]:
-    """Everything the table holds, minus the lost marks."""
-    return {s[:-1] for s in table.all_subscribers()}
+    """Everything the table holds, minus the lost marks (and what was there before)."""
+    return {s[:8] for s in table.all_subscribers()}
 
 
 def truth(announcers) -> set[tuple]:
