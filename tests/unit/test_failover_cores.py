@@ -26,6 +26,18 @@ def open_properties(mesh, router, link):
     return opened.properties or {}
 
 
+def resume_publisher(mesh, router, incarnation, unsettled, rcv_first=False):
+    """Publisher "p" of container "P" resumes at ``router`` with its incarnation and
+    its unsettled list (``[[tag, state], ...]``)."""
+    return mesh.publisher(
+        router,
+        name="p",
+        container="P",
+        rcv_first=rcv_first,
+        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": unsettled},
+    )
+
+
 def test_publisher_resumes_at_another_router_and_nothing_is_delivered_twice():
     mesh = Mesh(*TRIANGLE)
     sub = mesh.subscriber("C", "sc", durable=2, timeout=60)
@@ -39,12 +51,7 @@ def test_publisher_resumes_at_another_router_and_nothing_is_delivered_twice():
     mesh.answer("C", sub, copies[0].tag)  # #1 accepted before A dies; #2, #3 in doubt
     mesh.kill("A")
     unsettled = [[str(n).encode(), "none"] for n in (1, 2, 3)]
-    resumed = mesh.publisher(
-        "B",
-        name="p",
-        container="P",
-        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": unsettled},
-    )
+    resumed = resume_publisher(mesh, "B", incarnation, unsettled)
     assert open_properties(mesh, "B", resumed)[INCARNATION_PROPERTY] == incarnation
     deliveries = [mesh.publish("B", resumed, str(n).encode(), payload=payloads[n]) for n in (1, 2, 3)]
     assert len(mesh.forwarded("C", sub)) == 3, "C recognised the resent deliveries by their tag"
@@ -171,12 +178,7 @@ def test_takeover_does_not_answer_with_the_old_origins_partial_outcome():
     mesh.publish("A", pub, b"1", payload=payload)
     mesh.answer("B", sb, mesh.forwarded("B", sb)[0].tag)  # B's part is done; C holds its answer
     mesh.kill("A")
-    resumed = mesh.publisher(
-        "B",
-        name="p",
-        container="P",
-        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]},
-    )
+    resumed = resume_publisher(mesh, "B", incarnation, [[b"1", "none"]])
     delivery = mesh.publish("B", resumed, b"1", payload=payload)
     assert mesh.outcomes_for("B", delivery) == [], "C's subscriber has not answered yet"
     mesh.answer("C", sc, mesh.forwarded("C", sc)[0].tag)
@@ -567,12 +569,7 @@ def test_takeover_owes_the_dead_origins_own_subscribers(subscriber_first):
     mesh.kill("A")  # its copy to its own subscriber never left
     if subscriber_first:
         sa = _resume_subscriber(mesh, "B", "sa", [])
-    resumed = mesh.publisher(
-        "B",
-        name="p",
-        container="P",
-        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]},
-    )
+    resumed = resume_publisher(mesh, "B", incarnation, [[b"1", "none"]])
     delivery = mesh.publish("B", resumed, b"1", payload=payload)
     if not subscriber_first:
         assert mesh.outcomes_for("B", delivery) == [], "A's subscriber has not had it yet"
@@ -858,13 +855,7 @@ def test_a_settlement_lost_with_the_dead_origin_reaches_a_participant_from_the_n
     mesh.kill("A")
     mesh.advance(2.0)  # B forgets its record (linger), remembering the outcome
     assert mesh.cores["B"].record_count() == 0 and mesh.cores["C"].record_count() == 1
-    resumed = mesh.publisher(
-        "B",
-        name="p",
-        container="P",
-        rcv_first=True,
-        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]},
-    )
+    resumed = resume_publisher(mesh, "B", incarnation, [[b"1", "none"]], rcv_first=True)
     again = mesh.publish("B", resumed, b"1", payload=payload)
     assert [c.outcome for c in mesh.outcomes_for("B", again)] == [outcomes.ACCEPTED]
     for _ in range(3):
@@ -896,13 +887,7 @@ def _origin_dies_with_a_finished_delivery_its_publisher_never_heard_settled(rcv_
     held = [] if settled_at_c else [[copy.tag, "accepted"]]
     mesh.kill("C")  # the publisher never saw its delivery settled
     moved = mesh.subscriber("A", "local", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": held})
-    resumed = mesh.publisher(
-        "A",
-        name="p",
-        container="P",
-        rcv_first=rcv_first,
-        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "accepted"]]},
-    )
+    resumed = resume_publisher(mesh, "A", incarnation, [[b"1", "accepted"]], rcv_first=rcv_first)
     again = mesh.publish("A", resumed, b"1", payload=payload)
     for c in mesh.forwarded("A", moved):
         mesh.answer("A", moved, c.tag, settled=False)
@@ -967,12 +952,7 @@ def test_a_router_cut_off_before_its_publisher_settled_learns_it_did_when_the_cu
     mesh.cut("A", "C")
     mesh.settle()
     mesh.detach("A", pub)  # its connection went with the cut; its settlement never arrived
-    mesh.publisher(
-        "B",
-        name="p",
-        container="P",
-        properties={INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": []},
-    )
+    resume_publisher(mesh, "B", incarnation, [])
     mesh.advance(2)
     assert mesh.cores["A"].record_count() == 1
     mesh.connect("A", "B")
