@@ -169,7 +169,7 @@ def seq_ranges(seqs: list[int]) -> list[list[int]]:
     ranges: list[list[int]] = []
     for seq in sorted(seqs):
         if ranges and seq <= ranges[-1][1] + 1:
-            ranges[-1][1] = max(ranges[-1][1], seq)
+            ranges[-1][1] = seq  # sorted: never below the run's end
         else:
             ranges.append([seq, seq])
     return ranges

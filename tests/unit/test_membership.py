@@ -498,3 +498,14 @@ def test_client_addresses_carry_whether_they_need_tls():
     for bad in ([["h", 1, "http"]], [["h", 1, "amqp", "x"]], [["h"]]):
         with pytest.raises(ProtocolError, match="bad addr message"):
             net.learn_addresses({"t": "addr", "router": "C", "addrs": bad})
+
+
+def test_what_was_there_before_a_subscription_travels_as_runs_of_stream_seq():
+    from router.core.announcements import RemoteSubscriber, seq_ranges
+
+    assert seq_ranges([5, 3, 4, 4, 9, 10, 1]) == [[1, 1], [3, 5], [9, 10]]
+    stream = bytes(16)
+    s = RemoteSubscriber("C", S1, "t", True, True, False, 60, 1, None, {stream.hex(): seq_ranges([3, 4, 5, 9])})
+    assert [n for n in range(12) if s.was_here_before(stream, n)] == [3, 4, 5, 9]
+    assert not s.was_here_before(b"\x01" * 16, 4)
+    assert not s._replace(before=None).was_here_before(stream, 4)
