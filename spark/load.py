@@ -141,6 +141,11 @@ def get_session(
         # Sorted input aggregates without a hash table (spark/reconcile.py: the
         # per-delivery grouping reads its exchange sorted by delivery).
         "spark.sql.execution.replaceHashWithSortAgg": "true",
+        # The proofs' shuffles after the per-delivery pass (by publisher identity, by
+        # subscriber stream) hold ~100 MB at 10 M events: at the default 64 MB per
+        # partition adaptive execution coalesced them to 3 tasks on 2 cores, which
+        # spilled; 16 MB keeps both cores busy and the sorts in memory (docs/reconcile.md).
+        "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16m",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }

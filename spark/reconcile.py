@@ -1835,14 +1835,26 @@ def per_delivery(t: Tables) -> DataFrame:
     )
 
 
+def under_many_ids(t: Tables) -> DataFrame:
+    """The facts of the publisher deliveries received under more than one delivery
+    id (few; usually none), and perhaps a few more: the publisher identities are
+    counted by their 64-bit hash, so that the shuffle of one row per delivery carries
+    a long instead of the identity's text (~8x smaller). Two identities sharing a
+    hash only let more deliveries through; the callers group by the identity itself."""
+    hashed = F.xxhash64("pub_id")
+    multi = (
+        t.facts.where(F.col("received")).groupBy(hashed.alias("ph")).agg(F.count(F.lit(1)).alias("ids")).where(F.col("ids") > 1)
+    )
+    return t.facts.where(F.col("received")).join(F.broadcast(multi), hashed == multi["ph"], "left_semi")
+
+
 def duplicated_by_publisher(t: Tables) -> DataFrame:
     """No subscriber accepted one publisher delivery (same publisher, link,
     incarnation, tag and reuse suffix) under two delivery ids: first the publisher
     deliveries with more than one id (one small shuffle of one row per delivery),
     then who accepted them."""
-    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")).where(F.col("ids") > 1)
     accepted = (
-        t.facts.join(F.broadcast(multi), "pub_id", "left_semi")
+        under_many_ids(t)
         .select("delivery", "pub_id", "publisher", "pub_tag", F.explode("subs").alias("x"))
         .where(F.col("x.o") == ACC)
         .select("delivery", "pub_id", "publisher", "pub_tag", F.col("x.s").alias("subscriber"))
@@ -1898,8 +1910,11 @@ def out_of_order(t: Tables) -> DataFrame:
             F.col("x.q").alias("seq"),
         )
     )
+    # Partitioned by (router, subscriber, stream) once: the grouping below and the
+    # window over its rows (_order_violations) then share this one shuffle.
     first = (
-        sends.groupBy("router", "subscriber", "stream", "pub_id")
+        sends.repartition("router", "subscriber", "stream")
+        .groupBy("router", "subscriber", "stream", "pub_id")
         .agg(F.min(F.struct("epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag")).alias("m"))
         .select("router", "subscriber", "stream", "m.*")
     )
@@ -1958,9 +1973,8 @@ def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
             pub_tag="pub_tag",
         )
     ]
-    multi = t.facts.where(F.col("received")).groupBy("pub_id").agg(F.count(F.lit(1)).alias("ids")).where(F.col("ids") > 1)
     handed = (
-        t.facts.join(F.broadcast(multi), "pub_id", "left_semi")
+        under_many_ids(t)
         .where(F.size("app") > 0)
         .select("delivery", "pub_id", "publisher", "pub_tag", F.explode("app").alias("a"))
     )
@@ -2006,8 +2020,9 @@ def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
             F.col("a.first.t").alias("ts"),
         )
     )
-    first = (
-        firsts.groupBy("subscriber", "fid", "stream", "pub_id")
+    first = (  # one shuffle for the grouping and the window, as in out_of_order()
+        firsts.repartition("subscriber", "fid", "stream")
+        .groupBy("subscriber", "fid", "stream", "pub_id")
         .agg(F.min(F.struct("line", "delivery", "stream_seq", "ts", "publisher", "pub_tag")).alias("m"))
         .select("subscriber", "fid", "stream", "m.*")
     )
