@@ -14,6 +14,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.eorouter-installed"
+CDS_RECORD="$VENV/.eorouter-class-archive"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] \
         || [ "$ROOT/router/adapter/_fastpath.c" -nt "$STAMP" ]; then
     echo "setup: installing eorouter[test] into $VENV (first run takes a minute)" >&2
@@ -37,11 +38,20 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/setu
             echo "setup: Qpid Proton without Cyrus SASL (PLAIN/SCRAM logins unavailable; sudo scripts/setup-root)" >&2
         fi
     fi
-    if command -v java >/dev/null 2>&1; then
-        # Spark's classes, archived once so that every reconciliation's JVM starts ~3 s faster (spark/jvm.py).
-        echo "setup: archiving Spark's classes for fast JVM starts (once, under a minute)" >&2
-        (cd "$ROOT" && "$VENV/bin/python" -m spark.jvm >/dev/null) || echo "setup: no class archive (not needed)" >&2
-    fi
+    rm -f "$CDS_RECORD"  # the jars may have changed, and with them the archive's name: look again below
     touch "$STAMP"
+fi
+# Spark's classes, archived so that every reconciliation's JVM starts ~3 s faster (spark/jvm.py). Checked
+# on every run, not only at install: other checkouts' installs prune old archives (spark/jvm.py _prune),
+# and a change of the JVM's options in spark/jvm.py names another archive. The record holds the archive's
+# path, so that the usual run only tests that the file is there.
+if [ "${EOROUTER_SPARK_CDS:-}" != off ] && command -v java >/dev/null 2>&1 \
+        && { [ ! -f "$CDS_RECORD" ] || [ ! -f "$(cat "$CDS_RECORD")" ] || [ "$ROOT/spark/jvm.py" -nt "$CDS_RECORD" ]; }; then
+    echo "setup: archiving Spark's classes for fast JVM starts (once, under a minute)" >&2
+    if ARCHIVE="$(cd "$ROOT" && "$VENV/bin/python" -m spark.jvm)" && [ -f "$ARCHIVE" ]; then
+        printf '%s' "$ARCHIVE" > "$CDS_RECORD"
+    else
+        echo "setup: no class archive (not needed)" >&2
+    fi
 fi
 export PATH="$VENV/bin:$PATH"

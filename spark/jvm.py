@@ -10,7 +10,7 @@ The archive belongs to one Java installation and one Spark: its name carries a k
 of both, so an upgrade simply makes a new one. A JVM that cannot use an archive
 (another Java, a damaged file) ignores it and starts as it would without: the
 archive only ever saves time. ``python -m spark.jvm`` builds it (scripts/_setup.sh
-does, once per installation) by reconciling a small generated history, which loads
+checks on every run that it is there, builds it when not) by reconciling a small generated history, which loads
 the classes a real reconciliation loads (in a child process: spark/jvm_dump.py).
 
 ``EOROUTER_SPARK_CDS``: ``off`` never uses one; a path puts it there instead of
@@ -28,6 +28,9 @@ import tempfile
 from pathlib import Path
 
 ENV = "EOROUTER_SPARK_CDS"
+#: The garbage collector of every proof's JVM (spark/load.py java_options), part of the archive's
+#: name: an archive is dumped and mapped under the same collector.
+COLLECTOR = "-XX:+UseParallelGC"
 
 
 def _java() -> Path | None:
@@ -54,7 +57,7 @@ def archive_path() -> Path | None:
     listing = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in jars.glob("*.jar")) if jars.is_dir() else []
     stat = java.stat()
     key = hashlib.sha256(
-        "|".join([str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__, str(jars), *listing]).encode()
+        "|".join([str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__, COLLECTOR, str(jars), *listing]).encode()
     ).hexdigest()[:16]
     if setting:
         return Path(setting)

@@ -105,7 +105,7 @@ def java_options(small: bool, quiet: bool = True) -> list[str]:
 
     # The throughput collector: the proof is a batch job on few cores, and G1's
     # concurrent threads and write barriers took a share of them (docs/reconcile.md, "Speed").
-    java = ["-XX:+UseParallelGC"]
+    java = [jvm.COLLECTOR]
     if quiet and _LOG4J.exists():
         java.append(f"-Dlog4j2.configurationFile=file:{_LOG4J}")
     if small:

@@ -83,3 +83,17 @@ def test_the_session_jvm_maps_the_archive(spark):
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert str(path) in maps
+
+
+def test_the_collector_names_the_archive_and_runs_every_proof(monkeypatch, tmp_path):
+    """An archive is dumped and mapped under one collector: another collector, another archive."""
+    from spark import load
+
+    monkeypatch.delenv(jvm.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = jvm.archive_path()
+    if path is None:
+        pytest.skip("no java on PATH")
+    assert jvm.COLLECTOR in load.java_options(small=True) and jvm.COLLECTOR in load.java_options(small=False)
+    monkeypatch.setattr(jvm, "COLLECTOR", "-XX:+UseSerialGC")
+    assert jvm.archive_path() != path
