@@ -56,9 +56,8 @@ def archive_path() -> Path | None:
     # install at the same path is another archive, never a stale one that only looks right.
     listing = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in jars.glob("*.jar")) if jars.is_dir() else []
     stat = java.stat()
-    key = hashlib.sha256(
-        "|".join([str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__, COLLECTOR, str(jars), *listing]).encode()
-    ).hexdigest()[:16]
+    parts = [str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__, COLLECTOR, str(jars), *listing]
+    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     if setting:
         return Path(setting)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eorouter"

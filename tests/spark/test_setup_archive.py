@@ -33,7 +33,7 @@ def _venv(tmp_path: Path) -> tuple[Path, Path]:
     return venv, calls
 
 
-def _setup(venv: Path, archive: Path) -> subprocess.CompletedProcess:
+def _setup(venv: Path, archive: Path | str) -> subprocess.CompletedProcess:
     env = {**os.environ, "EOROUTER_VENV": str(venv), "EOROUTER_SPARK_CDS": str(archive)}
     return subprocess.run(
         ["bash", "-c", f'source "{ROOT}/scripts/_setup.sh"'], env=env, capture_output=True, text=True, timeout=60
@@ -72,7 +72,6 @@ def test_setup_builds_the_archive_when_it_is_gone_and_otherwise_leaves_it(tmp_pa
 
 def test_setup_leaves_the_archive_alone_when_it_is_switched_off(tmp_path):
     venv, calls = _venv(tmp_path)
-    env = {**os.environ, "EOROUTER_VENV": str(venv), "EOROUTER_SPARK_CDS": "off"}
-    done = subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/_setup.sh"'], env=env, capture_output=True, text=True, timeout=60)
+    done = _setup(venv, "off")
     assert done.returncode == 0, done.stderr
     assert _builds(calls) == 0 and not (venv / ".eorouter-class-archive").exists()
