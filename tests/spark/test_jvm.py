@@ -10,12 +10,19 @@ import pytest
 from spark import jvm
 
 
-def test_the_archive_is_named_for_this_java_and_this_spark(monkeypatch, tmp_path):
+@pytest.fixture
+def default_archive(monkeypatch, tmp_path) -> Path:
+    """Where the archive would be under the default setting, with the cache in ``tmp_path``."""
     monkeypatch.delenv(jvm.ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = jvm.archive_path()
     if path is None:
         pytest.skip("no java on PATH")
+    return path
+
+
+def test_the_archive_is_named_for_this_java_and_this_spark(monkeypatch, tmp_path, default_archive):
+    path = default_archive
     assert path.parent == tmp_path / "eorouter" and path.name.startswith("spark-classes-")
     import pyspark
 
@@ -85,15 +92,11 @@ def test_the_session_jvm_maps_the_archive(spark):
     assert str(path) in maps
 
 
-def test_the_collector_names_the_archive_and_runs_every_proof(monkeypatch, tmp_path):
+def test_the_collector_names_the_archive_and_runs_every_proof(monkeypatch, default_archive):
     """An archive is dumped and mapped under one collector: another collector, another archive."""
     from spark import load
 
-    monkeypatch.delenv(jvm.ENV, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = jvm.archive_path()
-    if path is None:
-        pytest.skip("no java on PATH")
+    path = default_archive
     assert jvm.COLLECTOR in load.java_options(small=True) and jvm.COLLECTOR in load.java_options(small=False)
     monkeypatch.setattr(jvm, "COLLECTOR", "-XX:+UseSerialGC")
     assert jvm.archive_path() != path
