@@ -333,12 +333,23 @@ class Loaded:
         return self.lines.where(F.col(CORRUPT).isNotNull()).select(F.col(CORRUPT).alias("line"), "seq")
 
 
-def _json_reader(spark: SparkSession, source: Source, schema):
-    reader = spark.read.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
+def _json_reader(spark: SparkSession, source: Source, schema, strict: bool = False):
+    from pyspark.sql import types as T
+
+    if strict:  # no corrupt-record column: a line Spark cannot read whole stops the job
+        reader = spark.read.schema(T.StructType([f for f in schema.fields if f.name != CORRUPT])).option("mode", "FAILFAST")
+    else:
+        reader = spark.read.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
     if source.remote:
         # Only the routers' log files (not ledgers or anything else under the path).
         reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl")
     return reader
+
+
+def is_malformed(error: BaseException) -> bool:
+    """True of the error a ``strict`` read raises at a line Spark cannot read whole."""
+    text = str(error)
+    return "MALFORMED_RECORD_IN_PARSING" in text or "Malformed records are detected in record parsing" in text
 
 
 def _fields(schema) -> list[str]:
@@ -355,19 +366,26 @@ def line_schema(fields=None):
     return T.StructType([full[name] for name in wanted] + [T.StructField(CORRUPT, T.StringType(), True)])
 
 
-def load_lines(spark: SparkSession, sources: list[Source], fields=None, files: bool = False) -> DataFrame:
+def load_lines(spark: SparkSession, sources: list[Source], fields=None, files: bool = False, strict: bool = False) -> DataFrame:
     """Every line of ``sources`` as one DataFrame: ``fields`` (default ``LINE_FIELDS``)
     with the writer's types, and ``CORRUPT``; with ``files``, also ``FILE`` (a string
     per line: it costs as much as converting a few fields, so only the cold paths
-    ask for it). Nothing is dropped here. Only the fields asked for are converted."""
+    ask for it). Nothing is dropped here. Only the fields asked for are converted.
+
+    ``strict``: JSON is read in Spark's FAILFAST mode, ``CORRUPT`` always null: a line
+    Spark cannot read whole (not JSON, a field of the wrong type) fails the job that
+    reads it, with ``is_malformed`` true of its error. For a read of input another read
+    found clean: keeping the corrupt-record column makes Spark re-map every parsed row
+    by field name (~20 % of the per-delivery read, docs/benchmarks.md)."""
     full = event_schema()
     schema = line_schema(fields)
     wanted = [f.name for f in schema.fields if f.name != CORRUPT]
     frames: list[DataFrame] = []
     for source in sources:
         if source.fmt == "json":
-            raw = _json_reader(spark, source, schema).json(source.paths)
-            cols = [*wanted, CORRUPT] + ([F.col("_metadata.file_path").alias(FILE)] if files else [])
+            raw = _json_reader(spark, source, schema, strict).json(source.paths)
+            corrupt = F.lit(None).cast("string").alias(CORRUPT) if strict else F.col(CORRUPT)
+            cols = [*wanted, corrupt] + ([F.col("_metadata.file_path").alias(FILE)] if files else [])
             frames.append(raw.select(*cols))
         else:
             data = spark.read.parquet(*source.paths)

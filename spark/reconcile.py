@@ -34,7 +34,7 @@ import json
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -603,10 +603,26 @@ class Tables:
     persisted: list = field(default_factory=list)
     storage: StorageLevel = field(default_factory=lambda: StorageLevel.MEMORY_AND_DISK)
 
+    #: Builds the per-delivery facts again reading every line permissively (set by
+    #: prepare() when the facts read strictly: the first read found no malformed line).
+    permissive: Callable[[], tuple[DataFrame, Observation]] | None = None
+
     def compute_facts(self) -> int:
         """The per-delivery pass (read, shuffle by delivery, every invariant), run
-        now and its rows kept for the proofs; returns how many deliveries."""
-        self.facts = materialize(self.facts, self.storage)
+        now and its rows kept for the proofs; returns how many deliveries. A strict
+        read that meets a line Spark cannot read whole (a field only this read
+        converts, of the wrong type) is done again permissively, which counts it."""
+        from spark.load import is_malformed
+
+        try:
+            kept = materialize(self.facts, self.storage)
+        except Exception as error:  # noqa: BLE001 (Py4J's and PySpark's errors both carry Spark's)
+            if self.permissive is None or not is_malformed(error):
+                raise
+            self.facts, self.bad_in_deliveries = self.permissive()
+            self.permissive = None
+            kept = materialize(self.facts, self.storage)
+        self.facts = kept
         self.persisted.append(self.facts)
         return self.facts.count()
 
@@ -1665,8 +1681,15 @@ def prepare(
     )
     small = small_tables(life, facts_in["epochs"], lambda n: known.get(n) if n is not None else None)
     missing = [known[n] for n in facts_in["missing_routers"]]
-    facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers)
-    return Tables(facts, facts_in, small, names, sources, partitions, observation, storage=storage)
+    # Input the first read found clean is read again strictly (no corrupt-record column to
+    # fill per line); should a field only the second read converts be of the wrong type,
+    # compute_facts() reads it again permissively.
+    strict = facts_in["bad_count"] == 0
+    facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers, strict=strict)
+    t = Tables(facts, facts_in, small, names, sources, partitions, observation, storage=storage)
+    if strict:
+        t.permissive = lambda: facts_frame(spark, sources, small, missing, partitions, ledgers)
+    return t
 
 
 def materialize(frame: DataFrame, storage: StorageLevel) -> DataFrame:
@@ -1719,17 +1742,24 @@ def app_events(ledgers: DataFrame) -> DataFrame:
 
 
 def facts_frame(
-    spark, sources: list, small: dict, missing: list, partitions: int, ledgers: DataFrame | None = None
+    spark,
+    sources: list,
+    small: dict,
+    missing: list,
+    partitions: int,
+    ledgers: DataFrame | None = None,
+    strict: bool = False,
 ) -> tuple[DataFrame, Observation]:
     """The per-delivery facts from a second read of the input (the fields of the
     events about deliveries): unfold, narrow, one shuffle by delivery id, one row
     per delivery, every per-delivery invariant. With ``ledgers``, the applications'
     `delivered` lines join the same shuffle (app_events). Also counts (``observe``)
     the malformed lines among those this read converts differently (a field of the
-    wrong type among its fields), and which subscribers keep a ledger."""
+    wrong type among its fields), and which subscribers keep a ledger. ``strict``:
+    read as load_lines() says (a line Spark cannot read whole fails the job)."""
     from spark.load import load_lines
 
-    lines = load_lines(spark, sources, DELIVERY_READ)
+    lines = load_lines(spark, sources, DELIVERY_READ, strict=strict)
     lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
     lines = lines.withColumn("_bad", bad(lines))
     observation = Observation("deliveries")
