@@ -1197,6 +1197,30 @@ def _first_per(arr: str, key: str, value: str, var: str = "z") -> str:
     )
 
 
+def layers(columns: list[str]) -> list[list[str]]:
+    """``columns`` ("<SQL> AS <name>", each over a frame's columns and the earlier
+    ones) grouped by depth of dependence: the first group uses none of the others,
+    each later one at least one column of the group before. A name is taken as used
+    wherever it occurs as a word in the SQL: a false match only moves a column one
+    group later."""
+    depth: dict[str, int] = {}
+    for text in columns:
+        sql, name = text.rsplit(" AS ", 1)
+        depth[name] = 1 + max((d for earlier, d in depth.items() if re.search(rf"\b{earlier}\b", sql)), default=0)
+    return [[t for t in columns if depth[t.rsplit(" AS ", 1)[1]] == level] for level in sorted(set(depth.values()))]
+
+
+def _in_layers(frame: DataFrame, columns: list[str]) -> DataFrame:
+    """``frame`` with ``columns`` added in one projection per layer (layers()) rather
+    than one per group of columns as written: every projection above the per-delivery
+    aggregation runs outside whole-stage code generation and writes its whole row
+    again (docs/benchmarks.md, "Where the CPU goes"), and Spark does not merge
+    projections whose expressions it would have to repeat."""
+    for layer in layers(columns):
+        frame = frame.selectExpr("*", *layer)
+    return frame
+
+
 def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> DataFrame:
     """One row per delivery: who published it, where it started and what the
     publisher was told, the sets the cross-delivery checks and the summary need,
@@ -1205,10 +1229,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     K = _kinds
     topic = "id.topic"
     # --- the delivery's events by kind
-    step = grouped.selectExpr(
-        "delivery",
-        "id",
-        "ev",
+    columns = [
         f"filter(ev, e -> e.k {K('received')}) AS recv_all",
         f"filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)) AS records",
         # (not a refusal beyond the resume horizon: that is not the subscribers' outcome)
@@ -1229,25 +1250,23 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"filter(ev, e -> e.k {K('sub-outcome')} AND NOT coalesce(e.rep, false)) AS answers",
         # the subscribers that reported holding it where the router had no record yet
         f"filter(ev, e -> e.k {K('placeholder-created')}) AS placeholders",
-    )
+    ]
     # each record with its router's first answer in that epoch (pub-outcome or outcome-to-router)
-    step = step.selectExpr(
-        "*",
+    columns += [
         "transform(records, rec -> named_struct('r', rec.r, 'e', rec.e, 'q', rec.q, 't', rec.t, 'p', rec.p, "
         f"'owed', coalesce(rec.l, {_EMPTY}), 'routers', coalesce(rec.x, {_EMPTY}), "
         f"'ans', array_min(transform(filter(ev, e -> e.k {K('pub-outcome', 'outcome-to-router')} AND e.r = rec.r "
         "AND e.e = rec.e), e -> named_struct('q', e.q, 'o', e.o))))) AS recs",
-    )
-    step = step.selectExpr(
-        "*",
+    ]
+    columns += [
         "try_element_at(filter(recs, x -> x.p IS NULL), 1) AS origin",
         "array_min(transform(pubs, e -> named_struct('q', e.q, 't', e.t, 'o', e.o, 'r', e.r, 'e', e.e))) AS pub",
         f"exists(pubs, e -> e.o = {ACC}) AS told_accepted",
         "array_union(acc_subs, discarded) AS done",
         "array_distinct(transform(recv_all, e -> e.r)) AS reached",
         "transform(moves, m -> m.p) AS moved_from",
-    )
-    step = step.selectExpr("*", "try_element_at(filter(pubs, e -> e.r = origin.r AND e.e = origin.e), 1) AS origin_answer")
+    ]
+    columns += ["try_element_at(filter(pubs, e -> e.r = origin.r AND e.e = origin.e), 1) AS origin_answer"]
 
     def said(rec: str, s: str) -> str:
         return f"filter(ev, e -> e.k {K('sub-outcome', 'expired')} AND e.r = {rec}.r AND e.e = {rec}.e AND e.s = {s})"
@@ -1316,11 +1335,10 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         + _violation("lost", kind="'router'", r="x", e="origin.e", t="origin.t", other="origin.r", info={"told": told_by("x")})
         + ")"
     )
-    step = step.selectExpr(
-        "*",
+    columns += [
         f"CASE WHEN told_accepted THEN concat({lost_subs}, {lost_moved}, "
         f"CASE WHEN origin IS NOT NULL THEN {lost_routers} ELSE array() END) END AS v_lost",
-    )
+    ]
 
     # --- duplicated: one subscriber accepted this delivery id twice (reports aside). On an
     # at-least-once topic that is allowed: counted (alo_dups), not failed. Nor is the
@@ -1335,7 +1353,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"filter(transform(array_distinct(transform({accepts}, e -> e.s)), s -> named_struct("
         f"'s', s, 'a', filter({accepts}, e -> e.s = s))), x -> size(x.a) > 1)"
     )
-    step = step.selectExpr("*", "exists(recv_all, e -> coalesce(e.y, 0) = 4) AS alo", f"{twice} AS twice")
+    columns += ["exists(recv_all, e -> coalesce(e.y, 0) = 4) AS alo", f"{twice} AS twice"]
     v_dup = (
         "CASE WHEN alo THEN array() ELSE transform(twice, x -> "
         + _violation(
@@ -1368,7 +1386,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"WHEN e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2 THEN false "
         "ELSE NOT exists(recv_all, x -> x.r = e.r AND x.e = e.e AND x.q <= e.q) END) ELSE array() END"
     )
-    step = step.selectExpr("*", f"{v_dup} AS v_dup", f"{v_invented} AS v_invented", f"{orphans} AS orphans")
+    columns += [f"{v_dup} AS v_dup", f"{v_invented} AS v_invented", f"{orphans} AS orphans"]
     by_router = _first_per(
         "orphans", "named_struct('r', z.r, 'e', z.e)", "named_struct('q', z.q, 'k', z.k, 'o', z.o, 's', z.s, 't', z.t)"
     )
@@ -1400,16 +1418,15 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"array_distinct(concat(owed_subs, transform(sends, x -> x.s), moved_subs, transform(filter(ev, "
         f"e -> e.k {K('placeholder-fulfilled')}), e -> e.s)))"
     )
-    step = step.selectExpr("*", f"{v_record} AS v_record", f"{v_arrival} AS v_arrival", f"{ever_owed} AS ever_owed")
+    columns += [f"{v_record} AS v_record", f"{v_arrival} AS v_arrival", f"{ever_owed} AS ever_owed"]
     # --- accept-unowed / accept-unsent (of a delivery some router received: the
     # others are invented, and that is all they are)
     first_answer = "named_struct('q', z.q, 'r', z.r, 'e', z.e, 't', z.t, 'o', z.o)"
-    step = step.selectExpr(
-        "*",
+    columns += [
         f"filter(ev, e -> e.k {K('sub-outcome')} AND size(recv_all) > 0 AND NOT array_contains(ever_owed, e.s)) AS unowed",
         "filter(answers, e -> size(recv_all) > 0 AND array_contains(ever_owed, e.s) AND NOT exists(sends, x -> "
         "x.r = e.r AND x.e = e.e AND x.s = e.s AND x.q < e.q)) AS unsent",
-    )
+    ]
     v_unowed = (
         f"transform({_first_per('unowed', 'z.s', first_answer)}, g -> "
         + _violation(
@@ -1492,14 +1509,13 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"exists(recv_all, x -> (x.p IS NOT NULL AND array_contains({c.missing}, x.p)) OR "
         f"exists(coalesce(x.x, {_EMPTY}), m -> array_contains({c.missing}, m))), false)"
     )
-    step = step.selectExpr(
-        "*",
+    columns += [
         f"{v_unowed} AS v_unowed",
         f"{v_unsent} AS v_unsent",
         f"{v_answer} AS v_answer",
         f"{pairs} AS pairs",
         f"{partial} AS partial",
-    )
+    ]
     all_accepted = "(size(pairs) > 0 AND forall(pairs, y -> array_contains(acc_subs, y.s)))"
     bad_codes = ", ".join(str(x) for x in (*TERMINAL_NOT_ACCEPTED, EXPIRED))
     refused = f"filter(pairs, y -> y.first IS NOT NULL AND y.first.o IN ({bad_codes}) AND NOT array_contains(acc_subs, y.s))"
@@ -1543,7 +1559,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"array_except(rec.owed, transform(filter(ev, e -> e.r = rec.r AND e.e = rec.e AND "
         f"e.k {K('sub-outcome', 'expired')}), e -> e.s))))"
     )
-    step = step.selectExpr("*", f"{v_disagree} AS v_disagree", f"{left} AS left")
+    columns += [f"{v_disagree} AS v_disagree", f"{left} AS left"]
     v_left = (
         "transform(filter(left, x -> NOT x.died), x -> "
         + _violation(
@@ -1568,7 +1584,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
             f"size(filter({apps}, e -> e.s = s)), 'first', array_min(transform(filter({apps}, e -> e.s = s), "
             "e -> named_struct('fid', e.p, 'split', e.e, 'row', e.q, 't', e.t)))))"
         )
-        step = step.selectExpr("*", f"{app} AS app")
+        columns += [f"{app} AS app"]
         v_app = (
             "concat(transform(filter(app, a -> a.n > 1 AND NOT alo), a -> "
             + _violation("ledger", kind="'twice'", s="a.s", t="a.first.t", info={"n": "a.n"})
@@ -1581,9 +1597,8 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         )
         app_missing = "filter(acc_subs, s -> size(recv_all) > 0 AND NOT exists(app, a -> a.s = s))"
     else:
-        step = step.selectExpr(
-            "*", "cast(NULL as array<struct<s:bigint,n:int,first:struct<fid:bigint,split:bigint,row:bigint,t:double>>>) AS app"
-        )
+        no_app = "array<struct<s:bigint,n:int,first:struct<fid:bigint,split:bigint,row:bigint,t:double>>>"
+        columns += [f"cast(NULL as {no_app}) AS app"]
         v_app = "array()"
         app_missing = "cast(array() as array<bigint>)"
     # --- what the cross-delivery checks and the summary read
@@ -1595,7 +1610,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
     # On an at-least-once topic a subscriber that failed over may be sent a delivery again
     # at its new router after later ones (a resend its new router had forgotten): a repeat,
     # counted as such, not the first copy whose place in publisher order is judged there.
-    step = step.selectExpr("*", f"{first_sends} AS fs0")
+    columns += [f"{first_sends} AS fs0"]
     first_sends = "CASE WHEN alo THEN filter(fs0, x -> NOT exists(fs0, y -> y.s = x.s AND y.r != x.r AND y.t < x.t)) ELSE fs0 END"
     # Each subscriber owed it or answering it: accepted if it ever accepted, else its
     # first answer, else 0 (never answered).
@@ -1604,7 +1619,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"'s', s, 'owed', array_contains(owed_subs, s), 'o', CASE WHEN array_contains(acc_subs, s) THEN {ACC} "
         "ELSE coalesce(try_element_at(transform(filter(answers, e -> e.s = s), e -> e.o), 1), 0) END))"
     )
-    return step.selectExpr(
+    return _in_layers(grouped, columns).selectExpr(
         "delivery",
         f"{topic} AS topic",
         "id.publisher AS publisher",
