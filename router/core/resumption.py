@@ -319,8 +319,12 @@ class Resumption(MovedSubscribers):
         self.core.topics[record.topic].unsettled -= 1
         record.outcome = None
         if not record.subscribers:
-            # Owed to nobody here: the new origin will not wait for us, nor tell us
-            # when it settles, so there is nothing left to keep.
+            # Owed to nobody here, so nothing left to keep. But the new origin may
+            # count us among the routers it waits for and have sent us its copy
+            # already: one that came before this news was left for it
+            # (relay._known_copy), and without an answer that origin would wait for
+            # ever. "none" ends its wait; an origin that did not wait for us ignores it.
+            self.core.route_control(new_origin, {"t": "outcome", "d": record.tag.hex(), "o": outcomes.NONE}, out)
             self.core.delete(record, "origin-handed-over", out)
             return
         self.core.maybe_answer_publisher(record, now, out)

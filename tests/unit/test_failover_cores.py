@@ -430,6 +430,42 @@ def test_a_live_router_whose_publisher_resumed_elsewhere_hands_its_stream_over()
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
+@pytest.mark.parametrize("copy_first", [True, False], ids=["copy-before-news", "news-before-copy"])
+def test_a_router_handing_over_a_delivery_it_owes_nobody_answers_the_new_origin(copy_first):
+    """Found under CPU load (tests/failover/test_resume_under_load.py): the subscriber's
+    and then the publisher's links to A are cut, A lives on, and both resume at B. B
+    takes over as origin and sends A its copy (it still counts A among the interested
+    routers); data and control are separate links, so the copy can reach A before the
+    "stream-resumed" news. A, owing it to nobody any more, left that copy for the news
+    and then deleted its record without answering: B waited for A for ever and the
+    publisher never heard. A must tell B "none" whichever comes first."""
+    from router.core.events import PUBLISHER, DataReceived, LinkAttached, MessageReceived
+
+    mesh = Mesh("AB", [("A", "B")], twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    mesh.publish("A", pub, b"1", payload=payload)
+    (copy,) = mesh.forwarded("A", sub)
+    resumed_sub = _resume_subscriber(mesh, "B", "k", [(copy.tag, "none")])
+    mesh.detach("A", sub)  # A moves what it owed k to B
+    properties = {INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]}
+    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", rcv_settle_mode=0, properties=properties))
+    mesh.feed("B", MessageReceived(500, 7, b"1", payload, False))
+    kinds = [type(event) for event in mesh.in_flight("B", "A")]
+    assert DataReceived in kinds and len(kinds) > 1, "B sent A its copy and the news"
+    ordered = sorted(mesh.inflight, key=lambda item: isinstance(item[3], DataReceived) != copy_first)
+    mesh.inflight.clear()
+    mesh.inflight.extend(ordered)
+    mesh.settle()
+    for again in mesh.forwarded("B", resumed_sub):
+        mesh.answer("B", resumed_sub, again.tag)
+    assert mesh.outcomes_for("B", 7) == [SendOutcome(7, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
+
+
 # C never saw #1: it reaches C only as A's copy, once A noticed the old link drop.
 @pytest.mark.parametrize(
     "to, answer_first",

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from meshkit import Mesh
 
 from router.core import outcomes
-from router.core.commands import OpenLink, SendOutcome
+from router.core.commands import Forward, OpenLink, SendOutcome, SettleOutgoing
 from router.core.events import ConnectionLost, MessageReceived, OutcomeReceived, PublisherSettled
 from router.core.router import INCARNATION_PROPERTY
 
@@ -209,6 +209,179 @@ def test_a_record_handed_to_the_new_origin_is_not_settled_by_the_old_one():
     told = [c for c in mesh.client["B"][seen:] if isinstance(c, SendOutcome)]
     assert [(c.delivery, c.outcome) for c in told] == [(2, outcomes.ACCEPTED)]
     mesh.feed("B", PublisherSettled(resumed, 2))
+    mesh.advance(60.0)
+    mesh.advance(60.0)
+    for name, core in mesh.cores.items():
+        assert core.record_count() == 0, (name, list(core.records.values())[:3])
+
+
+LINE = ("AB", [("A", "B")])
+
+moves = st.lists(
+    st.one_of(
+        st.tuples(st.just("deliver"), st.integers(0, 50)),
+        st.tuples(st.just("answer"), st.integers(0, 0)),
+        st.tuples(st.just("tick"), st.integers(0, 2)),
+        st.tuples(st.just("sub-moves"), st.integers(0, 0)),
+        st.tuples(st.just("pub-moves"), st.integers(0, 0)),
+        st.tuples(st.just("A-notices-sub"), st.integers(0, 0)),
+        st.tuples(st.just("A-notices-pub"), st.integers(0, 0)),
+    ),
+    min_size=3,
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), moves)
+def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(data, plan):
+    """Found under CPU load (tests/failover/test_resume_under_load.py): the subscriber's
+    and the publisher's links to A are cut while A lives on, and both resume at B, in
+    either order; A notices each loss at any moment, and the routers' messages
+    interleave in any order their links allow. The subscriber's application gets every
+    message once, in order; the publisher hears "accepted" for every one; every record
+    ends. (Its first failing history: B, the new origin, sent A its copy before the
+    "stream-resumed" news; A, owing it to nobody any more, never answered B.)"""
+    from router.core.events import LinkDetached
+
+    mesh = Mesh(*LINE, twins=True, record_linger=data.draw(st.sampled_from([0.5, 5.0]), label="linger"))
+    sub = mesh.subscriber("A", "k", durable=2, timeout=600)
+    first = data.draw(st.booleans(), label="rcv-settle-mode first")
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=first)
+    (opened,) = [c for c in mesh.client["A"] if isinstance(c, OpenLink) and c.link_id == pub]
+    incarnation = opened.properties[INCARNATION_PROPERTY]
+    count = data.draw(st.integers(1, 4), label="messages")
+    sent = list(range(1, count + 1))
+    for n in sent:
+        mesh.feed("A", MessageReceived(pub, n, str(n).encode(), encode(f"m{n}"), False))
+    s = {"router": "A", "link": sub, "seen": 0, "moved": False, "noticed": False}
+    p = {"router": "A", "link": pub, "seen": 0, "moved": False, "noticed": False}
+    delivery_of = {n: ("A", n) for n in sent}
+    heard: dict[int, int] = {}
+    app: list[str] = []  # what the subscriber's application was handed, in order
+    held: dict[bytes, list] = {}  # unsettled at the subscriber: tag -> [link it came by, "none" | "accepted"]
+    next_delivery = iter(range(100, 10_000))
+
+    def receive():
+        """The subscriber takes what its current link was sent (nothing of A's after its
+        cut) and forgets what the router settled. A resent tag it holds is the same
+        delivery: answered again as it reported it."""
+        router, link = s["router"], s["link"]
+        commands = mesh.client[router]
+        for c in commands[s["seen"] :]:
+            if isinstance(c, Forward) and c.link_id == link:
+                if c.tag not in held:
+                    app.append(decode(c.payload).body)
+                    held[c.tag] = [link, "none"]
+                else:
+                    held[c.tag][0] = link
+                    if held[c.tag][1] == "accepted":
+                        mesh.feed(router, OutcomeReceived(link, c.tag, outcomes.ACCEPTED, False))
+            elif isinstance(c, SettleOutgoing) and c.link_id == link:
+                held.pop(c.tag, None)
+        s["seen"] = len(commands)
+
+    def answer():
+        """Accept the oldest delivery it has not answered on its current link (rcv-settle-mode
+        second: the router settles it; AMQP: answered on the link it came by)."""
+        for tag, (link, state) in held.items():
+            if link == s["link"] and state == "none":
+                held[tag][1] = "accepted"
+                mesh.feed(s["router"], OutcomeReceived(link, tag, outcomes.ACCEPTED, False))
+                return
+
+    def hear():
+        if p["router"] == "A" and p["moved"]:
+            return
+        commands = mesh.client[p["router"]]
+        for c in commands[p["seen"] :]:
+            if isinstance(c, SendOutcome):
+                for n, (r, d) in delivery_of.items():
+                    if r == p["router"] and d == c.delivery and n not in heard:
+                        heard[n] = c.outcome
+                        if not first:
+                            mesh.feed(p["router"], PublisherSettled(p["link"], d))
+        p["seen"] = len(commands)
+
+    def sub_moves():
+        receive()
+        s["moved"] = True
+        reported = [[tag, state] for tag, (_, state) in held.items()]
+        s.update(seen=len(mesh.client["B"]))
+        link = mesh.subscriber(
+            "B", "k", durable=2, timeout=600, properties={"eorouter:resume": True, "eorouter:unsettled": reported}
+        )
+        s.update(router="B", link=link)
+
+    def pub_moves():
+        hear()
+        p["moved"] = True
+        unsettled = [str(n).encode() for n in sent if n not in heard]
+        p.update(router="B", seen=len(mesh.client["B"]))
+        p["link"] = mesh.publisher(
+            "B",
+            name="p",
+            container="P",
+            rcv_first=first,
+            properties={
+                INCARNATION_PROPERTY: incarnation,
+                "eorouter:resume": True,
+                "eorouter:unsettled": [[t, "none"] for t in unsettled],
+            },
+        )
+        for tag in unsettled:
+            d = next(next_delivery)
+            delivery_of[int(tag)] = ("B", d)
+            mesh.feed("B", MessageReceived(p["link"], d, tag, encode(f"m{int(tag)}"), False))
+
+    def notice_sub():
+        if s["moved"] and not s["noticed"]:
+            s["noticed"] = True
+            mesh.feed("A", LinkDetached(sub, False))
+
+    def notice_pub():
+        if p["moved"] and not p["noticed"]:
+            p["noticed"] = True
+            mesh.feed("A", ConnectionLost(pub))
+
+    for action, arg in plan:
+        if action == "deliver":
+            mesh.deliver_one_queue_head(arg)
+        elif action == "answer":
+            receive()
+            answer()
+        elif action == "tick":
+            mesh.now += arg
+            for name in mesh.cores:
+                mesh.feed(name, mesh_timer())
+        elif action == "sub-moves" and not s["moved"]:
+            sub_moves()
+        elif action == "pub-moves" and not p["moved"]:
+            pub_moves()
+        elif action == "A-notices-sub":
+            notice_sub()
+        elif action == "A-notices-pub":
+            notice_pub()
+        receive()
+        hear()
+    if not s["moved"]:
+        sub_moves()
+    if not p["moved"]:
+        pub_moves()
+    notice_sub()
+    notice_pub()
+    for _ in range(12):
+        mesh.settle()
+        receive()
+        for _ in range(len(held)):
+            answer()
+        mesh.settle()
+        hear()
+        mesh.advance(3.0)
+        receive()
+        hear()
+    assert app == [f"m{n}" for n in sent], f"the application got {app}"
+    assert heard == {n: outcomes.ACCEPTED for n in sent}, (heard, sent)
     mesh.advance(60.0)
     mesh.advance(60.0)
     for name, core in mesh.cores.items():
