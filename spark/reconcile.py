@@ -1129,12 +1129,14 @@ def narrow(events: DataFrame, windows: dict) -> DataFrame:
 def group_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
     """One shuffle by delivery id (its 64-bit hash, also the sort's cheap prefix),
     sorted, then one row per delivery: ``ev`` (its events in (router, epoch, seq)
-    order) and ``id`` (who published it, from its first `received`)."""
+    order) and ``id`` (who published it: the `received` with the smallest stream_seq,
+    its first numbering: a new origin that did not hold it when its publisher resumed
+    there numbered the resend above everything, which says nothing of its place)."""
     return (
         narrowed.repartition(partitions, "h")
         .sortWithinPartitions("h", "delivery", "r", "e", "q", "_pos")
         .groupBy("h", "delivery")
-        .agg(F.collect_list(F.struct(*EVENT_FIELDS)).alias("ev"), F.first("id", ignorenulls=True).alias("id"))
+        .agg(F.collect_list(F.struct(*EVENT_FIELDS)).alias("ev"), F.min_by("id", F.col("id.stream_seq")).alias("id"))
     )
 
 
