@@ -91,17 +91,7 @@ def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, 
             state["cut"] = True
         unsettled = [str(n).encode() for n in sent if n not in heard]
         state.update(router=router, seen=len(mesh.client[router]))
-        state["link"] = mesh.publisher(
-            router,
-            name="p",
-            container="P",
-            rcv_first=first,
-            properties={
-                INCARNATION_PROPERTY: incarnation,
-                "eorouter:resume": True,
-                "eorouter:unsettled": [[t, "none"] for t in unsettled],
-            },
-        )
+        state["link"] = resume_publisher(mesh, router, incarnation, unsettled, first)
         for tag in unsettled:
             publish(int(tag))
 
@@ -163,6 +153,21 @@ def test_a_publisher_cut_off_at_any_moment_resumes_elsewhere_exactly_once(data, 
     mesh.advance(60.0)
     for name, core in mesh.cores.items():
         assert core.record_count() == 0, (name, list(core.records.values())[:3])
+
+
+def resume_publisher(mesh, router, incarnation, unsettled, rcv_first):
+    """Publisher "p" of container "P" resumes at ``router``, every tag in ``unsettled`` unanswered."""
+    return mesh.publisher(
+        router,
+        name="p",
+        container="P",
+        rcv_first=rcv_first,
+        properties={
+            INCARNATION_PROPERTY: incarnation,
+            "eorouter:resume": True,
+            "eorouter:unsettled": [[t, "none"] for t in unsettled],
+        },
+    )
 
 
 def mesh_timer():
@@ -318,17 +323,7 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
         p["moved"] = True
         unsettled = [str(n).encode() for n in sent if n not in heard]
         p.update(router="B", seen=len(mesh.client["B"]))
-        p["link"] = mesh.publisher(
-            "B",
-            name="p",
-            container="P",
-            rcv_first=first,
-            properties={
-                INCARNATION_PROPERTY: incarnation,
-                "eorouter:resume": True,
-                "eorouter:unsettled": [[t, "none"] for t in unsettled],
-            },
-        )
+        p["link"] = resume_publisher(mesh, "B", incarnation, unsettled, first)
         for tag in unsettled:
             d = next(next_delivery)
             delivery_of[int(tag)] = ("B", d)
