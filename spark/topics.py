@@ -39,4 +39,4 @@ def pattern_regex(address: str) -> str | None:
             break
         parts.append("[^/]*" if level == ONE else _literal(level))
     guard = "(?!\\$)" if levels[0] in (ONE, REST) else ""
-    return "(?s)^" + guard + "/".join(parts) + tail + "$"
+    return "(?s)^" + guard + "/".join(parts) + tail + "(?!.)"
