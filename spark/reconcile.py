@@ -1238,6 +1238,9 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         f"filter(ev, e -> e.k {K('pub-outcome')} AND coalesce(e.y, 0) != 2) AS pubs",
         f"array_distinct(transform(filter(ev, e -> e.k {K('sub-outcome')} AND e.o = {ACC}), e -> e.s)) AS acc_subs",
         f"transform(filter(ev, e -> e.k {K('owed-state-discarded')}), e -> e.s) AS discarded",
+        # the subscribers a router's selector filtered it out for (never owed it there)
+        f"array_distinct(flatten(transform(filter(ev, e -> e.k {K('received')}), e -> coalesce(e.fl, {_EMPTY})))) "
+        "AS filtered_out",
         f"filter(ev, e -> e.k {K('owed-moved')}) AS moves",
         f"flatten(transform(filter(ev, e -> e.k {K('owed-moved')}), e -> coalesce(e.l, {_EMPTY}))) AS moved_subs",
         f"array_distinct(flatten(transform(filter(ev, e -> e.k {K('received')} AND NOT coalesce(e.b, false)), "
@@ -1264,7 +1267,13 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         "try_element_at(filter(recs, x -> x.p IS NULL), 1) AS origin",
         "array_min(transform(pubs, e -> named_struct('q', e.q, 't', e.t, 'o', e.o, 'r', e.r, 'e', e.e))) AS pub",
         f"exists(pubs, e -> e.o = {ACC}) AS told_accepted",
-        "array_union(acc_subs, discarded) AS done",
+        # Done with it: accepted it, its obligation discarded, or filtered out by a
+        # router's selector. A moved obligation needs the last: a router that took a
+        # delivery over knows no remote subscriber's selector, so it owes the delivery
+        # to every durable subscriber of the dead origin, and when the publisher
+        # already had its outcome it settles at once, before any of them re-attaches
+        # to be judged by its selector (tests/failover/test_kill.py, selective).
+        "array_union(acc_subs, array_union(discarded, filtered_out)) AS done",
         "array_distinct(transform(recv_all, e -> e.r)) AS reached",
         "transform(moves, m -> m.p) AS moved_from",
     ]
@@ -1650,7 +1659,7 @@ def delivery_facts(grouped: DataFrame, c: Constants, ledgers: bool = False) -> D
         # rejected ("may have been delivered") whatever its first life's outcome was
         f"exists(ev, e -> e.k {K('pub-outcome')} AND coalesce(e.y, 0) = 2) AS horizon",
         # the subscribers whose selector did not select it, here or where they re-attached
-        f"array_distinct(concat(flatten(transform(filter(ev, e -> e.k {K('received')}), e -> coalesce(e.fl, {_EMPTY}))), "
+        f"array_distinct(concat(filtered_out, "
         f"transform(filter(ev, e -> e.k {K('owed-state-discarded')} AND coalesce(e.y, 0) = 3), e -> e.s))) AS filtered",
         "alo",
         # an at-least-once delivery's extra copies, per subscriber: accepted again (the

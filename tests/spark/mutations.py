@@ -231,6 +231,46 @@ def pattern_subscriber_accept_deleted_and_reattached(copy: Copy) -> dict:
     return {"lost": {d}}
 
 
+def _moved_from_a(copy: Copy, filtered_at_a: bool) -> str:
+    """Router B, having taken over a delivery of A's publisher, owes it to a durable
+    subscriber of A's (dave) wherever it re-attaches (`owed-moved`); dave never
+    accepts it anywhere. With ``filtered_at_a``, A's `received` names dave among
+    those its selector filtered out."""
+    d = _delivery_from(copy, "A", "B")
+    dave = "dave-app/dave-in"
+    if filtered_at_a:
+        file, index, line = copy.find("A", lambda e: e["event"] == "received" and e["delivery"] == d)
+        copy.put("A", file, index, {**line, "filtered": [*(line.get("filtered") or []), dave]})
+    file, index, line = copy.find("B", lambda e: e["event"] == "received" and e["delivery"] == d)
+    moved = {
+        **{k: line[k] for k in ("seq", "ts", "router", "epoch", "boot")},
+        "event": "owed-moved",
+        "delivery": d,
+        "from_router": "A",
+        "subscribers": [dave],
+    }
+    _insert_after(copy, "B", file, index, moved)
+    return d
+
+
+def moved_subscriber_never_accepted(copy: Copy) -> dict:
+    """A durable subscriber whose obligation moved (`owed-moved`) never accepted the
+    delivery anywhere, and nothing discarded its obligation: lost."""
+    return {"lost": {_moved_from_a(copy, filtered_at_a=False)}}
+
+
+def moved_subscriber_its_old_router_filtered_out(copy: Copy) -> dict:
+    """Not a fault (found by tests/failover/test_kill.py's selective kill): A's
+    selector for its durable subscriber did not select the delivery, A told the
+    publisher accepted and died before the publisher settled; the publisher resumed
+    at B, which took the delivery over and, knowing no remote subscriber's selector,
+    owed it to A's durable subscribers wherever they re-attach, then settled it at
+    once with the outcome the publisher already had. The subscriber was never owed
+    it: proven clean."""
+    _moved_from_a(copy, filtered_at_a=True)
+    return {}
+
+
 def forward_deleted(copy: Copy) -> dict:
     """The origin's forward to a router deleted, while that router logged the arrival."""
     d = _delivery_from(copy, "A", "B")
@@ -515,6 +555,8 @@ MUTATIONS = {
     "an accept from a subscriber never attached nor owed": accept_from_a_stranger,
     "an accept with no preceding send": accept_without_send,
     "a forward deleted while the arrival is logged": forward_deleted,
+    "a moved subscriber never accepted": moved_subscriber_never_accepted,
+    "a moved subscriber its old router's selector filtered out (clean)": moved_subscriber_its_old_router_filtered_out,
     "a pattern subscriber's accept deleted, the same pattern re-attached": pattern_subscriber_accept_deleted_and_reattached,
     "an answer deleted on both sides, publisher told accepted": answer_deleted_on_both_sides,
     "a restarted router answering for its previous life": restarted_router_answers_for_its_previous_life,
