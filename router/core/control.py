@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from router.core.announcements import RemoteSubscriberAdded, SubscriberMoved, validate_announcement
 from router.core.commands import (
     Command,
+    DetachLink,
     Log,
     OpenLink,
     SendControl,
@@ -28,6 +29,7 @@ from router.core.network import (
     link_state_message,
     snapshot_from,
 )
+from router.core.tags import STREAM_ID_SIZE
 
 if TYPE_CHECKING:
     from router.core.announcements import Change
@@ -125,6 +127,9 @@ class ControlMixin(CoreState):
             elif kind == "sub-ack":
                 waiting = self._awaiting_acks.get(message.get("key"))  # type: ignore[arg-type]  # None: not found
                 if waiting is not None and waiting[2] == message.get("version"):
+                    moved = message.get("moved")
+                    if moved:
+                        self._await_moved(message["key"], waiting[0], moved, now, out)
                     waiting[1].discard(message.get("from"))
                     if not waiting[1]:
                         self._subscriber_ready(message["key"], out)
@@ -167,6 +172,8 @@ class ControlMixin(CoreState):
         # A repeat (it came by another path too) or older news is not flooded again.
         # The membership table's per-incarnation versions say so: what they keep grows
         # with the subscribers, not with every attach and detach ever seen.
+        key = f"{announcement.container_id}/{announcement.link_name}"
+        held_here = key in self.subscriptions
         if not self.net.membership.already_seen(announcement):
             learnt = (announcement.router, "attached" if message["t"] == "sub+" else "detached")
             self.announcements_learnt[learnt] = self.announcements_learnt.get(learnt, 0) + 1
@@ -174,8 +181,41 @@ class ControlMixin(CoreState):
             self._membership_changed(self.net.membership.apply(announcement), now, out)
         if message["t"] == "sub+":
             # Confirm even a duplicate: the announcing router may be holding an attach.
-            key = f"{announcement.container_id}/{announcement.link_name}"
-            self._route_control(announcement.router, {"t": "sub-ack", "key": key, "version": announcement.version}, out)
+            ack: dict[str, Any] = {"t": "sub-ack", "key": key, "version": announcement.version}
+            if held_here:
+                # It held a subscription here and attached there: what it is owed here
+                # follows it as copies addressed to it (data), which this answer
+                # (control) may overtake. Named in the answer, so that the router holding
+                # its attach waits for each (a placeholder) before anything later of
+                # the same publisher stream goes out to it.
+                moved = [
+                    record.tag.hex()
+                    for record in self.records.values()
+                    if (state := record.moved.get(key)) is not None
+                    and state.outcome is None
+                    and state.router == announcement.router
+                    and not record.pub_settled
+                ]
+                if moved:
+                    ack["moved"] = moved
+            self._route_control(announcement.router, ack, out)
+
+    def _await_moved(self, key: str, link_id: int, moved: object, now: float, out: list[Command]) -> None:
+        """A router answered our announcement of subscriber ``key`` (attach ``link_id``,
+        held until every router answers) with the deliveries it owed it and sends it
+        here: each not here yet gets a placeholder, holding back what comes after it in
+        its publisher stream. (Malformed entries are ignored: the copies themselves
+        still come, only their order is not guarded.)"""
+        sub = self.subscriptions.get(key)
+        if sub is None or sub.link_id != link_id or not isinstance(moved, list):
+            return
+        for entry in moved:
+            try:
+                tag = bytes.fromhex(entry) if isinstance(entry, str) else None
+            except ValueError:
+                tag = None
+            if tag is not None and len(tag) > STREAM_ID_SIZE and tag not in self.records:
+                self.resumption.await_moved(sub, tag, now, out)
 
     def _membership_changed(self, changes: list[Change], now: float, out: list[Command]) -> None:
         """A router no longer holding any subscription to a topic stops being owed
@@ -195,7 +235,28 @@ class ControlMixin(CoreState):
             elif isinstance(change, RemoteSubscriberAdded):
                 key = str(change.key)
                 local = self.subscriptions.get(key)
-                if local is not None and not local.attached:
+                if (
+                    local is not None
+                    and local.link_id is not None
+                    and local.durable
+                    and self.net.membership.where(change.key) == change.router
+                ):
+                    # It attached there while its link here still looks alive (its
+                    # connection died and we have not noticed yet). The newer attach
+                    # takes the subscription over, as link stealing does on one router,
+                    # and what it is owed here moves there now: kept here until we
+                    # noticed, it went there after later messages of the same streams,
+                    # which it had been sent there meanwhile (found under CPU load,
+                    # tests/failover/test_resume_under_load.py). Not amqp:link:stolen,
+                    # which tells a client another process took its identity (ours stop
+                    # for good): should the news be older than its attach here, the
+                    # client is alive and must only fail over once more.
+                    link_id = local.link_id
+                    reason = f"the subscription attached at router {change.router}"
+                    out.append(DetachLink(link_id, "amqp:link:detach-forced", reason, close=False))
+                    self._forget_link(link_id)
+                    self._unlink_subscriber(local, now, out, reason="stolen", closed=False)
+                elif local is not None and not local.attached:
                     self.resumption.local_subscriber_moved(key, change.router, now, out)
                 else:
                     self.resumption.moved_subscriber_at(key, change.router, now, out)

@@ -453,6 +453,18 @@ class Resumption(MovedSubscribers):
         )
         return answer
 
+    def await_moved(self, sub: Subscription, tag: bytes, now: float, out: list[Command]) -> None:
+        """Another router owed ``tag`` to ``sub``, which attached here, and is sending it
+        here (its answer to our announcement): a placeholder, as for a delivery the
+        subscriber reported, unless its topic is at-least-once (order is not held for
+        a repeat there) or we know it settled."""
+        topic = None if sub.pattern else self.core.topics.get(sub.topic)
+        if topic is not None and topic.guarantee.mode == AT_LEAST_ONCE:
+            return
+        if tag in self.core.settled or tag in sub.placeholders.get(tag[: tags.STREAM_ID_SIZE], ()):
+            return
+        self._placeholder_for(sub, tag, now, out)
+
     def _placeholder_for(self, sub: Subscription, tag: bytes, now: float, out: list[Command]) -> None:
         """A resuming subscriber reported ``tag``, which we never saw: it waits for it
         (a placeholder holds the rest of its stream back) unless its publisher

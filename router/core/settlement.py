@@ -295,8 +295,17 @@ class SettlementMixin(CoreState):
         """The answer (None: not yet) of every party the delivery is owed to: its
         subscribers here (but those another router addressed a copy to: they answer
         that router individually), the interested routers (but those owed nothing),
-        and subscribers that moved away from a dead router."""
-        targeted = record.targeted
+        and subscribers that moved away from a dead router.
+
+        An origin counts every local subscriber, targeted or not: a copy addressed to
+        one here by a router that acted as origin before us (its publisher resumed
+        here, and the copy left that router before the news reached it) came after
+        our takeover, and that router, handing the delivery over, waits for nobody
+        (skipping its subscriber, we told the publisher "released" for what it
+        accepted: tests/unit/test_failover_histories.py, a publisher after a
+        subscriber leaving a live router). A relayed copy's subscriber the origin
+        addressed a copy to answers that router individually, and is not ours."""
+        targeted = record.targeted if record.origin_router is not None else None
         for key, state in record.subscribers.items():
             if not (targeted and key in targeted):
                 yield state.outcome

@@ -186,11 +186,16 @@ class Mesh:
 
     def subscriber(self, router, name, credit=100, topic="t", **attach):
         """``topic``: the address, a topic or a pattern of topics."""
+        link = self.attach_subscriber(router, name, credit, topic, **attach)
+        self.settle()
+        return link
+
+    def attach_subscriber(self, router, name, credit=100, topic="t", **attach):
+        """As ``subscriber``, leaving what the attach sends (its announcement) in flight."""
         link = next(self._link)
         attach.setdefault("rcv_settle_mode", 1 if attach.get("durable") else 0)
         self.feed(router, LinkAttached(link, link, f"S-{name}", name, SUBSCRIBER, topic, **attach))
         self.feed(router, CreditChanged(link, credit))
-        self.settle()
         return link
 
     def publish(self, router, link, tag: bytes, body="m", payload=None):

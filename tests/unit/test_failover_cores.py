@@ -8,6 +8,8 @@ subscribers resume elsewhere, nothing is lost and nothing is delivered twice.
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 from corekit import decode, encode
 from meshkit import Mesh
@@ -461,6 +463,76 @@ def test_a_router_handing_over_a_delivery_it_owes_nobody_answers_the_new_origin(
     mesh.settle()
     for again in mesh.forwarded("B", resumed_sub):
         mesh.answer("B", resumed_sub, again.tag)
+    assert mesh.outcomes_for("B", 7) == [SendOutcome(7, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
+
+
+@pytest.mark.parametrize("answer_first", [False, True], ids=["copies-first", "answer-first"])
+def test_a_subscriber_attached_elsewhere_before_its_router_noticed_gets_what_it_missed_there_first(answer_first):
+    """Found under CPU load (tests/failover/test_resume_under_load.py): a subscriber's
+    connection to A dies and it attaches at B before A notices. A sends #1 on the dead
+    link; then it hears of the attach at B and, B being interested now, sends B #2. Kept
+    for k until A noticed the loss, #1 reached B after #2, and the application got #2
+    first. A takes the subscription over when it hears (its old link is stolen) and sends
+    #1 on to B before anything later; its answer to B's announcement names #1, so that B
+    holds #2 back until #1 is there should the answer (control) overtake the copy (data)."""
+    from router.core.commands import DetachLink
+    from router.core.events import ControlReceived, MessageReceived
+
+    mesh = Mesh("AB", [("A", "B")], twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.feed("A", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    assert [decode(c.payload).body for c in mesh.forwarded("A", sub)] == ["m1"], "sent on the dead link"
+    mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))  # A hears of the attach at B
+    stolen = [c for c in mesh.client["A"] if isinstance(c, DetachLink) and c.link_id == sub]
+    assert [c.condition for c in stolen] == ["amqp:link:detach-forced"]
+    mesh.feed("A", MessageReceived(pub, 2, b"2", encode("m2"), False))
+    acks = [e for e in mesh.in_flight("A", "B") if isinstance(e, ControlReceived) and e.messages[0]["t"] == "sub-ack"]
+    assert [len(e.messages[0]["moved"]) for e in acks] == [1], "the answer names #1"
+    if answer_first:
+        mesh.inflight = deque(sorted(mesh.inflight, key=lambda item: not isinstance(item[3], ControlReceived)))
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
+    for c in copies:
+        mesh.answer("B", moved, c.tag)
+    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for("A", d)] == [outcomes.ACCEPTED] * 2
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
+
+
+def test_a_new_origin_counts_its_subscriber_an_old_origin_addressed_a_copy_to():
+    """Found by the generated histories of a subscriber and a publisher leaving a live
+    router: k moves from A to B, and A sends #1, which it owed k, on to B addressed to
+    k (answer A individually). Before that copy arrives, #1's publisher resumes at B and
+    resends it: B is its origin now, and A, handing it over, waits for nobody. The late
+    copy marked k as A's at B, B left k out of the answers it waits for, and with A's
+    "none" told the publisher "released" for what k accepted."""
+    from router.core.events import PUBLISHER, DataReceived, LinkAttached, MessageReceived
+
+    mesh = Mesh("AB", [("A", "B")], twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    mesh.publish("A", pub, b"1", payload=payload)
+    assert len(mesh.forwarded("A", sub)) == 1  # on a link that is dead already
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))  # A moves #1 to B, addressed to k
+    assert DataReceived in [type(e) for e in mesh.in_flight("A", "B")]
+    properties = {INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]}
+    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", rcv_settle_mode=0, properties=properties))
+    mesh.feed("B", MessageReceived(500, 7, b"1", payload, False))
+    mesh.settle()
+    for c in mesh.forwarded("B", moved):
+        mesh.answer("B", moved, c.tag)
     assert mesh.outcomes_for("B", 7) == [SendOutcome(7, outcomes.ACCEPTED, True)]
     mesh.advance(2)
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
