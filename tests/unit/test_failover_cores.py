@@ -432,6 +432,38 @@ def test_a_live_router_whose_publisher_resumed_elsewhere_hands_its_stream_over()
     assert all(core.record_count() == 0 for core in mesh.cores.values())
 
 
+def _k_and_p_on_a_with_m1():
+    """Routers A - B; durable subscriber k and publisher p (rcv-settle-mode first) at A;
+    p published #1 and A sent it to k. Returns (mesh, k's link, p's incarnation, #1's payload)."""
+    mesh = Mesh("AB", [("A", "B")], twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    mesh.publish("A", pub, b"1", payload=payload)
+    return mesh, sub, incarnation, payload
+
+
+def _p_resumes_at_b_resending_m1(mesh, incarnation, payload):
+    """p resumes at B with #1 unsettled and resends it (delivery 7), nothing delivered yet."""
+    from router.core.events import PUBLISHER, LinkAttached, MessageReceived
+
+    properties = {INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]}
+    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", rcv_settle_mode=0, properties=properties))
+    mesh.feed("B", MessageReceived(500, 7, b"1", payload, False))
+
+
+def _k_accepts_at_b_and_m1_ends(mesh, link):
+    """Everything in flight arrives, k accepts at B what B sent it: p hears accepted at B,
+    and no record is left on either router."""
+    mesh.settle()
+    for c in mesh.forwarded("B", link):
+        mesh.answer("B", link, c.tag)
+    assert mesh.outcomes_for("B", 7) == [SendOutcome(7, outcomes.ACCEPTED, True)]
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
+
+
 @pytest.mark.parametrize("copy_first", [True, False], ids=["copy-before-news", "news-before-copy"])
 def test_a_router_handing_over_a_delivery_it_owes_nobody_answers_the_new_origin(copy_first):
     """Found under CPU load (tests/failover/test_resume_under_load.py): the subscriber's
@@ -441,31 +473,19 @@ def test_a_router_handing_over_a_delivery_it_owes_nobody_answers_the_new_origin(
     "stream-resumed" news. A, owing it to nobody any more, left that copy for the news
     and then deleted its record without answering: B waited for A for ever and the
     publisher never heard. A must tell B "none" whichever comes first."""
-    from router.core.events import PUBLISHER, DataReceived, LinkAttached, MessageReceived
+    from router.core.events import DataReceived
 
-    mesh = Mesh("AB", [("A", "B")], twins=True, record_linger=1.0)
-    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
-    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
-    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
-    payload = encode("m1")
-    mesh.publish("A", pub, b"1", payload=payload)
+    mesh, sub, incarnation, payload = _k_and_p_on_a_with_m1()
     (copy,) = mesh.forwarded("A", sub)
     resumed_sub = _resume_subscriber(mesh, "B", "k", [(copy.tag, "none")])
     mesh.detach("A", sub)  # A moves what it owed k to B
-    properties = {INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]}
-    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", rcv_settle_mode=0, properties=properties))
-    mesh.feed("B", MessageReceived(500, 7, b"1", payload, False))
+    _p_resumes_at_b_resending_m1(mesh, incarnation, payload)
     kinds = [type(event) for event in mesh.in_flight("B", "A")]
     assert DataReceived in kinds and len(kinds) > 1, "B sent A its copy and the news"
     ordered = sorted(mesh.inflight, key=lambda item: isinstance(item[3], DataReceived) != copy_first)
     mesh.inflight.clear()
     mesh.inflight.extend(ordered)
-    mesh.settle()
-    for again in mesh.forwarded("B", resumed_sub):
-        mesh.answer("B", resumed_sub, again.tag)
-    assert mesh.outcomes_for("B", 7) == [SendOutcome(7, outcomes.ACCEPTED, True)]
-    mesh.advance(2)
-    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
+    _k_accepts_at_b_and_m1_ends(mesh, resumed_sub)
 
 
 @pytest.mark.parametrize("answer_first", [False, True], ids=["copies-first", "answer-first"])
@@ -513,29 +533,17 @@ def test_a_new_origin_counts_its_subscriber_an_old_origin_addressed_a_copy_to():
     resends it: B is its origin now, and A, handing it over, waits for nobody. The late
     copy marked k as A's at B, B left k out of the answers it waits for, and with A's
     "none" told the publisher "released" for what k accepted."""
-    from router.core.events import PUBLISHER, DataReceived, LinkAttached, MessageReceived
+    from router.core.events import DataReceived
 
-    mesh = Mesh("AB", [("A", "B")], twins=True, record_linger=1.0)
-    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
-    pub = mesh.publisher("A", name="p", container="P", rcv_first=True)
-    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
-    payload = encode("m1")
-    mesh.publish("A", pub, b"1", payload=payload)
+    mesh, sub, incarnation, payload = _k_and_p_on_a_with_m1()
     assert len(mesh.forwarded("A", sub)) == 1  # on a link that is dead already
     moved = mesh.attach_subscriber(
         "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
     )
     mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))  # A moves #1 to B, addressed to k
     assert DataReceived in [type(e) for e in mesh.in_flight("A", "B")]
-    properties = {INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]}
-    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", rcv_settle_mode=0, properties=properties))
-    mesh.feed("B", MessageReceived(500, 7, b"1", payload, False))
-    mesh.settle()
-    for c in mesh.forwarded("B", moved):
-        mesh.answer("B", moved, c.tag)
-    assert mesh.outcomes_for("B", 7) == [SendOutcome(7, outcomes.ACCEPTED, True)]
-    mesh.advance(2)
-    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
+    _p_resumes_at_b_resending_m1(mesh, incarnation, payload)
+    _k_accepts_at_b_and_m1_ends(mesh, moved)
 
 
 # C never saw #1: it reaches C only as A's copy, once A noticed the old link drop.
