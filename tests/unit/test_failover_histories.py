@@ -18,6 +18,7 @@ and every record ends.
 
 from __future__ import annotations
 
+import pytest
 from corekit import decode, encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -220,6 +221,58 @@ def test_a_record_handed_to_the_new_origin_is_not_settled_by_the_old_one():
         assert core.record_count() == 0, (name, list(core.records.values())[:3])
 
 
+class HistorySubscriber:
+    """Durable subscriber "k" (rcv-settle-mode second) as the resumable client behaves in a
+    history: it takes what its current link was sent (nothing of its old router's after it
+    moved: that connection is dead), hands a tag it does not hold to its application,
+    answers on the link a delivery came by, and reports what it holds when it moves."""
+
+    def __init__(self, mesh: Mesh, router: str, link: int):
+        self.mesh, self.router, self.link = mesh, router, link
+        self.seen = 0
+        self.moved = self.noticed = False
+        self.app: list[str] = []  # what its application was handed, in order
+        self.held: dict[bytes, list] = {}  # unsettled: tag -> [link it came by, "none" | "accepted"]
+
+    def receive(self) -> None:
+        """Forget what the router settled; a resent tag it holds is the same delivery,
+        answered again as it reported it."""
+        commands = self.mesh.client[self.router]
+        for c in commands[self.seen :]:
+            if isinstance(c, Forward) and c.link_id == self.link:
+                if c.tag not in self.held:
+                    self.app.append(decode(c.payload).body)
+                    self.held[c.tag] = [self.link, "none"]
+                else:
+                    self.held[c.tag][0] = self.link
+                    if self.held[c.tag][1] == "accepted":
+                        self.mesh.feed(self.router, OutcomeReceived(self.link, c.tag, outcomes.ACCEPTED, False))
+            elif isinstance(c, SettleOutgoing) and c.link_id == self.link:
+                self.held.pop(c.tag, None)
+        self.seen = len(commands)
+
+    def answer(self) -> None:
+        """Accept the oldest delivery it has not answered on its current link."""
+        for tag, (link, state) in self.held.items():
+            if link == self.link and state == "none":
+                self.held[tag][1] = "accepted"
+                self.mesh.feed(self.router, OutcomeReceived(link, tag, outcomes.ACCEPTED, False))
+                return
+
+    def move(self, to: str) -> None:
+        """Its connection dies; it resumes at ``to``. Attached by hand, not with
+        mesh.subscriber: its announcement stays in flight, so its old router may go on
+        sending to the dead link before it hears."""
+        self.receive()
+        self.moved = True
+        reported = [[tag, state] for tag, (_, state) in self.held.items()]
+        self.seen = len(self.mesh.client[to])
+        self.link = self.mesh.attach_subscriber(
+            to, "k", durable=2, timeout=600, properties={"eorouter:resume": True, "eorouter:unsettled": reported}
+        )
+        self.router = to
+
+
 LINE = ("AB", [("A", "B")])
 
 moves = st.lists(
@@ -262,41 +315,11 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
     sent = list(range(1, count + 1))
     for n in sent:
         mesh.feed("A", MessageReceived(pub, n, str(n).encode(), encode(f"m{n}"), False))
-    s = {"router": "A", "link": sub, "seen": 0, "moved": False, "noticed": False}
+    k = HistorySubscriber(mesh, "A", sub)
     p = {"router": "A", "link": pub, "seen": 0, "moved": False, "noticed": False}
     delivery_of = {n: ("A", n) for n in sent}
     heard: dict[int, int] = {}
-    app: list[str] = []  # what the subscriber's application was handed, in order
-    held: dict[bytes, list] = {}  # unsettled at the subscriber: tag -> [link it came by, "none" | "accepted"]
     next_delivery = iter(range(100, 10_000))
-
-    def receive():
-        """The subscriber takes what its current link was sent (nothing of A's after its
-        cut) and forgets what the router settled. A resent tag it holds is the same
-        delivery: answered again as it reported it."""
-        router, link = s["router"], s["link"]
-        commands = mesh.client[router]
-        for c in commands[s["seen"] :]:
-            if isinstance(c, Forward) and c.link_id == link:
-                if c.tag not in held:
-                    app.append(decode(c.payload).body)
-                    held[c.tag] = [link, "none"]
-                else:
-                    held[c.tag][0] = link
-                    if held[c.tag][1] == "accepted":
-                        mesh.feed(router, OutcomeReceived(link, c.tag, outcomes.ACCEPTED, False))
-            elif isinstance(c, SettleOutgoing) and c.link_id == link:
-                held.pop(c.tag, None)
-        s["seen"] = len(commands)
-
-    def answer():
-        """Accept the oldest delivery it has not answered on its current link (rcv-settle-mode
-        second: the router settles it; AMQP: answered on the link it came by)."""
-        for tag, (link, state) in held.items():
-            if link == s["link"] and state == "none":
-                held[tag][1] = "accepted"
-                mesh.feed(s["router"], OutcomeReceived(link, tag, outcomes.ACCEPTED, False))
-                return
 
     def hear():
         if p["router"] == "A" and p["moved"]:
@@ -310,18 +333,6 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
                         if not first:
                             mesh.feed(p["router"], PublisherSettled(p["link"], d))
         p["seen"] = len(commands)
-
-    def sub_moves():
-        receive()
-        s["moved"] = True
-        reported = [[tag, state] for tag, (_, state) in held.items()]
-        s.update(seen=len(mesh.client["B"]))
-        # Attached by hand, not with mesh.subscriber: its announcement stays in flight, so
-        # A may go on publishing to the subscriber's dead link before it hears.
-        link = mesh.attach_subscriber(
-            "B", "k", durable=2, timeout=600, properties={"eorouter:resume": True, "eorouter:unsettled": reported}
-        )
-        s.update(router="B", link=link)
 
     def pub_moves():
         hear()
@@ -345,8 +356,8 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
         mesh.feed(p["router"], MessageReceived(p["link"], d, str(n).encode(), encode(f"m{n}"), False))
 
     def notice_sub():
-        if s["moved"] and not s["noticed"]:
-            s["noticed"] = True
+        if k.moved and not k.noticed:
+            k.noticed = True
             mesh.feed("A", LinkDetached(sub, False))
 
     def notice_pub():
@@ -358,14 +369,14 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
         if action == "deliver":
             mesh.deliver_one_queue_head(arg)
         elif action == "answer":
-            receive()
-            answer()
+            k.receive()
+            k.answer()
         elif action == "tick":
             mesh.now += arg
             for name in mesh.cores:
                 mesh.feed(name, mesh_timer())
-        elif action == "sub-moves" and not s["moved"]:
-            sub_moves()
+        elif action == "sub-moves" and not k.moved:
+            k.move("B")
         elif action == "pub-moves" and not p["moved"]:
             pub_moves()
         elif action == "A-notices-sub":
@@ -374,25 +385,122 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
             notice_pub()
         elif action == "publish":
             publish()
-        receive()
+        k.receive()
         hear()
-    if not s["moved"]:
-        sub_moves()
+    if not k.moved:
+        k.move("B")
     if not p["moved"]:
         pub_moves()
     notice_sub()
     notice_pub()
     for _ in range(12):
         mesh.settle()
-        receive()
-        for _ in range(len(held)):
-            answer()
+        k.receive()
+        for _ in range(len(k.held)):
+            k.answer()
         mesh.settle()
         hear()
         mesh.advance(3.0)
-        receive()
+        k.receive()
         hear()
-    assert app == [f"m{n}" for n in sent], f"the application got {app}"
+    assert k.app == [f"m{n}" for n in sent], f"the application got {k.app}"
+    assert heard == {n: outcomes.ACCEPTED for n in sent}, (heard, sent)
+    mesh.advance(60.0)
+    mesh.advance(60.0)
+    for name, core in mesh.cores.items():
+        assert core.record_count() == 0, (name, list(core.records.values())[:3])
+
+
+relay_moves = st.lists(
+    st.one_of(
+        st.tuples(st.just("deliver"), st.integers(0, 50)),
+        st.tuples(st.just("answer"), st.integers(0, 0)),
+        st.tuples(st.just("tick"), st.integers(0, 2)),
+        st.tuples(st.just("sub-moves"), st.integers(0, 0)),
+        st.tuples(st.just("A-notices-sub"), st.integers(0, 0)),
+        st.tuples(st.just("publish"), st.integers(0, 0)),
+    ),
+    min_size=3,
+    max_size=40,
+)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    reason="known gap (docs/inter-router.md, 'The moving race'): a copy an origin sent to a subscriber's old router "
+    "before it heard of the move is owed to nobody there once that router gave the subscription up; and one moved on "
+    "from there may reach the new router after later ones the origin sent there directly",
+)
+@settings(max_examples=200, deadline=None)
+@given(st.data(), relay_moves)
+def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_stream_in_order(data, plan):
+    """The moving race with the publisher elsewhere: p publishes at C, the origin; k's
+    connection to A dies and it resumes at B while A lives on and notices at any moment;
+    every message between the routers goes in any order their links allow. A holds copies
+    of C's deliveries owed to k; B gets C's later ones once it is interested. The
+    application gets every message once and in order, p hears "accepted" for each, and
+    every record ends."""
+    from router.core.events import LinkDetached
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=data.draw(st.sampled_from([0.5, 5.0]), label="linger"))
+    sub = mesh.subscriber("A", "k", durable=2, timeout=600)
+    pub = mesh.publisher("C", name="p", container="P")
+    k = HistorySubscriber(mesh, "A", sub)
+    sent: list[int] = []
+    heard: dict[int, int] = {}
+    seen = 0
+
+    def publish():
+        if len(sent) < 6:
+            n = len(sent) + 1
+            sent.append(n)
+            mesh.feed("C", MessageReceived(pub, n, str(n).encode(), encode(f"m{n}"), False))
+
+    def hear():
+        nonlocal seen
+        for c in mesh.client["C"][seen:]:
+            if isinstance(c, SendOutcome) and c.delivery not in heard:
+                heard[c.delivery] = c.outcome
+                mesh.feed("C", PublisherSettled(pub, c.delivery))
+        seen = len(mesh.client["C"])
+
+    for _ in range(data.draw(st.integers(0, 2), label="messages first")):
+        publish()
+    for action, arg in plan:
+        if action == "deliver":
+            mesh.deliver_one_queue_head(arg)
+        elif action == "answer":
+            k.receive()
+            k.answer()
+        elif action == "tick":
+            mesh.now += arg
+            for name in mesh.cores:
+                mesh.feed(name, mesh_timer())
+        elif action == "sub-moves" and not k.moved:
+            k.move("B")
+        elif action == "A-notices-sub" and k.moved and not k.noticed:
+            k.noticed = True
+            mesh.feed("A", LinkDetached(sub, False))
+        elif action == "publish":
+            publish()
+        k.receive()
+        hear()
+    if not k.moved:
+        k.move("B")
+    if not k.noticed:
+        mesh.feed("A", LinkDetached(sub, False))
+    for _ in range(12):
+        mesh.settle()
+        k.receive()
+        for _ in range(len(k.held)):
+            k.answer()
+        mesh.settle()
+        hear()
+        mesh.advance(3.0)
+        k.receive()
+        hear()
+    assert k.app == [f"m{n}" for n in sent], f"the application got {k.app}"
     assert heard == {n: outcomes.ACCEPTED for n in sent}, (heard, sent)
     mesh.advance(60.0)
     mesh.advance(60.0)
