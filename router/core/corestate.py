@@ -62,6 +62,7 @@ class CoreState:
     _topic_floor: int
     stream_seq: dict[bytes, int]
     lost: set[str]
+    moved_away: dict[str, tuple[str, str, bool, Any, float]]
     announcements_learnt: dict[tuple[str, str], int]
     _flooded: dict[tuple[Any, ...], float]
     _awaiting_acks: dict[str, tuple[int, set[str], int]]

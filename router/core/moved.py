@@ -20,6 +20,12 @@ from router.core.constants import _TIMER_MEMBERSHIP
 from router.core.msgfields import selector_env
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import DeliveryRecord, MovedState, SubscriberState
+from router.core.topictrie import matches
+
+#: How long a router passes on what origins still send it for a durable subscriber that
+#: moved on: they stop once they hear of the move, a flood away; this covers a busy
+#: network's delay. A copy later than that is still the known gap.
+MOVED_AWAY_GRACE = 10.0
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -150,8 +156,44 @@ class MovedSubscribers:
                 )
             )
         sub.announced = False  # its new router announces it now
+        # An origin that has not heard of the move yet still sends here what it owes
+        # the subscriber: passed on for a while, as what it was owed here is now.
+        moved_away = self.core.moved_away
+        for old_key in [k for k, entry in moved_away.items() if entry[4] <= now]:
+            del moved_away[old_key]
+        moved_away[key] = (to_router, sub.topic, sub.pattern, sub.selector, now + MOVED_AWAY_GRACE)
         self.core.end_subscription(sub, now, out, reason="moved")
         self.moved_subscriber_at(key, to_router, now, out)
+
+    def moved_away_for(self, topic: str, now: float) -> list[str]:
+        """The durable subscribers that moved from here lately whose address takes
+        ``topic`` (and that are not back here)."""
+        return sorted(
+            key
+            for key, (_, address, pattern, _, until) in self.core.moved_away.items()
+            if until > now and (matches(address, topic) if pattern else address == topic) and key not in self.core.subscriptions
+        )
+
+    def owe_moved_away(self, record: DeliveryRecord, keys: list[str], out: list[Command]) -> None:
+        """``record`` came from an origin that sent it here for subscribers that have moved
+        on (it had not heard yet): owed to each wherever it is now, as a copy addressed
+        to it there, which it answers us for (unless its selector does not select it)."""
+        owed = []
+        for key in keys:
+            selector = self.core.moved_away[key][3]
+            if record.payload is None or (selector is not None and not selector.selects(selector_env(record.payload))):
+                continue
+            record.waiting = -1  # its states change outside the count
+            record.own_moved()[key] = MovedState()
+            owed.append(key)
+        if owed:
+            out.append(
+                Log(
+                    "owed-moved",
+                    {"delivery": record.delivery_id, "from_router": self.core.settings.router_id, "subscribers": owed},
+                )
+            )
+            self.resend_to_moved(record, out)
 
     def moved_subscriber_at(self, key: str, router_id: str, now: float, out: list[Command]) -> None:
         for record in list(self.core.records.values()):

@@ -188,6 +188,11 @@ class RelayMixin(CoreState):
         if targets and topic is not None:
             self._new_targeted_record(ev, header, topic, targets, report_to, now, out)
             return
+        # Sent here for a subscriber that has moved on (its origin had not heard yet)
+        away = self.resumption.moved_away_for(header["topic"], now) if self.moved_away and not targets else []
+        if away:
+            self._new_relayed_record(ev, header, topic or self._topic(header["topic"]), now, out, away)
+            return
         if topic is None or not owed_here:
             # Nobody here (any more): we are not owed this delivery.
             message = {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE}
@@ -308,8 +313,17 @@ class RelayMixin(CoreState):
         self.resumption.accept_targeted(record, targets, report_to, now, out)
         self.resumption.fulfil_placeholders(record, now, out)
 
-    def _new_relayed_record(self, ev: DataReceived, header: dict[str, Any], topic: Topic, now: float, out: list[Command]) -> None:
-        """A delivery new here: owed to our subscribers, sent to those who can take it."""
+    def _new_relayed_record(
+        self,
+        ev: DataReceived,
+        header: dict[str, Any],
+        topic: Topic,
+        now: float,
+        out: list[Command],
+        away: list[str] | None = None,
+    ) -> None:
+        """A delivery new here: owed to our subscribers, sent to those who can take it;
+        and to those of ``away`` (moved on lately) wherever they are now."""
         record = self._relayed_record(ev, header, topic.name, now)
         owed, sent_to, best_effort = self._distribute(record, topic, out)
         out.append(
@@ -340,7 +354,9 @@ class RelayMixin(CoreState):
         topic.records[record.order] = record
         self._hold_bytes(topic, record.payload)
         self.resumption.after_distribute_to_resumed(record, topic, now, out)
-        if record.filtered and not owed and record.origin_router is not None:
+        if away:
+            self.resumption.owe_moved_away(record, away, out)
+        if record.filtered and not owed and not record.moved and record.origin_router is not None:
             # Every subscriber here filters it out: done here, which the origin hears
             # as our answer (accepted: each subscriber that wanted it has it).
             record.outcome = OUTCOME_ACCEPTED

@@ -197,6 +197,11 @@ class RouterCore(
         # relayed): a publisher that resumes here continues its stream's numbering.
         self.stream_seq: dict[bytes, int] = {}
         self.lost: set[str] = set()  # of those, the ones unreachable now
+        # Durable subscribers that moved from here to another router lately: key ->
+        # (router, address, is a pattern, selector, until). What origins sent here for
+        # them before they heard of the move is passed on (docs/inter-router.md, "The
+        # moving race").
+        self.moved_away: dict[str, tuple[str, str, bool, Any, float]] = {}
         # (announcing router, attached | detached) -> announcements learnt (each once, however
         # many neighbours flood it): an operator's count (router/adapter/metrics.py)
         self.announcements_learnt: dict[tuple[str, str], int] = {}

@@ -546,19 +546,15 @@ def test_a_new_origin_counts_its_subscriber_an_old_origin_addressed_a_copy_to():
     _k_accepts_at_b_and_m1_ends(mesh, moved)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (docs/inter-router.md, 'The moving race'): a copy an origin sent to a subscriber's old "
-    "router before it heard of the move, arriving there after the old router gave the subscription up, is owed to nobody",
-)
 def test_a_copy_sent_to_the_old_router_of_a_subscriber_that_moved_still_reaches_it():
     """k, durable at A, resumes at B; p publishes at C. C sends #1 to A (k is there, as
     far as C knows); A hears of the attach at B first, gives the subscription up and
-    moves what it owed k (nothing yet); then #1 arrives at A, which owes it to nobody
-    and answers C "none". C never heard of B when it sent #1: #1 never reaches k, and p
-    is told released (with another subscriber at A, accepted). Found by the generated
-    histories of a subscriber leaving a live router with the publisher at a third one;
-    the same happens without the takeover when A noticed the loss before #1 came."""
+    moves what it owed k (nothing yet); then #1 arrives at A. Owed to nobody there, it
+    never reached k, and p was told released (with another subscriber at A, accepted).
+    Found by the generated histories of a subscriber leaving a live router with the
+    publisher at a third one (it happened before the takeover too, when A had noticed
+    the loss before #1 came). A passes on what origins still send it for a subscriber
+    that moved on lately, addressed to it where it is now."""
     from router.core.events import DataReceived, MessageReceived
 
     mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
@@ -576,6 +572,34 @@ def test_a_copy_sent_to_the_old_router_of_a_subscriber_that_moved_still_reaches_
     assert [decode(c.payload).body for c in copies] == ["m1"]
     mesh.answer("B", moved, copies[0].tag)
     assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED]
+
+
+def test_a_copy_passed_on_for_a_subscriber_that_moved_and_the_origins_own_copy_count_once():
+    """k moves from A (where j stays) to B, and C, which heard of it, publishes #1 to both
+    A (for j) and B (for k). A, in its grace after k moved, passes its copy on to B
+    addressed to k too, and that copy reaches B first. B then answers C's own copy for
+    its untargeted subscribers (none), not "released": p hears accepted once j and k did."""
+    from router.core.events import DataReceived, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    j = mesh.subscriber("A", "j", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    moved = mesh.subscriber("B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []})
+    assert mesh.cores["A"].moved_away, "A gave k up when it heard"
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    assert [type(e) for e in mesh.in_flight("C", "B")] == [DataReceived], "C sends #1 to B itself"
+    mesh.deliver_from("C", "A")  # A passes it on to B, addressed to k
+    assert [type(e) for e in mesh.in_flight("A", "B")] == [DataReceived]
+    mesh.deliver_from("A", "B")  # ... and that copy reaches B first
+    mesh.settle()
+    for link, router in ((moved, "B"), (j, "A")):
+        for c in mesh.forwarded(router, link):
+            mesh.answer(router, link, c.tag)
+    assert len(mesh.forwarded("B", moved)) == 1 and not mesh.forwarded("A", sub)
+    assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED]
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
 # C never saw #1: it reaches C only as A's copy, once A noticed the old link drop.

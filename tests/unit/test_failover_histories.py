@@ -429,8 +429,8 @@ relay_moves = st.lists(
 @pytest.mark.xfail(
     strict=False,
     reason="known gap (docs/inter-router.md, 'The moving race'): a copy an origin sent to a subscriber's old router "
-    "before it heard of the move is owed to nobody there once that router gave the subscription up; and one moved on "
-    "from there may reach the new router after later ones the origin sent there directly",
+    "before it heard of the move, passed on from there, may reach the new router after later ones the origin sent "
+    "there directly",
 )
 @settings(max_examples=200, deadline=None)
 @given(st.data(), relay_moves)
