@@ -275,20 +275,58 @@ class HistorySubscriber:
 
 LINE = ("AB", [("A", "B")])
 
-moves = st.lists(
-    st.one_of(
-        st.tuples(st.just("deliver"), st.integers(0, 50)),
-        st.tuples(st.just("answer"), st.integers(0, 0)),
-        st.tuples(st.just("tick"), st.integers(0, 2)),
-        st.tuples(st.just("sub-moves"), st.integers(0, 0)),
-        st.tuples(st.just("pub-moves"), st.integers(0, 0)),
-        st.tuples(st.just("A-notices-sub"), st.integers(0, 0)),
-        st.tuples(st.just("A-notices-pub"), st.integers(0, 0)),
-        st.tuples(st.just("publish"), st.integers(0, 0)),
-    ),
-    min_size=3,
-    max_size=40,
-)
+
+def _plan(*actions: str):
+    """A history's steps: deliver the head of one link's queue, let time pass, or one of ``actions``."""
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("deliver"), st.integers(0, 50)),
+            st.tuples(st.just("tick"), st.integers(0, 2)),
+            *[st.tuples(st.just(action), st.integers(0, 0)) for action in actions],
+        ),
+        min_size=3,
+        max_size=40,
+    )
+
+
+def _step(mesh: Mesh, k: HistorySubscriber, action: str, arg: int) -> None:
+    """The steps every history takes alike (the others are its own)."""
+    if action == "deliver":
+        mesh.deliver_one_queue_head(arg)
+    elif action == "answer":
+        k.receive()
+        k.answer()
+    elif action == "tick":
+        mesh.now += arg
+        for name in mesh.cores:
+            mesh.feed(name, mesh_timer())
+    elif action == "sub-moves" and not k.moved:
+        k.move("B")
+
+
+def _finish(mesh: Mesh, k: HistorySubscriber, hear, sent: list[int], heard: dict) -> None:
+    """Everything in flight arrives, k answers what it holds, time passes: k's application
+    got every message once and in order, the publisher heard accepted for each, and every
+    record ends."""
+    for _ in range(12):
+        mesh.settle()
+        k.receive()
+        for _ in range(len(k.held)):
+            k.answer()
+        mesh.settle()
+        hear()
+        mesh.advance(3.0)
+        k.receive()
+        hear()
+    assert k.app == [f"m{n}" for n in sent], f"the application got {k.app}"
+    assert heard == {n: outcomes.ACCEPTED for n in sent}, (heard, sent)
+    mesh.advance(60.0)
+    mesh.advance(60.0)
+    for name, core in mesh.cores.items():
+        assert core.record_count() == 0, (name, list(core.records.values())[:3])
+
+
+moves = _plan("answer", "sub-moves", "pub-moves", "A-notices-sub", "A-notices-pub", "publish")
 #: messages a history publishes after its start (at the publisher's router then)
 MORE = 4
 
@@ -366,18 +404,8 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
             mesh.feed("A", ConnectionLost(pub))
 
     for action, arg in plan:
-        if action == "deliver":
-            mesh.deliver_one_queue_head(arg)
-        elif action == "answer":
-            k.receive()
-            k.answer()
-        elif action == "tick":
-            mesh.now += arg
-            for name in mesh.cores:
-                mesh.feed(name, mesh_timer())
-        elif action == "sub-moves" and not k.moved:
-            k.move("B")
-        elif action == "pub-moves" and not p["moved"]:
+        _step(mesh, k, action, arg)
+        if action == "pub-moves" and not p["moved"]:
             pub_moves()
         elif action == "A-notices-sub":
             notice_sub()
@@ -393,36 +421,10 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
         pub_moves()
     notice_sub()
     notice_pub()
-    for _ in range(12):
-        mesh.settle()
-        k.receive()
-        for _ in range(len(k.held)):
-            k.answer()
-        mesh.settle()
-        hear()
-        mesh.advance(3.0)
-        k.receive()
-        hear()
-    assert k.app == [f"m{n}" for n in sent], f"the application got {k.app}"
-    assert heard == {n: outcomes.ACCEPTED for n in sent}, (heard, sent)
-    mesh.advance(60.0)
-    mesh.advance(60.0)
-    for name, core in mesh.cores.items():
-        assert core.record_count() == 0, (name, list(core.records.values())[:3])
+    _finish(mesh, k, hear, sent, heard)
 
 
-relay_moves = st.lists(
-    st.one_of(
-        st.tuples(st.just("deliver"), st.integers(0, 50)),
-        st.tuples(st.just("answer"), st.integers(0, 0)),
-        st.tuples(st.just("tick"), st.integers(0, 2)),
-        st.tuples(st.just("sub-moves"), st.integers(0, 0)),
-        st.tuples(st.just("A-notices-sub"), st.integers(0, 0)),
-        st.tuples(st.just("publish"), st.integers(0, 0)),
-    ),
-    min_size=3,
-    max_size=40,
-)
+relay_moves = _plan("answer", "sub-moves", "A-notices-sub", "publish")
 
 
 @pytest.mark.slow
@@ -468,18 +470,8 @@ def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_str
     for _ in range(data.draw(st.integers(0, 2), label="messages first")):
         publish()
     for action, arg in plan:
-        if action == "deliver":
-            mesh.deliver_one_queue_head(arg)
-        elif action == "answer":
-            k.receive()
-            k.answer()
-        elif action == "tick":
-            mesh.now += arg
-            for name in mesh.cores:
-                mesh.feed(name, mesh_timer())
-        elif action == "sub-moves" and not k.moved:
-            k.move("B")
-        elif action == "A-notices-sub" and k.moved and not k.noticed:
+        _step(mesh, k, action, arg)
+        if action == "A-notices-sub" and k.moved and not k.noticed:
             k.noticed = True
             mesh.feed("A", LinkDetached(sub, False))
         elif action == "publish":
@@ -490,19 +482,4 @@ def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_str
         k.move("B")
     if not k.noticed:
         mesh.feed("A", LinkDetached(sub, False))
-    for _ in range(12):
-        mesh.settle()
-        k.receive()
-        for _ in range(len(k.held)):
-            k.answer()
-        mesh.settle()
-        hear()
-        mesh.advance(3.0)
-        k.receive()
-        hear()
-    assert k.app == [f"m{n}" for n in sent], f"the application got {k.app}"
-    assert heard == {n: outcomes.ACCEPTED for n in sent}, (heard, sent)
-    mesh.advance(60.0)
-    mesh.advance(60.0)
-    for name, core in mesh.cores.items():
-        assert core.record_count() == 0, (name, list(core.records.values())[:3])
+    _finish(mesh, k, hear, sent, heard)
