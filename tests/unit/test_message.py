@@ -884,6 +884,12 @@ def _proton_view(payload: bytes):
         return None
 
 
+def _same(a, b) -> bool:
+    """Equal, or equal but for NaN floats (a NaN is not equal to itself: a random map
+    holding one read the same before and after, and compared unequal)."""
+    return a == b or repr(a) == repr(b)
+
+
 @settings(max_examples=settings().max_examples * 10, suppress_health_check=[HealthCheck.too_slow])
 @given(payload=st.one_of(st.binary(max_size=300), damaged_messages(), damaged_messages()), origin=origins)
 @example(payload=b"\x00\x53\x77" + b"\x00" * 5000, origin=ORIGIN)
@@ -918,8 +924,8 @@ def test_property_fuzz_never_crashes_and_never_corrupts(payload, origin):
     if seen_before is not None:
         seen_after = _proton_view(after)
         assert seen_after is not None, "proton could read the message before the splice, not after"
-        assert seen_after[0] == seen_before[0]
+        assert _same(seen_after[0], seen_before[0])
         added = dict(seen_after[1])
         if own is None and symbol(ORIGIN_KEY) in added and symbol(ORIGIN_KEY) not in seen_before[1]:
             assert as_origin(added.pop(symbol(ORIGIN_KEY))) == origin
-        assert added == seen_before[1]
+        assert _same(added, seen_before[1])
