@@ -22,6 +22,7 @@ from router.core.commands import Command
 from router.core.events import DataReceived, MessageReceived
 from router.core.links import PublisherLink, Subscription, Topic
 from router.core.message import OriginTemplate
+from router.core.moved import MovedAway
 from router.core.network import Network
 from router.core.outcomes import Outcome
 from router.core.records import DeliveryRecord
@@ -62,7 +63,7 @@ class CoreState:
     _topic_floor: int
     stream_seq: dict[bytes, int]
     lost: set[str]
-    moved_away: dict[str, tuple[str, str, bool, Any, float]]
+    moved_away: dict[str, MovedAway]
     announcements_learnt: dict[tuple[str, str], int]
     _flooded: dict[tuple[Any, ...], float]
     _awaiting_acks: dict[str, tuple[int, set[str], int]]

@@ -11,7 +11,7 @@ Pure like the rest of the core.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from router.core import outcomes, tags
 from router.core.announcements import RemoteSubscriberRemoved, SubscriberKey
@@ -26,6 +26,16 @@ from router.core.topictrie import matches
 #: moved on: they stop once they hear of the move, a flood away; this covers a busy
 #: network's delay. A copy later than that is still the known gap.
 MOVED_AWAY_GRACE = 10.0
+
+
+class MovedAway(NamedTuple):
+    """A durable subscriber that moved from here to another router lately."""
+
+    address: str  # a topic, or a pattern of topics when ``pattern``
+    pattern: bool
+    selector: Any  # its Selector, or None
+    until: float  # passed on until then
+
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -159,9 +169,9 @@ class MovedSubscribers:
         # An origin that has not heard of the move yet still sends here what it owes
         # the subscriber: passed on for a while, as what it was owed here is now.
         moved_away = self.core.moved_away
-        for old_key in [k for k, entry in moved_away.items() if entry[4] <= now]:
+        for old_key in [k for k, entry in moved_away.items() if entry.until <= now]:
             del moved_away[old_key]
-        moved_away[key] = (to_router, sub.topic, sub.pattern, sub.selector, now + MOVED_AWAY_GRACE)
+        moved_away[key] = MovedAway(sub.topic, sub.pattern, sub.selector, now + MOVED_AWAY_GRACE)
         self.core.end_subscription(sub, now, out, reason="moved")
         self.moved_subscriber_at(key, to_router, now, out)
 
@@ -170,8 +180,10 @@ class MovedSubscribers:
         ``topic`` (and that are not back here)."""
         return sorted(
             key
-            for key, (_, address, pattern, _, until) in self.core.moved_away.items()
-            if until > now and (matches(address, topic) if pattern else address == topic) and key not in self.core.subscriptions
+            for key, away in self.core.moved_away.items()
+            if away.until > now
+            and (matches(away.address, topic) if away.pattern else away.address == topic)
+            and key not in self.core.subscriptions
         )
 
     def owe_moved_away(self, record: DeliveryRecord, keys: list[str], out: list[Command]) -> None:
@@ -180,7 +192,7 @@ class MovedSubscribers:
         to it there, which it answers us for (unless its selector does not select it)."""
         owed = []
         for key in keys:
-            selector = self.core.moved_away[key][3]
+            selector = self.core.moved_away[key].selector
             if record.payload is None or (selector is not None and not selector.selects(selector_env(record.payload))):
                 continue
             record.waiting = -1  # its states change outside the count

@@ -78,6 +78,7 @@ from router.core.events import (
 from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
 from router.core.guarantees import guarantee_of
 from router.core.links import PublisherLink, Subscription, Topic
+from router.core.moved import MovedAway
 from router.core.network import (
     Network,
 )
@@ -197,11 +198,10 @@ class RouterCore(
         # relayed): a publisher that resumes here continues its stream's numbering.
         self.stream_seq: dict[bytes, int] = {}
         self.lost: set[str] = set()  # of those, the ones unreachable now
-        # Durable subscribers that moved from here to another router lately: key ->
-        # (router, address, is a pattern, selector, until). What origins sent here for
-        # them before they heard of the move is passed on (docs/inter-router.md, "The
-        # moving race").
-        self.moved_away: dict[str, tuple[str, str, bool, Any, float]] = {}
+        # Durable subscribers that moved from here to another router lately: what
+        # origins sent here for them before they heard of the move is passed on
+        # (docs/inter-router.md, "The moving race").
+        self.moved_away: dict[str, MovedAway] = {}
         # (announcing router, attached | detached) -> announcements learnt (each once, however
         # many neighbours flood it): an operator's count (router/adapter/metrics.py)
         self.announcements_learnt: dict[tuple[str, str], int] = {}
