@@ -133,6 +133,10 @@ class ControlMixin(CoreState):
                     waiting[1].discard(message.get("from"))
                     if not waiting[1]:
                         self._subscriber_ready(message["key"], out)
+                elif waiting is None and message.get("moved"):
+                    # Later than the announce timeout: the attach was answered without it,
+                    # but what has not gone out yet still waits for what comes before it.
+                    self._await_moved(message["key"], None, message["moved"], now, out)
             elif kind == "subs":
                 changes = self.net.membership.apply(snapshot_from(message))
                 if changes:
@@ -174,6 +178,12 @@ class ControlMixin(CoreState):
         # with the subscribers, not with every attach and detach ever seen.
         key = f"{announcement.container_id}/{announcement.link_name}"
         held_here = key in self.subscriptions
+        # Where else the subscriber was held (attached or retained) before this news.
+        came_from = (
+            [r.router for r in self.net.membership.locations(announcement.key) if r.router != announcement.router]
+            if message["t"] == "sub+"
+            else []
+        )
         if not self.net.membership.already_seen(announcement):
             learnt = (announcement.router, "attached" if message["t"] == "sub+" else "detached")
             self.announcements_learnt[learnt] = self.announcements_learnt.get(learnt, 0) + 1
@@ -198,23 +208,37 @@ class ControlMixin(CoreState):
                 ]
                 if moved:
                     ack["moved"] = moved
+            elif came_from:
+                # It moved between two other routers. What we, its origin, sent the old
+                # one for its address and the old one has not answered, the old one
+                # may pass on to it, addressed to it, behind what we send the new one
+                # directly from now on: named too, the new router holds the rest of
+                # each of those streams back until each came (or settled).
+                via = [tag for old in came_from for tag in self.resumption.unanswered_at(old, announcement.topic)]
+                if via:
+                    ack["moved"] = via
             self._route_control(announcement.router, ack, out)
 
-    def _await_moved(self, key: str, link_id: int, moved: object, now: float, out: list[Command]) -> None:
+    def _await_moved(self, key: str, link_id: int | None, moved: object, now: float, out: list[Command]) -> None:
         """A router answered our announcement of subscriber ``key`` (attach ``link_id``,
         held until every router answers) with the deliveries it owed it and sends it
         here: each not here yet gets a placeholder, holding back what comes after it in
         its publisher stream. (Malformed entries are ignored: the copies themselves
         still come, only their order is not guarded.)"""
         sub = self.subscriptions.get(key)
-        if sub is None or sub.link_id != link_id or not isinstance(moved, list):
+        if sub is None or sub.link_id is None or link_id not in (None, sub.link_id) or not isinstance(moved, list):
             return
         for entry in moved:
             try:
                 tag = bytes.fromhex(entry) if isinstance(entry, str) else None
             except ValueError:
                 tag = None
-            if tag is not None and len(tag) > STREAM_ID_SIZE and tag not in self.records:
+            if tag is None or len(tag) <= STREAM_ID_SIZE:
+                continue
+            record = self.records.get(tag)
+            # Held here already, but not owed to it here (it came before the subscriber):
+            # the copy addressed to it still comes.
+            if record is None or (not record.pub_settled and key not in record.subscribers):
                 self.resumption.await_moved(sub, tag, now, out)
 
     def _membership_changed(self, changes: list[Change], now: float, out: list[Command]) -> None:

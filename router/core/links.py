@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
 from router.core.guarantees import Guarantee
+from router.core.tags import STREAM_ID_SIZE
 
 if TYPE_CHECKING:
     from router.core.message import OriginTemplate
@@ -25,6 +26,19 @@ def hold_in_order(held: list[DeliveryRecord], record: DeliveryRecord) -> None:
     (``Subscription.held``), kept in publisher order (stream_seq); usually it goes
     last, but a fulfilled placeholder's delivery may come after later ones."""
     insort(held, record, key=_STREAM_SEQ)
+
+
+def queue_in_order(queue: deque[DeliveryRecord], record: DeliveryRecord) -> None:
+    """Queue ``record`` for a subscriber ahead of the queued records of its publisher
+    stream that come after it: a copy addressed to it late (it moved here) may come
+    after later ones of the same stream reached it here directly."""
+    stream = record.tag[:STREAM_ID_SIZE]
+    seq = record.stream_seq
+    for index, queued in enumerate(queue):
+        if queued.stream_seq > seq and queued.tag[:STREAM_ID_SIZE] == stream:
+            queue.insert(index, record)
+            return
+    queue.append(record)
 
 
 class PublisherLink:

@@ -17,10 +17,11 @@ from router.core import outcomes, tags
 from router.core.announcements import RemoteSubscriberRemoved, SubscriberKey
 from router.core.commands import Command, Log, SendData
 from router.core.constants import _TIMER_MEMBERSHIP
+from router.core.links import queue_in_order
 from router.core.msgfields import selector_env
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import DeliveryRecord, MovedState, SubscriberState
-from router.core.topictrie import matches
+from router.core.topictrie import is_pattern, matches
 
 #: How long a router passes on what origins still send it for a durable subscriber that
 #: moved on: they stop once they hear of the move, a flood away; this covers a busy
@@ -186,6 +187,21 @@ class MovedSubscribers:
             and key not in self.core.subscriptions
         )
 
+    def unanswered_at(self, router_id: str, address: str) -> list[str]:
+        """The deliveries we are the origin of, for ``address`` (a topic or a pattern),
+        that went to ``router_id`` and it has not answered (tags, hex): a durable
+        subscriber that left it may still be passed them from there (owe_moved_away)."""
+        pattern = is_pattern(address)
+        return [
+            record.tag.hex()
+            for record in self.core.records.values()
+            if record.origin_router is None
+            and not record.pub_settled
+            and (state := record.remote_routers.get(router_id)) is not None
+            and state.outcome is None
+            and (matches(address, record.topic) if pattern else address == record.topic)
+        ]
+
     def owe_moved_away(self, record: DeliveryRecord, keys: list[str], out: list[Command]) -> None:
         """``record`` came from an origin that sent it here for subscribers that have moved
         on (it had not heard yet): owed to each wherever it is now, as a copy addressed
@@ -193,7 +209,12 @@ class MovedSubscribers:
         owed = []
         for key in keys:
             selector = self.core.moved_away[key].selector
-            if record.payload is None or (selector is not None and not selector.selects(selector_env(record.payload))):
+            if record.payload is None:
+                continue
+            if selector is not None and not selector.selects(selector_env(record.payload)):
+                # Not owed to it: done as far as it is concerned (with nobody else here,
+                # our answer to the origin is "accepted", as for a subscriber here).
+                record.filtered = [*(record.filtered or ()), key]
                 continue
             record.waiting = -1  # its states change outside the count
             record.own_moved()[key] = MovedState()
@@ -293,7 +314,9 @@ class MovedSubscribers:
             if state.outcome is not None:
                 self.report_targeted(record, key, out)
             elif not known and sub.link_id is not None:
-                sub.queue.append(record)
+                if record.tag in sub.placeholders.get(record.tag[: tags.STREAM_ID_SIZE], ()):
+                    continue  # awaited: fulfil_placeholders sends it, after what comes before it
+                queue_in_order(sub.queue, record)
                 self.core.pump(sub, now, out)
 
     def report_targeted(self, record: DeliveryRecord, key: str, out: list[Command]) -> None:

@@ -187,6 +187,7 @@ class DeliveryRecord:
         "memory",
         "arrived",
         "filtered",
+        "watchers",
     )
     # The two optional slots' types (bare annotations: a value would clash with the slot).
     resent: bool
@@ -265,6 +266,9 @@ class DeliveryRecord:
         # The subscriptions here whose selector did not select it (None: none did not):
         # never owed it; logged, so that the proof tells filtered from lost.
         self.filtered: list[str] | None = None
+        # Routers that asked whether it was settled ("settled?") before it was: told
+        # when it is (remote_outcomes.py).
+        self.watchers: set[str] | None = None
         # Its topic is at-least-once (docs/guarantees.md): finished with no settlement
         # phase between routers and forgotten at once, never remembered as settled.
         self.alo = False

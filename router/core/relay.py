@@ -226,6 +226,7 @@ class RelayMixin(CoreState):
             record.origin_router = origin  # its publisher resumed at another router
         if targets:
             self.resumption.accept_targeted(record, targets, report_to, now, out)
+            self.resumption.fulfil_placeholders(record, now, out, only=targets)
         # If we already answered, the answer may have been lost: answer again.
         elif record.origin_router is not None and record.outcome is not None and not record.pub_settled:
             self._answer_origin(record, record.outcome, record.origin_router, out)

@@ -150,6 +150,11 @@ class RemoteOutcomesMixin(CoreState):
             self._settle_record(record, "settled-elsewhere", now, out)
         elif record is None and message.get("done"):
             self.resumption.placeholder_settled(tag, now, out)  # the answer to our "settled?"
+        if record is not None and record.pub_settled:
+            # A subscriber that moved here may wait for a copy of it addressed to it: it
+            # is settled, so that copy came (its answer was part of the outcome) or
+            # never will.
+            self.resumption.settled_here(record, now, out)
 
         self._route_control(sender, {"t": "settle-ack", "d": message["d"]}, out)
 
@@ -164,6 +169,14 @@ class RemoteOutcomesMixin(CoreState):
             self._route_control(message["from"], self._settle_message(tag, code, True), out)
         elif record is None and self.resumption.settled_before_resume(tag):
             self._route_control(message["from"], self._settle_message(tag, None, True), out)
+        elif record is not None and isinstance(message.get("from"), str):
+            # Not settled yet: told when it is (_settle_record), or the asker's
+            # placeholder would hold its stream back until it times out, should the
+            # delivery never come there (nobody there was owed it after all).
+            watchers = record.watchers
+            if watchers is None:
+                watchers = record.watchers = set()
+            watchers.add(message["from"])
 
     def _on_settle_ack(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         record = self.records.get(bytes.fromhex(message["d"]))

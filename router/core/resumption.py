@@ -536,15 +536,20 @@ class Resumption(MovedSubscribers):
         for sub in resumed:
             self.core.pump(sub, now, out)
 
-    def fulfil_placeholders(self, record: DeliveryRecord, now: float, out: list[Command]) -> None:
-        """A delivery arrived here: resumed subscribers waiting for it get it first,
-        then what they held back of its stream."""
+    def fulfil_placeholders(
+        self, record: DeliveryRecord, now: float, out: list[Command], only: Iterable[str] | None = None
+    ) -> None:
+        """A delivery arrived here (for subscribers ``only``, when given: a copy of one we
+        hold, addressed to them): resumed subscribers waiting for it get it first, then
+        what they held back of its stream."""
         topic = self.core.topics.get(record.topic)
         if topic is None:
             return
         stream = None
         for sub in topic.subscriptions.values():
             if not sub.placeholders:  # the usual case, checked first: this runs per message
+                continue
+            if only is not None and sub.key not in only:
                 continue
             if stream is None:
                 stream = record.tag[: tags.STREAM_ID_SIZE]
@@ -574,6 +579,17 @@ class Resumption(MovedSubscribers):
         if not waiting:
             self._release_held(sub, stream)
             self.core.pump(sub, now, out)
+
+    def settled_here(self, record: DeliveryRecord, now: float, out: list[Command]) -> None:
+        """``record``, held here, was settled: subscribers of its topic waiting for a copy
+        of it addressed to them (control.py, _await_moved) wait for nothing."""
+        topic = self.core.topics.get(record.topic)
+        if topic is None:
+            return
+        for sub in topic.subscriptions.values():
+            if sub.placeholders:  # rare: checked per subscription, as per message elsewhere
+                self.placeholder_settled(record.tag, now, out)
+                return
 
     def placeholder_settled(self, tag: bytes, now: float, out: list[Command]) -> None:
         """Another router says ``tag`` was settled: placeholders for it wait for nothing."""

@@ -420,6 +420,12 @@ class SettlementMixin(CoreState):
                 everyone_knows = True
         if topic.bytes and payload is not None and record.payload is None:
             self._release_bytes(topic, payload)
+        watchers = record.watchers
+        if watchers:
+            # Routers that asked whether it was settled ("settled?") while it was not.
+            message = self._settle_message(record.tag, self._final_outcome(record), True)
+            for router_id in sorted(watchers):
+                self._route_control(router_id, dict(message), out)
         if everyone_knows:
             # self._delete(record, None, out), inlined (settled, so no unsettled count to fix)
             tag = record.tag

@@ -602,6 +602,85 @@ def test_a_copy_passed_on_for_a_subscriber_that_moved_and_the_origins_own_copy_c
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
+def _k_moves_to_b_while_c_sends_m1_to_a(x_at_b: bool):
+    """k, durable at A (and, with ``x_at_b``, x at B, which gets #1 before k attaches
+    there), resumes at B while p publishes #1 at C, which sends it to A. Every router but
+    A hears of the attach at B and answers it before #1 reaches A; C's answer names #1
+    (unanswered at A). Then C publishes #2, which reaches B directly first. Returns (mesh,
+    k's link at B, x's link or None)."""
+    from router.core.events import DataReceived, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    mesh.subscriber("A", "k", durable=2, timeout=60)
+    x = mesh.subscriber("B", "x", durable=2, timeout=60) if x_at_b else None
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    assert [type(e) for e in mesh.in_flight("C", "A")] == [DataReceived], "C sends #1 to A"
+    mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))  # (and to B for x)
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.deliver_from("B", "C", len(mesh.in_flight("B", "C")))  # C hears of k at B ...
+    (ack,) = mesh.in_flight("C", "B")
+    assert ack.messages[0]["t"] == "sub-ack" and ack.messages[0]["moved"], "... and names #1 in its answer"
+    mesh.deliver_from("C", "B")
+    mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))  # A hears of it too, and answers
+    mesh.deliver_from("A", "B", len(mesh.in_flight("A", "B")))
+    mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2"), False))
+    mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))  # #2 reaches B first
+    return mesh, moved, x
+
+
+@pytest.mark.parametrize("x_at_b", [False, True], ids=["b-never-saw-1", "b-held-1-for-another"])
+def test_a_copy_the_old_router_passes_on_reaches_the_subscriber_before_the_origins_later_ones(x_at_b):
+    """The order half of the moving race with the publisher at a third router: #1, which
+    C sent A before it heard of the move, reaches k only through A, after #2, which C
+    sent B directly. C's answer to B's announcement names #1, and B holds #2 back for k
+    until #1 came. (Found by the generated histories; before, k's application got #2
+    first.) When B held #1 already, for x, k got it from B, once."""
+    mesh, moved, x = _k_moves_to_b_while_c_sends_m1_to_a(x_at_b)
+    # (B holding #1 unsettled, k's resume, reporting nothing, had it owed #1 at B.)
+    assert [decode(c.payload).body for c in mesh.forwarded("B", moved)] == (["m1", "m2"] if x_at_b else []), "#2 waits"
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
+    for link in (moved, x) if x else (moved,):
+        for c in mesh.forwarded("B", link):
+            mesh.answer("B", link, c.tag)
+    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for("C", d)] == [outcomes.ACCEPTED] * 2
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
+def test_a_copy_the_old_router_never_passes_on_stops_holding_the_subscriber_once_settled():
+    """As above, but k's selector does not select #1: A never passes it
+    on. B's wait for it ends when C settles #1 (B asked C whether it was, and C tells it
+    when it is), not at the placeholder timeout: #2 reaches k at once."""
+    from router.core.events import DataReceived, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    mesh.subscriber("A", "k", durable=2, timeout=60, selector="n > 1")
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1", properties={"n": 1}), False))
+    assert [type(e) for e in mesh.in_flight("C", "A")] == [DataReceived]
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, selector="n > 1", properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.deliver_from("B", "C", len(mesh.in_flight("B", "C")))
+    mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))
+    mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))
+    mesh.deliver_from("A", "B", len(mesh.in_flight("A", "B")))
+    mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2", properties={"n": 2}), False))
+    mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))
+    assert not mesh.forwarded("B", moved), "#2 waits: #1 may still come by way of A"
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m2"]
+    mesh.answer("B", moved, copies[0].tag)
+    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for("C", d)] == [outcomes.ACCEPTED] * 2
+    assert not any(c.kind == "placeholder-expired" for c in mesh.logs["B"] if hasattr(c, "kind"))
+
+
 # C never saw #1: it reaches C only as A's copy, once A noticed the old link drop.
 @pytest.mark.parametrize(
     "to, answer_first",
