@@ -407,10 +407,25 @@ class MembershipTable:
 
     def routers_with_subscribers(self, topic: str) -> frozenset[RouterId]:
         """Routers (not lost) holding a subscription to ``topic`` (or to a pattern
-        matching it), attached or retained."""
-        return frozenset(
-            router for address in self._addresses(topic) for router in self._by_topic.get(address, {}) if self._reachable(router)
-        )
+        matching it), attached or retained; but not a retained one whose subscriber
+        attached at another router since: it moved on, and its old router gives it up
+        when it hears (what reaches that router meanwhile it passes on). Else origins
+        sent the old router a copy of everything for the topic until the subscription's
+        terminus timeout, answered "none" (or passed on, a second copy) each time."""
+        routers: set[RouterId] = set()
+        for address in self._addresses(topic):
+            for router, keys in self._by_topic.get(address, {}).items():
+                if router not in routers and self._reachable(router) and any(self._holds(router, key) for key in keys):
+                    routers.add(router)
+        return frozenset(routers)
+
+    def _holds(self, router: RouterId, key: SubscriberKey) -> bool:
+        """Whether ``router`` holds ``key``'s subscription: attached there, or retained
+        there and attached nowhere else (the usual case, attached, decided first)."""
+        if isinstance(self._views[router].entries[key].message, SubscriberAttached):
+            return True
+        where = self.where(key)
+        return where is None or where == router
 
     def subscribers_at(self, router: RouterId, topic: str) -> tuple[RemoteSubscriber, ...]:
         """The subscriptions at ``router`` (lost or not) that take ``topic``, by key."""

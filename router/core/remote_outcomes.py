@@ -148,13 +148,11 @@ class RemoteOutcomesMixin(CoreState):
             if final is not None:
                 record.outcome = OUTCOME_ACCEPTED if final == ACCEPTED else Outcome(final)
             self._settle_record(record, "settled-elsewhere", now, out)
-        elif record is None and message.get("done"):
-            self.resumption.placeholder_settled(tag, now, out)  # the answer to our "settled?"
-        if record is not None and record.pub_settled:
-            # A subscriber that moved here may wait for a copy of it addressed to it: it
-            # is settled, so that copy came (its answer was part of the outcome) or
-            # never will.
-            self.resumption.settled_here(record, now, out)
+        if message.get("done") and (record is None or record.pub_settled):
+            # The answer to our "settled?": a placeholder for it waits for nothing. (Also
+            # when we hold it: it came before a subscriber that moved here, which waits
+            # for a copy addressed to it, and that copy came or never will.)
+            self.resumption.placeholder_settled(tag, now, out)
 
         self._route_control(sender, {"t": "settle-ack", "d": message["d"]}, out)
 

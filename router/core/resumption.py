@@ -580,17 +580,6 @@ class Resumption(MovedSubscribers):
             self._release_held(sub, stream)
             self.core.pump(sub, now, out)
 
-    def settled_here(self, record: DeliveryRecord, now: float, out: list[Command]) -> None:
-        """``record``, held here, was settled: subscribers of its topic waiting for a copy
-        of it addressed to them (control.py, _await_moved) wait for nothing."""
-        topic = self.core.topics.get(record.topic)
-        if topic is None:
-            return
-        for sub in topic.subscriptions.values():
-            if sub.placeholders:  # rare: checked per subscription, as per message elsewhere
-                self.placeholder_settled(record.tag, now, out)
-                return
-
     def placeholder_settled(self, tag: bytes, now: float, out: list[Command]) -> None:
         """Another router says ``tag`` was settled: placeholders for it wait for nothing."""
         self._drop_placeholders(tag[: tags.STREAM_ID_SIZE], lambda waiting: [tag] if tag in waiting else [], now, out)

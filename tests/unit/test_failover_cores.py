@@ -602,6 +602,30 @@ def test_a_copy_passed_on_for_a_subscriber_that_moved_and_the_origins_own_copy_c
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
+@pytest.mark.parametrize("a_noticed", [False, True], ids=["a-heard-first", "a-noticed-first"])
+def test_an_origin_stops_sending_the_old_router_copies_for_a_subscriber_that_moved_on(a_noticed):
+    """k, durable at A, resumes at B; A gives the subscription up when it hears, or first
+    notices the old link drop and announces k detached and retained there. Either way C,
+    publishing once it heard of both, sends B its copy and A none: before, A's retained
+    entry had C send A a copy of everything for the topic until k's terminus timeout,
+    each answered "none" (or passed on to B as a second copy, within A's grace)."""
+    from router.core.events import DataReceived, LinkDetached, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    if a_noticed:
+        mesh.feed("A", LinkDetached(sub, False))
+    moved = mesh.subscriber("B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []})
+    mesh.settle()
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    assert [type(e) for e in mesh.in_flight("C", "B")] == [DataReceived] and not mesh.in_flight("C", "A")
+    mesh.settle()
+    (copy,) = mesh.forwarded("B", moved)
+    mesh.answer("B", moved, copy.tag)
+    assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED]
+
+
 def _k_moves_to_b_while_c_sends_m1_to_a(x_at_b: bool):
     """k, durable at A (and, with ``x_at_b``, x at B, which gets #1 before k attaches
     there), resumes at B while p publishes #1 at C, which sends it to A. Every router but
@@ -652,17 +676,21 @@ def test_a_copy_the_old_router_passes_on_reaches_the_subscriber_before_the_origi
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
-def test_a_copy_the_old_router_never_passes_on_stops_holding_the_subscriber_once_settled():
-    """As above, but k's selector does not select #1: A never passes it
-    on. B's wait for it ends when C settles #1 (B asked C whether it was, and C tells it
-    when it is), not at the placeholder timeout: #2 reaches k at once."""
+@pytest.mark.parametrize("x_at_b", [False, True], ids=["b-never-saw-1", "b-held-1-for-another"])
+def test_a_copy_the_old_router_never_passes_on_stops_holding_the_subscriber_once_settled(x_at_b):
+    """As above, but k's selector does not select #1: A never passes it on. B's wait for
+    it ends when C settles #1, not at the placeholder timeout: B asked C whether it was
+    settled and C tells it when it is; or, when B held #1 for x from before k came, C's
+    settlement of B's own copy ends it."""
     from router.core.events import DataReceived, MessageReceived
 
     mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
     mesh.subscriber("A", "k", durable=2, timeout=60, selector="n > 1")
+    x = mesh.subscriber("B", "x", durable=2, timeout=60) if x_at_b else None
     pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
     mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1", properties={"n": 1}), False))
     assert [type(e) for e in mesh.in_flight("C", "A")] == [DataReceived]
+    mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))  # (and to B for x)
     moved = mesh.attach_subscriber(
         "B", "k", durable=2, timeout=60, selector="n > 1", properties={"eorouter:resume": True, "eorouter:unsettled": []}
     )
@@ -670,10 +698,15 @@ def test_a_copy_the_old_router_never_passes_on_stops_holding_the_subscriber_once
     mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))
     mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))
     mesh.deliver_from("A", "B", len(mesh.in_flight("A", "B")))
+    assert any(c.kind == "placeholder-created" for c in mesh.logs["B"] if hasattr(c, "kind"))
     mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2", properties={"n": 2}), False))
     mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))
     assert not mesh.forwarded("B", moved), "#2 waits: #1 may still come by way of A"
     mesh.settle()
+    if x:
+        for c in mesh.forwarded("B", x):
+            mesh.answer("B", x, c.tag)
+        mesh.settle()
     copies = mesh.forwarded("B", moved)
     assert [decode(c.payload).body for c in copies] == ["m2"]
     mesh.answer("B", moved, copies[0].tag)
