@@ -157,6 +157,8 @@ class ControlMixin(CoreState):
                     self.resumption.on_stream_resumed(message, now, out)
             elif kind == "stream-seq":
                 self.resumption.on_stream_seq(message, now, out)
+            elif kind == "left":
+                self.resumption.on_left(message, now, out)
             elif kind == "addr":
                 if self.net.learn_addresses(message):
                     self._flood(message, ev.router_id, out)
@@ -217,6 +219,11 @@ class ControlMixin(CoreState):
                 via = [tag for old in came_from for tag in self.resumption.unanswered_at(old, announcement.topic)]
                 if via:
                     ack["moved"] = via
+                    moved_via = self.moved_via
+                    for tag in [t for t in moved_via if t not in self.records]:
+                        del moved_via[tag]  # (settled and gone meanwhile)
+                    for entry in via:
+                        moved_via.setdefault(bytes.fromhex(entry), set()).add(key)
             self._route_control(announcement.router, ack, out)
 
     def _await_moved(self, key: str, link_id: int | None, moved: object, now: float, out: list[Command]) -> None:

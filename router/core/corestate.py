@@ -64,6 +64,7 @@ class CoreState:
     stream_seq: dict[bytes, int]
     lost: set[str]
     moved_away: dict[str, MovedAway]
+    moved_via: dict[bytes, set[str]]
     announcements_learnt: dict[tuple[str, str], int]
     _flooded: dict[tuple[Any, ...], float]
     _awaiting_acks: dict[str, tuple[int, set[str], int]]

@@ -36,6 +36,9 @@ class MovedAway(NamedTuple):
     pattern: bool
     selector: Any  # its Selector, or None
     until: float  # passed on until then
+    # Until then, what comes for it later is named to its origin as left behind ("left"):
+    # the origin owes it itself, if it sent it here before it heard of the move.
+    forget_at: float
 
 
 if TYPE_CHECKING:
@@ -170,9 +173,10 @@ class MovedSubscribers:
         # An origin that has not heard of the move yet still sends here what it owes
         # the subscriber: passed on for a while, as what it was owed here is now.
         moved_away = self.core.moved_away
-        for old_key in [k for k, entry in moved_away.items() if entry.until <= now]:
+        for old_key in [k for k, entry in moved_away.items() if entry.forget_at <= now]:
             del moved_away[old_key]
-        moved_away[key] = MovedAway(sub.topic, sub.pattern, sub.selector, now + MOVED_AWAY_GRACE)
+        until = now + MOVED_AWAY_GRACE
+        moved_away[key] = MovedAway(sub.topic, sub.pattern, sub.selector, until, max(until, now + sub.timeout))
         self.core.end_subscription(sub, now, out, reason="moved")
         self.moved_subscriber_at(key, to_router, now, out)
 
@@ -186,6 +190,46 @@ class MovedSubscribers:
             and (matches(away.address, topic) if away.pattern else away.address == topic)
             and key not in self.core.subscriptions
         )
+
+    def left_behind_for(self, topic: str, payload: bytes, now: float) -> list[str]:
+        """The durable subscribers that moved from here, past the grace in which we pass
+        on what comes for them, whose address takes ``topic`` and whose selector selects
+        ``payload`` (and that are not back here): an origin that sent it here before it
+        heard of the move owes it to them itself once told (``left``)."""
+        return sorted(
+            key
+            for key, away in self.core.moved_away.items()
+            if away.until <= now < away.forget_at
+            and (matches(away.address, topic) if away.pattern else away.address == topic)
+            and key not in self.core.subscriptions
+            and (away.selector is None or away.selector.selects(selector_env(payload)))
+        )
+
+    def on_left(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
+        """A router that a subscriber moved from says a delivery of ours came there
+        after it stopped passing on what comes for it (``left``). Owed to it by us,
+        wherever it is now, if we sent it there before we heard of the move (our
+        ``sub-ack`` named it to the subscriber's new router, which waits for it)."""
+        d, keys, sender = message.get("d"), message.get("keys"), message.get("from")
+        if not isinstance(d, str) or not isinstance(keys, list):
+            return
+        try:
+            tag = bytes.fromhex(d)
+        except ValueError:
+            return
+        named = self.core.moved_via.get(tag)
+        record = self.core.records.get(tag)
+        if not named or record is None or record.pub_settled or record.origin_router is not None:
+            return
+        owed = sorted(key for key in keys if key in named and key not in record.moved and key not in record.subscribers)
+        named.difference_update(keys)
+        if not owed:
+            return
+        record.waiting = -1  # its states change outside the count
+        for key in owed:
+            record.own_moved()[key] = MovedState()
+        out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": sender, "subscribers": owed}))
+        self.resend_to_moved(record, out)
 
     def unanswered_at(self, router_id: str, address: str) -> list[str]:
         """The deliveries we are the origin of, for ``address`` (a topic or a pattern),

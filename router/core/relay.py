@@ -193,6 +193,12 @@ class RelayMixin(CoreState):
         if away:
             self._new_relayed_record(ev, header, topic or self._topic(header["topic"]), now, out, away)
             return
+        if self.moved_away and not targets:
+            left = self.resumption.left_behind_for(header["topic"], ev.payload, now)
+            if left:
+                # Past the grace: the origin owes it to them itself, if it sent it here
+                # before it heard of the move. Said before our answer (same route).
+                self._route_control(origin, {"t": "left", "d": tag.hex(), "keys": left}, out)
         if topic is None or not owed_here:
             # Nobody here (any more): we are not owed this delivery.
             message = {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE}

@@ -122,10 +122,11 @@ class Resumption(MovedSubscribers):
     The core calls the public methods below and those of its base (router/core/moved.py)
     (each says when). This component reads the core's public state (``records``,
     ``topics``, ``publishers``, ``subscriptions``, ``by_delivery``, ``net``,
-    ``settings``, ``epoch``, ``stream_seq``, ``lost``, ``settled``) and calls only the
-    core's services named in ``RouterCore.SERVICES`` (router/core/router.py). It keeps
-    no state of its own: what it needs rides on the links (``PublisherLink.resumed_with``,
-    ``Subscription.placeholders``)."""
+    ``settings``, ``epoch``, ``stream_seq``, ``lost``, ``settled``, ``moved_away``,
+    ``moved_via``) and calls only the core's services named in ``RouterCore.SERVICES``
+    (router/core/router.py). It keeps no state of its own: what it needs rides on the
+    links (``PublisherLink.resumed_with``, ``Subscription.placeholders``) and in those
+    two maps of the core's."""
 
     # ------------------------------------------------------------ publishers
 

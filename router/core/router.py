@@ -210,6 +210,10 @@ class RouterCore(
         self._flooded: dict[tuple[Any, ...], float] = {}
         # subscriber key -> (link id, routers yet to confirm, the announcement's version)
         self._awaiting_acks: dict[str, tuple[int, set[str], int]] = {}
+        # tag -> subscribers that moved from a router we sent the delivery to, before we
+        # heard: our sub-ack named it to their new router (control.py); should their old
+        # router say it left them out ("left"), we owe it to them (moved.py, on_left).
+        self.moved_via: dict[bytes, set[str]] = {}
         # Publisher order across routers (docs/inter-router.md, "publisher order"):
         self._last_sent: dict[tuple[bytes, str], int] = {}  # (stream, router) -> last stream_seq sent
         self._chain_head: dict[bytes, int] = {}  # stream -> last stream_seq delivered here

@@ -714,6 +714,38 @@ def test_a_copy_the_old_router_never_passes_on_stops_holding_the_subscriber_once
     assert not any(c.kind == "placeholder-expired" for c in mesh.logs["B"] if hasattr(c, "kind"))
 
 
+def test_a_copy_reaching_the_old_router_past_its_grace_is_owed_by_its_origin():
+    """#1, which C sent A before it heard that k moved to B, reaches A more than the grace
+    after A gave k up: A no longer passes it on, but tells C it left k out ("left"), and
+    C, whose answer to B's announcement named #1, owes it to k itself. Before, #1 was
+    lost for k and p heard "released" (found by the generated histories with a long
+    pause)."""
+    from router.core.events import DataReceived, MessageReceived, TimerFired
+    from router.core.moved import MOVED_AWAY_GRACE
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    (copy,) = mesh.in_flight("C", "A")
+    assert isinstance(copy, DataReceived)
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    for source, target in (("B", "C"), ("C", "B"), ("B", "A"), ("A", "B")):
+        mesh.deliver_from(source, target, len([e for e in mesh.in_flight(source, target) if e is not copy]))
+    mesh.now += MOVED_AWAY_GRACE + 1
+    for name in mesh.cores:
+        mesh.feed(name, TimerFired())
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m1"]
+    mesh.answer("B", moved, copies[0].tag)
+    assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED]
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
 # C never saw #1: it reaches C only as A's copy, once A noticed the old link drop.
 @pytest.mark.parametrize(
     "to, answer_first",
