@@ -124,7 +124,9 @@ EVENTS: dict[str, dict[str, str]] = {
     "outcome-from-router": {"delivery": "string", "from_router": "string", "outcome": "string"},
     "settlement-relayed": {"delivery": "string", "to_router": "string"},
     "peer-restarted": {"peer": "string", "peer_epoch": "long", "peer_boot": "string"},
-    "announce-timeout": {"subscriber": "string", "routers": "array<string>"},
+    # held: a subscriber that moved here from another router: its attach is answered, its
+    # deliveries held until every router confirmed (or the placeholder timeout)
+    "announce-timeout": {"subscriber": "string", "routers": "array<string>", "held": "boolean"},
     "order-gap": {"delivery": "string", "missing_seq": "long"},
     # routes changed: the routers reachable now, and "destination>next hop" pairs
     "routes": {"reachable": "array<string>", "next_hops": "array<string>"},

@@ -278,7 +278,7 @@ class AttachMixin(CoreState):
         if waiting_for:
             sub.ready = False
             self._awaiting_acks[sub.key] = (ev.link_id, set(waiting_for), announcement.version)
-            self._add_timer(now + ANNOUNCE_TIMEOUT, _TIMER_ANNOUNCE, (sub.key, ev.link_id))
+            self._add_timer(now + ANNOUNCE_TIMEOUT, _TIMER_ANNOUNCE, (sub.key, ev.link_id, True))
         else:
             sub.ready = True
             out.append(OpenLink(ev.link_id, sub.timeout if sub.durable else 0, None, sub.best_effort))
@@ -436,6 +436,7 @@ class AttachMixin(CoreState):
             )
         )
         self._awaiting_acks.pop(sub.key, None)
+        self._answered_early.discard(sub.key)
         if sub.announced:
             detached = self.net.announcer.detached(sub.container_id, sub.name, closed=closed)
             sub.announced = detached.retained

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router.core.announcements import RemoteSubscriberAdded, SubscriberMoved, validate_announcement
+from router.core.announcements import RemoteSubscriberAdded, SubscriberKey, SubscriberMoved, validate_announcement
 from router.core.commands import (
     Command,
     DetachLink,
@@ -34,7 +34,7 @@ from router.core.tags import STREAM_ID_SIZE
 if TYPE_CHECKING:
     from router.core.announcements import Change
     from router.core.corestate import CoreState
-    from router.core.links import Topic
+    from router.core.links import Subscription, Topic
 else:
     CoreState = object  # declarations for mypy only: no base class at run time
 
@@ -75,12 +75,24 @@ class ControlMixin(CoreState):
         link_id, _, _ = self._awaiting_acks.pop(key)
         sub = self.subscriptions.get(key)
         if sub is None or sub.link_id != link_id:
+            self._answered_early.discard(key)
             return
         sub.ready = True
+        if key in self._answered_early:
+            self._answered_early.discard(key)
+        else:
+            self._answer_attach(sub, link_id, out)
+        self._pump(sub, 0.0, out)
+
+    def _answer_attach(self, sub: Subscription, link_id: int, out: list[Command]) -> None:
         out.append(
             OpenLink(link_id, sub.timeout if sub.durable else 0, self._open_properties.pop(link_id, None), sub.best_effort)
         )
-        self._pump(sub, 0.0, out)
+
+    def _moved_here(self, key: str) -> bool:
+        """Whether subscriber ``key`` was held (attached or retained) at another router."""
+        container_id, _, link_name = key.partition("/")
+        return bool(self.net.membership.locations(SubscriberKey(container_id, link_name)))
 
     def _on_peer_connected(self, ev: PeerConnected, now: float, out: list[Command]) -> None:
         known = self.net.membership.incarnation_of(ev.router_id)

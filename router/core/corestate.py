@@ -68,6 +68,7 @@ class CoreState:
     announcements_learnt: dict[tuple[str, str], int]
     _flooded: dict[tuple[Any, ...], float]
     _awaiting_acks: dict[str, tuple[int, set[str], int]]
+    _answered_early: set[str]
     _last_sent: dict[tuple[bytes, str], int]
     _chain_head: dict[bytes, int]
     _held: dict[bytes, dict[int, tuple[DataReceived, dict[str, Any]]]]

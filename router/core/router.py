@@ -210,6 +210,9 @@ class RouterCore(
         self._flooded: dict[tuple[Any, ...], float] = {}
         # subscriber key -> (link id, routers yet to confirm, the announcement's version)
         self._awaiting_acks: dict[str, tuple[int, set[str], int]] = {}
+        # Of those, the ones whose attach was answered already (the announce timeout of a
+        # subscriber that moved here): only their deliveries wait.
+        self._answered_early: set[str] = set()
         # tag -> subscribers that moved from a router we sent the delivery to, before we
         # heard: our sub-ack named it to their new router (control.py); should their old
         # router say it left them out ("left"), we owe it to them (moved.py, on_left).
@@ -397,11 +400,23 @@ class RouterCore(
                     out.append(Log("stream-seq-timeout", {"link": pub.link_id, "routers": sorted(pub.awaiting_seq)}))
                     self.resumption.stream_seq_known(pub, out)
             elif kind == _TIMER_ANNOUNCE:
-                key, link_id = obj
+                key, link_id, first = obj
                 waiting = self._awaiting_acks.get(key)
                 if waiting is not None and waiting[0] == link_id:
-                    out.append(Log("announce-timeout", {"subscriber": key, "routers": sorted(waiting[1])}))
-                    self._subscriber_ready(key, out)
+                    held_sub = self.subscriptions.get(key)
+                    if first and held_sub is not None and held_sub.link_id == link_id and self._moved_here(key):
+                        # It moved here from another router: what may still come to it by
+                        # way of there, the unconfirmed routers have not named yet (their
+                        # sub-ack). Its attach is answered (its client waits for that), what
+                        # it is owed held until they do (or they become unreachable), or
+                        # the placeholder timeout.
+                        out.append(Log("announce-timeout", {"subscriber": key, "routers": sorted(waiting[1]), "held": True}))
+                        self._answered_early.add(key)
+                        self._answer_attach(held_sub, link_id, out)
+                        self._add_timer(now + self.settings.placeholder_timeout, _TIMER_ANNOUNCE, (key, link_id, False))
+                    else:
+                        out.append(Log("announce-timeout", {"subscriber": key, "routers": sorted(waiting[1])}))
+                        self._subscriber_ready(key, out)
 
     def _sweep_settled(self, now: float, out: list[Command]) -> None:
         """Forget the settled deliveries of streams a resume horizon quiet (or, over

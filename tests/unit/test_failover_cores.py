@@ -714,6 +714,43 @@ def test_a_copy_the_old_router_never_passes_on_stops_holding_the_subscriber_once
     assert not any(c.kind == "placeholder-expired" for c in mesh.logs["B"] if hasattr(c, "kind"))
 
 
+def test_a_subscriber_that_moved_gets_nothing_before_every_router_said_what_may_still_come():
+    """As above, but C's answer to B's announcement is slower than the announce timeout.
+    B answers k's attach then (its client would give up), but holds what it owes k until
+    C's answer came (it names #1, still on its way by way of A): #2, which C sent B
+    directly, goes to k after #1. Before, B delivered #2 at the timeout, and #1 after it."""
+    from router.core.constants import ANNOUNCE_TIMEOUT
+    from router.core.events import DataReceived, MessageReceived, TimerFired
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))  # A hears of it, and answers
+    mesh.deliver_from("A", "B", len(mesh.in_flight("A", "B")))
+    mesh.deliver_from("B", "C", len(mesh.in_flight("B", "C")))  # C hears; its answer stays in flight
+    mesh.now += ANNOUNCE_TIMEOUT + 0.5
+    mesh.feed("B", TimerFired())
+    assert mesh.opened("B", moved), "B answers k's attach at the timeout"
+    mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2"), False))
+    (index,) = [i for i, item in enumerate(mesh.inflight) if item[2] == "B" and isinstance(item[3], DataReceived)]
+    *_, m2 = mesh.inflight[index]
+    del mesh.inflight[index]
+    mesh.feed("B", m2)  # #2 reaches B before C's answer (data and control are separate links)
+    assert not mesh.forwarded("B", moved), "#2 waits for C's answer"
+    mesh.deliver_from("C", "B")  # C's answer, naming #1
+    assert not mesh.forwarded("B", moved), "#2 waits for #1"
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
+    for c in copies:
+        mesh.answer("B", moved, c.tag)
+    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for("C", d)] == [outcomes.ACCEPTED] * 2
+
+
 def test_a_copy_reaching_the_old_router_past_its_grace_is_owed_by_its_origin():
     """#1, which C sent A before it heard that k moved to B, reaches A more than the grace
     after A gave k up: A no longer passes it on, but tells C it left k out ("left"), and
