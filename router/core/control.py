@@ -192,9 +192,14 @@ class ControlMixin(CoreState):
         # with the subscribers, not with every attach and detach ever seen.
         key = f"{announcement.container_id}/{announcement.link_name}"
         held_here = key in self.subscriptions
-        # Where else the subscriber was held (attached or retained) before this news.
+        # Where else the subscriber was held (attached or retained) before this news; not
+        # a router we lost (what it was sent is owed to its durable subscribers already).
         came_from = (
-            [r.router for r in self.net.membership.locations(announcement.key) if r.router != announcement.router]
+            [
+                r.router
+                for r in self.net.membership.locations(announcement.key)
+                if r.router != announcement.router and r.lost_at is None
+            ]
             if message["t"] == "sub+"
             else []
         )

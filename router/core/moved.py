@@ -27,6 +27,11 @@ from router.core.topictrie import is_pattern, matches
 #: moved on: they stop once they hear of the move, a flood away; this covers a busy
 #: network's delay. A copy later than that is still the known gap.
 MOVED_AWAY_GRACE = 10.0
+#: How long after a move a router still names the subscriber to the origin of a copy
+#: that came for it ("left"), at most (the subscription's terminus timeout if shorter):
+#: a copy in flight longer than that on a live route is the remaining loss window. Not
+#: longer, because it costs one control message per copy of the topic there meanwhile.
+LEFT_BEHIND_HORIZON = 60.0
 
 
 class MovedAway(NamedTuple):
@@ -176,7 +181,8 @@ class MovedSubscribers:
         for old_key in [k for k, entry in moved_away.items() if entry.forget_at <= now]:
             del moved_away[old_key]
         until = now + MOVED_AWAY_GRACE
-        moved_away[key] = MovedAway(sub.topic, sub.pattern, sub.selector, until, max(until, now + sub.timeout))
+        forget_at = max(until, now + min(sub.timeout, LEFT_BEHIND_HORIZON))
+        moved_away[key] = MovedAway(sub.topic, sub.pattern, sub.selector, until, forget_at)
         self.core.end_subscription(sub, now, out, reason="moved")
         self.moved_subscriber_at(key, to_router, now, out)
 
