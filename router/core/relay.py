@@ -193,19 +193,21 @@ class RelayMixin(CoreState):
         if away:
             self._new_relayed_record(ev, header, topic or self._topic(header["topic"]), now, out, away)
             return
-        if self.moved_away and not targets:
-            left = self.resumption.left_behind_for(header["topic"], ev.payload, now)
-            if left:
-                # Past the grace: the origin owes it to them itself, if it sent it here
-                # before it heard of the move. Said before our answer (same route).
-                self._route_control(origin, {"t": "left", "d": tag.hex(), "keys": left}, out)
+        # Past the grace, for subscribers that moved on: the origin owes it to them itself,
+        # if it sent it here before it heard of the move.
+        left = self.resumption.left_behind_for(header["topic"], ev.payload, now) if self.moved_away and not targets else []
         if topic is None or not owed_here:
             # Nobody here (any more): we are not owed this delivery.
             message = {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE}
+            if left:
+                message["left"] = left  # in the answer itself: nothing can come between
             self._route_control(origin, message, out)
             if topic is not None:
                 self._best_effort_copies(topic, tag, ev.payload, out)
             return
+        if left:
+            # Before our answer, which waits for our subscribers (same route: in order).
+            self._route_control(origin, {"t": "left", "d": tag.hex(), "keys": left}, out)
         self._new_relayed_record(ev, header, topic, now, out)
 
     def _known_copy(

@@ -68,6 +68,8 @@ class RemoteOutcomesMixin(CoreState):
             return
         if record.origin_router is not None:
             return
+        if "left" in message:  # "none", with the moved subscribers it left out ("left")
+            self.resumption.on_left({"d": message["d"], "keys": message["left"], "from": sender}, now, out)
         state = record.remote_routers.get(sender)
         if state is None:
             return
