@@ -25,7 +25,7 @@ from meshkit import Mesh
 
 from router.core import outcomes
 from router.core.commands import Forward, Log, OpenLink, SendOutcome, SettleOutgoing
-from router.core.events import ConnectionLost, MessageReceived, OutcomeReceived, PublisherSettled
+from router.core.events import ConnectionLost, MessageReceived, OutcomeReceived, PeerLost, PublisherSettled
 from router.core.moved import MOVED_AWAY_GRACE
 from router.core.router import INCARNATION_PROPERTY
 
@@ -432,7 +432,7 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
     _finish(mesh, k, hear, sent, heard)
 
 
-relay_moves = _plan("answer", "sub-moves", "A-notices-sub", "publish", "x-attaches", "pause")
+relay_moves = _plan("answer", "sub-moves", "A-notices-sub", "publish", "x-attaches", "pause", "A-dies")
 
 
 @settings(max_examples=300, deadline=None)
@@ -447,7 +447,8 @@ def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_str
     on; copies passed on reaching k after later ones C sent B, now named in C's answer to
     B's announcement; and, with x at B, A's copy queued behind C's later one at B.)
     A pause may outlast the time A passes on what comes for k after it moved (with a copy
-    reaching A later, A tells C it left k out, and C owes it to k itself)."""
+    reaching A later, A tells C it left k out, and C owes it to k itself), and A may die
+    at any moment (what it held for k, and what was on its way to it, owed to k at B)."""
     from router.core.events import LinkDetached
 
     mesh = Mesh(*TRIANGLE, twins=True, record_linger=data.draw(st.sampled_from([0.5, 5.0]), label="linger"))
@@ -477,9 +478,19 @@ def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_str
     others: list[HistorySubscriber] = []  # x, a subscriber at B from any moment on
     for action, arg in plan:
         _step(mesh, k, action, arg)
-        if action == "A-notices-sub" and k.moved and not k.noticed:
+        if action == "A-notices-sub" and k.moved and not k.noticed and "A" in mesh.cores:
             k.noticed = True
             mesh.feed("A", LinkDetached(sub, False))
+        elif action == "A-dies" and "A" in mesh.cores:
+            # Every link to A drops, what is in flight to and from it with them; k, there
+            # still, resumes at B.
+            del mesh.cores["A"]
+            mesh.twins.pop("A", None)
+            for pair in [p for p in mesh.links if "A" in p]:
+                (other,) = pair - {"A"}
+                mesh.feed(other, PeerLost(mesh.links.pop(pair), "A"))
+            if not k.moved:
+                k.move("B")
         elif action == "publish":
             publish()
         elif action == "pause":  # longer than A passes on what comes for k after it moved
@@ -492,7 +503,7 @@ def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_str
         hear()
     if not k.moved:
         k.move("B")
-    if not k.noticed:
+    if not k.noticed and "A" in mesh.cores:
         mesh.feed("A", LinkDetached(sub, False))
     # Publisher order across the move holds when every router confirmed k's attach at B
     # in time (docs/inter-router.md, "The moving race"); past the announce timeout, B
@@ -503,5 +514,5 @@ def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_str
         )
     )
     timed_out = any(getattr(c, "kind", "") == "announce-timeout" for c in mesh.logs["B"])
-    event(f"order checked: {confirmed()}, an announce timeout: {timed_out}")
+    event(f"order checked: {confirmed()}, an announce timeout: {timed_out}, A died: {'A' not in mesh.cores}")
     _finish(mesh, k, hear, sent, heard, in_order=confirmed, others=others)
