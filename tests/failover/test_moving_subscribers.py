@@ -1,0 +1,191 @@
+"""Subscribers leaving a router that lives on, with their publisher at a third router,
+under full load (the moving race, docs/inter-router.md).
+
+    publisher ──► C ──── A ◄── proxy ◄── subscribers (then at B)
+                   \\    /
+                     B
+              C load clients on their own topics of A, B and C, full rate
+
+The proxy in front of A first black-holes everything A sends the subscribers: they
+hear nothing (their heartbeats lapse) and resume at B, while A, its side of their
+connections left open, goes on sending them C's deliveries until its idle timeout or
+the news that they attached at B, whichever comes first; then the proxy cuts. C keeps
+publishing throughout, to A until it hears where the subscribers went and to B after:
+what A held for them, what reaches A for them after they left, and what C sends B
+directly must reach each subscriber's application once and in publisher order (no
+dedup window of their own), the publisher must hear "accepted" for each, and the Spark
+proof over the routers' logs and the clients' ledgers must be clean.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import pytest
+from test_resume_under_load import LoadClients, Proxy, wait_no_records
+
+from eorouter_tools.topology import RouterNetwork, parse_topology
+from router.client import ResumablePublisher, ResumableSubscriber
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+TRIANGLE = (
+    '[[router]]\nid = "A"\n[[router]]\nid = "B"\n[[router]]\nid = "C"\n'
+    '[[link]]\nbetween = ["A", "B"]\n[[link]]\nbetween = ["B", "C"]\n[[link]]\nbetween = ["C", "A"]\n'
+)
+MESSAGES = 800
+GAP = 0.005  # seconds between the publisher's messages
+BLACKHOLE_AT = 200  # the message after which A's bytes to the subscribers are dropped ...
+CUT_AFTER = 8.0  # ... and the connections cut this long after
+IDLE_TIMEOUT = 8.0
+
+
+class HalfOpenProxy(Proxy):
+    """As ``Proxy``, but once black-holing, a client that gives up leaves its router's
+    side open (read and dropped) until ``cut()``: a half-open connection, which the
+    router notices only by its own idle timeout."""
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        try:
+            while not self.closed:
+                readable, _, _ = select.select([client, upstream], [], [], 0.2)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        if sock is client and self.dropping:
+                            self._drain(upstream)
+                        return
+                    if sock is client:
+                        upstream.sendall(data)
+                    elif not self.dropping:
+                        client.sendall(data)
+        except OSError:
+            return
+        finally:
+            for sock in (client, upstream):
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def _drain(self, upstream: socket.socket) -> None:
+        while not self.closed:
+            readable, _, _ = select.select([upstream], [], [], 0.2)
+            if readable and not upstream.recv(65536):
+                return
+
+
+def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_in_order(tmp_path):
+    net = RouterNetwork(
+        tmp_path / "routers",
+        parse_topology(TRIANGLE),
+        overrides={
+            "router": {"idle_timeout": IDLE_TIMEOUT},
+            "limits": {"publisher_credit_window": 1000},
+            "delivery": {"record_linger": 1.0},
+            "eventlog": {"retention": 1000},
+        },
+    )
+    net.start()
+    proxy = HalfOpenProxy(("127.0.0.1", net.routers["A"].port))
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    received: dict[str, list] = defaultdict(list)
+    subs, load, pub = [], None, None
+    try:
+        for n in range(2):
+            name = f"sub-{n}"
+            sub = ResumableSubscriber(
+                [proxy.url, net.routers["B"].url],
+                "orders",
+                container_id=name,
+                link_name=f"{name}-link",
+                state_path=clients / f"{name}.state",
+                ledger_path=clients / f"{name}.ledger.jsonl",
+                on_message=lambda msg, name=name: received[name].append(msg.body),
+                dedup_window=0,
+                heartbeat=1.0,
+            )
+            sub.start()
+            assert sub.wait_attached(20)
+            subs.append(sub)
+        pub = ResumablePublisher(
+            [net.routers["C"].url],
+            "orders",
+            container_id="pub",
+            link_name="pub-link",
+            state_path=clients / "pub.state",
+            ledger_path=clients / "pub.ledger.jsonl",
+        )
+        pub.start()
+        assert pub.wait_attached(20)
+        load = LoadClients(net.routers, seconds=60)
+        futures = []
+        cut_at = None
+        for n in range(MESSAGES):
+            if n == BLACKHOLE_AT:
+                proxy.blackhole()
+                cut_at = time.monotonic() + CUT_AFTER
+            if cut_at is not None and time.monotonic() >= cut_at:
+                proxy.cut()
+                cut_at = None
+            futures.append(pub.send_async(f"m{n + 1}"))
+            time.sleep(GAP)
+        if cut_at is not None:
+            time.sleep(max(0.0, cut_at - time.monotonic()))
+            proxy.cut()
+        load.stop()
+        load = None
+        outcomes = [f.result(120) for f in futures]
+        assert pub.wait_settled(60)
+        assert [o.state for o in outcomes] == ["accepted"] * MESSAGES
+        deadline = time.monotonic() + 60
+        while any(len(received[s.container_id]) < MESSAGES for s in subs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for sub in subs:
+            got = received[sub.container_id]
+            assert len(got) == len(set(got)), f"{sub.container_id}: {len(got) - len(set(got))} duplicates"
+            assert got == [f"m{n + 1}" for n in range(MESSAGES)], f"{sub.container_id}: not every message, in order"
+            ledger = [json.loads(line) for line in (clients / f"{sub.container_id}.ledger.jsonl").read_text().splitlines()]
+            assert net.routers["B"].url in [e["router"] for e in ledger if e["event"] == "resumed"], "it resumed at B"
+        wait_no_records(net, timeout=60)
+        kinds = defaultdict(int)
+        for rid, router in net.routers.items():
+            for e in router.events():
+                if e["event"] in ("owed-moved", "placeholder-created", "announce-timeout", "link-detached"):
+                    kinds[(rid, e["event"], e.get("reason"))] += 1
+        print(f"\nthe move, as the routers logged it: {dict(kinds)}")
+    finally:
+        if load is not None:
+            load.stop()
+        for client in [*subs, pub]:
+            if client is not None:
+                client.close()
+        proxy.close()
+        net.stop()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "router",
+            "reconcile",
+            str(tmp_path / "routers"),
+            "--clients",
+            str(clients),
+            "--out",
+            str(tmp_path / "report"),
+            "--no-html",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["verdict"]["proven_clean"], report["verdict"]
