@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import proofkit
 import proton
 import pytest
 
@@ -312,30 +313,7 @@ def test_kill_a_router_with_clients_on_tls(scenario, tmp_path):
 
 def prove_clean(tmp_path: Path, s: Scenario) -> dict:
     """`eorouter reconcile` over the routers' logs and the clients' ledgers: proven clean."""
-    import subprocess
-    import sys
-
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "router",
-            "reconcile",
-            str(tmp_path / "routers"),
-            "--clients",
-            str(s.dir),
-            "--out",
-            str(tmp_path / "report"),
-            "--no-html",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert report["verdict"]["proven_clean"], report["verdict"]
-    return report
+    return proofkit.prove_clean(tmp_path / "routers", s.dir, tmp_path / "report", timeout=600)
 
 
 def test_kill_a_router_with_selective_and_pattern_subscribers(scenario, tmp_path):

@@ -22,16 +22,22 @@ from __future__ import annotations
 import json
 import select
 import socket
-import subprocess
-import sys
 import time
 from collections import defaultdict
 
 import pytest
-from test_resume_under_load import LoadClients, Proxy, wait_no_records
+from proofkit import prove_clean
+from test_resume_under_load import (
+    LoadClients,
+    Proxy,
+    check_every_message_once_in_order,
+    start_subscribers,
+    stop_everything,
+    wait_no_records,
+)
 
 from eorouter_tools.topology import RouterNetwork, parse_topology
-from router.client import ResumablePublisher, ResumableSubscriber
+from router.client import ResumablePublisher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -51,31 +57,8 @@ class HalfOpenProxy(Proxy):
     side open (read and dropped) until ``cut()``: a half-open connection, which the
     router notices only by its own idle timeout."""
 
-    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
-        try:
-            while not self.closed:
-                readable, _, _ = select.select([client, upstream], [], [], 0.2)
-                for sock in readable:
-                    data = sock.recv(65536)
-                    if not data:
-                        if sock is client and self.dropping:
-                            self._drain(upstream)
-                        return
-                    if sock is client:
-                        upstream.sendall(data)
-                    elif not self.dropping:
-                        client.sendall(data)
-        except OSError:
-            return
-        finally:
-            for sock in (client, upstream):
-                try:
-                    sock.close()
-                except OSError:
-                    pass
-
-    def _drain(self, upstream: socket.socket) -> None:
-        while not self.closed:
+    def _client_gone(self, upstream: socket.socket) -> None:
+        while self.dropping and not self.closed:
             readable, _, _ = select.select([upstream], [], [], 0.2)
             if readable and not upstream.recv(65536):
                 return
@@ -99,22 +82,7 @@ def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_i
     received: dict[str, list] = defaultdict(list)
     subs, load, pub = [], None, None
     try:
-        for n in range(2):
-            name = f"sub-{n}"
-            sub = ResumableSubscriber(
-                [proxy.url, net.routers["B"].url],
-                "orders",
-                container_id=name,
-                link_name=f"{name}-link",
-                state_path=clients / f"{name}.state",
-                ledger_path=clients / f"{name}.ledger.jsonl",
-                on_message=lambda msg, name=name: received[name].append(msg.body),
-                dedup_window=0,
-                heartbeat=1.0,
-            )
-            sub.start()
-            assert sub.wait_attached(20)
-            subs.append(sub)
+        subs = start_subscribers([proxy.url, net.routers["B"].url], clients, received)
         pub = ResumablePublisher(
             [net.routers["C"].url],
             "orders",
@@ -145,13 +113,8 @@ def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_i
         outcomes = [f.result(120) for f in futures]
         assert pub.wait_settled(60)
         assert [o.state for o in outcomes] == ["accepted"] * MESSAGES
-        deadline = time.monotonic() + 60
-        while any(len(received[s.container_id]) < MESSAGES for s in subs) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        check_every_message_once_in_order(subs, received, MESSAGES, timeout=60)
         for sub in subs:
-            got = received[sub.container_id]
-            assert len(got) == len(set(got)), f"{sub.container_id}: {len(got) - len(set(got))} duplicates"
-            assert got == [f"m{n + 1}" for n in range(MESSAGES)], f"{sub.container_id}: not every message, in order"
             ledger = [json.loads(line) for line in (clients / f"{sub.container_id}.ledger.jsonl").read_text().splitlines()]
             assert net.routers["B"].url in [e["router"] for e in ledger if e["event"] == "resumed"], "it resumed at B"
         wait_no_records(net, timeout=60)
@@ -162,30 +125,5 @@ def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_i
                     kinds[(rid, e["event"], e.get("reason"))] += 1
         print(f"\nthe move, as the routers logged it: {dict(kinds)}")
     finally:
-        if load is not None:
-            load.stop()
-        for client in [*subs, pub]:
-            if client is not None:
-                client.close()
-        proxy.close()
-        net.stop()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "router",
-            "reconcile",
-            str(tmp_path / "routers"),
-            "--clients",
-            str(clients),
-            "--out",
-            str(tmp_path / "report"),
-            "--no-html",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert report["verdict"]["proven_clean"], report["verdict"]
+        stop_everything(load, [*subs, pub], proxy, net)
+    prove_clean(tmp_path / "routers", clients, tmp_path / "report")

@@ -22,13 +22,13 @@ import json
 import select
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from proofkit import prove_clean
 
 from eorouter_tools.topology import RouterNetwork, parse_topology
 from router.client import ResumablePublisher, ResumableSubscriber
@@ -78,6 +78,8 @@ class Proxy:
                 for sock in readable:
                     data = sock.recv(65536)
                     if not data:
+                        if sock is client:
+                            self._client_gone(upstream)
                         return
                     if sock is client:
                         upstream.sendall(data)
@@ -91,6 +93,9 @@ class Proxy:
                     sock.close()
                 except OSError:
                     pass
+
+    def _client_gone(self, upstream: socket.socket) -> None:
+        """The client closed its side: the router's side closes with it."""
 
     def blackhole(self) -> None:
         self.dropping = True
@@ -180,6 +185,52 @@ def wait_no_records(net, timeout: float) -> None:
         time.sleep(2.0)
 
 
+def start_subscribers(urls: list[str], clients: Path, received: dict[str, list], count: int = 2) -> list:
+    """``count`` resumable subscribers to "orders" (no dedup window of their own), each
+    appending what its application is handed to ``received[its name]``; attached."""
+    subs = []
+    for n in range(count):
+        name = f"sub-{n}"
+        sub = ResumableSubscriber(
+            urls,
+            "orders",
+            container_id=name,
+            link_name=f"{name}-link",
+            state_path=clients / f"{name}.state",
+            ledger_path=clients / f"{name}.ledger.jsonl",
+            on_message=lambda msg, name=name: received[name].append(msg.body),
+            dedup_window=0,
+            heartbeat=1.0,
+        )
+        sub.start()
+        assert sub.wait_attached(20)
+        subs.append(sub)
+    return subs
+
+
+def stop_everything(load, clients: list, proxy: Proxy, net) -> None:
+    """The load clients (if still running), the clients, the proxy and the routers."""
+    if load is not None:
+        load.stop()
+    for client in clients:
+        if client is not None:
+            client.close()
+    proxy.close()
+    net.stop()
+
+
+def check_every_message_once_in_order(subs: list, received: dict[str, list], messages: int, timeout: float) -> None:
+    """Each subscriber's application got m1..m``messages``, each once, in order (waiting
+    up to ``timeout`` for the last ones)."""
+    deadline = time.monotonic() + timeout
+    while any(len(received[s.container_id]) < messages for s in subs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for sub in subs:
+        got = received[sub.container_id]
+        assert len(got) == len(set(got)), f"{sub.container_id}: {len(got) - len(set(got))} duplicates"
+        assert got == [f"m{n + 1}" for n in range(messages)], f"{sub.container_id}: not every message, in order"
+
+
 @pytest.mark.parametrize("subscribers_at", ["B", "A"])
 def test_a_cut_off_publisher_resumes_at_another_router_under_full_load_exactly_once(tmp_path, subscribers_at):
     net = RouterNetwork(
@@ -201,22 +252,7 @@ def test_a_cut_off_publisher_resumes_at_another_router_under_full_load_exactly_o
     subs, load = [], None
     pub = None
     try:
-        for n in range(2):
-            name = f"sub-{n}"
-            sub = ResumableSubscriber(
-                [net.routers[subscribers_at].url],
-                "orders",
-                container_id=name,
-                link_name=f"{name}-link",
-                state_path=clients / f"{name}.state",
-                ledger_path=clients / f"{name}.ledger.jsonl",
-                on_message=lambda msg, name=name: received[name].append(msg.body),
-                dedup_window=0,
-                heartbeat=1.0,
-            )
-            sub.start()
-            assert sub.wait_attached(20)
-            subs.append(sub)
+        subs = start_subscribers([net.routers[subscribers_at].url], clients, received)
         pub = ResumablePublisher(
             [proxy.url, net.routers["B"].url],
             "orders",
@@ -251,13 +287,7 @@ def test_a_cut_off_publisher_resumes_at_another_router_under_full_load_exactly_o
         ledger = [json.loads(line) for line in (clients / "pub.ledger.jsonl").read_text().splitlines()]
         resumed_at = [e["router"] for e in ledger if e["event"] == "resumed"]
         assert resumed_at[:1] == [net.routers["B"].url], f"the publisher resumed at B first: {resumed_at}"
-        deadline = time.monotonic() + 30
-        while any(len(received[s.container_id]) < MESSAGES for s in subs) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for sub in subs:
-            got = received[sub.container_id]
-            assert len(got) == len(set(got)), f"{sub.container_id}: {len(got) - len(set(got))} duplicates"
-            assert got == [f"m{n + 1}" for n in range(MESSAGES)], f"{sub.container_id}: not every message, in order"
+        check_every_message_once_in_order(subs, received, MESSAGES, timeout=30)
         wait_no_records(net, timeout=RESUME_TIMEOUT + 30)
         resumes = [
             (rid, e.get("reported"), e.get("known"))
@@ -270,30 +300,5 @@ def test_a_cut_off_publisher_resumes_at_another_router_under_full_load_exactly_o
             f"publisher resumes (router, reported, known): {resumes}"
         )
     finally:
-        if load is not None:
-            load.stop()
-        for client in [*subs, pub]:
-            if client is not None:
-                client.close()
-        proxy.close()
-        net.stop()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "router",
-            "reconcile",
-            str(tmp_path / "routers"),
-            "--clients",
-            str(clients),
-            "--out",
-            str(tmp_path / "report"),
-            "--no-html",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert report["verdict"]["proven_clean"], report["verdict"]
+        stop_everything(load, [*subs, pub], proxy, net)
+    prove_clean(tmp_path / "routers", clients, tmp_path / "report")

@@ -488,6 +488,17 @@ def test_a_router_handing_over_a_delivery_it_owes_nobody_answers_the_new_origin(
     _k_accepts_at_b_and_m1_ends(mesh, resumed_sub)
 
 
+def _k_gets_m1_then_m2_at_b(mesh, moved, origin):
+    """Everything in flight arrives: k, at B, gets #1 then #2 and accepts both; their
+    origin tells p accepted for each."""
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
+    for c in copies:
+        mesh.answer("B", moved, c.tag)
+    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for(origin, d)] == [outcomes.ACCEPTED] * 2
+
+
 @pytest.mark.parametrize("answer_first", [False, True], ids=["copies-first", "answer-first"])
 def test_a_subscriber_attached_elsewhere_before_its_router_noticed_gets_what_it_missed_there_first(answer_first):
     """Found under CPU load (tests/failover/test_resume_under_load.py): a subscriber's
@@ -516,12 +527,7 @@ def test_a_subscriber_attached_elsewhere_before_its_router_noticed_gets_what_it_
     assert [len(e.messages[0]["moved"]) for e in acks] == [1], "the answer names #1"
     if answer_first:
         mesh.inflight = deque(sorted(mesh.inflight, key=lambda item: not isinstance(item[3], ControlReceived)))
-    mesh.settle()
-    copies = mesh.forwarded("B", moved)
-    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
-    for c in copies:
-        mesh.answer("B", moved, c.tag)
-    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for("A", d)] == [outcomes.ACCEPTED] * 2
+    _k_gets_m1_then_m2_at_b(mesh, moved, origin="A")
     mesh.advance(2)
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
 
@@ -743,12 +749,7 @@ def test_a_subscriber_that_moved_gets_nothing_before_every_router_said_what_may_
     assert not mesh.forwarded("B", moved), "#2 waits for C's answer"
     mesh.deliver_from("C", "B")  # C's answer, naming #1
     assert not mesh.forwarded("B", moved), "#2 waits for #1"
-    mesh.settle()
-    copies = mesh.forwarded("B", moved)
-    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
-    for c in copies:
-        mesh.answer("B", moved, c.tag)
-    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for("C", d)] == [outcomes.ACCEPTED] * 2
+    _k_gets_m1_then_m2_at_b(mesh, moved, origin="C")
 
 
 def test_a_copy_reaching_the_old_router_past_its_grace_is_owed_by_its_origin():
