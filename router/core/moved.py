@@ -360,7 +360,17 @@ class MovedSubscribers:
                 self.core.route_control(report_to, message, out)
                 continue
             state = self.owe_here(record, key)
-            record.own_targeted()[key] = report_to
+            first = record.targeted.get(key)
+            if first is None:
+                record.own_targeted()[key] = report_to
+            elif first != report_to:
+                # A second router addressed it to the same subscriber (it moved twice,
+                # and each old router passes on what comes for it): both wait for its
+                # answer, so both get it.
+                also = getattr(record, "also_targeted", None)
+                if also is None:
+                    also = record.also_targeted = {}
+                also.setdefault(key, set()).add(report_to)
             if state.outcome is not None:
                 self.report_targeted(record, key, out)
             elif not known and sub.link_id is not None:
@@ -377,6 +387,9 @@ class MovedSubscribers:
             message["cond"] = outcome.condition
             message["desc"] = outcome.description
         self.core.route_control(record.targeted[key], message, out)
+        also = getattr(record, "also_targeted", None)
+        for router_id in sorted(also.get(key, ())) if also else ():
+            self.core.route_control(router_id, dict(message), out)
 
     def expire_moved(self, changes: Iterable[Change], now: float, out: list[Command]) -> None:
         """Subscribers of a lost router that did not re-attach within their terminus

@@ -188,10 +188,14 @@ class DeliveryRecord:
         "arrived",
         "filtered",
         "watchers",
+        # also_targeted: subscriber key -> the other routers that addressed it a copy
+        #   (moved.py, accept_targeted; read with getattr)
+        "also_targeted",
     )
-    # The two optional slots' types (bare annotations: a value would clash with the slot).
+    # The optional slots' types (bare annotations: a value would clash with the slot).
     resent: bool
     final: int | None
+    also_targeted: dict[str, set[str]]
 
     def __init__(
         self,

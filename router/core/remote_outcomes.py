@@ -109,7 +109,11 @@ class RemoteOutcomesMixin(CoreState):
         final = message.get("o")
         if final not in outcomes.TERMINAL:
             final = None  # absent (an older router) or not an outcome code
-        if record is not None and (record.origin_router == sender or sender in record.targeted.values()):
+        if record is not None and (
+            record.origin_router == sender
+            or sender in record.targeted.values()
+            or any(sender in routers for routers in (getattr(record, "also_targeted", None) or {}).values())
+        ):
             if final is not None and record.origin_router is not None:
                 record.final = final
             self._settle_record(record, "origin-router", now, out)

@@ -784,6 +784,30 @@ def test_a_copy_reaching_the_old_router_past_its_grace_is_owed_by_its_origin():
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
+def test_a_subscriber_that_moved_twice_is_passed_a_copy_by_both_its_old_routers_and_answers_both():
+    """k moves from A to B and on to C, p's router, within A's and B's grace; each takes
+    it over and passes on what comes for it. C sends #1 to A and B (their retained
+    entries for k still count there) and to k directly; A and B each address a copy of
+    it to k at C. k's answer must reach both: before, the second copy's router replaced
+    the first's, which never answered C, and p never heard (found under CPU load by
+    tests/failover/test_moving_subscribers.py: 42 deliveries stuck until shutdown)."""
+    from router.core.events import MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    for to in ("B", "C"):
+        last = mesh.subscriber(to, "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []})
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    mesh.settle()
+    for c in mesh.forwarded("C", last):
+        mesh.answer("C", last, c.tag)
+    assert [decode(c.payload).body for c in mesh.forwarded("C", last)] == ["m1"]
+    assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED]
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
 # C never saw #1: it reaches C only as A's copy, once A noticed the old link drop.
 @pytest.mark.parametrize(
     "to, answer_first",
