@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router.core.announcements import RemoteSubscriberAdded, SubscriberKey, SubscriberMoved, validate_announcement
+from router.core.announcements import RemoteSubscriberAdded, SubscriberMoved, validate_announcement
 from router.core.commands import (
     Command,
     DetachLink,
@@ -23,6 +23,7 @@ from router.core.events import (
     PeerConnected,
     PeerLost,
 )
+from router.core.moved import _split_key
 from router.core.network import (
     announcement_from,
     link_state_from,
@@ -91,8 +92,7 @@ class ControlMixin(CoreState):
 
     def _moved_here(self, key: str) -> bool:
         """Whether subscriber ``key`` was held (attached or retained) at another router."""
-        container_id, _, link_name = key.partition("/")
-        return bool(self.net.membership.locations(SubscriberKey(container_id, link_name)))
+        return bool(self.net.membership.locations(_split_key(key)))
 
     def _on_peer_connected(self, ev: PeerConnected, now: float, out: list[Command]) -> None:
         known = self.net.membership.incarnation_of(ev.router_id)
@@ -245,10 +245,11 @@ class ControlMixin(CoreState):
 
     def _await_moved(self, key: str, link_id: int | None, moved: object, now: float, out: list[Command]) -> None:
         """A router answered our announcement of subscriber ``key`` (attach ``link_id``,
-        held until every router answers) with the deliveries it owed it and sends it
-        here: each not here yet gets a placeholder, holding back what comes after it in
-        its publisher stream. (Malformed entries are ignored: the copies themselves
-        still come, only their order is not guarded.)"""
+        held until every router answers; None: an answer after the announce timeout) with
+        the deliveries that may still come here addressed to it: each not owed to it here
+        yet gets a placeholder, holding back what comes after it in its publisher stream.
+        (Malformed entries are ignored: the copies themselves still come, only their
+        order is not guarded.)"""
         sub = self.subscriptions.get(key)
         if sub is None or sub.link_id is None or link_id not in (None, sub.link_id) or not isinstance(moved, list):
             return
