@@ -606,6 +606,9 @@ class Tables:
     #: Builds the per-delivery facts again reading every line permissively (set by
     #: prepare() when the facts read strictly: the first read found no malformed line).
     permissive: Callable[[], tuple[DataFrame, Observation]] | None = None
+    #: Whether some publisher delivery was received under more than one delivery id
+    #: (multiple_ids(): asked once, by the first proof that needs it).
+    _multiple_ids: bool | None = None
 
     def compute_facts(self) -> int:
         """The per-delivery pass (read, shuffle by delivery, every invariant), run
@@ -625,6 +628,16 @@ class Tables:
         self.facts = kept
         self.persisted.append(self.facts)
         return self.facts.count()
+
+    def multiple_ids(self) -> bool:
+        """Whether any publisher delivery (its publisher identity's 64-bit hash) was
+        received under more than one delivery id: usually not, and then the proofs
+        that merge a publisher delivery's ids (duplicates across ids, publisher and
+        application order) have nothing to merge and skip their grouping. One small job,
+        the first time (its shuffle carries one long per delivery)."""
+        if self._multiple_ids is None:
+            self._multiple_ids = bool(_id_counts(self).limit(1).collect())
+        return self._multiple_ids
 
     def unpersist(self) -> None:
         for frame in self.persisted:
@@ -1913,11 +1926,18 @@ def under_many_ids(t: Tables) -> DataFrame:
     counted by their 64-bit hash, so that the shuffle of one row per delivery carries
     a long instead of the identity's text (~8x smaller). Two identities sharing a
     hash only let more deliveries through; the callers group by the identity itself."""
+    received = t.facts.where(F.col("received"))
+    if not t.multiple_ids():
+        return received.where(F.lit(False))  # planned as an empty relation: nothing downstream runs
+    multi = _id_counts(t)
+    return received.join(F.broadcast(multi), F.xxhash64("pub_id") == multi["ph"], "left_semi")
+
+
+def _id_counts(t: Tables) -> DataFrame:
+    """(ph, ids): the publisher identities' hashes received under more than one delivery id."""
     hashed = F.xxhash64("pub_id")
-    multi = (
-        t.facts.where(F.col("received")).groupBy(hashed.alias("ph")).agg(F.count(F.lit(1)).alias("ids")).where(F.col("ids") > 1)
-    )
-    return t.facts.where(F.col("received")).join(F.broadcast(multi), hashed == multi["ph"], "left_semi")
+    received = t.facts.where(F.col("received"))
+    return received.groupBy(hashed.alias("ph")).agg(F.count(F.lit(1)).alias("ids")).where(F.col("ids") > 1)
 
 
 def duplicated_by_publisher(t: Tables) -> DataFrame:
@@ -1962,6 +1982,23 @@ def _order_violations(first_seen: DataFrame, partition: list[str], order: list[s
     return before.where(F.col("prev").isNotNull() & (F.col("stream_seq") < F.col("prev.stream_seq")))
 
 
+def _first_per_publisher_delivery(t: Tables, rows: DataFrame, partition: list[str], fields: list[str]) -> DataFrame:
+    """``rows`` (one per delivery id and ``partition``) reduced to one per publisher
+    delivery (``pub_id``) and ``partition``: the smallest ``fields`` (in order), so
+    that one publisher delivery under two ids counts once. When no publisher delivery
+    has two ids (Tables.multiple_ids()) every row is already its own (the usual case:
+    no grouping). Otherwise partitioned by ``partition`` once: the grouping and the
+    window over its rows (_order_violations) then share one shuffle."""
+    if not t.multiple_ids():
+        return rows.select(*partition, *fields)
+    return (
+        rows.repartition(*partition)
+        .groupBy(*partition, "pub_id")
+        .agg(F.min(F.struct(*fields)).alias("m"))
+        .select(*partition, "m.*")
+    )
+
+
 def out_of_order(t: Tables) -> DataFrame:
     """Per router, subscriber and publisher stream, the deliveries were sent to the
     subscriber in stream_seq order (each at its first send; one publisher delivery
@@ -1982,15 +2019,13 @@ def out_of_order(t: Tables) -> DataFrame:
             F.col("x.q").alias("seq"),
         )
     )
-    # Partitioned by (router, subscriber, stream) once: the grouping below and the
-    # window over its rows (_order_violations) then share this one shuffle.
-    first = (
-        sends.repartition("router", "subscriber", "stream")
-        .groupBy("router", "subscriber", "stream", "pub_id")
-        .agg(F.min(F.struct("epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag")).alias("m"))
-        .select("router", "subscriber", "stream", "m.*")
+    bad = _order_violations(
+        _first_per_publisher_delivery(
+            t, sends, ["router", "subscriber", "stream"], ["epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag"]
+        ),
+        ["router", "subscriber", "stream"],
+        ["epoch", "seq"],
     )
-    bad = _order_violations(first, ["router", "subscriber", "stream"], ["epoch", "seq"])
     return violations(
         bad,
         "out-of-order",
@@ -2092,11 +2127,8 @@ def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
             F.col("a.first.t").alias("ts"),
         )
     )
-    first = (  # one shuffle for the grouping and the window, as in out_of_order()
-        firsts.repartition("subscriber", "fid", "stream")
-        .groupBy("subscriber", "fid", "stream", "pub_id")
-        .agg(F.min(F.struct("line", "delivery", "stream_seq", "ts", "publisher", "pub_tag")).alias("m"))
-        .select("subscriber", "fid", "stream", "m.*")
+    first = _first_per_publisher_delivery(
+        t, firsts, ["subscriber", "fid", "stream"], ["line", "delivery", "stream_seq", "ts", "publisher", "pub_tag"]
     )
     bad = _order_violations(first, ["subscriber", "fid", "stream"], ["line"])
     rows.append(
