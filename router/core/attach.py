@@ -273,6 +273,7 @@ class AttachMixin(CoreState):
             address, ev.container_id, ev.name, durable=sub.durable, resumed=resumed, timeout=sub.timeout, before=sub.before
         )
         sub.announced = True
+        self.net.membership_changed()
         self._flood(announcement_message(announcement), None, out)
         waiting_for = self.net.reachable()
         if waiting_for:
@@ -440,6 +441,7 @@ class AttachMixin(CoreState):
         if sub.announced:
             detached = self.net.announcer.detached(sub.container_id, sub.name, closed=closed)
             sub.announced = detached.retained
+            self.net.membership_changed()
             self._flood(announcement_message(detached), None, out)
         if closed or not sub.durable or sub.timeout <= 0:
             self._end_subscription(sub, now, out, reason=reason)

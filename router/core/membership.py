@@ -93,6 +93,8 @@ Our own subscribers
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sortedcontainers import SortedDict, SortedSet
 
 from router.core.announcements import (  # noqa: F401  (re-exported: the table's vocabulary)
@@ -405,25 +407,35 @@ class MembershipTable:
             return [topic]
         return [topic, *sorted(str(p) for p in self._patterns.match(topic))]
 
-    def routers_with_subscribers(self, topic: str) -> frozenset[RouterId]:
+    def routers_with_subscribers(
+        self, topic: str, attached_here: Callable[[SubscriberKey], bool] | None = None
+    ) -> frozenset[RouterId]:
         """Routers (not lost) holding a subscription to ``topic`` (or to a pattern
         matching it), attached or retained; but not a retained one whose subscriber
-        attached at another router since: it moved on, and its old router gives it up
-        when it hears (what reaches that router meanwhile it passes on). Else origins
-        sent the old router a copy of everything for the topic until the subscription's
-        terminus timeout, answered "none" (or passed on, a second copy) each time."""
+        attached at another router since, or here (``attached_here``: this router's own
+        subscribers, which no other router's word covers): it moved on, and its old
+        router gives it up when it hears (what reaches that router meanwhile it passes
+        on). Else origins sent the old router a copy of everything for the topic until
+        the subscription's terminus timeout, answered "none" (or passed on, a second
+        copy) each time."""
         routers: set[RouterId] = set()
         for address in self._addresses(topic):
             for router, keys in self._by_topic.get(address, {}).items():
-                if router not in routers and self._reachable(router) and any(self._holds(router, key) for key in keys):
+                if (
+                    router not in routers
+                    and self._reachable(router)
+                    and any(self._holds(router, key, attached_here) for key in keys)
+                ):
                     routers.add(router)
         return frozenset(routers)
 
-    def _holds(self, router: RouterId, key: SubscriberKey) -> bool:
+    def _holds(self, router: RouterId, key: SubscriberKey, attached_here: Callable[[SubscriberKey], bool] | None) -> bool:
         """Whether ``router`` holds ``key``'s subscription: attached there, or retained
         there and attached nowhere else (the usual case, attached, decided first)."""
         if isinstance(self._views[router].entries[key].message, SubscriberAttached):
             return True
+        if attached_here is not None and attached_here(key):
+            return False
         where = self.where(key)
         return where is None or where == router
 
@@ -551,6 +563,10 @@ class LocalAnnouncer:
         )
         self._live[message.key] = message
         return message
+
+    def is_attached(self, key: SubscriberKey) -> bool:
+        """Whether ``key`` is attached here (not retained, not gone)."""
+        return isinstance(self._live.get(key), SubscriberAttached)
 
     def detached(self, container_id: str, link_name: str, *, closed: bool) -> SubscriberDetached:
         """A subscriber's link detached here. The subscription is retained (still

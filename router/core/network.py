@@ -118,10 +118,13 @@ class Network:
     def interested_routers(self, topic: str) -> frozenset[str]:
         routers = self._interest.get(topic)
         if routers is None:
-            routers = self._interest[topic] = self.membership.routers_with_subscribers(topic)
+            routers = self._interest[topic] = self.membership.routers_with_subscribers(topic, self.announcer.is_attached)
         return routers
 
     def membership_changed(self) -> None:
+        """Which routers are interested in what may have changed: the membership table
+        did, or one of our own subscribers attached or detached (another router's
+        retained entry of a subscriber attached here counts for nothing)."""
         self._interest.clear()
 
     # ---------------------------------------------------------------- changes

@@ -472,11 +472,16 @@ def test_a_router_handing_over_a_delivery_it_owes_nobody_answers_the_new_origin(
     routers); data and control are separate links, so the copy can reach A before the
     "stream-resumed" news. A, owing it to nobody any more, left that copy for the news
     and then deleted its record without answering: B waited for A for ever and the
-    publisher never heard. A must tell B "none" whichever comes first."""
+    publisher never heard. A must tell B "none" whichever comes first. (B sends A the
+    copy for j, who attached at A after #1: since B counts no other router's entry of a
+    subscriber attached at B itself, k's alone no longer makes it send one. Copy first,
+    A still holds #1 and owes it nobody; news first, A gave its record up and B's copy is
+    a delivery j is owed there like any other.)"""
     from router.core.events import DataReceived
 
     mesh, sub, incarnation, payload = _k_and_p_on_a_with_m1()
     (copy,) = mesh.forwarded("A", sub)
+    j = mesh.subscriber("A", "j", durable=2, timeout=60)
     resumed_sub = _resume_subscriber(mesh, "B", "k", [(copy.tag, "none")])
     mesh.detach("A", sub)  # A moves what it owed k to B
     _p_resumes_at_b_resending_m1(mesh, incarnation, payload)
@@ -485,6 +490,11 @@ def test_a_router_handing_over_a_delivery_it_owes_nobody_answers_the_new_origin(
     ordered = sorted(mesh.inflight, key=lambda item: isinstance(item[3], DataReceived) != copy_first)
     mesh.inflight.clear()
     mesh.inflight.extend(ordered)
+    mesh.settle()
+    copies = mesh.forwarded("A", j)
+    assert len(copies) == (0 if copy_first else 1)
+    for c in copies:
+        mesh.answer("A", j, c.tag)
     _k_accepts_at_b_and_m1_ends(mesh, resumed_sub)
 
 
@@ -630,6 +640,33 @@ def test_an_origin_stops_sending_the_old_router_copies_for_a_subscriber_that_mov
     (copy,) = mesh.forwarded("B", moved)
     mesh.answer("B", moved, copy.tag)
     assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED]
+
+
+@pytest.mark.parametrize("a_noticed", [False, True], ids=["a-heard-first", "a-noticed-first"])
+def test_an_origin_the_subscriber_moved_to_stops_sending_its_old_router_copies(a_noticed):
+    """k, durable at A, resumes at C, where p publishes. C, holding k itself, sends A no
+    copy: before, A's entry (retained there, or not yet given up) still counted at C, the
+    only router that had no other router's word for where k was, so C sent A a copy of
+    everything for the topic until k's terminus timeout, each passed back to C within A's
+    grace (a second copy for k) and answered "none" or "left" after it."""
+    from router.core.events import LinkDetached, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    if a_noticed:
+        mesh.feed("A", LinkDetached(sub, False))
+    moved = mesh.subscriber("C", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []})
+    mesh.settle()
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    assert not mesh.in_flight("C", "A") and not mesh.in_flight("C", "B")
+    (copy,) = mesh.forwarded("C", moved)
+    mesh.answer("C", moved, copy.tag)
+    assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED]
+    mesh.settle()
+    assert len(mesh.forwarded("C", moved)) == 1
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
 def _k_moves_to_b_while_c_sends_m1_to_a(x_at_b: bool):
