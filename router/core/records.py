@@ -270,8 +270,8 @@ class DeliveryRecord:
         # The subscriptions here whose selector did not select it (None: none did not):
         # never owed it; logged, so that the proof tells filtered from lost.
         self.filtered: list[str] | None = None
-        # Routers that asked whether it was settled ("settled?") before it was: told
-        # when it is (remote_outcomes.py).
+        # Routers that asked whether it was settled ("settled?") before it was, or
+        # answered it though we did not wait for them: told when it is (remote_outcomes.py).
         self.watchers: set[str] | None = None
         # Its topic is at-least-once (docs/guarantees.md): finished with no settlement
         # phase between routers and forgotten at once, never remembered as settled.

@@ -72,6 +72,18 @@ class RemoteOutcomesMixin(CoreState):
             self.resumption.on_left({"d": message["d"], "keys": message["left"], "from": sender}, now, out)
         state = record.remote_routers.get(sender)
         if state is None:
+            # A router we do not wait for answered: it holds a record of it all the same
+            # (an old origin its publisher left for us, answering for subscribers it has
+            # not noticed leave, who are here now), and only our settlement ends that
+            # record. Its answer takes no part in the outcome; it is told the end.
+            if isinstance(sender, str):
+                if record.pub_settled:
+                    self._route_control(sender, self._settle_message(record.tag, self._final_outcome(record), True), out)
+                else:
+                    watchers = record.watchers
+                    if watchers is None:
+                        watchers = record.watchers = set()
+                    watchers.add(sender)
             return
         code = message.get("o", outcomes.NONE)
         out.append(

@@ -422,7 +422,8 @@ class SettlementMixin(CoreState):
             self._release_bytes(topic, payload)
         watchers = record.watchers
         if watchers:
-            # Routers that asked whether it was settled ("settled?") while it was not.
+            # Routers that asked whether it was settled ("settled?") while it was not, or
+            # answered it though we did not wait for them.
             message = self._settle_message(record.tag, self._final_outcome(record), True)
             for router_id in sorted(watchers):
                 self._route_control(router_id, dict(message), out)

@@ -498,6 +498,31 @@ def test_a_router_handing_over_a_delivery_it_owes_nobody_answers_the_new_origin(
     _k_accepts_at_b_and_m1_ends(mesh, resumed_sub)
 
 
+def test_an_old_origin_answering_a_new_origin_that_does_not_wait_for_it_is_told_the_end():
+    """Found under CPU load (tests/failover/test_link_cut.py, test_resume_under_load [A]):
+    k accepted #1 at A, A told p, and both were cut off from A before p settled. Both
+    resume at B; A, not having noticed k go, hands #1 over to B and answers it for k. B,
+    where k is attached now, does not count A among the routers it waits for (k's entry
+    at A says nothing B does not know), so it ignored A's answer, never settled with A,
+    and A held its record until something else made it answer again: minutes. An
+    origin answered by a router it does not wait for tells that router the end too."""
+    mesh = Mesh("AB", [("A", "B")], twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P")  # settles after our outcome
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    payload = encode("m1")
+    d = mesh.publish("A", pub, b"1", payload=payload)
+    (copy,) = mesh.forwarded("A", sub)
+    _accept_unsettled(mesh, "A", sub, copy.tag)
+    assert [c.outcome for c in mesh.outcomes_for("A", d)] == [outcomes.ACCEPTED], "p heard, and was cut off"
+    resumed_sub = _resume_subscriber(mesh, "B", "k", [(copy.tag, "accepted")])
+    _p_resumes_at_b_resending_m1(mesh, incarnation, payload)
+    mesh.settle()
+    assert [e.kind for e in mesh.logs["A"] if e.kind == "origin-taken-over"] == ["origin-taken-over"]
+    assert "B" not in [r for rec in mesh.cores["B"].records.values() for r in rec.remote_routers], "B waits for nobody"
+    _k_accepts_at_b_and_m1_ends(mesh, resumed_sub)
+
+
 def _k_gets_m1_then_m2_at_b(mesh, moved, origin):
     """Everything in flight arrives: k, at B, gets #1 then #2 and accepts both; their
     origin tells p accepted for each."""
