@@ -191,7 +191,10 @@ class ControlMixin(CoreState):
         # The membership table's per-incarnation versions say so: what they keep grows
         # with the subscribers, not with every attach and detach ever seen.
         key = f"{announcement.container_id}/{announcement.link_name}"
-        held_here = key in self.subscriptions
+        held = self.subscriptions.get(key)
+        held_here = held is not None
+        # (its topics, asked before the news changes them: what is owed to it is there)
+        held_topics = self._topics_of(held) if held is not None and message["t"] == "sub+" else []
         # Where else the subscriber was held (attached or retained) before this news; not
         # a router we lost (what it was sent is owed to its durable subscribers already).
         came_from = (
@@ -219,7 +222,8 @@ class ControlMixin(CoreState):
                 # the same publisher stream goes out to it.
                 moved = [
                     record.tag.hex()
-                    for record in self.records.values()
+                    for topic in held_topics
+                    for record in topic.records.values()
                     if (state := record.moved.get(key)) is not None
                     and state.outcome is None
                     and state.router == announcement.router

@@ -21,7 +21,7 @@ from router.core.links import queue_in_order
 from router.core.msgfields import selector_env
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import DeliveryRecord, MovedState, SubscriberState
-from router.core.topictrie import is_pattern, matches
+from router.core.topictrie import matches
 
 #: How long a router passes on what origins still send it for a durable subscriber that
 #: moved on: they stop once they hear of the move, a flood away; this covers a busy
@@ -241,15 +241,14 @@ class MovedSubscribers:
         """The deliveries we are the origin of, for ``address`` (a topic or a pattern),
         that went to ``router_id`` and it has not answered (tags, hex): a durable
         subscriber that left it may still be passed them from there (owe_moved_away)."""
-        pattern = is_pattern(address)
         return [
             record.tag.hex()
-            for record in self.core.records.values()
+            for topic in self.core.topics_taken_by(address)
+            for record in topic.records.values()
             if record.origin_router is None
             and not record.pub_settled
             and (state := record.remote_routers.get(router_id)) is not None
             and state.outcome is None
-            and (matches(address, record.topic) if pattern else address == record.topic)
         ]
 
     def owe_moved_away(self, record: DeliveryRecord, keys: list[str], out: list[Command]) -> None:

@@ -129,6 +129,7 @@ class RouterCore(
         "base_header",
         "after_subscriber_outcome",
         "records_for",
+        "topics_taken_by",
         "answer_origin",
     )
     pump = AdmissionMixin._pump
@@ -523,6 +524,7 @@ class RouterCore(
         return sorted((r for t in topics for r in t.records.values()), key=lambda r: r.order)
 
     records_for = _records_for  # a service of the resumption component (SERVICES)
+    topics_taken_by = _topics_matching  # likewise
 
     def _drop_topic_if_idle(self, topic: Topic) -> None:
         if topic.idle() and self.topics.get(topic.name) is topic:

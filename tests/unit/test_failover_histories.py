@@ -227,8 +227,8 @@ class HistorySubscriber:
     moved: that connection is dead), hands a tag it does not hold to its application,
     answers on the link a delivery came by, and reports what it holds when it moves."""
 
-    def __init__(self, mesh: Mesh, router: str, link: int):
-        self.mesh, self.router, self.link = mesh, router, link
+    def __init__(self, mesh: Mesh, router: str, link: int, address: str = "t"):
+        self.mesh, self.router, self.link, self.address = mesh, router, link, address
         self.seen = 0
         self.moved = self.noticed = False
         self.app: list[str] = []  # what its application was handed, in order
@@ -268,7 +268,12 @@ class HistorySubscriber:
         reported = [[tag, state] for tag, (_, state) in self.held.items()]
         self.seen = len(self.mesh.client[to])
         self.link = self.mesh.attach_subscriber(
-            to, "k", durable=2, timeout=600, properties={"eorouter:resume": True, "eorouter:unsettled": reported}
+            to,
+            "k",
+            durable=2,
+            timeout=600,
+            topic=self.address,
+            properties={"eorouter:resume": True, "eorouter:unsettled": reported},
         )
         self.router = to
 
@@ -452,9 +457,12 @@ def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_str
     from router.core.events import LinkDetached
 
     mesh = Mesh(*TRIANGLE, twins=True, record_linger=data.draw(st.sampled_from([0.5, 5.0]), label="linger"))
-    sub = mesh.subscriber("A", "k", durable=2, timeout=600)
+    # k subscribes to the topic, or to a pattern matching it: what C names in its answer
+    # to k's announcement at B, and what A names, are the records of the topics k takes.
+    address = data.draw(st.sampled_from(["t", "+", "#"]), label="address")
+    sub = mesh.subscriber("A", "k", durable=2, timeout=600, topic=address)
     pub = mesh.publisher("C", name="p", container="P")
-    k = HistorySubscriber(mesh, "A", sub)
+    k = HistorySubscriber(mesh, "A", sub, address)
     sent: list[int] = []
     heard: dict[int, int] = {}
     seen = 0
