@@ -33,6 +33,7 @@ from cproton import ffi, lib
 from proton import Connection, Delivery, Endpoint, Handler, symbol
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
+from router.client.iohandler import new_container
 from router.client.ledger import Ledger
 from router.client.protocol import (
     RESUME,
@@ -251,7 +252,7 @@ class ResumableClient:
         if self._thread is not None:
             return self
         self._injector = EventInjector()
-        self._container = Container(_Wakeup(self))
+        self._container = new_container(_Wakeup(self))
         self._container.container_id = self.container_id
         self._container.selectable(self._injector)
         self._thread = threading.Thread(target=self._run, name=f"eorouter-{self.role}-{self.link_name}", daemon=True)

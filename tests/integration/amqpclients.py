@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 from cproton import ffi, lib
 from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus, symbol
-from proton.reactor import Container
+
+from router.client.iohandler import new_container
 
 OUTCOME_NAMES = {
     int(Delivery.RECEIVED): "received",
@@ -603,7 +604,7 @@ class Harness:
         self.timeout = timeout
         # Routers to watch while waiting: one that dies fails the wait at once, with its stderr.
         self.routers = routers or (lambda: [])
-        self.container = Container()
+        self.container = new_container()
         self.container.timeout = 0.05
         self.container.start()
         # The pure-Python reactor stops for good (REACTOR_FINAL) as soon as it has no
