@@ -643,6 +643,23 @@ def test_a_copy_passed_on_for_a_subscriber_that_moved_and_the_origins_own_copy_c
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
+def _k_leaves_a_for(to: str, a_noticed: bool):
+    """k, durable at A, resumes at ``to`` (p is at C); A gives the subscription up when it
+    hears, or first notices the old link drop and announces k detached and retained there.
+    Once everyone heard, p publishes #1. Returns (mesh, k's link at ``to``)."""
+    from router.core.events import LinkDetached, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    if a_noticed:
+        mesh.feed("A", LinkDetached(sub, False))
+    moved = mesh.subscriber(to, "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []})
+    mesh.settle()
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    return mesh, moved
+
+
 @pytest.mark.parametrize("a_noticed", [False, True], ids=["a-heard-first", "a-noticed-first"])
 def test_an_origin_stops_sending_the_old_router_copies_for_a_subscriber_that_moved_on(a_noticed):
     """k, durable at A, resumes at B; A gives the subscription up when it hears, or first
@@ -650,16 +667,9 @@ def test_an_origin_stops_sending_the_old_router_copies_for_a_subscriber_that_mov
     publishing once it heard of both, sends B its copy and A none: before, A's retained
     entry had C send A a copy of everything for the topic until k's terminus timeout,
     each answered "none" (or passed on to B as a second copy, within A's grace)."""
-    from router.core.events import DataReceived, LinkDetached, MessageReceived
+    from router.core.events import DataReceived
 
-    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
-    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
-    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
-    if a_noticed:
-        mesh.feed("A", LinkDetached(sub, False))
-    moved = mesh.subscriber("B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []})
-    mesh.settle()
-    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    mesh, moved = _k_leaves_a_for("B", a_noticed)
     assert [type(e) for e in mesh.in_flight("C", "B")] == [DataReceived] and not mesh.in_flight("C", "A")
     mesh.settle()
     (copy,) = mesh.forwarded("B", moved)
@@ -674,16 +684,7 @@ def test_an_origin_the_subscriber_moved_to_stops_sending_its_old_router_copies(a
     only router that had no other router's word for where k was, so C sent A a copy of
     everything for the topic until k's terminus timeout, each passed back to C within A's
     grace (a second copy for k) and answered "none" or "left" after it."""
-    from router.core.events import LinkDetached, MessageReceived
-
-    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
-    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
-    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
-    if a_noticed:
-        mesh.feed("A", LinkDetached(sub, False))
-    moved = mesh.subscriber("C", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []})
-    mesh.settle()
-    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    mesh, moved = _k_leaves_a_for("C", a_noticed)
     assert not mesh.in_flight("C", "A") and not mesh.in_flight("C", "B")
     (copy,) = mesh.forwarded("C", moved)
     mesh.answer("C", moved, copy.tag)
