@@ -315,7 +315,6 @@ class Resumption(MovedSubscribers):
         record.origin_router = new_origin
         record.remote_routers = EMPTY_MAP
         record.moved = EMPTY_MAP
-        record.targeted = EMPTY_MAP
         record.settle_pending = EMPTY_SET
         self.core.topics[record.topic].unsettled -= 1
         record.outcome = None

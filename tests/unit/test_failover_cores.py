@@ -1436,3 +1436,33 @@ def test_a_subscription_that_began_after_a_delivery_arrived_is_not_owed_it_when_
         mesh.settle_publisher("A", pub, d)
     mesh.advance(5)
     assert all(core.record_count() == 0 for name, core in mesh.cores.items() if name != "C")
+
+
+def test_a_subscriber_back_at_the_old_origin_answers_the_new_origin_for_what_it_was_passed():
+    """Found under CPU load (tests/failover/test_resume_under_load.py [A], subscribers
+    flapping A -> B -> A on missed heartbeats while their publisher was cut off from A):
+    k left A for B, where #1 (from A, the origin) was owed to it; k came back to A, and
+    B passed its obligation on to A as a copy addressed to k; then p resumed at B. A
+    handed #1 over to B and forgot that it owed B k's answer for the copy B addressed to
+    it; B waited for that answer for ever and p never heard."""
+    mesh = Mesh("AB", [("A", "B")], twins=True, record_linger=1.0)
+    sub = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("A", name="p", container="P")
+    incarnation = open_properties(mesh, "A", pub)[INCARNATION_PROPERTY]
+    at_b = _resume_subscriber(mesh, "B", "k", [])
+    mesh.detach("A", sub)
+    payload = encode("m1")
+    d = mesh.publish("A", pub, b"1", payload=payload)
+    mesh.settle()
+    (copy,) = mesh.forwarded("B", at_b)
+    back = _resume_subscriber(mesh, "A", "k", [(copy.tag, "none")])
+    mesh.detach("B", at_b)
+    mesh.settle()
+    _p_resumes_at_b_resending_m1(mesh, incarnation, payload)
+    mesh.settle()
+    for c in mesh.forwarded("A", back):
+        mesh.answer("A", back, c.tag)
+    assert [c.outcome for c in mesh.outcomes_for("B", 7)] == [outcomes.ACCEPTED]
+    assert len(mesh.forwarded("A", back)) == 1 and [c.outcome for c in mesh.outcomes_for("A", d)] == []
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0}
