@@ -80,10 +80,7 @@ class RemoteOutcomesMixin(CoreState):
                 if record.pub_settled:
                     self._route_control(sender, self._settle_message(record.tag, self._final_outcome(record), True), out)
                 else:
-                    watchers = record.watchers
-                    if watchers is None:
-                        watchers = record.watchers = set()
-                    watchers.add(sender)
+                    _watch(record, sender)
             return
         code = message.get("o", outcomes.NONE)
         out.append(
@@ -189,10 +186,7 @@ class RemoteOutcomesMixin(CoreState):
             # Not settled yet: told when it is (_settle_record), or the asker's
             # placeholder would hold its stream back until it times out, should the
             # delivery never come there (nobody there was owed it after all).
-            watchers = record.watchers
-            if watchers is None:
-                watchers = record.watchers = set()
-            watchers.add(message["from"])
+            _watch(record, message["from"])
 
     def _on_settle_ack(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         record = self.records.get(bytes.fromhex(message["d"]))
@@ -200,3 +194,10 @@ class RemoteOutcomesMixin(CoreState):
             return
         record.settle_pending.discard(message.get("from"))  # a set: the sender is in it
         self._maybe_delete(record, now, out)
+
+
+def _watch(record: DeliveryRecord, router_id: str) -> None:
+    """``router_id`` is sent the settlement of ``record`` when it comes (_settle_record)."""
+    if record.watchers is None:
+        record.watchers = set()
+    record.watchers.add(router_id)
