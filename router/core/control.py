@@ -214,24 +214,25 @@ class ControlMixin(CoreState):
         if message["t"] == "sub+":
             # Confirm even a duplicate: the announcing router may be holding an attach.
             ack: dict[str, Any] = {"t": "sub-ack", "key": key, "version": announcement.version}
-            if held_here:
-                # It held a subscription here and attached there: what it is owed here
-                # follows it as copies addressed to it (data), which this answer
-                # (control) may overtake. Named in the answer, so that the router holding
-                # its attach waits for each (a placeholder) before anything later of
-                # the same publisher stream goes out to it.
-                moved = [
-                    record.tag.hex()
-                    for topic in held_topics
-                    for record in topic.records.values()
-                    if (state := record.moved.get(key)) is not None
-                    and state.outcome is None
-                    and state.router == announcement.router
-                    and not record.pub_settled
-                ]
-                if moved:
-                    ack["moved"] = moved
-            elif came_from:
+            # What we owe it ourselves follows it as copies addressed to it (data), which
+            # this answer (control) may overtake: what it was owed here when it held a
+            # subscription here, or, as an origin, what we had sent a router we lost while
+            # it was there (owed to that router's durable subscribers). Named in the
+            # answer, so that the router holding its attach waits for each (a
+            # placeholder) before anything later of the same publisher stream goes out to
+            # it. (Without the second, a subscriber whose router died with our copies on
+            # their way there got a later delivery, sent to its new router for another
+            # subscriber, before them: found by the generated histories.)
+            moved = [
+                record.tag.hex()
+                for topic in (held_topics if held_here else self._topics_matching(announcement.topic))
+                for record in topic.records.values()
+                if (state := record.moved.get(key)) is not None
+                and state.outcome is None
+                and state.router == announcement.router
+                and not record.pub_settled
+            ]
+            if not held_here and came_from:
                 # It moved between two other routers. What we, its origin, sent the old
                 # one for its address and the old one has not answered, the old one
                 # may pass on to it, addressed to it, behind what we send the new one
@@ -239,12 +240,15 @@ class ControlMixin(CoreState):
                 # each of those streams back until each came (or settled).
                 via = [tag for old in came_from for tag in self.resumption.unanswered_at(old, announcement.topic)]
                 if via:
-                    ack["moved"] = via
                     moved_via = self.moved_via
                     for tag in [t for t in moved_via if t not in self.records]:
                         del moved_via[tag]  # (settled and gone meanwhile)
                     for entry in via:
                         moved_via.setdefault(bytes.fromhex(entry), set()).add(key)
+                    named = set(moved)
+                    moved.extend(tag for tag in via if tag not in named)
+            if moved:
+                ack["moved"] = moved
             self._route_control(announcement.router, ack, out)
 
     def _await_moved(self, key: str, link_id: int | None, moved: object, now: float, out: list[Command]) -> None:

@@ -990,6 +990,43 @@ def test_a_resumed_subscriber_sees_the_settlement_of_a_delivery_settled_before_t
     assert [(type(c).__name__, c.tag) for c in on_new_link] == [("Forward", copy.tag), ("SettleOutgoing", copy.tag)]
 
 
+def test_copies_an_origin_owes_a_dead_routers_subscriber_go_out_before_later_ones_it_sent_its_new_router():
+    """Found by the generated histories: A dies with #1, which C sent it for k, on its
+    way; k (which never got it) resumes at B, where x subscribed after #1. C owes #1 to
+    k, A's durable subscriber, and sends it to B addressed to k once it hears where k
+    is; but #2, sent to B for x, was there first, owed to k as well. C's answer to B's
+    announcement of k overtook the copy of #1 (control and data are separate links) and
+    did not name it: k got #2 before #1. It names what C itself sends k there now."""
+    from router.core.events import ControlReceived, DataReceived, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    (m1_to_a,) = mesh.in_flight("C", "A")
+    assert isinstance(m1_to_a, DataReceived), "#1 on its way to A"
+    x = mesh.attach_subscriber("B", "x", durable=2, timeout=60)
+    mesh.kill("A")  # (kill settles everything else: x is subscribed)
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2"), False))
+    mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))  # #2, for x (and k, attached here)
+    mesh.deliver_from("B", "C", len(mesh.in_flight("B", "C")))  # C hears of k at B: #1 goes there, addressed to k
+    (ack,) = [e for e in mesh.in_flight("C", "B") if isinstance(e, ControlReceived) and e.messages[0]["t"] == "sub-ack"]
+    assert m1_to_a.tag.hex() in ack.messages[0].get("moved", ()), "C's answer names #1"
+    mesh.inflight = deque(sorted(mesh.inflight, key=lambda item: not isinstance(item[3], ControlReceived)))
+    mesh.deliver_from("C", "B")  # the answer first
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
+    for link, copy in [(moved, c) for c in copies] + [(x, c) for c in mesh.forwarded("B", x)]:
+        mesh.answer("B", link, copy.tag)
+    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for("C", d)] == [outcomes.ACCEPTED] * 2
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items() if name != "A"} == {"B": 0, "C": 0}
+
+
 # ------------------------------------------------------------------ the dead origin's own subscribers
 
 
