@@ -41,6 +41,23 @@ def queue_in_order(queue: deque[DeliveryRecord], record: DeliveryRecord) -> None
     queue.append(record)
 
 
+def release_in_order(queue: deque[DeliveryRecord], held: list[DeliveryRecord], stream: bytes) -> None:
+    """Put a stream's records held back behind placeholders (``held``, in publisher order)
+    at the head of a subscriber's queue, merged with what of the same stream waits in the
+    queue: a copy passed on to a subscriber that moved here is queued when it comes, and
+    when that was before the placeholders were made (the origin's answer naming later
+    deliveries came after it) and the subscriber could not be sent it meanwhile, it comes
+    before them. (Put behind them, the application got #206 where #16 belonged: found by
+    tests/failover/test_moving_subscribers.py under CPU load.)"""
+    queued = [record for record in queue if record.tag[:STREAM_ID_SIZE] == stream]
+    if queued:
+        others = [record for record in queue if record.tag[:STREAM_ID_SIZE] != stream]
+        queue.clear()
+        queue.extend(others)
+        held = sorted([*held, *queued], key=_STREAM_SEQ)
+    queue.extendleft(reversed(held))
+
+
 class PublisherLink:
     __slots__ = (
         "link_id",

@@ -17,7 +17,7 @@ from router.core.commands import Command, DetachLink, Log
 from router.core.constants import _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
 from router.core.errors import ProtocolError
 from router.core.guarantees import AT_LEAST_ONCE
-from router.core.links import hold_in_order
+from router.core.links import hold_in_order, release_in_order
 from router.core.moved import MovedSubscribers
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import EMPTY_MAP, EMPTY_SET, DeliveryRecord, RouterState, SubscriberState
@@ -604,5 +604,6 @@ class Resumption(MovedSubscribers):
 
     def _release_held(self, sub: Subscription, stream: bytes) -> None:
         sub.placeholders.pop(stream, None)
-        held = sub.held.pop(stream, [])
-        sub.queue.extendleft(reversed(held))
+        held = sub.held.pop(stream, None)
+        if held:
+            release_in_order(sub.queue, held, stream)

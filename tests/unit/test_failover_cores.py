@@ -745,6 +745,42 @@ def test_a_copy_the_old_router_passes_on_reaches_the_subscriber_before_the_origi
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
+def test_copies_passed_on_before_the_origins_answer_go_out_before_the_later_ones_it_named():
+    """Found under CPU load (tests/failover/test_moving_subscribers.py, one run in ten: the
+    application got #206 where #16 belonged). A noticed k's loss first; k attached at B
+    and A, hearing of it, passed #1 on to B addressed to k, queued there (k's attach not
+    answered yet). C's answer to B's announcement came later and named #1 and #2, both
+    sent to A unanswered: a placeholder for #2, which A passed on too. Fulfilled while k
+    had no credit, #2 was put at the head of k's queue, ahead of #1 queued before it."""
+    from router.core.events import CreditChanged, DataReceived, LinkDetached, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    k = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P", rcv_first=True)
+    mesh.publish("C", pub, b"1", body="m1")
+    assert [decode(c.payload).body for c in mesh.forwarded("A", k)] == ["m1"], "sent to k, never answered"
+    mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2"), False))
+    (m2_to_a,) = mesh.in_flight("C", "A")
+    assert isinstance(m2_to_a, DataReceived)
+    mesh.feed("A", LinkDetached(k, False))  # A notices the loss first
+    for target in ("B", "C"):
+        mesh.deliver_from("A", target, len(mesh.in_flight("A", target)))
+    moved = mesh.attach_subscriber(
+        "B", "k", credit=0, durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))  # A hears of it: passes #1 on
+    mesh.deliver_from("A", "B", len(mesh.in_flight("A", "B")))  # the copy of #1, queued for k, and A's answer
+    mesh.deliver_from("B", "C", len(mesh.in_flight("B", "C")))  # C hears of it ...
+    mesh.deliver_from("C", "B", len(mesh.in_flight("C", "B")))  # ... and names #1 and #2: a placeholder for #2
+    assert [c.kind for c in mesh.logs["B"] if getattr(c, "kind", "").startswith("placeholder")] == ["placeholder-created"]
+    mesh.deliver_from("C", "A")  # #2 reaches A, which passes it on ...
+    mesh.deliver_from("A", "B", len(mesh.in_flight("A", "B")))  # ... fulfilling B's placeholder
+    mesh.feed("B", CreditChanged(moved, 10))
+    _k_gets_m1_then_m2_at_b(mesh, moved, origin="C")
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
 @pytest.mark.parametrize("x_at_b", [False, True], ids=["b-never-saw-1", "b-held-1-for-another"])
 def test_a_copy_the_old_router_never_passes_on_stops_holding_the_subscriber_once_settled(x_at_b):
     """As above, but k's selector does not select #1: A never passes it on. B's wait for
