@@ -319,6 +319,18 @@ def _plan(*actions: str, deliveries: int = 1):
     )
 
 
+def _milestones(*actions: str):
+    """Each of ``actions`` once, in any order, with up to 8 deliveries (each the head of
+    any link's queue) before each: a race that needs several messages to arrive in one
+    order between two steps, which a plan of steps drawn one by one rarely holds."""
+    deliveries = st.lists(st.tuples(st.just("deliver"), st.integers(0, 50)), max_size=8)
+    return (
+        st.permutations(actions)
+        .flatmap(lambda order: st.tuples(*[deliveries.map(lambda ds, a=a: [*ds, (a, 0)]) for a in order]))
+        .map(lambda parts: [step for part in parts for step in part])
+    )
+
+
 def _step(mesh: Mesh, k: HistorySubscriber, action: str, arg: int) -> None:
     """The steps every history takes alike (the others are its own)."""
     if action == "deliver":
@@ -332,6 +344,10 @@ def _step(mesh: Mesh, k: HistorySubscriber, action: str, arg: int) -> None:
             mesh.feed(name, mesh_timer())
     elif action == "sub-moves" and not k.moved:
         k.move("B")
+    elif action == "k-cut-off" and not k.moved:
+        k.cut()
+    elif action == "k-credit":
+        k.grant_credit()
 
 
 def _finish(mesh: Mesh, k: HistorySubscriber, hear, sent: list[int], heard: dict, in_order=lambda: True, others=()) -> None:
@@ -365,7 +381,7 @@ def _finish(mesh: Mesh, k: HistorySubscriber, hear, sent: list[int], heard: dict
         assert core.record_count() == 0, (name, list(core.records.values())[:3])
 
 
-moves = _plan("answer", "sub-moves", "pub-moves", "A-notices-sub", "A-notices-pub", "publish")
+moves = _plan("answer", "sub-moves", "pub-moves", "A-notices-sub", "A-notices-pub", "publish", "k-cut-off", "k-credit")
 #: messages a history publishes after its start (at the publisher's router then)
 MORE = 4
 
@@ -379,7 +395,24 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
     interleave in any order their links allow. The subscriber's application gets every
     message once, in order; the publisher hears "accepted" for every one; every record
     ends. (Its first failing history: B, the new origin, sent A its copy before the
-    "stream-resumed" news; A, owing it to nobody any more, never answered B.)"""
+    "stream-resumed" news; A, owing it to nobody any more, never answered B.) k's
+    connection may go dead before it moves, and its credit at B come late."""
+    _leaving_history(data, plan)
+
+
+leaving_milestones = _milestones(
+    "publish", "publish", "answer", "answer", "k-cut-off", "sub-moves", "pub-moves", "A-notices-sub", "A-notices-pub", "k-credit"
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), leaving_milestones)
+def test_a_subscriber_and_a_publisher_cut_off_from_a_live_router_finish_exactly_once(data, plan):
+    """As above, each step once in any order and the routers' messages racing between them."""
+    _leaving_history(data, plan)
+
+
+def _leaving_history(data, plan) -> None:
     from router.core.events import LinkDetached
 
     mesh = Mesh(*LINE, twins=True, record_linger=data.draw(st.sampled_from([0.5, 5.0]), label="linger"))
@@ -393,6 +426,7 @@ def test_a_subscriber_and_a_publisher_leaving_a_live_router_finish_exactly_once(
     for n in sent:
         mesh.feed("A", MessageReceived(pub, n, str(n).encode(), encode(f"m{n}"), False))
     k = HistorySubscriber(mesh, "A", sub)
+    k.credit_later = data.draw(st.booleans(), label="credit at B later")
     p = {"router": "A", "link": pub, "seen": 0, "moved": False, "noticed": False}
     delivery_of = {n: ("A", n) for n in sent}
     heard: dict[int, int] = {}
@@ -475,18 +509,6 @@ relay_moves = _plan(
     "k-credit",
     deliveries=4,
 )
-
-
-def _milestones(*actions: str):
-    """Each of ``actions`` once, in any order, with up to 8 deliveries (each the head of
-    any link's queue) before each: a race that needs several messages to arrive in one
-    order between two steps, which a plan of steps drawn one by one rarely holds."""
-    deliveries = st.lists(st.tuples(st.just("deliver"), st.integers(0, 50)), max_size=8)
-    return (
-        st.permutations(actions)
-        .flatmap(lambda order: st.tuples(*[deliveries.map(lambda ds, a=a: [*ds, (a, 0)]) for a in order]))
-        .map(lambda parts: [step for part in parts for step in part])
-    )
 
 
 relay_milestones = _milestones(
@@ -578,10 +600,6 @@ def _relay_history(data, plan) -> None:
             mesh.now += MOVED_AWAY_GRACE
             for name in mesh.cores:
                 mesh.feed(name, mesh_timer())
-        elif action == "k-credit":
-            k.grant_credit()
-        elif action == "k-cut-off" and not k.moved:
-            k.cut()
         elif action == "x-attaches" and not others:
             others.append(HistorySubscriber(mesh, "B", mesh.attach_subscriber("B", "x", durable=2, timeout=600)))
         k.receive()
