@@ -337,7 +337,12 @@ class Resumption(MovedSubscribers):
         out.append(Log("origin-taken-over", {"delivery": record.delivery_id, "from_router": old_origin}))
         record.origin_router = None
         record.header = None
-        record.targeted = EMPTY_MAP
+        # Who addressed copies to our subscribers (record.targeted) stays: as origin we
+        # count those subscribers ourselves (_owed_answers), but the router that passed
+        # a copy on to one (it had moved here from there) still waits for its answer,
+        # and only that answer lets it answer us and hear the end: wiped, it held its
+        # record for ever (the old origin, alive, had handed the delivery over to us
+        # and forgotten it; found by the generated histories).
         # Its outcome so far was our subscribers' answer to the old origin, not the
         # network's: the publisher hears only once everyone answered us.
         record.outcome = None

@@ -1063,6 +1063,38 @@ def test_copies_an_origin_owes_a_dead_routers_subscriber_go_out_before_later_one
     assert {name: core.record_count() for name, core in mesh.cores.items() if name != "A"} == {"B": 0, "C": 0}
 
 
+def test_a_new_origin_reports_to_the_router_that_passed_its_subscriber_a_copy():
+    """Found by the generated histories: #1, which C sent A, reaches A after k moved on
+    to B; A passes it on to B, addressed to k, and waits for k's answer. Then p resumes
+    at B: B takes over as origin (C, alive, hands the delivery over and forgets it). As
+    origin B counts k itself, but it also wiped who had addressed k its copy: it never
+    told A k's answer, A never answered, nobody settled with A, and A held its record
+    for ever."""
+    from router.core.events import LinkDetached, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    k = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P")
+    incarnation = open_properties(mesh, "C", pub)[INCARNATION_PROPERTY]
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))  # on its way to A
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.feed("A", LinkDetached(k, False))
+    mesh.settle()
+    (copy,) = mesh.forwarded("B", moved)
+    assert decode(copy.payload).body == "m1", "A passed #1 on to k at B"
+    resumed = resume_publisher(mesh, "B", incarnation, [[b"1", "none"]])
+    mesh.feed("B", MessageReceived(resumed, 2, b"1", encode("m1"), False))
+    mesh.settle()
+    mesh.answer("B", moved, copy.tag)
+    assert [c.outcome for c in mesh.outcomes_for("B", 2)] == [outcomes.ACCEPTED]
+    mesh.settle_publisher("B", resumed, 2)
+    mesh.advance(2)
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
 # ------------------------------------------------------------------ the dead origin's own subscribers
 
 

@@ -528,6 +528,21 @@ def test_a_subscriber_cut_off_from_a_live_router_gets_a_third_routers_stream_in_
     _relay_history(data, plan)
 
 
+relay_and_publisher_milestones = _milestones(
+    "publish", "publish", "publish", "k-cut-off", "sub-moves", "A-notices-sub", "pub-moves", "C-notices-pub", "answer"
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), relay_and_publisher_milestones)
+def test_a_subscriber_and_its_publisher_both_leaving_their_routers_finish_exactly_once_in_order(data, plan):
+    """As below, and p's connection to C dies too: it resumes at A (the router k left)
+    or at B (where k went), with what it has no outcome for, while C lives on and
+    notices at any moment; each step once in any order, the routers' messages racing
+    between them."""
+    _relay_history(data, plan)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data(), relay_moves)
 def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_stream_in_order(data, plan):
@@ -556,25 +571,53 @@ def _relay_history(data, plan) -> None:
     address = data.draw(st.sampled_from(["t", "+", "#"]), label="address")
     sub = mesh.subscriber("A", "k", durable=2, timeout=600, topic=address)
     pub = mesh.publisher("C", name="p", container="P")
+    (opened,) = [c for c in mesh.client["C"] if isinstance(c, OpenLink) and c.link_id == pub]
+    incarnation = opened.properties[INCARNATION_PROPERTY]
     k = HistorySubscriber(mesh, "A", sub, address)
     k.credit_later = data.draw(st.booleans(), label="credit at B later")
     sent: list[int] = []
     heard: dict[int, int] = {}
-    seen = 0
+    # p, the publisher: where it is attached, which of its messages is which delivery there
+    p = {"router": "C", "link": pub, "seen": 0, "noticed": False, "left": None}
+    delivery_of: dict[int, tuple[str, int]] = {}
+    next_delivery = iter(range(1, 10_000))
 
     def publish():
         if len(sent) < 6:
             n = len(sent) + 1
             sent.append(n)
-            mesh.feed("C", MessageReceived(pub, n, str(n).encode(), encode(f"m{n}"), False))
+            d = next(next_delivery)
+            delivery_of[n] = (p["router"], d)
+            mesh.feed(p["router"], MessageReceived(p["link"], d, str(n).encode(), encode(f"m{n}"), False))
 
     def hear():
-        nonlocal seen
-        for c in mesh.client["C"][seen:]:
-            if isinstance(c, SendOutcome) and c.delivery not in heard:
-                heard[c.delivery] = c.outcome
-                mesh.feed("C", PublisherSettled(pub, c.delivery))
-        seen = len(mesh.client["C"])
+        commands = mesh.client[p["router"]] if p["router"] in mesh.cores else []
+        for c in commands[p["seen"] :]:
+            if isinstance(c, SendOutcome):
+                for n, (r, d) in delivery_of.items():
+                    if r == p["router"] and d == c.delivery and n not in heard:
+                        heard[n] = c.outcome
+                        mesh.feed(p["router"], PublisherSettled(p["link"], d))
+        p["seen"] = len(commands)
+
+    def pub_moves(to: str) -> None:
+        """p's connection dies and it resumes at ``to`` with what it has no outcome for,
+        sending each again; the router it left notices when ``notice_pub`` says."""
+        hear()
+        if p["left"] is None:
+            p["left"] = (p["router"], p["link"])
+        unsettled = [n for n in sent if n not in heard]
+        p.update(router=to, seen=len(mesh.client[to]))
+        p["link"] = resume_publisher(mesh, to, incarnation, [str(n).encode() for n in unsettled], False)
+        for n in unsettled:
+            d = next(next_delivery)
+            delivery_of[n] = (to, d)
+            mesh.feed(to, MessageReceived(p["link"], d, str(n).encode(), encode(f"m{n}"), False))
+
+    def notice_pub() -> None:
+        if p["left"] is not None and not p["noticed"] and p["left"][0] in mesh.cores:
+            p["noticed"] = True
+            mesh.feed(p["left"][0], ConnectionLost(p["left"][1]))
 
     for _ in range(data.draw(st.integers(0, 2), label="messages first")):
         publish()
@@ -594,6 +637,12 @@ def _relay_history(data, plan) -> None:
                 mesh.feed(other, PeerLost(mesh.links.pop(pair), "A"))
             if not k.moved:
                 k.move("B")
+            if p["router"] == "A":
+                pub_moves("B")
+        elif action == "pub-moves" and p["left"] is None:
+            pub_moves(data.draw(st.sampled_from(["A", "B"] if "A" in mesh.cores else ["B"]), label="p resumes at"))
+        elif action == "C-notices-pub":
+            notice_pub()
         elif action == "publish":
             publish()
         elif action == "pause":  # longer than A passes on what comes for k after it moved
@@ -608,6 +657,7 @@ def _relay_history(data, plan) -> None:
         k.move("B")
     if not k.noticed and "A" in mesh.cores:
         mesh.feed("A", LinkDetached(sub, False))
+    notice_pub()
     # Publisher order across the move holds when every router confirmed k's attach at B
     # in time (docs/inter-router.md, "The moving race"); past the announce timeout, B
     # answered it without knowing what still comes by way of A.
