@@ -71,6 +71,7 @@ class CoreState:
     _answered_early: set[str]
     _last_sent: dict[tuple[bytes, str], int]
     _chain_head: dict[bytes, int]
+    _chain_start: dict[bytes, tuple[int, str]]
     _held: dict[bytes, dict[int, tuple[DataReceived, dict[str, Any]]]]
     draining: bool
 

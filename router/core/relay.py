@@ -131,6 +131,10 @@ class RelayMixin(CoreState):
         stream = ev.tag[: tags.STREAM_ID_SIZE]
         prev = (header.get("prev") or {}).get(self.settings.router_id, -1)
         head = self._chain_head.get(stream)
+        if prev == -1 and stream not in self._chain_start and ev.tag not in self.records and not header.get("for"):
+            # (Not a copy addressed to particular subscribers: it says nothing of what
+            # its origin sent us for the others.)
+            self._chain_start[stream] = (header.get("seq", 0), header["origin"])
         if ev.tag in self.records or prev == -1 or (head is not None and prev <= head):
             self._deliver_chain(stream, ev, header, now, out)
             return
@@ -188,6 +192,17 @@ class RelayMixin(CoreState):
         if targets and topic is not None:
             self._new_targeted_record(ev, header, topic, targets, report_to, now, out)
             return
+        if self._before_its_chain_here(tag, header, origin):
+            # Older than the first delivery its stream's first origin sent us, and from
+            # another origin (its publisher resumed there, which sends what it took over
+            # to every router interested now): that origin never sent it here, so nobody
+            # here was owed it then (it was published before they were known), and our
+            # subscribers had later ones of its stream already. Delivered now, it came
+            # after them (found by the generated histories: a subscriber that joined
+            # while its publisher moved got #3, then #1 and #2 from the new origin).
+            self._route_control(origin, {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE}, out)
+            out.append(Log("dropped", {"delivery": tag.hex(), "reason": "older than its stream's first delivery here"}))
+            return
         # Sent here for a subscriber that has moved on (its origin had not heard yet)
         away = self.resumption.moved_away_for(header["topic"], now) if self.moved_away and not targets else []
         if away:
@@ -209,6 +224,10 @@ class RelayMixin(CoreState):
             # Before our answer, which waits for our subscribers (same route: in order).
             self._route_control(origin, {"t": "left", "d": tag.hex(), "keys": left}, out)
         self._new_relayed_record(ev, header, topic, now, out)
+
+    def _before_its_chain_here(self, tag: bytes, header: dict[str, Any], origin: str) -> bool:
+        start = self._chain_start.get(tag[: tags.STREAM_ID_SIZE]) if self._chain_start else None
+        return start is not None and header.get("seq", 0) < start[0] and origin != start[1]
 
     def _known_copy(
         self, record: DeliveryRecord, origin: str, targets: list[str] | None, report_to: str, now: float, out: list[Command]

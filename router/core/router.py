@@ -221,6 +221,9 @@ class RouterCore(
         # Publisher order across routers (docs/inter-router.md, "publisher order"):
         self._last_sent: dict[tuple[bytes, str], int] = {}  # (stream, router) -> last stream_seq sent
         self._chain_head: dict[bytes, int] = {}  # stream -> last stream_seq delivered here
+        # stream -> (stream_seq, origin) of the first delivery its origin sent here (its
+        # "prev" for us -1): that origin never sent us anything of the stream before it
+        self._chain_start: dict[bytes, tuple[int, str]] = {}
         self._held: dict[bytes, dict[int, tuple[DataReceived, dict[str, Any]]]] = {}  # stream -> {prev seq: (event, header)}
         self.draining = False
         self._drain_deadline: float | None = None
@@ -428,6 +431,7 @@ class RouterCore(
         for stream in forgotten:
             self.stream_seq.pop(stream, None)
             self._chain_head.pop(stream, None)
+            self._chain_start.pop(stream, None)
         if forgotten:
             out.append(Log("streams-forgotten", {"count": len(forgotten), "remembered": len(self.settled.streams)}))
         horizon = now - self.settled.horizon
