@@ -1095,12 +1095,10 @@ def test_a_new_origin_reports_to_the_router_that_passed_its_subscriber_a_copy():
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
-def test_a_new_origin_sends_a_joining_subscriber_nothing_older_than_what_it_had():
-    """Found by the generated histories: x attaches at B while p publishes at C; #1 goes
-    to A only (k is there; C has not heard of x yet), #2 to A and B, and x gets #2. Then
-    p resumes at A, which takes both over and sends them to every router interested now:
-    B got #1 as new and gave it to x after #2. C never sent B #1 (#2 was the first of
-    the stream it sent B), so nobody at B was owed it: B answers A "none"."""
+def _x_joins_at_b_then_p_resumes_at(router: str):
+    """k at A; x attaches at B while p publishes at C: #1 goes to A only (C has not heard
+    of x yet), #2 to A and B, and x gets #2. Then p resumes at ``router``, resending both.
+    Returns (mesh, k's link, x's link, p's resumed link)."""
     from router.core.events import MessageReceived
 
     mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
@@ -1108,15 +1106,25 @@ def test_a_new_origin_sends_a_joining_subscriber_nothing_older_than_what_it_had(
     pub = mesh.publisher("C", name="p", container="P")
     incarnation = open_properties(mesh, "C", pub)[INCARNATION_PROPERTY]
     x = mesh.attach_subscriber("B", "x", durable=2, timeout=60)
-    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))  # before C heard of x: to A only
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
     mesh.settle()
     mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2"), False))
     mesh.settle()
     assert [decode(c.payload).body for c in mesh.forwarded("B", x)] == ["m2"]
-    resumed = resume_publisher(mesh, "A", incarnation, [[b"1", "none"], [b"2", "none"]])
+    resumed = resume_publisher(mesh, router, incarnation, [[b"1", "none"], [b"2", "none"]])
     for d, n in ((3, b"1"), (4, b"2")):
-        mesh.feed("A", MessageReceived(resumed, d, n, encode(f"m{int(n)}"), False))
+        mesh.feed(router, MessageReceived(resumed, d, n, encode(f"m{int(n)}"), False))
     mesh.settle()
+    return mesh, k, x, resumed
+
+
+def test_a_new_origin_sends_a_joining_subscriber_nothing_older_than_what_it_had():
+    """Found by the generated histories: x attaches at B while p publishes at C; #1 goes
+    to A only (k is there; C has not heard of x yet), #2 to A and B, and x gets #2. Then
+    p resumes at A, which takes both over and sends them to every router interested now:
+    B got #1 as new and gave it to x after #2. C never sent B #1 (#2 was the first of
+    the stream it sent B), so nobody at B was owed it: B answers A "none"."""
+    mesh, k, x, resumed = _x_joins_at_b_then_p_resumes_at("A")
     assert [decode(c.payload).body for c in mesh.forwarded("B", x)] == ["m2"], "nothing older after it"
     assert [decode(c.payload).body for c in mesh.forwarded("A", k)] == ["m1", "m2"]
     for link, router in ((k, "A"), (x, "B")):
@@ -1142,22 +1150,7 @@ def test_a_publisher_resuming_where_a_later_delivery_of_its_stream_went_first():
     #1 and #2: B, never having seen #1, takes it as a new delivery owed to x, numbered
     after #2, and x gets #1 after #2. (C never sent #1 to B: x, not owed it, should not
     get it at all, and what B holds must go out in the publisher's order.)"""
-    from router.core.events import MessageReceived
-
-    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
-    mesh.subscriber("A", "k", durable=2, timeout=60)
-    pub = mesh.publisher("C", name="p", container="P")
-    incarnation = open_properties(mesh, "C", pub)[INCARNATION_PROPERTY]
-    x = mesh.attach_subscriber("B", "x", durable=2, timeout=60)
-    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))  # before C heard of x: to A only
-    mesh.settle()
-    mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2"), False))
-    mesh.settle()
-    assert [decode(c.payload).body for c in mesh.forwarded("B", x)] == ["m2"]
-    resumed = resume_publisher(mesh, "B", incarnation, [[b"1", "none"], [b"2", "none"]])
-    for d, n in ((3, b"1"), (4, b"2")):
-        mesh.feed("B", MessageReceived(resumed, d, n, encode(f"m{int(n)}"), False))
-    mesh.settle()
+    mesh, _, x, _ = _x_joins_at_b_then_p_resumes_at("B")
     assert [decode(c.payload).body for c in mesh.forwarded("B", x)] == ["m2"], "nothing older after it"
 
 
