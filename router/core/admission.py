@@ -50,6 +50,11 @@ else:
     CoreState = object  # declarations for mypy only: no base class at run time
 
 
+#: A resend of a delivery never seen here that is older than a delivery of its stream
+#: its old origin sent here (``_predates_what_its_old_origin_sent_here``).
+PREDATES = 2
+
+
 class AdmissionMixin(CoreState):
     def _on_message(self, ev: MessageReceived, now: float, out: list[Command]) -> None:
         """A publisher's transfer: counted against its credit and the topic's size
@@ -91,7 +96,7 @@ class AdmissionMixin(CoreState):
             return
         topic.published += 1
         record = self._new_record(pub, topic, ev, seq, named, prepared, now)
-        self._fan_out(record, prepared[0], pub, topic, ev, size, now, out)
+        self._fan_out(record, prepared[0], pub, topic, ev, size, now, out, named[2] == PREDATES)
 
     def _refuse_while_draining(self, ev: MessageReceived, out: list[Command]) -> None:
         """A shutting-down router takes nothing new: released, so the publisher may
@@ -115,7 +120,7 @@ class AdmissionMixin(CoreState):
         topic: Topic,
         ev: MessageReceived,
         seq: int,
-        named: tuple[bytes, int, bool],
+        named: tuple[bytes, int, int],
         prepared: tuple[bytes, float | None],
         now: float,
     ) -> DeliveryRecord:
@@ -151,8 +156,8 @@ class AdmissionMixin(CoreState):
 
     def _name_delivery(
         self, pub: PublisherLink, topic: Topic, ev: MessageReceived, now: float, out: list[Command]
-    ) -> tuple[bytes, int, bool] | None:
-        """(outgoing tag, reuse count, resent?) of a transfer: a new delivery, a resend
+    ) -> tuple[bytes, int, int] | None:
+        """(outgoing tag, reuse count, resent: 0, 1 or PREDATES) of a transfer: a new delivery, a resend
         of one the publisher reported unsettled when it resumed (answered here when
         this router knows its end), or a reuse of a settled tag. None: answered."""
         ptag = ev.tag
@@ -165,13 +170,13 @@ class AdmissionMixin(CoreState):
                 self._refuse(ev.delivery, err.condition, err.description, out)
                 return None
         reuse = 0
-        resent = False
+        resent = 0
         existing = self.records.get(tag)
         resending = pub.resending
         alo = topic.guarantee.mode == AT_LEAST_ONCE
         if resending is not None and ptag in resending:
             resending.discard(ptag)
-            resent = True  # a resend of a delivery it reported unsettled: never a reuse
+            resent = 1  # a resend of a delivery it reported unsettled: never a reuse
             # (At-least-once keeps no settled memory to consult, docs/guarantees.md: a
             # resend this router no longer holds is delivered again.)
             if existing is None and not alo:
@@ -186,6 +191,8 @@ class AdmissionMixin(CoreState):
                     self._refuse_beyond_horizon(tag, ev.delivery, out)
                     self._refill_credit(topic, out)
                     return None
+                if self._predates_what_its_old_origin_sent_here(pub, resending):
+                    return tag, reuse, PREDATES
         elif existing is None and not alo:
             # ``tag in self.settled``, inlined: once per message
             memory = pub.memory
@@ -202,13 +209,32 @@ class AdmissionMixin(CoreState):
             reuse = existing_reuse
         return tag, reuse, resent
 
+    def _predates_what_its_old_origin_sent_here(self, pub: PublisherLink, resending: set[bytes]) -> bool:
+        """A resumed publisher resends, in its order, what it reported unsettled; this
+        resend names a delivery we never saw. Another router, its origin before, sent us
+        a delivery of the stream that the publisher has yet to resend (a later one):
+        that router sent us nothing of the stream before that one, so it never sent us
+        this one, and our subscribers then were not owed it (docs/inter-router.md, "A
+        publisher moving too")."""
+        start = self._chain_start.get(pub.stream) if self._chain_start else None
+        if start is None or start[1] == self.settings.router_id:
+            return False
+        stream = pub.stream
+        for ptag in resending:
+            record = self.records.get(tags.outgoing_tag(stream, ptag))
+            # (Held, its resend still to come: another router sent it us. We may have
+            # taken it over as origin already, at the resume.)
+            if record is not None and record.stream_seq >= start[0]:
+                return True
+        return False
+
     def _existing_delivery(
         self,
         existing: DeliveryRecord,
         pub: PublisherLink,
         topic: Topic,
         ev: MessageReceived,
-        resent: bool,
+        resent: int,
         now: float,
         out: list[Command],
     ) -> int | None:
@@ -283,11 +309,14 @@ class AdmissionMixin(CoreState):
         size: int,
         now: float,
         out: list[Command],
+        predates: bool = False,
     ) -> None:
         """A new delivery: owed to the topic's subscribers here (sent to those who can
         take it) and to every interested router, logged, and kept. ``payload``: the
-        record's message (the caller's reference: the record's field is optional)."""
-        owed, sent_to, best_effort = self._distribute(record, topic, out)
+        record's message (the caller's reference: the record's field is optional).
+        ``predates``: a resend older than what its old origin sent here: owed only to
+        subscribers that moved here from elsewhere or wait for it (a placeholder)."""
+        owed, sent_to, best_effort = self._distribute(record, topic, out, self._moved_in(record, topic) if predates else None)
         record.waiting = len(owed)  # every owed subscriber is yet to answer
         routers = None
         interested = self.net._interest.get(topic.name)  # Network.interested_routers' cache, read inline
@@ -388,16 +417,30 @@ class AdmissionMixin(CoreState):
             )
         )
 
-    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list[Command]) -> tuple[list[str], list[str], bool]:
-        """Owe ``record`` to the topic's subscriptions and send it to those that can
-        take it now; the others get it from their queue, or on re-attach. The record
-        is compact (records.py): it shares the topic's roster and holds one answer
-        byte per subscriber. Returns (keys owed, keys sent to, whether best-effort
-        subscribers exist); the lists are shared: never change them."""
+    def _moved_in(self, record: DeliveryRecord, topic: Topic) -> Roster:
+        """The topic's owed subscriptions that moved here from another router (held
+        there, as far as we know) or wait for ``record`` (a placeholder)."""
+        stream = record.tag[: tags.STREAM_ID_SIZE]
+        return Roster(
+            sub
+            for sub in topic.subscriptions.values()
+            if not sub.best_effort and (self._moved_here(sub.key) or record.tag in sub.placeholders.get(stream, ()))
+        )
+
+    def _distribute(
+        self, record: DeliveryRecord, topic: Topic, out: list[Command], only: Roster | None = None
+    ) -> tuple[list[str], list[str], bool]:
+        """Owe ``record`` to the topic's subscriptions (``only``'s, when given) and send it
+        to those that can take it now; the others get it from their queue, or on
+        re-attach. The record is compact (records.py): it shares the topic's roster and
+        holds one answer byte per subscriber. Returns (keys owed, keys sent to, whether
+        best-effort subscribers exist); the lists are shared: never change them."""
         roster = topic.roster
         if roster is None:
             roster = topic.roster = Roster(sub for sub in topic.subscriptions.values() if not sub.best_effort)
         best_effort = len(roster.subs) != len(topic.subscriptions)
+        if only is not None:
+            roster = only
         if roster.selective:
             # One selector here (the usual) that selects it: its test, inlined; anything
             # else (several selectors, or it does not select it) is selected_roster's.

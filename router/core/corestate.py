@@ -25,7 +25,7 @@ from router.core.message import OriginTemplate
 from router.core.moved import MovedAway
 from router.core.network import Network
 from router.core.outcomes import Outcome
-from router.core.records import DeliveryRecord
+from router.core.records import DeliveryRecord, Roster
 from router.core.resumption import Resumption
 from router.core.settings import CoreSettings
 from router.core.settled import SettledMemory
@@ -98,7 +98,9 @@ class CoreState:
     def _drop_topic_if_idle(self, topic: Topic) -> None: ...
 
     # admission
-    def _distribute(self, record: DeliveryRecord, topic: Topic, out: list[Command]) -> tuple[list[str], list[str], bool]:
+    def _distribute(
+        self, record: DeliveryRecord, topic: Topic, out: list[Command], only: Roster | None = None
+    ) -> tuple[list[str], list[str], bool]:
         raise NotImplementedError
 
     def _pump(self, sub: Subscription, now: float, out: list[Command]) -> None: ...
@@ -129,6 +131,9 @@ class CoreState:
     # control
     def _flood(self, message: dict[str, Any], source: str | None, out: list[Command]) -> None: ...
     def _route_control(self, to: str, message: dict[str, Any], out: list[Command]) -> bool:
+        raise NotImplementedError
+
+    def _moved_here(self, key: str) -> bool:
         raise NotImplementedError
 
     # remote outcomes

@@ -1138,11 +1138,6 @@ def test_a_new_origin_sends_a_joining_subscriber_nothing_older_than_what_it_had(
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a new origin numbers a resend of a delivery it never saw after the later ones of its "
-    "stream it already holds (docs/inter-router.md, 'What is left')",
-)
 def test_a_publisher_resuming_where_a_later_delivery_of_its_stream_went_first():
     """Found by the generated histories (a publisher leaving its router while a subscriber
     joins elsewhere): x attaches at B while p publishes at C; #1 goes to A only (C has
@@ -1150,8 +1145,18 @@ def test_a_publisher_resuming_where_a_later_delivery_of_its_stream_went_first():
     #1 and #2: B, never having seen #1, takes it as a new delivery owed to x, numbered
     after #2, and x gets #1 after #2. (C never sent #1 to B: x, not owed it, should not
     get it at all, and what B holds must go out in the publisher's order.)"""
-    mesh, _, x, _ = _x_joins_at_b_then_p_resumes_at("B")
+    mesh, k, x, resumed = _x_joins_at_b_then_p_resumes_at("B")
     assert [decode(c.payload).body for c in mesh.forwarded("B", x)] == ["m2"], "nothing older after it"
+    assert [decode(c.payload).body for c in mesh.forwarded("A", k)] == ["m1", "m2"]
+    for link, router in ((k, "A"), (x, "B")):
+        for c in mesh.forwarded(router, link):
+            mesh.answer(router, link, c.tag)
+    assert [c.outcome for d in (3, 4) for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED] * 2
+    for d in (3, 4):
+        mesh.settle_publisher("B", resumed, d)
+    mesh.advance(2)
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
 # ------------------------------------------------------------------ the dead origin's own subscribers

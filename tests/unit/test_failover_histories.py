@@ -652,10 +652,10 @@ def _relay_history(data, plan) -> None:
                 pub_moves("B")
         elif action == "pub-moves" and p["left"] is None:
             # (At A, the router k left. Not at B, where C may have sent later deliveries of
-            # p's stream than the ones p resends there: a known hole, see
-            # test_a_publisher_resuming_where_a_later_delivery_of_its_stream_went_first in
-            # test_failover_cores.py; nor past the grace A passes copies on for k: "pause"
-            # is left out of this plan, which found holes there too, not yet closed.)
+            # p's stream than the ones p resends there: k, moving there too, may get them
+            # out of order, a hole still open (docs/inter-router.md, "What is left"); nor
+            # past the grace A passes copies on for k ("pause" is left out of this plan)
+            # or after a second failover ("A-dies"), holes still open there too.)
             pub_moves("A" if "A" in mesh.cores else "B")
         elif action == "C-notices-pub":
             notice_pub()
