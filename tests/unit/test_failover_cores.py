@@ -1118,42 +1118,25 @@ def _x_joins_at_b_then_p_resumes_at(router: str):
     return mesh, k, x, resumed
 
 
-def test_a_new_origin_sends_a_joining_subscriber_nothing_older_than_what_it_had():
+@pytest.mark.parametrize("resumes_at", ["A", "B"], ids=["at-a-new-origin-sends-b", "at-b-itself"])
+def test_a_joining_subscriber_gets_nothing_older_than_what_it_had_when_its_publisher_resumes(resumes_at):
     """Found by the generated histories: x attaches at B while p publishes at C; #1 goes
-    to A only (k is there; C has not heard of x yet), #2 to A and B, and x gets #2. Then
-    p resumes at A, which takes both over and sends them to every router interested now:
-    B got #1 as new and gave it to x after #2. C never sent B #1 (#2 was the first of
-    the stream it sent B), so nobody at B was owed it: B answers A "none"."""
-    mesh, k, x, resumed = _x_joins_at_b_then_p_resumes_at("A")
+    to A only (k is there; C has not heard of x yet), #2 to A and B, and x gets #2. C
+    never sent B #1 (#2 was the first of the stream it sent B), so nobody at B was owed
+    it. Then p resumes and resends both: at A, which takes them over and sends them to
+    every router interested now, B got #1 as new and gave it to x after #2 (now B
+    answers A "none"); at B itself, B took the resend of #1, which it never saw, as a
+    new delivery owed to x (now it is owed only to subscribers that moved to B or wait
+    for it)."""
+    mesh, k, x, resumed = _x_joins_at_b_then_p_resumes_at(resumes_at)
     assert [decode(c.payload).body for c in mesh.forwarded("B", x)] == ["m2"], "nothing older after it"
     assert [decode(c.payload).body for c in mesh.forwarded("A", k)] == ["m1", "m2"]
     for link, router in ((k, "A"), (x, "B")):
         for c in mesh.forwarded(router, link):
             mesh.answer(router, link, c.tag)
-    assert [c.outcome for d in (3, 4) for c in mesh.outcomes_for("A", d)] == [outcomes.ACCEPTED] * 2
+    assert [c.outcome for d in (3, 4) for c in mesh.outcomes_for(resumes_at, d)] == [outcomes.ACCEPTED] * 2
     for d in (3, 4):
-        mesh.settle_publisher("A", resumed, d)
-    mesh.advance(2)
-    mesh.advance(2)
-    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
-
-
-def test_a_publisher_resuming_where_a_later_delivery_of_its_stream_went_first():
-    """Found by the generated histories (a publisher leaving its router while a subscriber
-    joins elsewhere): x attaches at B while p publishes at C; #1 goes to A only (C has
-    not heard of x yet), #2 to A and B, and x gets #2. Then p resumes at B and resends
-    #1 and #2: B, never having seen #1, takes it as a new delivery owed to x, numbered
-    after #2, and x gets #1 after #2. (C never sent #1 to B: x, not owed it, should not
-    get it at all, and what B holds must go out in the publisher's order.)"""
-    mesh, k, x, resumed = _x_joins_at_b_then_p_resumes_at("B")
-    assert [decode(c.payload).body for c in mesh.forwarded("B", x)] == ["m2"], "nothing older after it"
-    assert [decode(c.payload).body for c in mesh.forwarded("A", k)] == ["m1", "m2"]
-    for link, router in ((k, "A"), (x, "B")):
-        for c in mesh.forwarded(router, link):
-            mesh.answer(router, link, c.tag)
-    assert [c.outcome for d in (3, 4) for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED] * 2
-    for d in (3, 4):
-        mesh.settle_publisher("B", resumed, d)
+        mesh.settle_publisher(resumes_at, resumed, d)
     mesh.advance(2)
     mesh.advance(2)
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
