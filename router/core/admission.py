@@ -95,6 +95,8 @@ class AdmissionMixin(CoreState):
         if prepared is None:
             return
         topic.published += 1
+        if named[2] and pub.resend_seqs:  # a resend we never saw: it keeps its place
+            seq = self.resumption.resend_seq(pub, ev.tag, seq)
         record = self._new_record(pub, topic, ev, seq, named, prepared, now)
         self._fan_out(record, prepared[0], pub, topic, ev, size, now, out, named[2] == PREDATES)
 

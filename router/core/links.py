@@ -41,6 +41,29 @@ def queue_in_order(queue: deque[DeliveryRecord], record: DeliveryRecord) -> None
     queue.append(record)
 
 
+def in_publisher_order(records: list[DeliveryRecord]) -> list[DeliveryRecord]:
+    """``records`` (in arrival order) with each publisher stream's in publisher order
+    (stream_seq), the streams' interleaving kept. Usually the same list: a stream's
+    deliveries come in its order, but one that came here from its new origin after
+    its publisher resumed may have come after later ones its old origin sent us.
+    (Queued in arrival order on a subscriber's return, they went out so: found by the
+    generated histories.)"""
+    last: dict[bytes, int] = {}
+    for record in records:
+        stream = record.tag[:STREAM_ID_SIZE]
+        seq = record.stream_seq
+        if seq < last.get(stream, -1):
+            break
+        last[stream] = seq
+    else:
+        return records
+    streams: dict[bytes, list[DeliveryRecord]] = {}
+    for record in records:
+        streams.setdefault(record.tag[:STREAM_ID_SIZE], []).append(record)
+    ordered = {stream: iter(sorted(group, key=_STREAM_SEQ)) for stream, group in streams.items()}
+    return [next(ordered[record.tag[:STREAM_ID_SIZE]]) for record in records]
+
+
 def release_in_order(queue: deque[DeliveryRecord], held: list[DeliveryRecord], stream: bytes) -> None:
     """Put a stream's records held back behind placeholders (``held``, in publisher order)
     at the head of a subscriber's queue, merged with what of the same stream waits in the
@@ -73,6 +96,7 @@ class PublisherLink:
         "next_seq",
         "origin",
         "resending",
+        "resend_seqs",
         "resumed_with",
         "awaiting_seq",
         "memory",
@@ -108,6 +132,12 @@ class PublisherLink:
         # Resumed: the publisher tags it reported unsettled and has not resent yet. A
         # transfer with one of them is a resend, never a new use of the tag.
         self.resending: set[bytes] | None = None
+        # Resumed: the number (stream_seq) each tag it reported takes when it resends a
+        # delivery of it we never saw, in the order it listed them (its send order): the
+        # number its first router gave it where any router still holds it, else one that
+        # keeps the list's order (docs/resumption.md, "Publisher order across a resume").
+        # None for a tag: not known yet (until every router answered).
+        self.resend_seqs: dict[bytes, int | None] | None = None
         # Resumed here with a complete unsettled list: the outgoing tags of that list.
         # While this link stays attached, every later delivery of the stream comes
         # through us, so a tag of it we never saw and the list leaves out was settled

@@ -88,6 +88,22 @@ def reported_unsettled(properties: dict[str, Any] | None) -> tuple[bool, dict[by
     return resuming, reported, props.get(INCOMPLETE_PROPERTY) is True
 
 
+def _held_seqs(pairs: object, sender: object) -> list[tuple[bytes, int]]:
+    """A ``stream-seq`` answer's ``seqs``: [[publisher tag (hex), stream_seq], ...]."""
+    if not isinstance(pairs, (list, tuple)):
+        raise ProtocolError("amqp:invalid-field", f"stream-seq from {sender}: seqs {pairs!r}")
+    held: list[tuple[bytes, int]] = []
+    for pair in pairs:
+        try:
+            ptag, seq = pair
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                raise ValueError(seq)
+            held.append((bytes.fromhex(ptag), seq))
+        except (TypeError, ValueError):
+            raise ProtocolError("amqp:invalid-field", f"stream-seq from {sender}: seqs entry {pair!r}") from None
+    return held
+
+
 #: A resumed stream's numbering never continues below the wall clock in microseconds.
 SEQ_PER_SECOND = 1_000_000
 
@@ -144,6 +160,7 @@ class Resumption(MovedSubscribers):
             if record is not None:
                 answer.append([pub_tag, state_name(record.outcome) if record.outcome else "none"])
         pub.resending = set(reported) or None
+        pub.resend_seqs = dict.fromkeys(reported) if reported else None
         if not incomplete:
             pub.resumed_with = frozenset(tags.outgoing_tag(pub.stream, t) for t in reported)
         out.append(
@@ -159,9 +176,12 @@ class Resumption(MovedSubscribers):
             )
         )
         self._become_origin(pub, topic, reported, incomplete, now, out)
+        self._wait_for_earlier_resends(pub, now, out)
         if not incomplete:
             self._stream_resumed(pub.stream, reported, now, out)
         self._announce_resumed_stream(pub, reported, incomplete, now, out)
+        if not pub.awaiting_seq:  # no other router to ask: numbered from what we hold
+            self._number_resends(pub)
         return answer
 
     def resume_at_most_once(
@@ -202,6 +222,42 @@ class Resumption(MovedSubscribers):
                 # It does not hold it unsettled any more: it settled it.
                 self.core.settle_record(record, "publisher-resumed", now, out)
 
+    def _wait_for_earlier_resends(self, pub: PublisherLink, now: float, out: list[Command]) -> None:
+        """A subscriber that moved here is owed a delivery of the resumed stream that
+        we hold, and the publisher listed deliveries we never saw before it (its list is
+        in its send order): they come with its resends, and may be owed to it too (they
+        are, when older than what the old origin sent us: admission's PREDATES). It
+        waits for them (placeholders) before it gets the later one. (Sent it at once, a
+        subscriber of a router that died got #2, then the publisher's resend of #1:
+        found by the generated histories.)"""
+        listed = pub.resend_seqs
+        if not listed:
+            return
+        records = self.core.records
+        unseen: list[bytes] = []  # outgoing tags listed so far that we never saw
+        waiting: set[str] = set()  # subscribers given placeholders for them already
+        for ptag in listed:
+            tag = tags.outgoing_tag(pub.stream, ptag)
+            record = records.get(tag)
+            if record is None:
+                if tag not in self.core.settled:
+                    unseen.append(tag)
+                continue
+            if not unseen or record.pub_settled:
+                continue
+            for key, state in record.subscribers.items():
+                if key in waiting or state.outcome is not None or state.sent:
+                    continue
+                sub = self.core.subscriptions.get(key)
+                if sub is None or not self.core.net.membership.locations(SubscriberKey(sub.container_id, sub.name)):
+                    continue  # (began here: owed none of them, PREDATES)
+                waiting.add(key)
+                for earlier in unseen:
+                    if earlier not in sub.placeholders.get(pub.stream, ()):
+                        sub.placeholders.setdefault(pub.stream, set()).add(earlier)
+                        self.core.add_timer(now + self.core.settings.placeholder_timeout, _TIMER_PLACEHOLDER, (sub, earlier))
+                        out.append(Log("placeholder-created", {"subscriber": key, "delivery": earlier.hex()}))
+
     def _announce_resumed_stream(
         self, pub: PublisherLink, reported: dict[bytes, int], incomplete: bool, now: float, out: list[Command]
     ) -> None:
@@ -237,18 +293,69 @@ class Resumption(MovedSubscribers):
         sender = message.get("from")
         if not isinstance(seq, int):
             raise ProtocolError("amqp:invalid-field", f"stream-seq from {sender}: seq {seq!r}")
+        held = _held_seqs(message.get("seqs", ()), sender)
         for pub in list(self.core.publishers.values()):
             if pub.stream == stream and pub.awaiting_seq and sender in pub.awaiting_seq:
                 pub.next_seq = max(pub.next_seq, seq + 1)
+                numbers = pub.resend_seqs
+                if numbers:
+                    for ptag, held_seq in held:
+                        if ptag in numbers:
+                            known = numbers[ptag]
+                            numbers[ptag] = held_seq if known is None else min(known, held_seq)
                 pub.awaiting_seq.discard(sender)
                 if not pub.awaiting_seq:
                     self.stream_seq_known(pub, out)
 
     def stream_seq_known(self, pub: PublisherLink, out: list[Command]) -> None:
         pub.awaiting_seq = None
+        self._number_resends(pub)
         self.core.stream_seq[pub.stream] = max(self.core.stream_seq.get(pub.stream, -1), pub.next_seq - 1)
         out.append(Log("stream-seq-continued", {"link": pub.link_id, "next_seq": pub.next_seq}))
         self.core.refill_credit(self.core.topics[pub.topic], out)
+
+    def _number_resends(self, pub: PublisherLink) -> None:
+        """The numbers the resumed publisher's resends of deliveries we never saw take,
+        before it can send (its credit waits for this): what the routers that hold them
+        said (or our own records), so that every router orders them as their first
+        router did; a tag nobody holds, one below the next listed tag's number (the
+        list is in send order, and its first router numbered no two deliveries alike,
+        so this is never below the number it gave it); after the last held one, the
+        stream's continued numbering. (Numbered on from the highest number anyone saw,
+        as new deliveries are, a resend we never saw came after later deliveries of its
+        stream we held from the old origin, and a subscriber that moved here and was
+        owed both got them out of order: found by the generated histories.)"""
+        numbers = pub.resend_seqs
+        if not numbers:
+            return
+        records = self.core.records
+        for ptag, known in numbers.items():
+            record = records.get(tags.outgoing_tag(pub.stream, ptag))
+            if record is not None and (known is None or record.stream_seq < known):
+                numbers[ptag] = record.stream_seq
+        following: int | None = None
+        for ptag in reversed(numbers):
+            known = numbers[ptag]
+            if known is not None:
+                following = known
+            elif following is not None:
+                following = max(following - 1, 0)
+                numbers[ptag] = following
+        for ptag, known in numbers.items():
+            if known is None:
+                numbers[ptag] = pub.next_seq
+                pub.next_seq += 1
+
+    def resend_seq(self, pub: PublisherLink, ptag: bytes, seq: int) -> int:
+        """The number of a resend of ``ptag`` we never saw (``seq``: the next one of
+        the stream, when it has none of its own)."""
+        numbers = pub.resend_seqs
+        if not numbers:
+            return seq
+        reserved = numbers.pop(ptag, None)
+        if not numbers:
+            pub.resend_seqs = None
+        return seq if reserved is None else reserved
 
     def on_stream_resumed(self, message: dict[str, Any], now: float, out: list[Command]) -> None:
         """A publisher resumed elsewhere: that router is the origin of its stream's
@@ -270,10 +377,17 @@ class Resumption(MovedSubscribers):
             out.append(DetachLink(pub.link_id, "amqp:link:stolen", f"the link resumed at router {at}", close=False))
             self.core.detach_publisher(pub, "stolen", now, out)
         # Tell it how far we saw the stream numbered (after taking our link down:
-        # nothing more of the stream is numbered here).
-        self.core.route_control(
-            at, {"t": "stream-seq", "stream": message["stream"], "seq": self.core.stream_seq.get(stream, -1)}, out
-        )
+        # nothing more of the stream is numbered here), and the number of each delivery
+        # it still holds unsettled that we hold: its resends of them keep their place.
+        answer: dict[str, Any] = {"t": "stream-seq", "stream": message["stream"], "seq": self.core.stream_seq.get(stream, -1)}
+        held = [
+            [record.pub_tag.hex(), record.stream_seq]
+            for ptag in unsettled
+            if (record := self.core.records.get(tags.outgoing_tag(stream, ptag))) is not None
+        ]
+        if held:
+            answer["seqs"] = held
+        self.core.route_control(at, answer, out)
         for record in list(self.core.records.values()):
             if record.tag[: tags.STREAM_ID_SIZE] != stream or record.pub_settled:
                 continue
@@ -370,6 +484,8 @@ class Resumption(MovedSubscribers):
         the record (never forward it twice) and answer it if we can already."""
         if record.pub_delivery is not None:
             return False
+        if pub.resend_seqs:
+            self.resend_seq(pub, record.pub_tag, 0)  # it keeps its number
         if record.origin_router is not None and not record.pub_settled:
             # A copy from its old origin that reached us after the publisher resumed
             # here (still in flight, or resent on a route change before that router

@@ -77,7 +77,7 @@ from router.core.events import (
 )
 from router.core.guarantees import DEFAULT as DEFAULT_GUARANTEE
 from router.core.guarantees import guarantee_of
-from router.core.links import PublisherLink, Subscription, Topic
+from router.core.links import PublisherLink, Subscription, Topic, in_publisher_order
 from router.core.moved import MovedAway
 from router.core.network import (
     Network,
@@ -521,11 +521,12 @@ class RouterCore(
         return [topic for topic in self.topics.values() if topic.subscriptions.get(sub.key) is sub]
 
     def _records_for(self, sub: Subscription) -> list[DeliveryRecord]:
-        """The records of the topics ``sub`` belongs to, in arrival (publisher) order."""
+        """The records of the topics ``sub`` belongs to, in arrival order, each
+        publisher stream's in publisher order."""
         topics = self._topics_of(sub)
         if len(topics) == 1:
-            return list(topics[0].records.values())
-        return sorted((r for t in topics for r in t.records.values()), key=lambda r: r.order)
+            return in_publisher_order(list(topics[0].records.values()))
+        return in_publisher_order(sorted((r for t in topics for r in t.records.values()), key=lambda r: r.order))
 
     records_for = _records_for  # a service of the resumption component (SERVICES)
     topics_taken_by = _topics_matching  # likewise

@@ -15,7 +15,7 @@ from corekit import decode, encode
 from meshkit import Mesh
 
 from router.core import outcomes
-from router.core.commands import OpenLink, SendOutcome, SettleOutgoing
+from router.core.commands import Log, OpenLink, SendOutcome, SettleOutgoing
 from router.core.events import CreditChanged
 from router.core.resumption import publisher_settles_first
 from router.core.router import INCARNATION_PROPERTY
@@ -1140,6 +1140,68 @@ def test_a_joining_subscriber_gets_nothing_older_than_what_it_had_when_its_publi
     mesh.advance(2)
     mesh.advance(2)
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
+def test_a_resend_the_new_origin_never_saw_keeps_its_first_routers_number():
+    """Found by the generated histories: as above, x at B had #2 from C, never #1, when p
+    resumed at B. B numbered its resend of #1 on from the highest number any router had
+    seen, after #2 (C's number), as it numbers new deliveries. Then k, which had both at
+    A and answered neither, moved to B: A passed both on to it, and B, keeping a stream
+    in its numbers' order, sent #2 first. The routers that hold a resumed publisher's
+    deliveries now tell its new router their numbers, and a resend keeps its number."""
+    from router.core.events import LinkDetached
+
+    mesh, k, x, resumed = _x_joins_at_b_then_p_resumes_at("B")
+    numbers = {c.fields["pub_tag"]: c.fields["stream_seq"] for c in mesh.logs["B"] if isinstance(c, Log) and c.kind == "received"}
+    assert numbers == {"31": 0, "32": 1}, "C's numbers, whichever way each came to B"
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.feed("A", LinkDetached(k, False))
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
+    for link, copy in [(moved, c) for c in copies] + [(x, c) for c in mesh.forwarded("B", x)]:
+        mesh.answer("B", link, copy.tag)
+    assert [c.outcome for d in (3, 4) for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED] * 2
+
+
+def test_a_subscriber_moved_to_the_new_origin_waits_for_the_publishers_earlier_resends():
+    """Found by the generated histories: p moved from C to A, which took its deliveries
+    over; A died with k's copies of #1 and #2, and x at B had #2 only. k and p both went
+    to B: B, origin now, owed #2 (from A) to k at once, and sent it before p resent #1,
+    which B never saw. p's list says #1 came first: k now waits for it."""
+    from router.core.events import MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    k = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P")
+    incarnation = open_properties(mesh, "C", pub)[INCARNATION_PROPERTY]
+    x = mesh.attach_subscriber("B", "x", durable=2, timeout=60)
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))  # before C heard of x
+    mesh.settle()
+    mesh.feed("C", MessageReceived(pub, 2, b"2", encode("m2"), False))
+    mesh.settle()
+    assert [decode(c.payload).body for c in mesh.forwarded("A", k)] == ["m1", "m2"], "k never answers them"
+    at_a = resume_publisher(mesh, "A", incarnation, [[b"1", "none"], [b"2", "none"]])
+    for d, n in ((3, b"1"), (4, b"2")):
+        mesh.feed("A", MessageReceived(at_a, d, n, encode(f"m{int(n)}"), False))
+    mesh.settle()
+    mesh.kill("A")
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    at_b = resume_publisher(mesh, "B", incarnation, [[b"1", "none"], [b"2", "none"]])
+    mesh.settle()
+    assert mesh.forwarded("B", moved) == [], "#2 waits for #1"
+    for d, n in ((5, b"1"), (6, b"2")):
+        mesh.feed("B", MessageReceived(at_b, d, n, encode(f"m{int(n)}"), False))
+    mesh.settle()
+    copies = mesh.forwarded("B", moved)
+    assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
+    for link, copy in [(moved, c) for c in copies] + [(x, c) for c in mesh.forwarded("B", x)]:
+        mesh.answer("B", link, copy.tag)
+    assert [c.outcome for d in (5, 6) for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED] * 2
 
 
 # ------------------------------------------------------------------ the dead origin's own subscribers
