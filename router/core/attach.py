@@ -307,6 +307,12 @@ class AttachMixin(CoreState):
                 if state is not None and (state.outcome is None or state.resend) and not record.pub_settled:
                     state.sent = 0
                     sub.queue.append(record)
+            # Back while a publisher of its topics resends here: what it is owed of that
+            # stream waits for the resends listed before it (as at the resume itself).
+            for topic in self._topics_of(sub):
+                for pub in topic.publishers.values():
+                    if pub.resend_seqs:
+                        self.resumption.wait_for_earlier_resends(pub, now, out)
 
     def _set_open_properties(self, link_id: int, properties: dict[str, Any], out: list[Command]) -> None:
         """Add link properties to our (possibly held) answer to an attach."""

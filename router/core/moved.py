@@ -378,6 +378,42 @@ class MovedSubscribers:
                 queue_in_order(sub.queue, record)
                 self.core.pump(sub, now, out)
 
+    def origin_moved(self, record: DeliveryRecord, new_origin: str, now: float, out: list[Command]) -> bool:
+        """A relayed record's publisher resumed at ``new_origin``, which we answer now.
+        The old origin handed the delivery over and forgot it, and with it what it owed
+        our subscribers that moved here (the copies it addressed to them): their answers
+        to it reach nobody. Each is reported to another router that addressed it a copy,
+        if one did (it still waits); else it counts in our own answer to the new origin,
+        as any subscriber here does. True when that changed our answer (given, or waiting
+        for them). (Answering for the others only, we said "none" where a moved subscriber
+        had accepted, and its publisher heard "released": found by the generated
+        histories, with the publisher resuming at the router the subscriber had left.)"""
+        old_origin = record.origin_router
+        record.origin_router = new_origin
+        if not record.targeted or record.pub_settled or old_origin == new_origin:
+            return False
+        theirs = [key for key, router in record.targeted.items() if router == old_origin]
+        if not theirs:
+            return False
+        targeted = record.own_targeted()
+        also = getattr(record, "also_targeted", None) or {}
+        counted = False
+        for key in theirs:
+            others = sorted(also.pop(key, set()) - {old_origin})
+            if others:
+                targeted[key] = others[0]  # (they had its answer, if any, already)
+                if others[1:]:
+                    also[key] = set(others[1:])
+            else:
+                del targeted[key]
+                counted = True
+        if not counted:
+            return False
+        record.waiting = -1
+        record.outcome = None
+        self.core.maybe_answer_publisher(record, now, out)
+        return True
+
     def report_targeted(self, record: DeliveryRecord, key: str, out: list[Command]) -> None:
         outcome = record.subscribers[key].outcome
         assert outcome is not None  # reported once it answered

@@ -249,8 +249,13 @@ class RelayMixin(CoreState):
             # hands the record over when it comes (a copy alone cannot tell the new
             # origin from a stale one: ours, to the router that took over from us).
             return
-        if record.origin_router is not None and record.origin_router != origin and not targets:
-            record.origin_router = origin  # its publisher resumed at another router
+        if (
+            record.origin_router is not None
+            and record.origin_router != origin
+            and not targets
+            and self.resumption.origin_moved(record, origin, now, out)  # its publisher resumed there
+        ):
+            return
         if targets:
             self.resumption.accept_targeted(record, targets, report_to, now, out)
             self.resumption.fulfil_placeholders(record, now, out, only=targets)

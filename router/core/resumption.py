@@ -176,7 +176,7 @@ class Resumption(MovedSubscribers):
             )
         )
         self._become_origin(pub, topic, reported, incomplete, now, out)
-        self._wait_for_earlier_resends(pub, now, out)
+        self.wait_for_earlier_resends(pub, now, out)
         if not incomplete:
             self._stream_resumed(pub.stream, reported, now, out)
         self._announce_resumed_stream(pub, reported, incomplete, now, out)
@@ -222,12 +222,13 @@ class Resumption(MovedSubscribers):
                 # It does not hold it unsettled any more: it settled it.
                 self.core.settle_record(record, "publisher-resumed", now, out)
 
-    def _wait_for_earlier_resends(self, pub: PublisherLink, now: float, out: list[Command]) -> None:
+    def wait_for_earlier_resends(self, pub: PublisherLink, now: float, out: list[Command]) -> None:
         """A subscriber that moved here is owed a delivery of the resumed stream that
         we hold, and the publisher listed deliveries we never saw before it (its list is
         in its send order): they come with its resends, and may be owed to it too (they
         are, when older than what the old origin sent us: admission's PREDATES). It
-        waits for them (placeholders) before it gets the later one. (Sent it at once, a
+        waits for them (placeholders) before it gets the later one: at the resume, and
+        when such a subscriber comes back while the resends come. (Sent it at once, a
         subscriber of a router that died got #2, then the publisher's resend of #1:
         found by the generated histories.)"""
         listed = pub.resend_seqs
@@ -395,13 +396,11 @@ class Resumption(MovedSubscribers):
                 self.core.settle_record(record, "publisher-resumed", now, out)
             elif record.origin_router is None:
                 self._hand_origin_over(record, at, now, out)
-            else:
-                record.origin_router = at
-                if record.outcome is not None:
-                    # Our answer went to the old origin, which may have died with the
-                    # settlement it owed us: the new one takes it, or, having finished
-                    # the delivery already, tells us it is settled.
-                    self.core.answer_origin(record, record.outcome, at, out)
+            elif not self.origin_moved(record, at, now, out) and record.outcome is not None:
+                # Our answer went to the old origin, which may have died with the
+                # settlement it owed us: the new one takes it, or, having finished
+                # the delivery already, tells us it is settled.
+                self.core.answer_origin(record, record.outcome, at, out)
 
     def _stream_resumed(self, stream: bytes, unsettled_pub_tags: Iterable[bytes], now: float, out: list[Command]) -> None:
         """The stream's publisher resumed with a complete unsettled list: drop resuming

@@ -1166,11 +1166,13 @@ def test_a_resend_the_new_origin_never_saw_keeps_its_first_routers_number():
     assert [c.outcome for d in (3, 4) for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED] * 2
 
 
-def test_a_subscriber_moved_to_the_new_origin_waits_for_the_publishers_earlier_resends():
+@pytest.mark.parametrize("subscriber_first", [True, False], ids=["k-first", "p-first"])
+def test_a_subscriber_moved_to_the_new_origin_waits_for_the_publishers_earlier_resends(subscriber_first):
     """Found by the generated histories: p moved from C to A, which took its deliveries
     over; A died with k's copies of #1 and #2, and x at B had #2 only. k and p both went
     to B: B, origin now, owed #2 (from A) to k at once, and sent it before p resent #1,
-    which B never saw. p's list says #1 came first: k now waits for it."""
+    which B never saw. p's list says #1 came first: k now waits for it (attached before
+    p resumed, or after, before p resent anything)."""
     from router.core.events import MessageReceived
 
     mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
@@ -1188,10 +1190,14 @@ def test_a_subscriber_moved_to_the_new_origin_waits_for_the_publishers_earlier_r
         mesh.feed("A", MessageReceived(at_a, d, n, encode(f"m{int(n)}"), False))
     mesh.settle()
     mesh.kill("A")
+    if not subscriber_first:
+        at_b = resume_publisher(mesh, "B", incarnation, [[b"1", "none"], [b"2", "none"]])
+        mesh.settle()
     moved = mesh.attach_subscriber(
         "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": []}
     )
-    at_b = resume_publisher(mesh, "B", incarnation, [[b"1", "none"], [b"2", "none"]])
+    if subscriber_first:
+        at_b = resume_publisher(mesh, "B", incarnation, [[b"1", "none"], [b"2", "none"]])
     mesh.settle()
     assert mesh.forwarded("B", moved) == [], "#2 waits for #1"
     for d, n in ((5, b"1"), (6, b"2")):
@@ -1202,6 +1208,45 @@ def test_a_subscriber_moved_to_the_new_origin_waits_for_the_publishers_earlier_r
     for link, copy in [(moved, c) for c in copies] + [(x, c) for c in mesh.forwarded("B", x)]:
         mesh.answer("B", link, copy.tag)
     assert [c.outcome for d in (5, 6) for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED] * 2
+
+
+def test_a_copy_the_old_origin_passed_to_a_moved_subscriber_counts_for_the_new_origin():
+    """Found by the generated histories: k moved from A to B; #1, which C sent A before
+    it heard, reached A past the grace A passes copies on for k, so A told C it left k
+    out, and C sent #1 to B addressed to k (k answers C for it). Then p resumed at A
+    (the router k had left): C handed the delivery over to A and forgot it, and A sent
+    B its copy. B answered A "none" (its only subscriber owed #1 answered C), k's answer
+    went to C, which no longer held it, and p heard "released" for what k accepted."""
+    from router.core.events import LinkDetached, MessageReceived, TimerFired
+    from router.core.moved import MOVED_AWAY_GRACE
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    k = mesh.subscriber("A", "k", durable=2, timeout=600)
+    pub = mesh.publisher("C", name="p", container="P")
+    incarnation = open_properties(mesh, "C", pub)[INCARNATION_PROPERTY]
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=600, properties={"eorouter:resume": True, "eorouter:unsettled": []}
+    )
+    mesh.feed("A", LinkDetached(k, False))
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))  # C has not heard: to A
+    mesh.deliver_from("B", "A", len(mesh.in_flight("B", "A")))  # A hears k is at B
+    mesh.now += MOVED_AWAY_GRACE + 1
+    for name in mesh.cores:
+        mesh.feed(name, TimerFired())
+    mesh.settle()
+    assert any(c.kind == "owed-moved" for c in mesh.logs["C"] if isinstance(c, Log)), "C owes k #1 itself"
+    (copy,) = mesh.forwarded("B", moved)
+    resumed = resume_publisher(mesh, "A", incarnation, [[b"1", "none"]])
+    mesh.settle()
+    mesh.feed("A", MessageReceived(resumed, 2, b"1", encode("m1"), False))
+    mesh.settle()
+    assert mesh.outcomes_for("A", 2) == [], "k has not answered"
+    mesh.answer("B", moved, copy.tag)
+    assert [c.outcome for c in mesh.outcomes_for("A", 2)] == [outcomes.ACCEPTED]
+    mesh.settle_publisher("A", resumed, 2)
+    mesh.advance(2)
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
 # ------------------------------------------------------------------ the dead origin's own subscribers
