@@ -539,6 +539,7 @@ relay_and_publisher_milestones = _milestones(
     "C-notices-pub",
     "answer",
     "x-attaches",
+    "pause",
     "A-dies",
 )
 
@@ -548,13 +549,15 @@ relay_and_publisher_milestones = _milestones(
 def test_a_subscriber_and_its_publisher_both_leaving_their_routers_finish_exactly_once_in_order(data, plan):
     """As below, and p's connection to C dies too: it resumes at A (the router k left)
     or at B (where k goes) with what it has no outcome for, while C lives on and notices
-    at any moment, and A may die (p, there, resumes at B); each step once in any order,
-    the routers' messages racing between them. It found: the new origin not telling A
+    at any moment, a pause may outlast the grace A passes copies on for k, and A may die
+    (p, there, resumes at B); each step once in any order, the routers' messages racing
+    between them. It found: the new origin not telling A
     what k answered for the copy A passed it (A held its record for ever); x, joining at
     B meanwhile, given older deliveries the new origin sent B after the later ones C had
     sent it; B numbering p's resends of deliveries it never saw after later ones C had
-    sent it, so k, moving there, got #3, #1, #2; and, A dead, B sending k #2 from A
-    before p resent #1, which B never saw."""
+    sent it, so k, moving there, got #3, #1, #2; A dead, B sending k #2 from A before p
+    resent #1, which B never saw; and, past the grace, p hearing "released" for what k
+    accepted (C handed the copy it had sent k over to A, which did not know of it)."""
     _relay_history(data, plan)
 
 
@@ -655,9 +658,7 @@ def _relay_history(data, plan) -> None:
             if p["router"] == "A":
                 pub_moves("B")
         elif action == "pub-moves" and p["left"] is None:
-            # (At A, the router k left, or at B, where it goes. Not past the grace A
-            # passes copies on for k: "pause" is left out of the plan that moves p, a
-            # hole still open there, docs/inter-router.md, "What is left".)
+            # (At A, the router k left, or at B, where it goes.)
             pub_moves(data.draw(st.sampled_from(["A", "B"]), label="p resumes at") if "A" in mesh.cores else "B")
         elif action == "C-notices-pub":
             notice_pub()
