@@ -97,6 +97,7 @@ class PublisherLink:
         "origin",
         "resending",
         "resend_seqs",
+        "resend_holders",
         "resumed_with",
         "awaiting_seq",
         "memory",
@@ -138,6 +139,10 @@ class PublisherLink:
         # keeps the list's order (docs/resumption.md, "Publisher order across a resume").
         # None for a tag: not known yet (until every router answered).
         self.resend_seqs: dict[bytes, int | None] | None = None
+        # Resumed: the routers that said they hold a listed delivery (publisher tag ->
+        # router ids). A resend of one we never saw ends theirs too: they are sent its
+        # settlement, as routers we do not wait for but that answered us.
+        self.resend_holders: dict[bytes, set[str]] | None = None
         # Resumed here with a complete unsettled list: the outgoing tags of that list.
         # While this link stays attached, every later delivery of the stream comes
         # through us, so a tag of it we never saw and the list leaves out was settled

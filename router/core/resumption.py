@@ -304,6 +304,9 @@ class Resumption(MovedSubscribers):
                         if ptag in numbers:
                             known = numbers[ptag]
                             numbers[ptag] = held_seq if known is None else min(known, held_seq)
+                            if pub.resend_holders is None:
+                                pub.resend_holders = {}
+                            pub.resend_holders.setdefault(ptag, set()).add(sender)
                 pub.awaiting_seq.discard(sender)
                 if not pub.awaiting_seq:
                     self.stream_seq_known(pub, out)
@@ -346,6 +349,23 @@ class Resumption(MovedSubscribers):
             if known is None:
                 numbers[ptag] = pub.next_seq
                 pub.next_seq += 1
+
+    def watch_holders(self, pub: PublisherLink, record: DeliveryRecord) -> None:
+        """A resend we never saw became ``record``: routers that hold it (they said so
+        when the publisher resumed here) and that we do not send it to are sent its
+        settlement when it comes. Each answers us once it hears the publisher is here,
+        which may be before the resend made our record; without the settlement such a
+        router held its record for ever (found by
+        tests/failover/test_moving_subscribers.py, the publisher moving too)."""
+        holders = pub.resend_holders
+        routers = holders.pop(record.pub_tag, None) if holders else None
+        if holders is not None and not holders:
+            pub.resend_holders = None
+        for router_id in sorted(routers or ()):
+            if router_id not in record.remote_routers:
+                if record.watchers is None:
+                    record.watchers = set()
+                record.watchers.add(router_id)
 
     def resend_seq(self, pub: PublisherLink, ptag: bytes, seq: int) -> int:
         """The number of a resend of ``ptag`` we never saw (``seq``: the next one of

@@ -1249,6 +1249,42 @@ def test_a_copy_the_old_origin_passed_to_a_moved_subscriber_counts_for_the_new_o
     assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
 
 
+def test_a_router_that_answered_before_the_resend_came_hears_the_end():
+    """Found by tests/failover/test_moving_subscribers.py (the publisher moving too): k
+    accepted #1 at A, which answered C; p never heard (cut off) and resumed at B, where k
+    had moved. A, hearing p is at B, answered B, before B had any record of #1: B
+    dropped the answer, made its record from p's resend, finished it without A (nobody
+    at A is owed it now), and A held its record for ever. A router that says it holds a
+    listed delivery (its stream-seq answer) is now sent the resend's settlement."""
+    from router.core.events import LinkDetached, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    k = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P")
+    incarnation = open_properties(mesh, "C", pub)[INCARNATION_PROPERTY]
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    mesh.settle()
+    (copy,) = mesh.forwarded("A", k)
+    mesh.answer("A", k, copy.tag, settled=False)  # accepted; settled only once A settles
+    assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED], "p never hears it"
+    moved = mesh.attach_subscriber(
+        "B", "k", durable=2, timeout=60, properties={"eorouter:resume": True, "eorouter:unsettled": [[copy.tag, "accepted"]]}
+    )
+    mesh.feed("A", LinkDetached(k, False))
+    mesh.settle()
+    resumed = resume_publisher(mesh, "B", incarnation, [[b"1", "none"]])
+    mesh.settle()  # A answers B, which holds no record of #1 yet
+    mesh.feed("B", MessageReceived(resumed, 2, b"1", encode("m1"), False))
+    mesh.settle()
+    for again in mesh.forwarded("B", moved):
+        mesh.answer("B", moved, again.tag)
+    assert [c.outcome for c in mesh.outcomes_for("B", 2)] == [outcomes.ACCEPTED]
+    mesh.settle_publisher("B", resumed, 2)
+    mesh.advance(2)
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
 # ------------------------------------------------------------------ the dead origin's own subscribers
 
 
