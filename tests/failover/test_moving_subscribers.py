@@ -14,7 +14,9 @@ publishing throughout, to A until it hears where the subscribers went and to B a
 what A held for them, what reaches A for them after they left, and what C sends B
 directly must reach each subscriber's application once and in publisher order (no
 dedup window of their own), the publisher must hear "accepted" for each, and the Spark
-proof over the routers' logs and the clients' ledgers must be clean.
+proof over the routers' logs and the clients' ledgers must be clean. A second test moves
+the publisher too (its connection to C goes dark at the same moment, behind a proxy of its
+own): it resumes at B or at A while C lives on.
 """
 
 from __future__ import annotations
@@ -65,6 +67,22 @@ class HalfOpenProxy(Proxy):
 
 
 def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_in_order(tmp_path):
+    _moving_race(tmp_path)
+
+
+@pytest.mark.parametrize("publisher_to", ["B", "A"], ids=["to-where-they-went", "to-where-they-left"])
+def test_subscribers_and_their_publisher_leaving_live_routers_finish_once_and_in_order(tmp_path, publisher_to):
+    """The same, and the publisher's connection to C goes dark at the same moment: it
+    resumes at B, which holds later deliveries of its stream C sent it for the
+    subscribers and never saw the earlier ones C sent A (the resends keep C's numbers,
+    docs/resumption.md), or at A, which the subscribers left (what C had passed on for
+    them it hands over to A). C, alive, notices only by its idle timeout or the news."""
+    _moving_race(tmp_path, publisher_to=publisher_to)
+
+
+def _moving_race(tmp_path, publisher_to: str | None = None) -> None:
+    """The subscribers leave A for B at message BLACKHOLE_AT; with ``publisher_to``, the
+    publisher leaves C for that router at the same message."""
     net = RouterNetwork(
         tmp_path / "routers",
         parse_topology(TRIANGLE),
@@ -77,6 +95,7 @@ def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_i
     )
     net.start()
     proxy = HalfOpenProxy(("127.0.0.1", net.routers["A"].port))
+    pub_proxy = HalfOpenProxy(("127.0.0.1", net.routers["C"].port)) if publisher_to else None
     clients = tmp_path / "clients"
     clients.mkdir()
     received: dict[str, list] = defaultdict(list)
@@ -84,7 +103,7 @@ def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_i
     try:
         subs = start_subscribers([proxy.url, net.routers["B"].url], clients, received)
         pub = ResumablePublisher(
-            [net.routers["C"].url],
+            [pub_proxy.url, net.routers[publisher_to].url] if pub_proxy and publisher_to else [net.routers["C"].url],
             "orders",
             container_id="pub",
             link_name="pub-link",
@@ -99,15 +118,21 @@ def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_i
         for n in range(MESSAGES):
             if n == BLACKHOLE_AT:
                 proxy.blackhole()
+                if pub_proxy is not None:
+                    pub_proxy.blackhole()
                 cut_at = time.monotonic() + CUT_AFTER
             if cut_at is not None and time.monotonic() >= cut_at:
                 proxy.cut()
+                if pub_proxy is not None:
+                    pub_proxy.cut()
                 cut_at = None
             futures.append(pub.send_async(f"m{n + 1}"))
             time.sleep(GAP)
         if cut_at is not None:
             time.sleep(max(0.0, cut_at - time.monotonic()))
             proxy.cut()
+            if pub_proxy is not None:
+                pub_proxy.cut()
         load.stop()
         load = None
         outcomes = [f.result(120) for f in futures]
@@ -117,13 +142,19 @@ def test_subscribers_leaving_a_live_router_get_a_third_routers_stream_once_and_i
         for sub in subs:
             ledger = [json.loads(line) for line in (clients / f"{sub.container_id}.ledger.jsonl").read_text().splitlines()]
             assert net.routers["B"].url in [e["router"] for e in ledger if e["event"] == "resumed"], "it resumed at B"
+        if publisher_to:
+            ledger = [json.loads(line) for line in (clients / "pub.ledger.jsonl").read_text().splitlines()]
+            resumed_at = [e["router"] for e in ledger if e["event"] == "resumed"]
+            assert net.routers[publisher_to].url in resumed_at, f"the publisher resumed at {publisher_to}"
         wait_no_records(net, timeout=60)
         kinds = defaultdict(int)
         for rid, router in net.routers.items():
             for e in router.events():
-                if e["event"] in ("owed-moved", "placeholder-created", "announce-timeout", "link-detached"):
+                if e["event"] in ("owed-moved", "placeholder-created", "announce-timeout", "link-detached", "origin-taken-over"):
                     kinds[(rid, e["event"], e.get("reason"))] += 1
         print(f"\nthe move, as the routers logged it: {dict(kinds)}")
     finally:
         stop_everything(load, [*subs, pub], proxy, net)
+        if pub_proxy is not None:
+            pub_proxy.close()
     prove_clean(tmp_path / "routers", clients, tmp_path / "report")
