@@ -1056,11 +1056,18 @@ def test_copies_an_origin_owes_a_dead_routers_subscriber_go_out_before_later_one
     mesh.settle()
     copies = mesh.forwarded("B", moved)
     assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
-    for link, copy in [(moved, c) for c in copies] + [(x, c) for c in mesh.forwarded("B", x)]:
-        mesh.answer("B", link, copy.tag)
-    assert [c.outcome for d in (1, 2) for c in mesh.outcomes_for("C", d)] == [outcomes.ACCEPTED] * 2
+    _all_accept_at_b(mesh, [moved, x], "C", (1, 2))
     mesh.advance(2)
     assert {name: core.record_count() for name, core in mesh.cores.items() if name != "A"} == {"B": 0, "C": 0}
+
+
+def _all_accept_at_b(mesh, links, origin: str, deliveries) -> None:
+    """The subscribers on ``links`` at B accept every copy they were sent; the publisher
+    hears "accepted" at ``origin`` for each of ``deliveries``."""
+    for link in links:
+        for copy in mesh.forwarded("B", link):
+            mesh.answer("B", link, copy.tag)
+    assert [c.outcome for d in deliveries for c in mesh.outcomes_for(origin, d)] == [outcomes.ACCEPTED] * len(deliveries)
 
 
 def test_a_new_origin_reports_to_the_router_that_passed_its_subscriber_a_copy():
@@ -1161,9 +1168,7 @@ def test_a_resend_the_new_origin_never_saw_keeps_its_first_routers_number():
     mesh.settle()
     copies = mesh.forwarded("B", moved)
     assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
-    for link, copy in [(moved, c) for c in copies] + [(x, c) for c in mesh.forwarded("B", x)]:
-        mesh.answer("B", link, copy.tag)
-    assert [c.outcome for d in (3, 4) for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED] * 2
+    _all_accept_at_b(mesh, [moved, x], "B", (3, 4))
 
 
 @pytest.mark.parametrize("subscriber_first", [True, False], ids=["k-first", "p-first"])
@@ -1205,9 +1210,7 @@ def test_a_subscriber_moved_to_the_new_origin_waits_for_the_publishers_earlier_r
     mesh.settle()
     copies = mesh.forwarded("B", moved)
     assert [decode(c.payload).body for c in copies] == ["m1", "m2"]
-    for link, copy in [(moved, c) for c in copies] + [(x, c) for c in mesh.forwarded("B", x)]:
-        mesh.answer("B", link, copy.tag)
-    assert [c.outcome for d in (5, 6) for c in mesh.outcomes_for("B", d)] == [outcomes.ACCEPTED] * 2
+    _all_accept_at_b(mesh, [moved, x], "B", (5, 6))
 
 
 def test_a_copy_the_old_origin_passed_to_a_moved_subscriber_counts_for_the_new_origin():
