@@ -1061,6 +1061,16 @@ def test_copies_an_origin_owes_a_dead_routers_subscriber_go_out_before_later_one
     assert {name: core.record_count() for name, core in mesh.cores.items() if name != "A"} == {"B": 0, "C": 0}
 
 
+def _publisher_settles_and_every_record_ends(mesh, router: str, link, deliveries) -> None:
+    """The publisher on ``link`` at ``router`` settles ``deliveries``; once the routers'
+    timers ran, no router holds a record."""
+    for d in deliveries:
+        mesh.settle_publisher(router, link, d)
+    mesh.advance(2)
+    mesh.advance(2)
+    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+
+
 def _all_accept_at_b(mesh, links, origin: str, deliveries) -> None:
     """The subscribers on ``links`` at B accept every copy they were sent; the publisher
     hears "accepted" at ``origin`` for each of ``deliveries``."""
@@ -1096,10 +1106,7 @@ def test_a_new_origin_reports_to_the_router_that_passed_its_subscriber_a_copy():
     mesh.settle()
     mesh.answer("B", moved, copy.tag)
     assert [c.outcome for c in mesh.outcomes_for("B", 2)] == [outcomes.ACCEPTED]
-    mesh.settle_publisher("B", resumed, 2)
-    mesh.advance(2)
-    mesh.advance(2)
-    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+    _publisher_settles_and_every_record_ends(mesh, "B", resumed, (2,))
 
 
 def _x_joins_at_b_then_p_resumes_at(router: str):
@@ -1142,11 +1149,7 @@ def test_a_joining_subscriber_gets_nothing_older_than_what_it_had_when_its_publi
         for c in mesh.forwarded(router, link):
             mesh.answer(router, link, c.tag)
     assert [c.outcome for d in (3, 4) for c in mesh.outcomes_for(resumes_at, d)] == [outcomes.ACCEPTED] * 2
-    for d in (3, 4):
-        mesh.settle_publisher(resumes_at, resumed, d)
-    mesh.advance(2)
-    mesh.advance(2)
-    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+    _publisher_settles_and_every_record_ends(mesh, resumes_at, resumed, (3, 4))
 
 
 def test_a_resend_the_new_origin_never_saw_keeps_its_first_routers_number():
@@ -1246,10 +1249,7 @@ def test_a_copy_the_old_origin_passed_to_a_moved_subscriber_counts_for_the_new_o
     assert mesh.outcomes_for("A", 2) == [], "k has not answered"
     mesh.answer("B", moved, copy.tag)
     assert [c.outcome for c in mesh.outcomes_for("A", 2)] == [outcomes.ACCEPTED]
-    mesh.settle_publisher("A", resumed, 2)
-    mesh.advance(2)
-    mesh.advance(2)
-    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+    _publisher_settles_and_every_record_ends(mesh, "A", resumed, (2,))
 
 
 def test_a_router_that_answered_before_the_resend_came_hears_the_end():
@@ -1282,10 +1282,7 @@ def test_a_router_that_answered_before_the_resend_came_hears_the_end():
     for again in mesh.forwarded("B", moved):
         mesh.answer("B", moved, again.tag)
     assert [c.outcome for c in mesh.outcomes_for("B", 2)] == [outcomes.ACCEPTED]
-    mesh.settle_publisher("B", resumed, 2)
-    mesh.advance(2)
-    mesh.advance(2)
-    assert {name: core.record_count() for name, core in mesh.cores.items()} == {"A": 0, "B": 0, "C": 0}
+    _publisher_settles_and_every_record_ends(mesh, "B", resumed, (2,))
 
 
 # ------------------------------------------------------------------ the dead origin's own subscribers
