@@ -65,6 +65,7 @@ class CoreState:
     lost: set[str]
     moved_away: dict[str, MovedAway]
     moved_via: dict[bytes, set[str]]
+    resumed_at: dict[bytes, tuple[str, float]]
     announcements_learnt: dict[tuple[str, str], int]
     _flooded: dict[tuple[Any, ...], float]
     _awaiting_acks: dict[str, tuple[int, set[str], int]]

@@ -249,13 +249,14 @@ class RelayMixin(CoreState):
             # hands the record over when it comes (a copy alone cannot tell the new
             # origin from a stale one: ours, to the router that took over from us).
             return
-        if (
-            record.origin_router is not None
-            and record.origin_router != origin
-            and not targets
-            and self.resumption.origin_moved(record, origin, now, out)  # its publisher resumed there
-        ):
-            return
+        if record.origin_router is not None and record.origin_router != origin and not targets:
+            if not self.resumption.may_be_new_origin(record.tag[: tags.STREAM_ID_SIZE], origin):
+                # Sent before its sender handed the delivery over: the origin is where
+                # its publisher resumed, and that router has our answer (or will).
+                out.append(Log("dropped", {"delivery": record.delivery_id, "reason": "stale copy from an old origin"}))
+                return
+            if self.resumption.origin_moved(record, origin, now, out):  # its publisher resumed there
+                return
         if targets:
             self.resumption.accept_targeted(record, targets, report_to, now, out)
             self.resumption.fulfil_placeholders(record, now, out, only=targets)

@@ -139,10 +139,10 @@ class Resumption(MovedSubscribers):
     (each says when). This component reads the core's public state (``records``,
     ``topics``, ``publishers``, ``subscriptions``, ``by_delivery``, ``net``,
     ``settings``, ``epoch``, ``stream_seq``, ``lost``, ``settled``, ``moved_away``,
-    ``moved_via``) and calls only the core's services named in ``RouterCore.SERVICES``
+    ``moved_via``, ``resumed_at``) and calls only the core's services named in ``RouterCore.SERVICES``
     (router/core/router.py). It keeps no state of its own: what it needs rides on the
     links (``PublisherLink.resumed_with``, ``Subscription.placeholders``) and in those
-    two maps of the core's."""
+    maps of the core's."""
 
     # ------------------------------------------------------------ publishers
 
@@ -278,6 +278,7 @@ class Resumption(MovedSubscribers):
         }
         if incomplete:
             message["incomplete"] = True
+        self.heard_resumed(pub.stream, self.core.settings.router_id, now)
         self.core.flood(message, None, out)
         # Every router answers with how far it saw the stream numbered; until they
         # have (or are unreachable, or a timeout), the link gets no credit, so every
@@ -387,6 +388,7 @@ class Resumption(MovedSubscribers):
         at = message["at"]
         if at == self.core.settings.router_id:
             return  # our own announcement, come back round a loop
+        self.heard_resumed(stream, at, now)
         # An incomplete list says where the publisher is, not what it settled.
         complete = not message.get("incomplete")
         if complete:
@@ -421,6 +423,26 @@ class Resumption(MovedSubscribers):
                 # settlement it owed us: the new one takes it, or, having finished
                 # the delivery already, tells us it is settled.
                 self.core.answer_origin(record, record.outcome, at, out)
+
+    def heard_resumed(self, stream: bytes, at: str, now: float) -> None:
+        """Remember where the stream's publisher resumed last, as heard here."""
+        resumed_at = self.core.resumed_at
+        resumed_at.pop(stream, None)  # (to the end: the map is oldest first)
+        resumed_at[stream] = (at, now)
+        self.core.arm_sweep(now)
+
+    def may_be_new_origin(self, stream: bytes, sender: str) -> bool:
+        """Whether a plain copy from ``sender`` of a delivery of ``stream`` we hold from
+        another origin can be its new origin's: the publisher last resumed there, or we
+        heard of no resume. A copy from anywhere else is stale: sent before its sender
+        handed the stream over (held up on a busy link, it can come after the new
+        origin's). Taken for the new origin's, it turned our record back to a router
+        that had forgotten the delivery, and the true origin waited for our answer for
+        ever (found under CPU load by tests/failover/test_moving_subscribers.py). A new
+        origin's copy that overtook its news is left to the news, which moves the
+        record when it comes (on_stream_resumed)."""
+        last = self.core.resumed_at.get(stream)
+        return last is None or last[0] == sender
 
     def _stream_resumed(self, stream: bytes, unsettled_pub_tags: Iterable[bytes], now: float, out: list[Command]) -> None:
         """The stream's publisher resumed with a complete unsettled list: drop resuming

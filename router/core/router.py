@@ -131,6 +131,7 @@ class RouterCore(
         "records_for",
         "topics_taken_by",
         "answer_origin",
+        "arm_sweep",
     )
     pump = AdmissionMixin._pump
     route_control = ControlMixin._route_control
@@ -209,6 +210,10 @@ class RouterCore(
         # "stream-resumed" floods already passed on -> when (oldest first): forgotten a
         # resume horizon later. (Announcements: the membership table knows repeats.)
         self._flooded: dict[tuple[Any, ...], float] = {}
+        # stream -> (the router its publisher last resumed at, as heard here; when),
+        # oldest first, for a resume horizon: a copy of one of its deliveries from
+        # another router is a stale one, not a new origin's (relay._known_copy).
+        self.resumed_at: dict[bytes, tuple[str, float]] = {}
         # subscriber key -> (link id, routers yet to confirm, the announcement's version)
         self._awaiting_acks: dict[str, tuple[int, set[str], int]] = {}
         # Of those, the ones whose attach was answered already (the announce timeout of a
@@ -440,6 +445,11 @@ class RouterCore(
             if when > horizon:
                 break
             del self._flooded[stamp]
+        while self.resumed_at:
+            stream, (_, when) = next(iter(self.resumed_at.items()))
+            if when > horizon:
+                break
+            del self.resumed_at[stream]
         self._sweep_at = None
         self._arm_sweep(now)
 
@@ -530,6 +540,7 @@ class RouterCore(
 
     records_for = _records_for  # a service of the resumption component (SERVICES)
     topics_taken_by = _topics_matching  # likewise
+    arm_sweep = _arm_sweep  # likewise
 
     def _drop_topic_if_idle(self, topic: Topic) -> None:
         if topic.idle() and self.topics.get(topic.name) is topic:

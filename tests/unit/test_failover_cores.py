@@ -1285,6 +1285,59 @@ def test_a_router_that_answered_before_the_resend_came_hears_the_end():
     _publisher_settles_and_every_record_ends(mesh, "B", resumed, (2,))
 
 
+def _settle_holding(mesh, held_back) -> list:
+    """Deliver everything in flight (and whatever that causes) but the messages
+    ``held_back(target, event)`` picks (held up on their busy links); returns those."""
+    held = []
+    while mesh.inflight:
+        pair, conn, target, event = item = mesh.inflight.popleft()
+        if held_back(target, event):
+            held.append(item)
+        elif mesh.links.get(pair) == conn:
+            mesh.feed(target, event)
+    return held
+
+
+@pytest.mark.parametrize("order", ["news-copy-stale", "copy-stale-news"])
+def test_a_stale_copy_from_the_old_origin_does_not_take_the_delivery_back(order):
+    """Found by tests/failover/test_moving_subscribers.py under CPU load: C sent #1 to A
+    and B; p, cut off from C, resumed at B, which took over and sent A its copy; C heard,
+    handed the delivery over and forgot it. C's own copy, held up on its busy link, then
+    reached A after B's: A took C for the origin again and answered C, which no longer
+    held #1, and B waited for A for ever (p got no outcome). A copy moves a delivery to
+    the router it came from only if that is where its publisher last resumed, as heard
+    here (or nothing was heard: then the news, when it comes, settles it)."""
+    from router.core.events import PUBLISHER, ControlReceived, DataReceived, LinkAttached, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    k = mesh.subscriber("A", "k", durable=2, timeout=60)
+    j = mesh.subscriber("B", "j", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P")
+    incarnation = open_properties(mesh, "C", pub)[INCARNATION_PROPERTY]
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    stale = _settle_holding(mesh, lambda to, ev: to == "A" and ev.router_id == "C" and isinstance(ev, DataReceived))
+    assert len(stale) == 1, "C's copy of #1 to A is held up"
+    properties = {INCARNATION_PROPERTY: incarnation, "eorouter:resume": True, "eorouter:unsettled": [[b"1", "none"]]}
+    mesh.feed("B", LinkAttached(500, 500, "P", "p", PUBLISHER, "t", rcv_settle_mode=1, properties=properties))
+    if order == "news-copy-stale":
+        mesh.settle()  # A hears p resumed at B, then has B's copy
+        mesh.inflight.extend(stale)
+    else:
+        news = _settle_holding(mesh, lambda to, ev: to == "A" and isinstance(ev, ControlReceived))
+        assert any(m.get("t") == "stream-resumed" for item in news for m in item[3].messages), "A has not heard yet"
+        mesh.inflight.extend(stale + news)  # B's copy first, then C's, then the news
+    mesh.settle()
+    mesh.feed("B", MessageReceived(500, 2, b"1", encode("m1"), False))
+    mesh.settle()
+    assert [e.fields.get("to_router") for e in mesh.logs["C"] if e.kind == "origin-taken-over"] == ["B"]
+    (k_copy,) = mesh.forwarded("A", k)
+    mesh.answer("A", k, k_copy.tag)
+    for copy in mesh.forwarded("B", j):
+        mesh.answer("B", j, copy.tag)
+    assert [c.outcome for c in mesh.outcomes_for("B", 2)] == [outcomes.ACCEPTED]
+    _publisher_settles_and_every_record_ends(mesh, "B", 500, (2,))
+
+
 # ------------------------------------------------------------------ the dead origin's own subscribers
 
 
