@@ -570,11 +570,17 @@ class Resumption(MovedSubscribers):
         # not waited for; should it come, it is delivered again.
         waits = topic is None or topic.guarantee.mode != AT_LEAST_ONCE
         known: list[tuple[bytes, DeliveryRecord, SubscriberState]] = []  # what it reported that we hold
+        awaited: list[list[bytes | str]] = []  # what it reported that we wait for
         for tag, code in reported.items():
             record = self.core.records.get(tag)
             if record is None:
-                if waits and tag not in self.core.settled:  # else settled and forgotten here: left out of our answer
-                    self._placeholder_for(sub, tag, now, out)
+                # Else settled and forgotten here: left out of our answer.
+                if waits and tag not in self.core.settled and self._placeholder_for(sub, tag, now, out):
+                    # Listed, with its state: left out, it would forget the delivery, and
+                    # at its next router, reporting nothing, be sent it as one it never
+                    # got (found by tests/failover/test_moving_subscribers.py: the proof
+                    # called it a duplicate).
+                    awaited.append([tag, outcomes.NAMES[code]])
                 continue
             if record.pub_settled:
                 state = record.subscribers.get(key)
@@ -601,6 +607,7 @@ class Resumption(MovedSubscribers):
         answer: list[list[bytes | str]] = [
             [tag, state_name(state.outcome)] for tag, record, state in known if not record.pub_settled
         ]
+        answer += awaited
         out.append(
             Log(
                 "resume-requested",
@@ -627,16 +634,16 @@ class Resumption(MovedSubscribers):
             return
         self._placeholder_for(sub, tag, now, out)
 
-    def _placeholder_for(self, sub: Subscription, tag: bytes, now: float, out: list[Command]) -> None:
+    def _placeholder_for(self, sub: Subscription, tag: bytes, now: float, out: list[Command]) -> bool:
         """A resuming subscriber reported ``tag``, which we never saw: it waits for it
         (a placeholder holds the rest of its stream back) unless its publisher
-        resumed without it (settled)."""
+        resumed without it (settled). True when it waits."""
         stream = tag[: tags.STREAM_ID_SIZE]
         if self.settled_before_resume(tag):
             # Its publisher resumed here without it: settled (its router died
             # before this subscriber heard). Left out of our answer.
             out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
-            return
+            return False
         sub.placeholders.setdefault(stream, set()).add(tag)
         self.core.add_timer(now + self.core.settings.placeholder_timeout, _TIMER_PLACEHOLDER, (sub, tag))
         out.append(Log("placeholder-created", {"subscriber": sub.key, "delivery": tag.hex()}))
@@ -645,6 +652,7 @@ class Resumption(MovedSubscribers):
         # ask; a router that knows it settled answers "settle" with "done".
         for router_id in sorted(self.core.net.reachable() - {self.core.settings.router_id}):
             self.core.route_control(router_id, {"t": "settled?", "d": tag.hex()}, out)
+        return True
 
     def settled_before_resume(self, tag: bytes) -> bool:
         """Whether ``tag``, a delivery this router holds no record of and does not

@@ -244,7 +244,8 @@ def test_a_delivery_its_publisher_settled_before_resuming_here_gets_no_placehold
     sub = _resume_subscriber(mesh, "B", "k", [(t1, "accepted"), (t2, "none"), (t3, "none")])
     logs = [e.kind for e in mesh.logs["B"]]
     assert "placeholder-settled" in logs
-    assert [tag for tag, _ in open_properties(mesh, "B", sub)["eorouter:unsettled"]] == []
+    # #1 is settled: left out (forget it); #2 and #3 are awaited: listed (keep them)
+    assert open_properties(mesh, "B", sub)["eorouter:unsettled"] == [[t2, "none"], [t3, "none"]]
     resent = [mesh.publish("B", pub, n, payload=payloads[int(n)]) for n in (b"2", b"3")]
     d4 = mesh.publish("B", pub, b"4", body="m4")
     got = mesh.forwarded("B", sub)
@@ -1336,6 +1337,40 @@ def test_a_stale_copy_from_the_old_origin_does_not_take_the_delivery_back(order)
         mesh.answer("B", j, copy.tag)
     assert [c.outcome for c in mesh.outcomes_for("B", 2)] == [outcomes.ACCEPTED]
     _publisher_settles_and_every_record_ends(mesh, "B", 500, (2,))
+
+
+def test_a_subscriber_keeps_what_a_router_made_a_placeholder_for_and_is_not_sent_it_as_new_after():
+    """Found by tests/failover/test_moving_subscribers.py under CPU load (the proof
+    called it a duplicate; our client's dedup window hid it from the application): k
+    accepted #1 at A (unsettled: C's publisher never settled, its connection dark) and
+    moved to B, which never saw #1 and made a placeholder for it, but left it out of its
+    answer, which says "settled, forget it". k then moved on to C, reporting nothing: C,
+    holding #1 unsettled, took it for one k never got and sent it as new. A placeholder
+    is in the answer, with the state k reported: it keeps the tag until a router that
+    knows it settled leaves it out."""
+    from router.core.events import LinkDetached, MessageReceived
+
+    mesh = Mesh(*TRIANGLE, twins=True, record_linger=1.0)
+    k = mesh.subscriber("A", "k", durable=2, timeout=60)
+    pub = mesh.publisher("C", name="p", container="P")
+    mesh.feed("C", MessageReceived(pub, 1, b"1", encode("m1"), False))
+    mesh.settle()
+    (copy,) = mesh.forwarded("A", k)
+    _accept_unsettled(mesh, "A", k, copy.tag)
+    assert [c.outcome for c in mesh.outcomes_for("C", 1)] == [outcomes.ACCEPTED], "p has not settled"
+    held = [[copy.tag, "accepted"]]
+    for router in ("B", "C"):
+        link = _resume_subscriber(mesh, router, "k", held)
+        mesh.feed("A" if router == "B" else "B", LinkDetached(k, False))
+        mesh.settle()
+        answer = open_properties(mesh, router, link)["eorouter:unsettled"]
+        held = [[tag, state] for tag, state in held if tag in {bytes(t) for t, _ in answer}]  # what a client keeps
+        assert held == [[copy.tag, "accepted"]], f"{router} lists #1 in its answer"
+        k = link
+    assert {c.tag for c in mesh.forwarded("C", k)} <= {tag for tag, _ in held}, "C sends k nothing it does not hold"
+    for again in mesh.forwarded("C", k):
+        mesh.answer("C", k, again.tag)
+    _publisher_settles_and_every_record_ends(mesh, "C", pub, (1,))
 
 
 # ------------------------------------------------------------------ the dead origin's own subscribers
