@@ -99,8 +99,8 @@ class AdmissionMixin(CoreState):
             seq = self.resumption.resend_seq(pub, ev.tag, seq)
         record = self._new_record(pub, topic, ev, seq, named, prepared, now)
         self._fan_out(record, prepared[0], pub, topic, ev, size, now, out, named[2] == PREDATES)
-        if named[2] and pub.resend_holders:  # routers that hold it wait for its end too
-            self.resumption.watch_holders(pub, record)
+        if named[2] and pub.resend_holders:  # routers that hold it: waited for too
+            self.resumption.wait_for_holders(pub, record, now, out)
 
     def _refuse_while_draining(self, ev: MessageReceived, out: list[Command]) -> None:
         """A shutting-down router takes nothing new: released, so the publisher may

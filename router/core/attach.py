@@ -392,6 +392,7 @@ class AttachMixin(CoreState):
         # Its unsettled records stay: subscribers still finish them. It may resume
         # (on any router) within publisher_resume_timeout; after that, or at once if
         # it closed its link, a record whose outcome is final is settled for it.
+        self.resumption.release_answers(pub.link_id, now, out)
         orphans = [r for r in topic.records.values() if r.pub_link == pub.link_id and not r.pub_settled]
         for record in orphans:
             if record.pub_delivery is not None:

@@ -392,7 +392,7 @@ class ControlMixin(CoreState):
             if pub.awaiting_seq:
                 pub.awaiting_seq &= reachable
                 if not pub.awaiting_seq:
-                    self.resumption.stream_seq_known(pub, out)
+                    self.resumption.stream_seq_known(pub, now, out)
         for key, (link_id, waiting, _) in list(self._awaiting_acks.items()):
             waiting &= reachable
             if not waiting:

@@ -66,6 +66,7 @@ class CoreState:
     moved_away: dict[str, MovedAway]
     moved_via: dict[bytes, set[str]]
     resumed_at: dict[bytes, tuple[str, float]]
+    answers_held: set[int]
     announcements_learnt: dict[tuple[str, str], int]
     _flooded: dict[tuple[Any, ...], float]
     _awaiting_acks: dict[str, tuple[int, set[str], int]]

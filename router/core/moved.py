@@ -101,6 +101,10 @@ class MovedSubscribers:
         self.core.net.membership.router_lost(router_id, now)
         self.core.net.membership_changed()
         for record in list(self.core.records.values()):
+            if record.targeted and record.origin_router is not None:
+                # A subscriber here it addressed answers nobody now (found by the
+                # generated histories, a subscriber moving twice and A dying).
+                self.untarget(record, {router_id}, now, out)
             state = record.remote_routers.get(router_id)
             if state is None or state.outcome is not None or record.pub_settled:
                 continue
@@ -281,7 +285,7 @@ class MovedSubscribers:
         for record in list(self.core.records.values()):
             moved = record.moved.get(key)
             if moved is not None and moved.outcome is None and moved.router != router_id:
-                moved.router = router_id
+                _readdress(record, moved, router_id)
                 self._send_targeted(record, router_id, [key], out)
 
     def resend_to_moved(self, record: DeliveryRecord, out: list[Command]) -> None:
@@ -291,7 +295,7 @@ class MovedSubscribers:
                 continue
             where = self.core.net.membership.where(_split_key(key))
             if where is not None:
-                moved.router = where
+                _readdress(record, moved, where)
             if moved.router is not None:
                 by_router.setdefault(moved.router, []).append(key)
         for router_id, keys in sorted(by_router.items()):
@@ -329,9 +333,16 @@ class MovedSubscribers:
             if record.pub_settled and sender in record.settle_pending:
                 self.core.route_control(sender, self.core.settle_message(record.tag, self.core.final_outcome(record)), out)
             return
-        moved.router = sender
         if code == outcomes.NONE:
-            return  # not there (any more): keep waiting where it shows up next
+            # Not there (any more): we wait where it shows up next, which may be that
+            # same router again (answered "none" between two of its links there, it was
+            # never sent the copy again: found by the generated histories, a subscriber
+            # moving twice), or where it is already known to be.
+            _readdress(record, moved, self.core.net.membership.where(_split_key(key)))
+            if moved.router is not None:
+                self._send_targeted(record, moved.router, [key], out)
+            return
+        moved.router = sender
         moved.outcome = (
             OUTCOME_ACCEPTED
             if code == outcomes.ACCEPTED
@@ -390,16 +401,32 @@ class MovedSubscribers:
         histories, with the publisher resuming at the router the subscriber had left.)"""
         old_origin = record.origin_router
         record.origin_router = new_origin
+        if record.moved and not record.pub_settled and old_origin != new_origin:
+            # Copies we addressed to our subscribers that had moved to the old origin
+            # went to a router that forgot whom they were for: their answers would never
+            # come (found by the generated histories, a subscriber moving twice).
+            # Addressed again, where each is now.
+            if any(m.outcome is None and m.router == old_origin for m in record.moved.values()):
+                self.resend_to_moved(record, out)
         if not record.targeted or record.pub_settled or old_origin == new_origin:
             return False
-        theirs = [key for key, router in record.targeted.items() if router == old_origin]
-        if not theirs:
+        reachable = self.core.net.reachable()
+        return self.untarget(record, {r for r in record.targeted.values() if r == old_origin or r not in reachable}, now, out)
+
+    def untarget(self, record: DeliveryRecord, gone: set[str], now: float, out: list[Command]) -> bool:
+        """Routers in ``gone`` will never hear our subscribers' answers (an old origin
+        that forgot the delivery, a router that died): each subscriber addressed by one
+        is reported to another router that addressed it a copy, if one did (it still
+        waits), or else counts in our own answer. True when that changed our answer
+        (given again, or waiting for them)."""
+        theirs = [key for key, router in record.targeted.items() if router in gone] if record.targeted else []
+        if not theirs or record.pub_settled:
             return False
         targeted = record.own_targeted()
         also = getattr(record, "also_targeted", None) or {}
         counted = False
         for key in theirs:
-            others = sorted(also.pop(key, set()) - {old_origin})
+            others = sorted(also.pop(key, set()) - gone)
             if others:
                 targeted[key] = others[0]  # (they had its answer, if any, already)
                 if others[1:]:
@@ -410,8 +437,9 @@ class MovedSubscribers:
         if not counted:
             return False
         record.waiting = -1
-        record.outcome = None
-        self.core.maybe_answer_publisher(record, now, out)
+        if record.origin_router is not None:
+            record.outcome = None
+            self.core.maybe_answer_publisher(record, now, out)
         return True
 
     def report_targeted(self, record: DeliveryRecord, key: str, out: list[Command]) -> None:
@@ -450,3 +478,15 @@ class MovedSubscribers:
 def _split_key(key: str) -> SubscriberKey:
     container_id, _, link_name = key.partition("/")
     return SubscriberKey(container_id, link_name)
+
+
+def _readdress(record: DeliveryRecord, moved: MovedState, router_id: str | None) -> None:
+    """A moved subscriber's copy goes to ``router_id`` from now on. The router it went to
+    before may hold a record for it (passing it on, should the subscriber have moved on
+    from there): it hears the settlement, or it held that record for ever (found by the
+    generated histories, a subscriber moving twice)."""
+    if moved.router is not None and moved.router != router_id:
+        if record.watchers is None:
+            record.watchers = set()
+        record.watchers.add(moved.router)
+    moved.router = router_id

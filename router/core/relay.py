@@ -192,6 +192,12 @@ class RelayMixin(CoreState):
         if targets and topic is not None:
             self._new_targeted_record(ev, header, topic, targets, report_to, now, out)
             return
+        for key in targets or ():
+            # Addressed to subscribers of a topic nobody here takes any more: each is not
+            # here, which only a keyed answer says (the router that addressed it then
+            # waits where it shows up next; answered only "none", it waited here for
+            # ever: found by the generated histories, a subscriber moving twice).
+            self._route_control(report_to, {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE, "key": key}, out)
         if self._before_its_chain_here(tag, header, origin):
             # Older than the first delivery its stream's first origin sent us, and from
             # another origin (its publisher resumed there, which sends what it took over
@@ -226,8 +232,15 @@ class RelayMixin(CoreState):
         self._new_relayed_record(ev, header, topic, now, out)
 
     def _before_its_chain_here(self, tag: bytes, header: dict[str, Any], origin: str) -> bool:
-        start = self._chain_start.get(tag[: tags.STREAM_ID_SIZE]) if self._chain_start else None
-        return start is not None and header.get("seq", 0) < start[0] and origin != start[1]
+        stream = tag[: tags.STREAM_ID_SIZE]
+        start = self._chain_start.get(stream) if self._chain_start else None
+        if start is None or header.get("seq", 0) >= start[0] or origin == start[1]:
+            return False
+        # Unless a subscriber here waits for it (it reported holding it when it moved
+        # here: its router died with the delivery, which only its publisher's resend
+        # brings now; dropped, the subscriber never had it answered and the publisher
+        # heard "released": found by the generated histories, a subscriber moving twice).
+        return not any(tag in sub.placeholders.get(stream, ()) for sub in self.subscriptions.values() if sub.placeholders)
 
     def _known_copy(
         self, record: DeliveryRecord, origin: str, targets: list[str] | None, report_to: str, now: float, out: list[Command]
@@ -346,6 +359,12 @@ class RelayMixin(CoreState):
             out[-1].fields["guarantee"] = AT_LEAST_ONCE  # type: ignore[union-attr]
         self.resumption.accept_targeted(record, targets, report_to, now, out)
         self.resumption.fulfil_placeholders(record, now, out)
+        if not record.targeted and not record.subscribers:
+            # None of them is here (any more): each was answered "none", and nobody else
+            # sent us this delivery, so no origin will ever settle it with us. Kept, it
+            # stayed for ever once its publisher resumed elsewhere (found by the
+            # generated histories, a subscriber moving twice).
+            self._delete(record, "owed-to-nobody-here", out)
 
     def _new_relayed_record(
         self,

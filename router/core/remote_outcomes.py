@@ -35,8 +35,16 @@ class RemoteOutcomesMixin(CoreState):
         # With no subscriber left here that was owed it, we are not owed it either. A
         # subscriber that moved away still counts: the router it moved to answered us
         # for it (a targeted copy) and leaves it out of its own answer; and we keep a
-        # record that only the origin's settlement ends.
-        if record.moved or record.filtered or any(k not in record.targeted for k in record.subscribers):
+        # record that only the origin's settlement ends. (One another router addressed
+        # here and that moved on again answers that router individually: not ours to
+        # count; counted, the placeholder outcome of a record made for such copies went
+        # out as our answer, "released", found by the generated histories.)
+        targeted = record.targeted
+        if (
+            record.filtered
+            or any(k not in targeted for k in record.subscribers)
+            or (record.moved and any(k not in targeted for k in record.moved))
+        ):
             code = outcome.code
         else:
             code = outcomes.NONE
@@ -120,8 +128,18 @@ class RemoteOutcomesMixin(CoreState):
             final = None  # absent (an older router) or not an outcome code
         if record is not None and (
             record.origin_router == sender
-            or sender in record.targeted.values()
-            or any(sender in routers for routers in (getattr(record, "also_targeted", None) or {}).values())
+            # (A router that addressed a copy to a subscriber here settles it with us; not
+            # when we are the origin: our publisher is here, and taken for ours, that
+            # settlement, come while the publisher's outcomes waited for the routers'
+            # numbering answers, settled the delivery with none: found by the
+            # generated histories.)
+            or (
+                record.origin_router is not None
+                and (
+                    sender in record.targeted.values()
+                    or any(sender in routers for routers in (getattr(record, "also_targeted", None) or {}).values())
+                )
+            )
         ):
             if final is not None and record.origin_router is not None:
                 record.final = final

@@ -88,6 +88,15 @@ def reported_unsettled(properties: dict[str, Any] | None) -> tuple[bool, dict[by
     return resuming, reported, props.get(INCOMPLETE_PROPERTY) is True
 
 
+def _pop_holders(pub: PublisherLink, ptag: bytes) -> set[str]:
+    """The routers that said they hold ``ptag`` when ``pub`` resumed (each is told once)."""
+    holders = pub.resend_holders
+    routers = holders.pop(ptag, None) if holders else None
+    if holders is not None and not holders:
+        pub.resend_holders = None
+    return routers or set()
+
+
 def _held_seqs(pairs: object, sender: object) -> list[tuple[bytes, int]]:
     """A ``stream-seq`` answer's ``seqs``: [[publisher tag (hex), stream_seq], ...]."""
     if not isinstance(pairs, (list, tuple)):
@@ -139,7 +148,7 @@ class Resumption(MovedSubscribers):
     (each says when). This component reads the core's public state (``records``,
     ``topics``, ``publishers``, ``subscriptions``, ``by_delivery``, ``net``,
     ``settings``, ``epoch``, ``stream_seq``, ``lost``, ``settled``, ``moved_away``,
-    ``moved_via``, ``resumed_at``) and calls only the core's services named in ``RouterCore.SERVICES``
+    ``moved_via``, ``resumed_at``, ``answers_held``) and calls only the core's services named in ``RouterCore.SERVICES``
     (router/core/router.py). It keeps no state of its own: what it needs rides on the
     links (``PublisherLink.resumed_with``, ``Subscription.placeholders``) and in those
     maps of the core's."""
@@ -175,6 +184,8 @@ class Resumption(MovedSubscribers):
                 },
             )
         )
+        if self.core.net.reachable() - {self.core.settings.router_id}:
+            self.core.answers_held.add(pub.link_id)
         self._become_origin(pub, topic, reported, incomplete, now, out)
         self.wait_for_earlier_resends(pub, now, out)
         if not incomplete:
@@ -299,6 +310,7 @@ class Resumption(MovedSubscribers):
         for pub in list(self.core.publishers.values()):
             if pub.stream == stream and pub.awaiting_seq and sender in pub.awaiting_seq:
                 pub.next_seq = max(pub.next_seq, seq + 1)
+                self._wait_for_holder(pub, sender, held, now, out)
                 numbers = pub.resend_seqs
                 if numbers:
                     for ptag, held_seq in held:
@@ -310,14 +322,39 @@ class Resumption(MovedSubscribers):
                             pub.resend_holders.setdefault(ptag, set()).add(sender)
                 pub.awaiting_seq.discard(sender)
                 if not pub.awaiting_seq:
-                    self.stream_seq_known(pub, out)
+                    self.stream_seq_known(pub, now, out)
 
-    def stream_seq_known(self, pub: PublisherLink, out: list[Command]) -> None:
+    def _wait_for_holder(
+        self, pub: PublisherLink, sender: str, held: list[tuple[bytes, int]], now: float, out: list[Command]
+    ) -> None:
+        """``sender`` holds these deliveries of the resumed stream: a record we took over
+        waits for its answer too (and is sent again, which it answers). A router the
+        delivery went through for a subscriber that moved on holds that subscriber's
+        answer; counted neither as interested nor as having addressed a copy here, it
+        was not waited for, and the publisher heard "released" for what the subscriber
+        accepted (found by the generated histories, a subscriber moving twice)."""
+        for ptag, _ in held:
+            record = self.core.records.get(tags.outgoing_tag(pub.stream, ptag))
+            if record is not None and record.origin_router is None and record.pub_link == pub.link_id:
+                self._wait_for(record, (sender,), now, out)
+
+    def release_answers(self, link_id: int, now: float, out: list[Command]) -> None:
+        """The outcomes of a resumed publisher's deliveries stop waiting (every router
+        answered, or the wait timed out, or the link went)."""
+        if link_id not in self.core.answers_held:
+            return
+        self.core.answers_held.discard(link_id)
+        for record in list(self.core.records.values()):
+            if record.pub_link == link_id and record.origin_router is None and not record.pub_settled and record.outcome is None:
+                self.core.maybe_answer_publisher(record, now, out)
+
+    def stream_seq_known(self, pub: PublisherLink, now: float, out: list[Command]) -> None:
         pub.awaiting_seq = None
         self._number_resends(pub)
         self.core.stream_seq[pub.stream] = max(self.core.stream_seq.get(pub.stream, -1), pub.next_seq - 1)
         out.append(Log("stream-seq-continued", {"link": pub.link_id, "next_seq": pub.next_seq}))
         self.core.refill_credit(self.core.topics[pub.topic], out)
+        self.release_answers(pub.link_id, now, out)
 
     def _number_resends(self, pub: PublisherLink) -> None:
         """The numbers the resumed publisher's resends of deliveries we never saw take,
@@ -351,22 +388,33 @@ class Resumption(MovedSubscribers):
                 numbers[ptag] = pub.next_seq
                 pub.next_seq += 1
 
-    def watch_holders(self, pub: PublisherLink, record: DeliveryRecord) -> None:
-        """A resend we never saw became ``record``: routers that hold it (they said so
-        when the publisher resumed here) and that we do not send it to are sent its
-        settlement when it comes. Each answers us once it hears the publisher is here,
-        which may be before the resend made our record; without the settlement such a
-        router held its record for ever (found by
-        tests/failover/test_moving_subscribers.py, the publisher moving too)."""
-        holders = pub.resend_holders
-        routers = holders.pop(record.pub_tag, None) if holders else None
-        if holders is not None and not holders:
-            pub.resend_holders = None
-        for router_id in sorted(routers or ()):
-            if router_id not in record.remote_routers:
-                if record.watchers is None:
-                    record.watchers = set()
-                record.watchers.add(router_id)
+    def wait_for_holders(self, pub: PublisherLink, record: DeliveryRecord, now: float, out: list[Command]) -> None:
+        """A resend became ``record``, ours as origin: routers that hold it (they said
+        so when the publisher resumed here) and that we do not wait for yet are sent it
+        and waited for: each answers (again: it may have answered once it heard the
+        publisher is here, before the resend made our record) and hears the end. Not
+        sent the settlement, such a router held its record for ever (found by
+        tests/failover/test_moving_subscribers.py, the publisher moving too); not waited
+        for, one holding the answer of a subscriber that moved on from there was left
+        out, and the publisher heard "released" for what it accepted (found by the
+        generated histories, a subscriber moving twice)."""
+        routers = _pop_holders(pub, record.pub_tag)
+        if routers:
+            self._wait_for(record, routers, now, out)
+
+    def _wait_for(self, record: DeliveryRecord, routers: Iterable[str], now: float, out: list[Command]) -> None:
+        added = [
+            r
+            for r in sorted(routers)
+            if r not in record.remote_routers and r != self.core.settings.router_id and r in self.core.net.reachable()
+        ]
+        if not added or record.pub_settled or record.outcome is not None:
+            return
+        remote = record.own_remote_routers()
+        for router_id in added:
+            remote[router_id] = RouterState()
+        record.waiting = -1
+        self.core.send_towards(record, added, now, out)
 
     def resend_seq(self, pub: PublisherLink, ptag: bytes, seq: int) -> int:
         """The number of a resend of ``ptag`` we never saw (``seq``: the next one of
@@ -473,6 +521,11 @@ class Resumption(MovedSubscribers):
         record.settle_pending = EMPTY_SET
         self.core.topics[record.topic].unsettled -= 1
         record.outcome = None
+        if record.targeted:
+            # (As origin we counted them ourselves; those addressed by a router that died
+            # count in our own answer now: their reports would reach nobody.)
+            reachable = self.core.net.reachable()
+            self.untarget(record, {r for r in record.targeted.values() if r not in reachable}, now, out)
         if not record.subscribers:
             # Owed to nobody here, so nothing left to keep. But the new origin may
             # count us among the routers it waits for and have sent us its copy
@@ -484,7 +537,9 @@ class Resumption(MovedSubscribers):
             return
         self.core.maybe_answer_publisher(record, now, out)
 
-    def _take_over(self, record: DeliveryRecord, topic: Topic, now: float, out: list[Command]) -> None:
+    def _take_over(
+        self, record: DeliveryRecord, topic: Topic, now: float, out: list[Command], holders: Iterable[str] = ()
+    ) -> None:
         """Its origin router died and its publisher resumed here: this router is the
         origin now. Every other interested router is sent the delivery again (they
         recognise the tag and answer us)."""
@@ -502,7 +557,10 @@ class Resumption(MovedSubscribers):
         # network's: the publisher hears only once everyone answered us.
         record.outcome = None
         topic.unsettled += 1
-        for router_id in sorted(self.core.net.interested_routers(record.topic)):
+        # Every interested router, and those that said they hold it when its publisher
+        # resumed here (wait_for_holders).
+        holding = (set(holders) & self.core.net.reachable()) - {self.core.settings.router_id}
+        for router_id in sorted(self.core.net.interested_routers(record.topic) | holding):
             record.own_remote_routers().setdefault(router_id, RouterState())
         pending = [r for r, st in record.remote_routers.items() if st.outcome is None]
         if pending:
@@ -515,7 +573,12 @@ class Resumption(MovedSubscribers):
             owed = [key for key in keys if self._owe_moved_or_local(record, key, now, out)]
             if owed:
                 out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin, "subscribers": owed}))
-                self.resend_to_moved(record, out)
+        if any(m.outcome is None and m.router == old_origin for m in record.moved.values()):
+            # Copies we addressed to subscribers that moved from here, sent while we were
+            # not the origin, went to the old origin itself (they had moved there), which
+            # handed the delivery over and forgot whom they were for: its answer would
+            # never name them (as for a relay, moved.origin_moved). Addressed again.
+            self.resend_to_moved(record, out)
         self.core.maybe_answer_publisher(record, now, out)
 
     def resent_by_publisher(
@@ -532,7 +595,7 @@ class Resumption(MovedSubscribers):
             # here (still in flight, or resent on a route change before that router
             # heard): the publisher is here, so we are its origin now.
             record.pub_link = pub.link_id
-            self._take_over(record, self.core.topics[record.topic], now, out)
+            self._take_over(record, self.core.topics[record.topic], now, out, _pop_holders(pub, record.pub_tag))
         record.pub_delivery = ev.delivery
         record.pub_link = pub.link_id
         self.core.by_delivery[ev.delivery] = record

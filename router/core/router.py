@@ -214,6 +214,10 @@ class RouterCore(
         # oldest first, for a resume horizon: a copy of one of its deliveries from
         # another router is a stale one, not a new origin's (relay._known_copy).
         self.resumed_at: dict[bytes, tuple[str, float]] = {}
+        # Resumed publishers' links whose outcomes wait until every router said how far
+        # it saw the stream and which of its deliveries it holds (resumption.on_stream_seq):
+        # a router holding one may hold a subscriber's answer nobody else will give.
+        self.answers_held: set[int] = set()
         # subscriber key -> (link id, routers yet to confirm, the announcement's version)
         self._awaiting_acks: dict[str, tuple[int, set[str], int]] = {}
         # Of those, the ones whose attach was answered already (the announce timeout of a
@@ -407,7 +411,7 @@ class RouterCore(
                 pub: PublisherLink = obj
                 if self.publishers.get(pub.link_id) is pub and pub.awaiting_seq:
                     out.append(Log("stream-seq-timeout", {"link": pub.link_id, "routers": sorted(pub.awaiting_seq)}))
-                    self.resumption.stream_seq_known(pub, out)
+                    self.resumption.stream_seq_known(pub, now, out)
             elif kind == _TIMER_ANNOUNCE:
                 key, link_id, first = obj
                 waiting = self._awaiting_acks.get(key)

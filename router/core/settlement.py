@@ -316,6 +316,8 @@ class SettlementMixin(CoreState):
             yield moved.outcome
 
     def _answer_publisher(self, record: DeliveryRecord, outcome: Outcome, now: float, out: list[Command]) -> None:
+        if self.answers_held and record.origin_router is None and record.pub_link in self.answers_held:
+            return  # until every router said what it holds (resumption.stream_seq_known)
         record.outcome = outcome
         if record.origin_router is not None:
             self._answer_origin(record, outcome, record.origin_router, out)

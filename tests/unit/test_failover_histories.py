@@ -18,13 +18,16 @@ and every record ends.
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 from corekit import decode, encode
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from meshkit import Mesh
 
 from router.core import outcomes
-from router.core.commands import Forward, Log, OpenLink, SendOutcome, SettleOutgoing
+from router.core.commands import DetachLink, Forward, Log, OpenLink, SendOutcome, SettleOutgoing
 from router.core.events import ConnectionLost, CreditChanged, MessageReceived, OutcomeReceived, PeerLost, PublisherSettled
 from router.core.moved import MOVED_AWAY_GRACE
 from router.core.router import INCARNATION_PROPERTY
@@ -246,11 +249,18 @@ class HistorySubscriber:
         self.cut_off = True
 
     def receive(self) -> None:
-        """Forget what the router settled; a resent tag it holds is the same delivery,
-        answered again as it reported it."""
+        """Forget what the router settled, and, when it answers an attach, what it left
+        out of its answer (it knows those settled, as the client takes it); a resent
+        tag it holds is the same delivery, answered again as it reported it."""
         commands = self.mesh.client[self.router]
+        forced_off = False
         for c in [] if self.cut_off else commands[self.seen :]:
-            if isinstance(c, Forward) and c.link_id == self.link:
+            if isinstance(c, DetachLink) and c.link_id == self.link:
+                forced_off = True  # (older news of it elsewhere took it: it fails over once more)
+            elif isinstance(c, OpenLink) and c.link_id == self.link:
+                listed = {bytes(tag) for tag, _ in (c.properties or {}).get("eorouter:unsettled", ())}
+                self.held = {tag: held for tag, held in self.held.items() if tag in listed}
+            elif isinstance(c, Forward) and c.link_id == self.link:
                 if c.tag not in self.held:
                     self.app.append(decode(c.payload).body)
                     self.held[c.tag] = [self.link, "none"]
@@ -261,6 +271,8 @@ class HistorySubscriber:
             elif isinstance(c, SettleOutgoing) and c.link_id == self.link:
                 self.held.pop(c.tag, None)
         self.seen = len(commands)
+        if forced_off:
+            self.move(self.router)
 
     def answer(self) -> None:
         """Accept the oldest delivery it has not answered on its current link."""
@@ -360,6 +372,7 @@ def _finish(mesh: Mesh, k: HistorySubscriber, hear, sent: list[int], heard: dict
         mesh.settle()
         for s in (k, *others):
             s.receive()
+            s.grant_credit()  # (a link it attached again, forced off, gets its credit too)
             for _ in range(len(s.held)):
                 s.answer()
         mesh.settle()
@@ -561,6 +574,107 @@ def test_a_subscriber_and_its_publisher_both_leaving_their_routers_finish_exactl
     _relay_history(data, plan)
 
 
+twice_milestones = _milestones(
+    "publish", "publish", "publish", "k-cut-off", "sub-moves", "answer", "sub-moves-again", "pub-moves", "C-notices-pub", "answer"
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), twice_milestones)
+def test_a_subscriber_moving_twice_while_its_publisher_moves_finishes_exactly_once_in_order(data, plan):
+    """k moves from A to B and on to C (the publisher's router), p's connection to C
+    dies and it resumes at A or B, each step once in any order, the routers' messages
+    racing between them; k takes a tag a router left out of its answer for settled, as
+    the client does. It found (first under CPU load, tests/failover/test_moving_subscribers.py):
+    B, never having seen a delivery k reported, made a placeholder but left it out of its
+    answer, so k forgot it, and C, holding it unsettled, sent it to k as one it never got."""
+    _relay_history(data, plan)
+
+
+_FOUND_MOVING_TWICE = [
+    # (what went wrong before, where p resumes, the plan), each found by the history above
+    ("a forced-off link, then stuck", "A", "P3 k-cut-off sub-moves answer sub-moves-again pub-moves C-notices-pub answer"),
+    (
+        "released: B did not wait for A",
+        "B",
+        "sub-moves P2 k-cut-off publish answer C-notices-pub d1 sub-moves-again pub-moves answer",
+    ),
+    (
+        "a record left at B",
+        "A",
+        "sub-moves P2 k-cut-off publish answer C-notices-pub d0 d0 sub-moves-again d0 pub-moves answer",
+    ),
+    (
+        "no outcome: C answered only plain none",
+        "A",
+        "P3 k-cut-off sub-moves answer sub-moves-again d0 pub-moves C-notices-pub answer",
+    ),
+    (
+        "released: B's placeholder outcome",
+        "A",
+        "sub-moves P2 k-cut-off publish answer C-notices-pub d0 d3 d0 d0 sub-moves-again pub-moves answer",
+    ),
+    ("a record left at B, re-addressed", "A", "P3 k-cut-off sub-moves C-notices-pub d0 pub-moves sub-moves-again answer answer"),
+    (
+        "no outcome: A's copy for k went to the old origin",
+        "B",
+        "P2 C-notices-pub publish answer answer d0 d0 d0 sub-moves k-cut-off d0 d14 sub-moves-again d6 d7 pub-moves",
+    ),
+    (
+        "released: k's copy addressed by A, which died",
+        "B",
+        "publish sub-moves sub-moves-again C-notices-pub d0 d0 d0 d0 d0 d0 publish answer publish k-cut-off answer"
+        " d0 d0 d0 d0 d0 d24 A-dies pub-moves pause x-attaches",
+    ),
+]
+
+
+def _pinned_plan(words: str) -> list[tuple[str, int]]:
+    plan: list[tuple[str, int]] = []
+    for word in words.split():
+        if word.startswith("P"):
+            plan += [("publish", 0)] * int(word[1:])
+        elif word.startswith("d") and word[1:].isdigit():
+            plan.append(("deliver", int(word[1:])))
+        else:
+            plan.append((word, 0))
+    return plan
+
+
+class _PinnedDraws:
+    """The draws of a pinned history: every choice fixed."""
+
+    def __init__(self, resumes_at: str = "B", **more):
+        self.values = {"linger": 0.5, "address": "t", "credit at B later": False, "messages first": 0, "p resumes at": resumes_at}
+        self.values.update(more)
+
+    def draw(self, strategy, label=None):
+        return self.values[label]
+
+
+@pytest.mark.parametrize(("found", "resumes_at", "plan"), _FOUND_MOVING_TWICE, ids=[f[0] for f in _FOUND_MOVING_TWICE])
+def test_the_histories_that_found_a_subscriber_moving_twice_going_wrong(monkeypatch, found, resumes_at, plan):
+    """Each failing history the search above found, pinned (it reruns whatever the
+    search draws): all now finish exactly once, in order, every record ending."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    _relay_history(_PinnedDraws(resumes_at), _pinned_plan(plan))
+
+
+def test_the_history_that_found_an_old_origins_settlement_taken_for_the_new_ones(monkeypatch):
+    """Found by the leaving history above once a resumed publisher's outcomes wait for the
+    routers' numbering answers: the old origin, still alive, finished #1 and settled it
+    with B, which had taken over, while B's outcome waited; B took that for its own
+    settlement, with no outcome, and p heard "released" for what k accepted."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    draws = _PinnedDraws(**{"rcv-settle-mode first": True, "messages": 0})
+    _leaving_history(
+        draws,
+        _pinned_plan(
+            "publish sub-moves answer d0 d0 d0 d0 d0 answer k-cut-off publish pub-moves A-notices-sub A-notices-pub k-credit"
+        ),
+    )
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data(), relay_moves)
 def test_a_subscriber_leaving_a_live_router_for_another_gets_a_third_routers_stream_in_order(data, plan):
@@ -668,6 +782,11 @@ def _relay_history(data, plan) -> None:
             mesh.now += MOVED_AWAY_GRACE
             for name in mesh.cores:
                 mesh.feed(name, mesh_timer())
+        elif action == "sub-moves-again" and k.moved and k.router == "B":
+            # On to C (its connection to B closes: B notices at once).
+            left = k.link
+            k.move("C")
+            mesh.feed("B", LinkDetached(left, False))
         elif action == "x-attaches" and not others:
             others.append(HistorySubscriber(mesh, "B", mesh.attach_subscriber("B", "x", durable=2, timeout=600)))
         k.receive()
@@ -682,9 +801,10 @@ def _relay_history(data, plan) -> None:
     # answered it without knowing what still comes by way of A.
     confirmed = lambda: (
         not any(  # noqa: E731
-            isinstance(c, Log) and c.kind == "announce-timeout" and not c.fields.get("held") for c in mesh.logs["B"]
+            isinstance(c, Log) and c.kind == "announce-timeout" and not c.fields.get("held")
+            for c in mesh.logs["B"] + mesh.logs["C"]
         )
     )
-    timed_out = any(getattr(c, "kind", "") == "announce-timeout" for c in mesh.logs["B"])
+    timed_out = any(getattr(c, "kind", "") == "announce-timeout" for c in mesh.logs["B"] + mesh.logs["C"])
     event(f"order checked: {confirmed()}, an announce timeout: {timed_out}, A died: {'A' not in mesh.cores}")
     _finish(mesh, k, hear, sent, heard, in_order=confirmed, others=others)
