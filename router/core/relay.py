@@ -26,10 +26,11 @@ from router.core.events import (
     DataReceived,
 )
 from router.core.guarantees import AT_LEAST_ONCE
-from router.core.links import Topic
+from router.core.links import Subscription, Topic, queue_in_order
 from router.core.outcomes import OUTCOME_ACCEPTED, Outcome
 from router.core.records import (
     DeliveryRecord,
+    Roster,
 )
 from router.core.settled import BEYOND_HORIZON
 
@@ -199,6 +200,16 @@ class RelayMixin(CoreState):
             # ever: found by the generated histories, a subscriber moving twice).
             self._route_control(report_to, {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE, "key": key}, out)
         if self._before_its_chain_here(tag, header, origin):
+            waiting = self._waiting_for(tag, topic)
+            if waiting and topic is not None:
+                # But a subscriber here waits for it (it reported holding it when it moved
+                # here; the router that held it for it died, and only its publisher's
+                # resend brings it now): owed to those only. (Dropped, it was never
+                # answered for them and the publisher heard "released"; owed to every
+                # subscriber, one that began here got it after later ones: both found
+                # by the generated histories, a subscriber moving twice.)
+                self._new_relayed_record(ev, header, topic, now, out, only=Roster(waiting))
+                return
             # Older than the first delivery its stream's first origin sent us, and from
             # another origin (its publisher resumed there, which sends what it took over
             # to every router interested now): that origin never sent it here, so nobody
@@ -232,15 +243,15 @@ class RelayMixin(CoreState):
         self._new_relayed_record(ev, header, topic, now, out)
 
     def _before_its_chain_here(self, tag: bytes, header: dict[str, Any], origin: str) -> bool:
+        start = self._chain_start.get(tag[: tags.STREAM_ID_SIZE]) if self._chain_start else None
+        return start is not None and header.get("seq", 0) < start[0] and origin != start[1]
+
+    def _waiting_for(self, tag: bytes, topic: Topic | None) -> list[Subscription]:
+        """The subscriptions of ``topic`` here that wait for ``tag`` (a placeholder)."""
         stream = tag[: tags.STREAM_ID_SIZE]
-        start = self._chain_start.get(stream) if self._chain_start else None
-        if start is None or header.get("seq", 0) >= start[0] or origin == start[1]:
-            return False
-        # Unless a subscriber here waits for it (it reported holding it when it moved
-        # here: its router died with the delivery, which only its publisher's resend
-        # brings now; dropped, the subscriber never had it answered and the publisher
-        # heard "released": found by the generated histories, a subscriber moving twice).
-        return not any(tag in sub.placeholders.get(stream, ()) for sub in self.subscriptions.values() if sub.placeholders)
+        if topic is None:
+            return []
+        return [sub for sub in topic.subscriptions.values() if sub.placeholders and tag in sub.placeholders.get(stream, ())]
 
     def _known_copy(
         self, record: DeliveryRecord, origin: str, targets: list[str] | None, report_to: str, now: float, out: list[Command]
@@ -374,11 +385,22 @@ class RelayMixin(CoreState):
         now: float,
         out: list[Command],
         away: list[str] | None = None,
+        only: Roster | None = None,
     ) -> None:
-        """A delivery new here: owed to our subscribers, sent to those who can take it;
-        and to those of ``away`` (moved on lately) wherever they are now."""
+        """A delivery new here: owed to our subscribers (``only``'s, when given), sent to
+        those who can take it; and to those of ``away`` (moved on lately) wherever they
+        are now."""
         record = self._relayed_record(ev, header, topic.name, now)
-        owed, sent_to, best_effort = self._distribute(record, topic, out)
+        owed, sent_to, best_effort = self._distribute(record, topic, out, only)
+        if record.stream_seq < self.stream_seq.get(record.tag[: tags.STREAM_ID_SIZE], -1):
+            # Older than one of its stream we hold (it comes from the new origin, after
+            # its publisher resumed, and an old origin sent us a later one): queued at
+            # the end, it went out after that one (found by the generated histories, a
+            # subscriber moving twice while its publisher moved twice).
+            for sub in topic.subscriptions.values():
+                if sub.queue and sub.queue[-1] is record:
+                    sub.queue.pop()
+                    queue_in_order(sub.queue, record)
         out.append(
             Log(
                 "received",

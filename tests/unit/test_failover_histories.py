@@ -626,6 +626,30 @@ _FOUND_MOVING_TWICE = [
         "publish sub-moves sub-moves-again C-notices-pub d0 d0 d0 d0 d0 d0 publish answer publish k-cut-off answer"
         " d0 d0 d0 d0 d0 d24 A-dies pub-moves pause x-attaches",
     ),
+    (
+        "released: C dropped the resend k waited for",
+        "A",
+        "x-attaches publish d0 d0 d0 publish k-cut-off d0 d0 d0 d0 d0 pub-moves answer sub-moves sub-moves-again"
+        " C-notices-pub answer d1 A-dies pause publish",
+    ),
+    (
+        "#2 before #1: the resend queued behind the old origin's later copy",
+        "A",
+        "x-attaches publish d0 d0 publish k-cut-off d0 pub-moves answer sub-moves sub-moves-again C-notices-pub answer"
+        " d1 A-dies pause publish",
+    ),
+    (
+        "x got #3 before #1: the resend k waited for owed to x too",
+        "A",
+        "publish x-attaches publish A-notices-sub d0 sub-moves d0 d0 publish pub-moves C-notices-pub answer k-cut-off"
+        " pause A-dies",
+    ),
+    (
+        "x got #2 before #1, k moving twice",
+        "A",
+        "publish x-attaches answer d0 d0 d0 k-cut-off sub-moves publish pub-moves sub-moves-again C-notices-pub answer"
+        " A-dies pause publish",
+    ),
 ]
 
 
