@@ -401,17 +401,20 @@ class MovedSubscribers:
         histories, with the publisher resuming at the router the subscriber had left.)"""
         old_origin = record.origin_router
         record.origin_router = new_origin
-        if record.moved and not record.pub_settled and old_origin != new_origin:
-            # Copies we addressed to our subscribers that had moved to the old origin
-            # went to a router that forgot whom they were for: their answers would never
-            # come (found by the generated histories, a subscriber moving twice).
-            # Addressed again, where each is now.
-            if any(m.outcome is None and m.router == old_origin for m in record.moved.values()):
-                self.resend_to_moved(record, out)
+        if not record.pub_settled and old_origin is not None and old_origin != new_origin:
+            self.readdress_from(record, old_origin, out)
         if not record.targeted or record.pub_settled or old_origin == new_origin:
             return False
         reachable = self.core.net.reachable()
         return self.untarget(record, {r for r in record.targeted.values() if r == old_origin or r not in reachable}, now, out)
+
+    def readdress_from(self, record: DeliveryRecord, old_origin: str, out: list[Command]) -> None:
+        """The record's origin changed. Copies we addressed to our moved subscribers that
+        had moved to the old origin went to a router that handed the delivery over and
+        forgot whom they were for: their answers would never come (found by the generated
+        histories, a subscriber moving twice). Addressed again, where each is now."""
+        if record.moved and any(m.outcome is None and m.router == old_origin for m in record.moved.values()):
+            self.resend_to_moved(record, out)
 
     def untarget(self, record: DeliveryRecord, gone: set[str], now: float, out: list[Command]) -> bool:
         """Routers in ``gone`` will never hear our subscribers' answers (an old origin

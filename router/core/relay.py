@@ -200,7 +200,7 @@ class RelayMixin(CoreState):
             # ever: found by the generated histories, a subscriber moving twice).
             self._route_control(report_to, {"t": "outcome", "d": tag.hex(), "o": outcomes.NONE, "key": key}, out)
         if self._before_its_chain_here(tag, header, origin):
-            waiting = self._waiting_for(tag, topic)
+            waiting = self._waiting_for(tag, topic) if topic is not None else []
             if waiting and topic is not None:
                 # But a subscriber here waits for it (it reported holding it when it moved
                 # here; the router that held it for it died, and only its publisher's
@@ -246,11 +246,9 @@ class RelayMixin(CoreState):
         start = self._chain_start.get(tag[: tags.STREAM_ID_SIZE]) if self._chain_start else None
         return start is not None and header.get("seq", 0) < start[0] and origin != start[1]
 
-    def _waiting_for(self, tag: bytes, topic: Topic | None) -> list[Subscription]:
+    def _waiting_for(self, tag: bytes, topic: Topic) -> list[Subscription]:
         """The subscriptions of ``topic`` here that wait for ``tag`` (a placeholder)."""
         stream = tag[: tags.STREAM_ID_SIZE]
-        if topic is None:
-            return []
         return [sub for sub in topic.subscriptions.values() if sub.placeholders and tag in sub.placeholders.get(stream, ())]
 
     def _known_copy(

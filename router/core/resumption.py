@@ -403,10 +403,9 @@ class Resumption(MovedSubscribers):
             self._wait_for(record, routers, now, out)
 
     def _wait_for(self, record: DeliveryRecord, routers: Iterable[str], now: float, out: list[Command]) -> None:
+        reachable = self.core.net.reachable()
         added = [
-            r
-            for r in sorted(routers)
-            if r not in record.remote_routers and r != self.core.settings.router_id and r in self.core.net.reachable()
+            r for r in sorted(routers) if r not in record.remote_routers and r != self.core.settings.router_id and r in reachable
         ]
         if not added or record.pub_settled or record.outcome is not None:
             return
@@ -573,12 +572,8 @@ class Resumption(MovedSubscribers):
             owed = [key for key in keys if self._owe_moved_or_local(record, key, now, out)]
             if owed:
                 out.append(Log("owed-moved", {"delivery": record.delivery_id, "from_router": old_origin, "subscribers": owed}))
-        if any(m.outcome is None and m.router == old_origin for m in record.moved.values()):
-            # Copies we addressed to subscribers that moved from here, sent while we were
-            # not the origin, went to the old origin itself (they had moved there), which
-            # handed the delivery over and forgot whom they were for: its answer would
-            # never name them (as for a relay, moved.origin_moved). Addressed again.
-            self.resend_to_moved(record, out)
+        if old_origin is not None:
+            self.readdress_from(record, old_origin, out)
         self.core.maybe_answer_publisher(record, now, out)
 
     def resent_by_publisher(
