@@ -196,7 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_signal)
         tune_gc_for_serving()
         return_large_buffers_to_the_os()
-        log.info("subscribers' accepted dispositions: %s path", fastpath.status)
+        log.info("subscribers' accepted dispositions and publishers' whole messages: %s path", fastpath.status)
         eventlog.flush()  # router-started is on disk before anyone can connect
         addresses = ",".join(
             [f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners]

@@ -1,5 +1,6 @@
 /*
- * The adapter's compiled fast path: subscribers' accepted-and-settled dispositions.
+ * The adapter's compiled fast path: subscribers' accepted-and-settled dispositions,
+ * and publishers' messages that arrive whole.
  *
  * At K subscribers, exactly-once relaying reads K dispositions per message, and the
  * usual one ("accepted", settled by the subscriber) needs the same steps every time:
@@ -7,9 +8,11 @@
  * six engine calls through cffi per copy (each releasing and retaking the GIL) plus
  * the dictionary work, and it was the largest part of what exactly-once costs over
  * best-effort (docs/benchmarks.md, "The compiled fast path"). Here it is one call for
- * a whole run of such events.
+ * a whole run of such events. A publisher's message arriving whole is the same story
+ * on the way in: about a dozen engine calls (is it readable, partial, aborted, how
+ * large, its tag, settled, read it, move past it, ...) become part of one call.
  *
- * It handles only that usual case and stops, leaving the event at the head of the
+ * It handles only the usual cases and stops, leaving the event at the head of the
  * collector, at anything else; router/adapter/engine.py handles the rest exactly as
  * it does when this module is not built (router/adapter/fastpath.py decides which).
  *
@@ -25,6 +28,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h> /* ssize_t */
 
 typedef struct { size_t size; const char *start; } pn_bytes_t; /* pn_delivery_tag_t */
 
@@ -39,10 +43,19 @@ static pn_bytes_t (*pn_delivery_tag)(void *delivery);
 static bool (*pn_link_is_sender)(void *link);
 static void *(*pn_link_get_context)(void *link);
 static void (*pn_link_set_context)(void *link, void *context);
+static bool (*pn_delivery_readable)(void *delivery);
+static bool (*pn_delivery_partial)(void *delivery);
+static bool (*pn_delivery_aborted)(void *delivery);
+static size_t (*pn_delivery_pending)(void *delivery);
+static ssize_t (*pn_link_recv)(void *link, char *bytes, size_t n);
+static bool (*pn_link_advance)(void *link);
 
 static uint64_t accepted_code;
 static int bound;
 static PyObject *out_name; /* "out": Link.out, the link's unsettled copies by tag */
+static PyObject *core_attached_name; /* "core_attached": the core has the link */
+static PyObject *rx_d_name;          /* "rx_d": a multi-frame delivery in progress (None: none) */
+static PyObject *max_size_name;      /* "max_size": the largest message its publisher may send */
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define hash_pointer Py_HashPointer
@@ -74,6 +87,12 @@ static PyObject *bind(PyObject *self, PyObject *args)
         {"pn_link_is_sender", (void **)&pn_link_is_sender},
         {"pn_link_get_context", (void **)&pn_link_get_context},
         {"pn_link_set_context", (void **)&pn_link_set_context},
+        {"pn_delivery_readable", (void **)&pn_delivery_readable},
+        {"pn_delivery_partial", (void **)&pn_delivery_partial},
+        {"pn_delivery_aborted", (void **)&pn_delivery_aborted},
+        {"pn_delivery_pending", (void **)&pn_delivery_pending},
+        {"pn_link_recv", (void **)&pn_link_recv},
+        {"pn_link_advance", (void **)&pn_link_advance},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         void *f = dlsym(lib, want[i].name);
@@ -97,8 +116,10 @@ static int check_bound(void)
     return bound;
 }
 
-/* set_link_id(link_address, link_id): mark a client subscriber link (our end sends) as
- * the adapter's link ``link_id``; 0 unmarks it. Only marked links take the fast path. */
+/* set_link_id(link_address, link_id): mark a client link as the adapter's link
+ * ``link_id``; 0 unmarks it. Only marked links take the fast path: a subscriber's
+ * (our end sends) for its accepted dispositions, a publisher's (our end receives)
+ * for its messages. */
 static PyObject *set_link_id(PyObject *self, PyObject *args)
 {
     unsigned long long link;
@@ -114,6 +135,26 @@ static PyObject *set_link_id(PyObject *self, PyObject *args)
     pn_link_set_context((void *)(uintptr_t)link, (void *)(intptr_t)link_id);
     Py_RETURN_NONE;
 }
+
+/* The Link a marked link's context names, if the adapter still has it (borrowed);
+ * NULL with no error set: not one for the fast path. */
+static PyObject *marked_link(void *link, PyObject *links, PyObject **link_id)
+{
+    intptr_t id = (intptr_t)pn_link_get_context(link);
+    if (id <= 0)
+        return NULL;
+    PyObject *key = PyLong_FromSsize_t(id);
+    if (!key)
+        return NULL;
+    PyObject *link_obj = PyDict_GetItemWithError(links, key); /* borrowed */
+    if (!link_obj) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    *link_id = key;
+    return link_obj;
+}
+
 
 /* take_accepted(collector_address, links, seen, items) -> int
  *
@@ -150,18 +191,12 @@ static PyObject *take_accepted(PyObject *self, PyObject *args)
         if (link != last_link) {
             if (!pn_link_is_sender(link))
                 break;
-            intptr_t id = (intptr_t)pn_link_get_context(link);
-            if (id <= 0)
-                break; /* not a marked client subscriber link */
-            PyObject *key = PyLong_FromSsize_t(id);
-            if (!key)
-                goto error;
-            PyObject *link_obj = PyDict_GetItemWithError(links, key); /* borrowed */
+            PyObject *key = NULL;
+            PyObject *link_obj = marked_link(link, links, &key);
             if (!link_obj) {
-                Py_DECREF(key);
                 if (PyErr_Occurred())
                     goto error;
-                break; /* a link the adapter forgot */
+                break; /* not a marked client subscriber link, or one the adapter forgot */
             }
             PyObject *link_out = PyObject_GetAttr(link_obj, out_name);
             if (!link_out) {
@@ -232,6 +267,108 @@ error:
     return NULL;
 }
 
+
+/* take_messages(collector_address, links, items) -> int
+ *
+ * Consumes, from the head of the collector, the events that are a publisher's new
+ * message arrived whole, and stops (leaving it at the head) at the first event that
+ * is anything else. The usual one is a single transfer on a link the core has,
+ * within the link's size limit, with no multi-frame delivery in progress on it: as
+ * engine.py's AMQP_delivery() does for it, its bytes are read and the link moved past
+ * it, and ``link_id, tag, payload, settled, delivery_address`` are appended to
+ * ``items``. The caller gives each to the core, in order (Engine._messages_batch).
+ * Anything else (a partial or aborted transfer, a message too large, a delivery
+ * already read, a link the core does not have) stays for AMQP_delivery().
+ * ``links`` is the adapter's link_id -> Link. Returns how many it consumed. */
+static PyObject *take_messages(PyObject *self, PyObject *args)
+{
+    unsigned long long collector_address;
+    PyObject *links, *items;
+    if (!PyArg_ParseTuple(args, "KO!O!", &collector_address, &PyDict_Type, &links, &PyList_Type, &items))
+        return NULL;
+    if (!check_bound())
+        return NULL;
+    void *collector = (void *)(uintptr_t)collector_address;
+    void *last_link = NULL;
+    PyObject *link_id = NULL; /* the last link's id (a new reference) */
+    size_t max_size = 0;      /* the last link's limit */
+    Py_ssize_t taken = 0;
+    for (;;) {
+        void *event = pn_collector_peek(collector);
+        if (!event)
+            break;
+        void *d = pn_event_delivery(event); /* NULL for every other kind of event */
+        if (!d || !pn_delivery_readable(d) || pn_delivery_partial(d) || pn_delivery_aborted(d))
+            break;
+        void *link = pn_delivery_link(d);
+        if (link != last_link) {
+            if (pn_link_is_sender(link))
+                break;
+            PyObject *key = NULL;
+            PyObject *link_obj = marked_link(link, links, &key);
+            if (!link_obj) {
+                if (PyErr_Occurred())
+                    goto error;
+                break; /* not marked, or a link the adapter forgot */
+            }
+            PyObject *attached = PyObject_GetAttr(link_obj, core_attached_name);
+            PyObject *rx_d = attached ? PyObject_GetAttr(link_obj, rx_d_name) : NULL;
+            PyObject *limit = rx_d ? PyObject_GetAttr(link_obj, max_size_name) : NULL;
+            int usual = limit && attached == Py_True && rx_d == Py_None && PyLong_Check(limit);
+            size_t n_limit = usual ? PyLong_AsSize_t(limit) : 0;
+            Py_XDECREF(attached);
+            Py_XDECREF(rx_d);
+            Py_XDECREF(limit);
+            if (!usual || (n_limit == (size_t)-1 && PyErr_Occurred())) {
+                Py_DECREF(key);
+                if (PyErr_Occurred())
+                    goto error;
+                break; /* the core does not have it, or a multi-frame delivery is arriving */
+            }
+            Py_XSETREF(link_id, key);
+            max_size = n_limit;
+            last_link = link;
+        }
+        size_t n = pn_delivery_pending(d);
+        if (n > max_size)
+            break; /* too large: AMQP_delivery() reports it without reading it */
+        pn_bytes_t t = pn_delivery_tag(d);
+        PyObject *tag = PyBytes_FromStringAndSize(t.start, (Py_ssize_t)t.size);
+        if (!tag)
+            goto error;
+        PyObject *payload = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+        if (!payload) {
+            Py_DECREF(tag);
+            goto error;
+        }
+        ssize_t got = n ? pn_link_recv(link, PyBytes_AS_STRING(payload), n) : 0;
+        if (got < 0)
+            got = 0; /* as AMQP_delivery(): nothing readable is an empty message */
+        if ((size_t)got != n && _PyBytes_Resize(&payload, (Py_ssize_t)got) < 0) {
+            Py_DECREF(tag);
+            goto error;
+        }
+        PyObject *settled = pn_delivery_settled(d) ? Py_True : Py_False;
+        pn_link_advance(link);
+        PyObject *address = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)d);
+        int failed = !address || PyList_Append(items, link_id) < 0 || PyList_Append(items, tag) < 0
+                     || PyList_Append(items, payload) < 0 || PyList_Append(items, settled) < 0
+                     || PyList_Append(items, address) < 0;
+        Py_DECREF(tag);
+        Py_DECREF(payload);
+        Py_XDECREF(address);
+        pn_collector_pop(collector);
+        taken++;
+        if (failed)
+            goto error; /* read and consumed: the caller fails this connection */
+    }
+    Py_XDECREF(link_id);
+    return PyLong_FromSsize_t(taken);
+error:
+    Py_XDECREF(link_id);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(cproton_ffi_path, PN_ACCEPTED): look up proton's functions in the loaded cproton_ffi module."},
@@ -240,19 +377,26 @@ static PyMethodDef methods[] = {
     {"take_accepted", take_accepted, METH_VARARGS,
      "take_accepted(collector_address, links, seen, items) -> int: consume the run of "
      "accepted+settled dispositions at the head of the collector."},
+    {"take_messages", take_messages, METH_VARARGS,
+     "take_messages(collector_address, links, items) -> int: consume the run of "
+     "publishers' new whole messages at the head of the collector."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "router.adapter._fastpath",
-    "The adapter's compiled fast path for subscribers' accepted dispositions (see fastpath.py).",
+    "The adapter's compiled fast path for subscribers' accepted dispositions and publishers' whole "
+    "messages (see fastpath.py).",
     -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
     out_name = PyUnicode_InternFromString("out");
-    if (!out_name)
+    core_attached_name = PyUnicode_InternFromString("core_attached");
+    rx_d_name = PyUnicode_InternFromString("rx_d");
+    max_size_name = PyUnicode_InternFromString("max_size");
+    if (!out_name || !core_attached_name || !rx_d_name || !max_size_name)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -45,6 +45,7 @@ from router.adapter.pn import (
     PN_SESSION_REMOTE_OPEN,
     PN_TRANSPORT_CLOSED,
     PN_TRANSPORT_ERROR,
+    _cast_delivery,
     _collector_peek,
     _collector_pop,
     _delivery_aborted,
@@ -229,17 +230,27 @@ class Engine:
         # The usual one (accepted and settled at once) in one compiled call per run of
         # them, when built (fastpath.py); what it leaves at the head, the loop below.
         take_accepted = fastpath.take_accepted
+        take_messages = fastpath.take_messages
         if take_accepted is not None:
             collector_address = conn.collector_address
             links = self._links
+            messages: list = []
         while not conn.dead:
-            if take_accepted is not None:
+            if take_accepted is not None and take_messages is not None:
                 try:
                     take_accepted(collector_address, links, seen, accepted)
+                    # Publishers' whole messages next (AMQP_delivery's usual case).
+                    took = take_messages(collector_address, links, messages)
                 except Exception as exc:  # out of memory, or a broken invariant: this connection ends
                     log.exception("connection %d (%s): error in the compiled fast path", conn.conn_id, conn.peer)
                     self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
-                    break  # what it consumed before failing still goes to the core, below
+                    break  # the dispositions it consumed before failing still go to the core, below
+                if took:  # to the core after the dispositions that came before them
+                    if accepted:
+                        self._accepted_batch(accepted, conn)
+                        accepted = []
+                    self._messages_batch(messages, conn)
+                    continue
             event = _collector_peek(collector)
             if event == NULL:
                 break
@@ -529,6 +540,37 @@ class Engine:
         self._handles[handle] = (d, link)
         self.dispatch(_new(MessageReceived, (link.link_id, handle, tag, payload, False)), conn, link)
 
+    def _messages_batch(self, items: list, conn: Conn) -> None:
+        """Publishers' messages the compiled path read (fastpath.take_messages: ``link_id,
+        tag, payload, settled, delivery_address`` each), to the core in order, as
+        AMQP_delivery() gives one it read; ``items`` is emptied. One that a message
+        before it closed the link (or the connection) of is dropped as AMQP_delivery()
+        drops what arrives then."""
+        links = self._links
+        dispatch = self.dispatch
+        for i in range(0, len(items), 5):
+            link_id, tag, payload, settled, address = items[i : i + 5]
+            if conn.dead:
+                break  # the connection's end frees the rest, never answered: the publisher sends them again
+            d = _cast_delivery(address)
+            link = links.get(link_id)
+            if link is None or not link.core_attached:
+                _delivery_settle(d)  # a link the router closed: drop what still arrives
+                continue
+            self._last_handle = handle = self._last_handle + 1
+            try:
+                if settled:
+                    dispatch(_new(MessageReceived, (link_id, handle, tag, payload, True)), conn, link)
+                    _delivery_settle(d)  # pre-settled: settle our side once the core has it
+                    continue
+                self._incoming[d] = handle
+                self._handles[handle] = (d, link)
+                dispatch(_new(MessageReceived, (link_id, handle, tag, payload, False)), conn, link)
+            except Exception as exc:  # a bad peer (or a bug) ends this connection, not the router
+                log.exception("connection %d (%s): error handling a message", conn.conn_id, conn.peer)
+                self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
+        items.clear()
+
     def _grow(self, n: int) -> None:
         self._rbuf_size = max(n, 2 * self._rbuf_size)
         self._rbuf = ffi.new("char[]", self._rbuf_size)
@@ -676,8 +718,8 @@ class Engine:
         link = Link(link_id, conn, lp, bool(lib.pn_link_is_receiver(lp)), cstr(lib.pn_link_name(lp)) or "", self.max_message_size)
         self._links_by_ptr[lp] = link
         self._links[link_id] = link
-        if not link.is_receiver:  # a subscriber's: its accepted dispositions may take the compiled path
-            fastpath.mark_link(lp, link_id)
+        # Its accepted dispositions (a subscriber's) or its messages (a publisher's) may take the compiled path.
+        fastpath.mark_link(lp, link_id)
         conn.links[link_id] = link
         container_id = cstr(lib.pn_connection_remote_container(conn.connection)) or ""
         event = endpoints.attach_event(link, container_id, self.publisher_settle_mode)

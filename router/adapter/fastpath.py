@@ -1,9 +1,11 @@
-"""Which path the adapter takes for subscribers' accepted dispositions: compiled or Python.
+"""Which path the adapter takes for subscribers' accepted dispositions and publishers'
+whole messages: compiled or Python.
 
 ``router/adapter/_fastpath.c`` (built by ``pip install``, optional) consumes a run of
-"accepted + settled" disposition events in one call; ``engine.Engine.drain`` does the
-same per event in Python when it is absent or switched off. The two must agree on
-every event: tests/integration/test_engine_batching.py runs both.
+"accepted + settled" disposition events, or of publishers' messages that arrived whole,
+in one call; ``engine.Engine.drain`` does the same per event in Python when it is absent
+or switched off. The two must agree on every event: tests/integration/test_engine_batching.py
+and test_fastpath.py run both.
 
 ``EOROUTER_FASTPATH=0`` in the environment switches the compiled path off (to compare
 the two, or to rule it out).
@@ -13,19 +15,23 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 
 import cproton_ffi
 from cproton_ffi import ffi, lib
 
 ENV = "EOROUTER_FASTPATH"
 
-take_accepted = None  # take_accepted(collector_address, links, seen, items) -> int
+# Both bound, or neither: take_accepted(collector_address, links, seen, items) -> int,
+# take_messages(collector_address, links, items) -> int.
+take_accepted: Callable[..., int] | None = None
+take_messages: Callable[..., int] | None = None
 _set_link_id = None
 status = "python"  # what this process uses, for the startup log and the benchmark
 
 
 def _load() -> None:
-    global take_accepted, _set_link_id, status
+    global take_accepted, take_messages, _set_link_id, status
     if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
         status = f"python ({ENV}=0)"
         return
@@ -44,6 +50,7 @@ def _load() -> None:
         status = f"python (compiled fast path unusable: {exc})"
         return
     take_accepted = _fastpath.take_accepted
+    take_messages = _fastpath.take_messages
     _set_link_id = _fastpath.set_link_id
     status = "compiled"
 
@@ -54,8 +61,9 @@ def address(ptr) -> int:
 
 
 def mark_link(ptr, link_id: int) -> None:
-    """Mark a client subscriber link (our end sends) as the adapter's ``link_id``: only
-    marked links' dispositions take the compiled path. 0 unmarks it."""
+    """Mark a client link as the adapter's ``link_id``: only marked links' events take
+    the compiled path (a subscriber's accepted dispositions, a publisher's messages).
+    0 unmarks it."""
     if _set_link_id is not None:
         _set_link_id(address(ptr), link_id)
 

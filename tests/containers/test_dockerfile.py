@@ -137,7 +137,7 @@ def test_a_router_from_the_image_runs_on_the_compiled_path(docker_client, image,
             assert container.status == "running", f"the router's container exited:\n{logs}"
             assert time.monotonic() < deadline, f"no ready line in 60 s:\n{logs}"
             time.sleep(0.1)
-        assert "subscribers' accepted dispositions: compiled path" in logs, logs
+        assert "subscribers' accepted dispositions and publishers' whole messages: compiled path" in logs, logs
         ((_, host, port),) = parse_listeners(ready["listeners"])
         harness = Harness(timeout=10.0)
         try:

@@ -1,6 +1,6 @@
-"""A real adapter ``Engine`` and a subscriber client in one process: raw proton
-connections whose transports are wired back to back in memory (no socket), so a test
-decides exactly which bytes each side has read when the router runs. Used by
+"""A real adapter ``Engine`` and a subscriber or publisher client in one process: raw
+proton connections whose transports are wired back to back in memory (no socket), so a
+test decides exactly which bytes each side has read when the router runs. Used by
 test_engine_batching.py and test_fastpath.py."""
 
 from __future__ import annotations
@@ -53,6 +53,60 @@ class Subscriber:
             lib.pn_collector_pop(self.collector)
 
 
+class Publisher:
+    """A client connection with ``links`` sender links named pub-0, pub-1, ... on one
+    session, to "topic". ``sent``: tag -> its pn_delivery until the test settles it."""
+
+    def __init__(self, links: int = 1):
+        self.transport = lib.pn_transport()
+        self.connection = lib.pn_connection()
+        lib.pn_connection_set_container(self.connection, b"client")
+        self.collector = lib.pn_collector()
+        lib.pn_connection_collect(self.connection, self.collector)
+        lib.pn_transport_bind(self.transport, self.connection)
+        lib.pn_connection_open(self.connection)
+        session = lib.pn_session(self.connection)
+        lib.pn_session_open(session)
+        self.links = []
+        for i in range(links):
+            link = lib.pn_sender(session, f"pub-{i}".encode())
+            lib.pn_terminus_set_address(lib.pn_link_target(link), b"topic")
+            lib.pn_link_open(link)
+            self.links.append(link)
+        self.sent: dict[bytes, object] = {}
+        self.closed: set[int] = set()  # indexes of links the test closed
+
+    def send(self, index: int, tag: bytes, payload: bytes, settled: bool = False, whole: bool = True):
+        """A delivery on link ``index``: all of ``payload`` (``whole``), or its first half,
+        the rest to come with finish()."""
+        link = self.links[index]
+        d = lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
+        part = payload if whole else payload[: len(payload) // 2]
+        lib.pn_link_send(link, part, len(part))
+        if whole:
+            lib.pn_link_advance(link)
+            if settled:
+                lib.pn_delivery_settle(d)
+                return d
+        self.sent[tag] = d
+        return d
+
+    def finish(self, index: int, payload: bytes) -> None:
+        """The rest of the delivery send(whole=False) began on link ``index``."""
+        link = self.links[index]
+        rest = payload[len(payload) // 2 :]
+        lib.pn_link_send(link, rest, len(rest))
+        lib.pn_link_advance(link)
+
+    def outcomes(self) -> dict[bytes, tuple[int, bool]]:
+        """What the router answered so far: tag -> (outcome, settled by the router)."""
+        return {tag: (lib.pn_delivery_remote_state(d), bool(lib.pn_delivery_settled(d))) for tag, d in self.sent.items()}
+
+    def take_events(self) -> None:
+        while lib.pn_collector_peek(self.collector) != ffi.NULL:
+            lib.pn_collector_pop(self.collector)
+
+
 def move(src, dst) -> int:
     """Bytes from one transport's output to the other's input; how many moved."""
     n = min(lib.pn_transport_pending(src), lib.pn_transport_capacity(dst))
@@ -64,13 +118,16 @@ def move(src, dst) -> int:
     return max(n, 0)
 
 
-def serve(engine: Engine, conn, client: Subscriber, rounds: int = 50) -> None:
+def serve(engine: Engine, conn, client: Subscriber | Publisher, rounds: int = 50) -> None:
     """Router and client loop iterations until no byte moves."""
     for _ in range(rounds):
         moved = move(client.transport, conn.transport)
         if not conn.dead:
             engine.drain(conn)
         moved += move(conn.transport, client.transport)
-        client.take_deliveries()
+        if isinstance(client, Subscriber):
+            client.take_deliveries()
+        else:
+            client.take_events()
         if not moved:
             return

@@ -1,7 +1,9 @@
 """The adapter's compiled fast path (router/adapter/_fastpath.c) against its Python path.
 
-A real ``Engine`` serves a subscriber client (a raw proton connection, transports
-wired back to back in memory, as in test_engine_batching.py) and a scripted core.
+A real ``Engine`` serves a subscriber client, or a publisher client (a raw proton
+connection, transports wired back to back in memory, as in test_engine_batching.py),
+and a scripted core. For the publisher, hypothesis writes what it sends (whole, in two
+transfers, aborted, too large, pre-settled), settles and closes; otherwise as follows.
 Hypothesis writes what the subscriber does with its deliveries (every outcome, settled
 at once or later, repeated, links detached) and where the router reads; the same
 script is played once with the compiled path and once with it switched off, and the
@@ -12,15 +14,15 @@ from __future__ import annotations
 
 import pytest
 from cproton_ffi import lib
-from enginekit import Subscriber, serve
+from enginekit import Publisher, Subscriber, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_interrouter_flow import FakeLog, _conn
 
 from router.adapter import fastpath
 from router.adapter.engine import Engine
-from router.core.commands import Forward, OpenLink, SettleOutgoing
-from router.core.events import LinkAttached, OutcomeReceived
+from router.core.commands import DetachLink, Forward, GrantCredit, OpenLink, SendOutcome, SettleOutgoing
+from router.core.events import LinkAttached, MessageReceived, MessageTooLarge, OutcomeReceived
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -211,9 +213,191 @@ def test_a_router_process_relays_exactly_once_on_either_path(router_factory, amq
         monkeypatch.setenv(fastpath.ENV, "0")
     router = router_factory("A")
     expected = "compiled path" if compiled else f"python ({fastpath.ENV}=0) path"
-    assert f"subscribers' accepted dispositions: {expected}" in router.stderr()
+    assert f"subscribers' accepted dispositions and publishers' whole messages: {expected}" in router.stderr()
     _fan_out_round(router, amqp, f"fastpath-{'c' if compiled else 'py'}")
     # One answer per copy in the log (read back unfolded), whichever path read it; its
     # lines reach the OS before the outcome that follows from them leaves the router.
     answers = [e for e in router.events() if e["event"] == "sub-outcome"]
     assert len(answers) == 90 and all(e["outcome"] == "accepted" for e in answers)
+
+
+# ------------------------------------------------------------------ publishers' messages
+
+
+class PublisherCore:
+    """Gives every publisher link credit; answers (accepted, settled) the messages whose
+    tag is in ``answer``, closes a link on a message whose tag is in ``detach_on``,
+    rejects what is too large; records every call."""
+
+    def __init__(self, answer: frozenset, detach_on: frozenset):
+        self.calls: list = []
+        self.answer = answer
+        self.detach_on = detach_on
+
+    def handle(self, event, now):
+        self.calls.append(event)
+        if isinstance(event, LinkAttached):
+            return [OpenLink(event.link_id), GrantCredit(event.link_id, 50)]
+        if isinstance(event, MessageReceived):
+            out: list = []
+            if event.tag in self.answer and not event.settled:
+                out.append(SendOutcome(event.delivery, lib.PN_ACCEPTED, True))
+            if event.tag in self.detach_on:
+                out.append(DetachLink(event.link_id))
+            return out
+        if isinstance(event, MessageTooLarge) and not event.settled:
+            return [SendOutcome(event.delivery, lib.PN_REJECTED, True)]
+        return []
+
+    def accepted_batch(self, items, now, out):
+        self.calls.append(("accepted_batch", items))
+
+    def next_deadline(self):
+        return None
+
+    def failover_list(self):
+        return []
+
+
+SMALL, HALVED, TOO_LARGE = b"s" * 100, b"h" * 600, b"L" * 1500  # the engine's limit below: 1000 bytes
+
+publishing = st.lists(
+    st.one_of(
+        st.tuples(st.just("send"), st.integers(0, 1), st.sampled_from(["small", "too-large"]), st.booleans()),
+        st.tuples(st.just("begin"), st.integers(0, 1)),
+        st.tuples(st.just("finish"), st.integers(0, 1)),
+        st.tuples(st.just("abort"), st.integers(0, 1)),
+        st.tuples(st.just("read")),
+        st.tuples(st.just("settle"), st.integers(0, 30)),
+        st.tuples(st.just("detach"), st.integers(0, 1)),
+    ),
+    max_size=40,
+)
+
+
+def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: bool):
+    """The script played by a two-link publisher against a real Engine; returns what the
+    core heard, the engine's counts, what the publisher was answered, and how many
+    messages the compiled path took."""
+    saved = fastpath.take_accepted, fastpath.take_messages
+    taken = [0]
+    if compiled:
+
+        def counting(*args):
+            n = saved[1](*args)
+            taken[0] += n
+            return n
+
+        fastpath.take_messages = counting
+    else:
+        fastpath.take_accepted = fastpath.take_messages = None
+    try:
+        core = PublisherCore(answer, detach_on)
+        engine = Engine(core, FakeLog(1, "boot"), max_message_size=1000)
+        conn = _conn(True, "router")
+        client = Publisher(2)
+        serve(engine, conn, client)
+        open_part: dict[int, bytes] = {}  # link index -> the tag of its delivery in progress
+        n = 0
+        for step in script:
+            kind = step[0]
+            if kind == "read":
+                serve(engine, conn, client)
+                continue
+            if kind == "settle":
+                tag = f"m{step[1]}".encode()
+                d = client.sent.pop(tag, None)
+                if d is not None and tag not in open_part.values():
+                    lib.pn_delivery_settle(d)
+                continue
+            index = step[1]
+            if index in client.closed:
+                continue
+            if kind == "detach":
+                client.closed.add(index)
+                lib.pn_link_close(client.links[index])
+            elif kind in ("finish", "abort"):
+                tag = open_part.pop(index, None)
+                if tag is None:
+                    continue
+                if kind == "finish":
+                    client.finish(index, HALVED)
+                else:
+                    lib.pn_delivery_abort(client.sent.pop(tag))
+            elif index not in open_part:  # a link sends one delivery at a time
+                tag = f"m{n}".encode()
+                n += 1
+                if kind == "begin":
+                    client.send(index, tag, HALVED, whole=False)
+                    open_part[index] = tag
+                else:
+                    client.send(index, tag, SMALL if step[2] == "small" else TOO_LARGE, settled=step[3])
+        serve(engine, conn, client)
+        calls = [c._replace(conn_id=0) if hasattr(c, "conn_id") else c for c in core.calls]
+        return calls, engine.counts(), client.outcomes(), taken[0]
+    finally:
+        fastpath.take_accepted, fastpath.take_messages = saved
+
+
+@compiled_only
+@settings(max_examples=150, deadline=None)
+@given(
+    script=publishing,
+    answer=st.frozensets(st.sampled_from([f"m{i}".encode() for i in range(30)])),
+    detach_on=st.frozensets(st.sampled_from([f"m{i}".encode() for i in range(30)]), max_size=2),
+)
+def test_the_compiled_path_gives_the_core_the_messages_the_python_path_gives(script, answer, detach_on):
+    """Messages whole or in two transfers, aborted, too large, pre-settled, settled by the
+    publisher later, links closed by either side, read at any point: the core hears the
+    same events and the publisher the same answers on both paths."""
+    calls_c, counts_c, outcomes_c, _ = publish(script, answer, detach_on, compiled=True)
+    calls_py, counts_py, outcomes_py, _ = publish(script, answer, detach_on, compiled=False)
+    assert calls_c == calls_py
+    assert counts_c == counts_py
+    assert outcomes_c == outcomes_py
+
+
+@compiled_only
+def test_the_compiled_path_takes_whole_messages_and_leaves_the_rest():
+    """Whole messages within the limit go through it, pre-settled or not; a message in two
+    transfers, an aborted one and one too large reach the core through the Python path,
+    and every one in the order the publisher sent it."""
+    script = [
+        ("send", 0, "small", False),  # m0
+        ("send", 0, "small", True),  # m1, pre-settled
+        ("begin", 1),  # m2, its first half
+        ("read",),
+        ("finish", 1),
+        ("send", 0, "too-large", False),  # m3
+        ("begin", 1),  # m4, aborted
+        ("read",),
+        ("abort", 1),
+        ("send", 0, "small", False),  # m5
+        ("send", 1, "small", False),  # m6
+        ("read",),
+    ]
+    calls, counts, outcomes, taken = publish(script, frozenset({b"m0", b"m5"}), frozenset(), compiled=True)
+    assert taken == 4  # m0, m1, m5, m6
+    heard = [(type(c).__name__, c.tag, c.settled) for c in calls if isinstance(c, (MessageReceived, MessageTooLarge))]
+    assert heard == [
+        ("MessageReceived", b"m0", False),
+        ("MessageReceived", b"m1", True),
+        ("MessageReceived", b"m2", False),
+        ("MessageTooLarge", b"m3", False),
+        ("MessageReceived", b"m5", False),
+        ("MessageReceived", b"m6", False),
+    ]
+    assert outcomes[b"m0"] == (lib.PN_ACCEPTED, True) and outcomes[b"m3"] == (lib.PN_REJECTED, True)
+    assert outcomes[b"m6"] == (0, False)  # unanswered: the core holds it
+
+
+@compiled_only
+def test_messages_after_one_that_closed_their_link_are_dropped_as_the_python_path_drops_them():
+    """The core closes the link on the first message of a run the compiled path read in
+    one call: the rest of the run never reaches the core, as when read one by one."""
+    script = [("send", 0, "small", False) for _ in range(4)] + [("read",)]
+    calls_c, _, outcomes_c, taken = publish(script, frozenset(), frozenset({b"m1"}), compiled=True)
+    calls_py, _, outcomes_py, _ = publish(script, frozenset(), frozenset({b"m1"}), compiled=False)
+    assert taken == 4
+    assert [c.tag for c in calls_c if isinstance(c, MessageReceived)] == [b"m0", b"m1"]
+    assert calls_c == calls_py and outcomes_c == outcomes_py
