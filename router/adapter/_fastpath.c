@@ -49,6 +49,8 @@ static bool (*pn_delivery_aborted)(void *delivery);
 static size_t (*pn_delivery_pending)(void *delivery);
 static ssize_t (*pn_link_recv)(void *link, char *bytes, size_t n);
 static bool (*pn_link_advance)(void *link);
+static void *(*pn_delivery)(void *link, pn_bytes_t tag);
+static ssize_t (*pn_link_send)(void *link, const char *bytes, size_t n);
 
 static uint64_t accepted_code;
 static int bound;
@@ -56,6 +58,11 @@ static PyObject *out_name; /* "out": Link.out, the link's unsettled copies by ta
 static PyObject *core_attached_name; /* "core_attached": the core has the link */
 static PyObject *rx_d_name;          /* "rx_d": a multi-frame delivery in progress (None: none) */
 static PyObject *max_size_name;      /* "max_size": the largest message its publisher may send */
+static PyObject *streams_name;       /* "streams": large messages going out piece by piece (None: none) */
+static PyObject *ptr_address_name;   /* "ptr_address": its pn_link's address (0: unknown) */
+static PyObject *address_name;       /* "address": its topic */
+static PyObject *conn_name;          /* "conn": its connection */
+static PyObject *one;                /* 1 */
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define hash_pointer Py_HashPointer
@@ -93,6 +100,8 @@ static PyObject *bind(PyObject *self, PyObject *args)
         {"pn_delivery_pending", (void **)&pn_delivery_pending},
         {"pn_link_recv", (void **)&pn_link_recv},
         {"pn_link_advance", (void **)&pn_link_advance},
+        {"pn_delivery", (void **)&pn_delivery},
+        {"pn_link_send", (void **)&pn_link_send},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         void *f = dlsym(lib, want[i].name);
@@ -369,6 +378,103 @@ error:
     return NULL;
 }
 
+/* forward(state, cmd): Engine.CORE_forward, for a message smaller than STREAM_MIN on
+ * a link sending no large one: a new delivery under the command's tag, its bytes, the
+ * link moved past it; kept in Link.out unless pre-settled. ``state`` is (links,
+ * copies_sent, touched, cast, fallback, stream_min): the adapter's link_id -> Link,
+ * its copies per topic, its connections with engine work, pn.py's _cast_delivery, and
+ * CORE_forward itself, called for everything else (streaming.py's large messages). */
+static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 || !PyTuple_Check(args[1])
+        || PyTuple_GET_SIZE(args[1]) != 4) {
+        PyErr_SetString(PyExc_TypeError, "forward(state, cmd): a 6-tuple and a Forward");
+        return NULL;
+    }
+    if (!check_bound())
+        return NULL;
+    PyObject *state = args[0], *cmd = args[1];
+    PyObject *links = PyTuple_GET_ITEM(state, 0), *copies_sent = PyTuple_GET_ITEM(state, 1);
+    PyObject *touched = PyTuple_GET_ITEM(state, 2), *cast = PyTuple_GET_ITEM(state, 3);
+    PyObject *fallback = PyTuple_GET_ITEM(state, 4);
+    Py_ssize_t stream_min = PyLong_AsSsize_t(PyTuple_GET_ITEM(state, 5));
+    if (stream_min == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyDict_Check(links) || !PyDict_Check(copies_sent) || !PySet_Check(touched)) {
+        PyErr_SetString(PyExc_TypeError, "forward: state is (dict, dict, set, cast, fallback, int)");
+        return NULL;
+    }
+    PyObject *tag = PyTuple_GET_ITEM(cmd, 1), *payload = PyTuple_GET_ITEM(cmd, 2);
+    PyObject *link = PyDict_GetItemWithError(links, PyTuple_GET_ITEM(cmd, 0)); /* borrowed */
+    if (!link) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE; /* the link went away in this batch; the core hears of it next */
+    }
+    Py_INCREF(link); /* held across the calls below, which may run Python code */
+    PyObject *result = NULL, *streams = NULL, *ptr = NULL, *address = NULL, *count = NULL, *conn = NULL;
+    if (!PyBytes_CheckExact(tag) || !PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) >= stream_min)
+        goto python;
+    streams = PyObject_GetAttr(link, streams_name);
+    if (!streams)
+        goto done;
+    int sending_large = PyObject_IsTrue(streams);
+    if (sending_large < 0)
+        goto done;
+    if (sending_large)
+        goto python;
+    ptr = PyObject_GetAttr(link, ptr_address_name);
+    if (!ptr)
+        goto done;
+    void *lp = PyLong_Check(ptr) ? PyLong_AsVoidPtr(ptr) : NULL;
+    if (!lp) {
+        if (PyErr_Occurred())
+            goto done;
+        goto python; /* a link whose address the adapter did not note */
+    }
+    address = PyObject_GetAttr(link, address_name);
+    if (!address)
+        goto done;
+    PyObject *before = PyDict_GetItemWithError(copies_sent, address); /* borrowed */
+    if (!before && PyErr_Occurred())
+        goto done;
+    count = before ? PyNumber_Add(before, one) : Py_NewRef(one);
+    if (!count || PyDict_SetItem(copies_sent, address, count) < 0)
+        goto done;
+    pn_bytes_t t = {(size_t)PyBytes_GET_SIZE(tag), PyBytes_AS_STRING(tag)};
+    void *d = pn_delivery(lp, t);
+    pn_link_send(lp, PyBytes_AS_STRING(payload), (size_t)PyBytes_GET_SIZE(payload));
+    pn_link_advance(lp);
+    if (PyTuple_GET_ITEM(cmd, 3) == Py_True) {
+        pn_delivery_settle(d);
+    } else {
+        PyObject *held = PyObject_GetAttr(link, out_name);
+        PyObject *at = held ? PyLong_FromVoidPtr(d) : NULL;
+        PyObject *cdata = at ? PyObject_CallOneArg(cast, at) : NULL;
+        int failed = !cdata || PyObject_SetItem(held, tag, cdata) < 0;
+        Py_XDECREF(held);
+        Py_XDECREF(at);
+        Py_XDECREF(cdata);
+        if (failed)
+            goto done;
+    }
+    conn = PyObject_GetAttr(link, conn_name);
+    if (!conn || PySet_Add(touched, conn) < 0)
+        goto done;
+    result = Py_NewRef(Py_None);
+    goto done;
+python:
+    result = PyObject_CallOneArg(fallback, cmd);
+done:
+    Py_DECREF(link);
+    Py_XDECREF(streams);
+    Py_XDECREF(ptr);
+    Py_XDECREF(address);
+    Py_XDECREF(count);
+    Py_XDECREF(conn);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(cproton_ffi_path, PN_ACCEPTED): look up proton's functions in the loaded cproton_ffi module."},
@@ -380,6 +486,8 @@ static PyMethodDef methods[] = {
     {"take_messages", take_messages, METH_VARARGS,
      "take_messages(collector_address, links, items) -> int: consume the run of "
      "publishers' new whole messages at the head of the collector."},
+    {"forward", (PyCFunction)(void (*)(void))forward, METH_FASTCALL,
+     "forward(state, cmd): Engine.CORE_forward for a small message (see engine.py)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -396,7 +504,13 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     core_attached_name = PyUnicode_InternFromString("core_attached");
     rx_d_name = PyUnicode_InternFromString("rx_d");
     max_size_name = PyUnicode_InternFromString("max_size");
-    if (!out_name || !core_attached_name || !rx_d_name || !max_size_name)
+    streams_name = PyUnicode_InternFromString("streams");
+    ptr_address_name = PyUnicode_InternFromString("ptr_address");
+    address_name = PyUnicode_InternFromString("address");
+    conn_name = PyUnicode_InternFromString("conn");
+    one = PyLong_FromLong(1);
+    if (!one || !out_name || !core_attached_name || !rx_d_name || !max_size_name || !streams_name || !ptr_address_name
+        || !address_name || !conn_name)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -99,6 +99,7 @@ class Link:
         "link_id",
         "conn",
         "ptr",
+        "ptr_address",
         "is_receiver",
         "name",
         "address",
@@ -122,6 +123,7 @@ class Link:
         self.link_id = link_id
         self.conn = conn
         self.ptr = ptr
+        self.ptr_address = 0  # ptr as an integer, for the compiled fast path (0: not noted)
         self.is_receiver = is_receiver  # our end receives: the peer is a publisher
         self.name = name
         self.address: str | None = None  # the topic its attach named (for the logs)

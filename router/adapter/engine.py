@@ -182,12 +182,12 @@ class Engine:
             max_message_size=max_message_size,
             handshake_timeout=handshake_timeout,
         )
-        self._command_handlers = self._command_table()
-        self._event_handlers = self._event_table()
-        self._small: bytes | None = None
         # Per topic (a link's address), for metrics (router/adapter/metrics.py): copies
         # sent to subscribers, and the outcomes publishers were told, by outcome code.
         self.copies_sent: dict[str | None, int] = {}
+        self._command_handlers = self._command_table()
+        self._event_handlers = self._event_table()
+        self._small: bytes | None = None
         self.management: Management | None = None  # the $management node (management.py), set by the Server
         self.policy: Policy | None = None  # the config's [policy] (router/policy.py), set by the Server
         self.connections_of: dict[str, int] = {}  # user -> open client connections (the policy's limit)
@@ -718,6 +718,7 @@ class Engine:
         link = Link(link_id, conn, lp, bool(lib.pn_link_is_receiver(lp)), cstr(lib.pn_link_name(lp)) or "", self.max_message_size)
         self._links_by_ptr[lp] = link
         self._links[link_id] = link
+        link.ptr_address = fastpath.address(lp)
         # Its accepted dispositions (a subscriber's) or its messages (a publisher's) may take the compiled path.
         fastpath.mark_link(lp, link_id)
         conn.links[link_id] = link
@@ -877,7 +878,11 @@ class Engine:
             Log: self.CORE_log,
             SubOutcomes: self.CORE_sub_outcomes,
             SubOutcome: self.CORE_sub_outcome,
-            Forward: self.CORE_forward,
+            # A small message's copy by the compiled path, when built (its twin: CORE_forward).
+            Forward: fastpath.forwarder(
+                (self._links, self.copies_sent, self.touched, _cast_delivery, self.CORE_forward, STREAM_MIN)
+            )
+            or self.CORE_forward,
             SendOutcome: self.CORE_send_outcome,
             SettleOutgoing: self.CORE_settle_outgoing,
             SendData: self.peers.CORE_send_data,

@@ -1,11 +1,12 @@
-"""Which path the adapter takes for subscribers' accepted dispositions and publishers'
-whole messages: compiled or Python.
+"""Which path the adapter takes for subscribers' accepted dispositions, publishers'
+whole messages and the copies it sends: compiled or Python.
 
 ``router/adapter/_fastpath.c`` (built by ``pip install``, optional) consumes a run of
 "accepted + settled" disposition events, or of publishers' messages that arrived whole,
-in one call; ``engine.Engine.drain`` does the same per event in Python when it is absent
-or switched off. The two must agree on every event: tests/integration/test_engine_batching.py
-and test_fastpath.py run both.
+in one call, and sends a small message's copy; ``engine.Engine.drain`` and
+``Engine.CORE_forward`` do the same in Python when it is absent or switched off. The
+two must agree on every event: tests/integration/test_engine_batching.py and
+test_fastpath.py run both.
 
 ``EOROUTER_FASTPATH=0`` in the environment switches the compiled path off (to compare
 the two, or to rule it out).
@@ -16,6 +17,8 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import cproton_ffi
 from cproton_ffi import ffi, lib
@@ -26,12 +29,13 @@ ENV = "EOROUTER_FASTPATH"
 # take_messages(collector_address, links, items) -> int.
 take_accepted: Callable[..., int] | None = None
 take_messages: Callable[..., int] | None = None
+_forward: Callable[..., None] | None = None  # forward(state, cmd): see forwarder()
 _set_link_id = None
 status = "python"  # what this process uses, for the startup log and the benchmark
 
 
 def _load() -> None:
-    global take_accepted, take_messages, _set_link_id, status
+    global take_accepted, take_messages, _forward, _set_link_id, status
     if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
         status = f"python ({ENV}=0)"
         return
@@ -46,11 +50,13 @@ def _load() -> None:
         return
     try:
         _fastpath.bind(cproton_ffi.__file__, lib.PN_ACCEPTED)
-    except ImportError as exc:
+        # All or none: an extension built from an older _fastpath.c (an editable install
+        # not rebuilt) lacks the newer functions, and the router then runs in Python.
+        compiled = _fastpath.take_accepted, _fastpath.take_messages, _fastpath.forward
+    except (ImportError, AttributeError) as exc:
         status = f"python (compiled fast path unusable: {exc})"
         return
-    take_accepted = _fastpath.take_accepted
-    take_messages = _fastpath.take_messages
+    take_accepted, take_messages, _forward = compiled
     _set_link_id = _fastpath.set_link_id
     status = "compiled"
 
@@ -58,6 +64,13 @@ def _load() -> None:
 def address(ptr) -> int:
     """A proton pointer (cffi cdata) as the integer the compiled path takes."""
     return int(ffi.cast("uintptr_t", ptr))
+
+
+def forwarder(state: tuple) -> Callable[[Any], None] | None:
+    """Engine.CORE_forward's compiled twin bound to the engine's ``state`` (links,
+    copies_sent, touched, the delivery cast, CORE_forward itself for what it does not
+    do, STREAM_MIN), or None when the compiled path is not in use."""
+    return partial(_forward, state) if _forward is not None else None
 
 
 def mark_link(ptr, link_id: int) -> None:

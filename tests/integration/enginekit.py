@@ -13,7 +13,7 @@ from router.adapter.engine import Engine
 class Subscriber:
     """A client connection with ``links`` receiver links named sub-0, sub-1, ... on one
     session. ``received``: its deliveries in arrival order; ``deliveries``: the same
-    by tag, until the test settles one (proton may free it then)."""
+    by tag, until the test settles one (proton may free it then); ``bodies``: their bytes."""
 
     def __init__(self, links: int = 1, credit: int = 100):
         self.transport = lib.pn_transport()
@@ -35,6 +35,7 @@ class Subscriber:
         self.link = self.links[0]
         self.received: list = []
         self.deliveries: dict[bytes, object] = {}
+        self.bodies: dict[bytes, bytes] = {}  # tag -> the message's bytes
         self.closed: set[int] = set()  # indexes of links the test closed
         self._tags: set[bytes] = set()  # every tag taken (the tests' tags are unique per connection)
 
@@ -47,6 +48,9 @@ class Subscriber:
                     tag = ffi.unpack(t.start, t.size)
                     if tag not in self._tags:  # proton raises an event per frame touching it
                         self._tags.add(tag)
+                        n = lib.pn_delivery_pending(d)
+                        buf = ffi.new("char[]", max(n, 1))
+                        self.bodies[tag] = ffi.unpack(buf, max(lib.pn_link_recv(lib.pn_delivery_link(d), buf, n), 0))
                         lib.pn_link_advance(lib.pn_delivery_link(d))
                         self.deliveries[tag] = d
                         self.received.append(d)

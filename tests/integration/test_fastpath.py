@@ -12,12 +12,14 @@ the same copies."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 from cproton_ffi import lib
 from enginekit import Publisher, Subscriber, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_interrouter_flow import FakeLog, _conn
+from test_interrouter_flow import FakeLog, _conn, _socks
 
 from router.adapter import fastpath
 from router.adapter.engine import Engine
@@ -100,20 +102,37 @@ steps = st.lists(
 )
 
 
-def play(script: list, links: int, per_link: int, settle_back: frozenset, compiled: bool):
-    saved = fastpath.take_accepted
+COMPILED = ("take_accepted", "take_messages", "_forward")
+
+
+@contextmanager
+def on_path(compiled: bool, counted: str):
+    """The compiled path, with calls of ``counted`` summed into the list yielded; or the
+    Python path (every compiled function switched off, as EOROUTER_FASTPATH=0 does)."""
+    saved = {name: getattr(fastpath, name) for name in COMPILED}
     taken = [0]
     if compiled:
 
         def counting(*args):
-            n = saved(*args)
+            n = saved[counted](*args)
             taken[0] += n
             return n
 
-        fastpath.take_accepted = counting
+        setattr(fastpath, counted, counting)
     else:
-        fastpath.take_accepted = None
+        for name in COMPILED:
+            setattr(fastpath, name, None)
     try:
+        yield taken
+    finally:
+        for name, value in saved.items():
+            setattr(fastpath, name, value)
+        while _socks:  # the play's connection's file descriptors (hypothesis plays hundreds)
+            _socks.pop().close()
+
+
+def play(script: list, links: int, per_link: int, settle_back: frozenset, compiled: bool):
+    with on_path(compiled, "take_accepted") as taken:
         core = ScriptedCore(per_link, settle_back)
         engine = Engine(core, FakeLog(1, "boot"), max_message_size=1 << 20)
         conn = _conn(True, "router")
@@ -145,8 +164,6 @@ def play(script: list, links: int, per_link: int, settle_back: frozenset, compil
         # The connection's id is a process-wide counter: the one difference between two plays.
         calls = [c._replace(conn_id=0) if hasattr(c, "conn_id") else c for c in core.calls]
         return calls, engine.counts(), taken[0]
-    finally:
-        fastpath.take_accepted = saved
 
 
 @compiled_only
@@ -279,19 +296,7 @@ def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: boo
     """The script played by a two-link publisher against a real Engine; returns what the
     core heard, the engine's counts, what the publisher was answered, and how many
     messages the compiled path took."""
-    saved = fastpath.take_accepted, fastpath.take_messages
-    taken = [0]
-    if compiled:
-
-        def counting(*args):
-            n = saved[1](*args)
-            taken[0] += n
-            return n
-
-        fastpath.take_messages = counting
-    else:
-        fastpath.take_accepted = fastpath.take_messages = None
-    try:
+    with on_path(compiled, "take_messages") as taken:
         core = PublisherCore(answer, detach_on)
         engine = Engine(core, FakeLog(1, "boot"), max_message_size=1000)
         conn = _conn(True, "router")
@@ -335,8 +340,6 @@ def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: boo
         serve(engine, conn, client)
         calls = [c._replace(conn_id=0) if hasattr(c, "conn_id") else c for c in core.calls]
         return calls, engine.counts(), client.outcomes(), taken[0]
-    finally:
-        fastpath.take_accepted, fastpath.take_messages = saved
 
 
 @compiled_only
@@ -401,3 +404,82 @@ def test_messages_after_one_that_closed_their_link_are_dropped_as_the_python_pat
     assert taken == 4
     assert [c.tag for c in calls_c if isinstance(c, MessageReceived)] == [b"m0", b"m1"]
     assert calls_c == calls_py and outcomes_c == outcomes_py
+
+
+# ------------------------------------------------------------------ copies sent
+
+
+class CopiesCore:
+    """Sends the subscriber link a pre-settled copy, an unsettled one and one large
+    enough to go out piece by piece (streaming.py); records every call."""
+
+    LARGE = b"\x00Sw\xb0" + (300 * 1024).to_bytes(4, "big") + b"y" * (300 * 1024)  # a 300 KiB binary value
+
+    def __init__(self):
+        self.calls: list = []
+
+    def handle(self, event, now):
+        self.calls.append(event)
+        if isinstance(event, LinkAttached):
+            return [
+                OpenLink(event.link_id),
+                Forward(event.link_id, b"settled", PAYLOAD, True),
+                Forward(event.link_id, b"unsettled", PAYLOAD, False),
+                Forward(event.link_id, b"large", self.LARGE, False),
+                Forward(event.link_id + 99, b"no-such-link", PAYLOAD, False),
+            ]
+        return []
+
+    def accepted_batch(self, items, now, out):
+        self.calls.append(("accepted_batch", items))
+
+    def next_deadline(self):
+        return None
+
+    def failover_list(self):
+        return []
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_copies_go_out_alike_on_either_path(compiled):
+    """A small copy by the compiled path (pre-settled or held until answered), a large
+    one by the Python path's streaming, a copy for a link gone: the subscriber gets the
+    same bytes, and the adapter holds and counts the same, on both paths."""
+    if compiled and fastpath._forward is None:
+        pytest.skip(f"compiled fast path not in use: {fastpath.status}")
+    with on_path(compiled, "take_accepted"):
+        core = CopiesCore()
+        engine = Engine(core, FakeLog(1, "boot"), max_message_size=1 << 20)
+        if compiled:
+            assert engine._command_handlers[Forward] != engine.CORE_forward
+        conn = _conn(True, "router")
+        client = Subscriber(1, credit=10)
+        serve(engine, conn, client)
+        settled = {tag: bool(lib.pn_delivery_settled(d)) for tag, d in client.deliveries.items()}
+        link = next(iter(engine._links.values()))
+        # The small ones whole; the large one on its way piece by piece, held by the streaming path.
+        assert client.bodies == {b"settled": PAYLOAD, b"unsettled": PAYLOAD}
+        assert settled == {b"settled": True, b"unsettled": False}
+        assert list(link.out) == [b"unsettled", b"large"] and link.streams
+        assert engine.copies_sent == {"topic": 3}
+
+
+def test_an_extension_built_from_an_older_source_leaves_the_router_on_the_python_path(monkeypatch):
+    """An editable install whose _fastpath was built before a function was added: the
+    router runs every part in Python (and says so) rather than failing at start-up."""
+    import importlib
+    import types
+
+    older = types.SimpleNamespace(bind=lambda path, accepted: None, take_accepted=lambda *a: 0, set_link_id=lambda *a: None)
+    monkeypatch.setattr(importlib, "import_module", lambda name: older)
+    saved = {name: getattr(fastpath, name) for name in (*COMPILED, "_set_link_id", "status")}
+    try:
+        for name in COMPILED:
+            setattr(fastpath, name, None)
+        monkeypatch.delenv(fastpath.ENV, raising=False)
+        fastpath._load()
+        assert fastpath.status.startswith("python (compiled fast path unusable"), fastpath.status
+        assert all(getattr(fastpath, name) is None for name in COMPILED)
+    finally:
+        for name, value in saved.items():
+            setattr(fastpath, name, value)
