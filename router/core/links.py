@@ -179,6 +179,7 @@ class Subscription:
         "ready",
         "announced",
         "placeholders",
+        "listed",
         "held",
         "selector",
         "pattern",
@@ -213,6 +214,9 @@ class Subscription:
         # Resumption (docs/resumption.md): publisher stream -> tags it reported that
         # this router has not seen yet; deliveries of that stream wait in ``held``.
         self.placeholders: dict[bytes, set[bytes]] = {}
+        # Of those, the ones it reported holding, which our answer listed: it keeps
+        # them unsettled until we settle them on its link.
+        self.listed: set[bytes] = set()
         self.held: dict[bytes, list[DeliveryRecord]] = {}
         # A new durable subscription: the deliveries here when it began, never owed to
         # it (SubscriberAttached.before); announced with it every time while it lives.

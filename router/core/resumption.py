@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
 from router.core.announcements import SubscriberKey
-from router.core.commands import Command, DetachLink, Log
+from router.core.commands import Command, DetachLink, Forward, Log
 from router.core.constants import _TIMER_PLACEHOLDER, _TIMER_STREAM_SEQ
 from router.core.errors import ProtocolError
 from router.core.guarantees import AT_LEAST_ONCE
@@ -623,6 +623,7 @@ class Resumption(MovedSubscribers):
         topics it subscribes to, in publisher order). Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         key = sub.key
+        sub.listed.clear()  # what an earlier answer listed: this answer replaces it
         topic = None if sub.pattern else self.core.topics.get(sub.topic)
         # At-least-once (docs/guarantees.md): a delivery it holds that we never saw is
         # not waited for; should it come, it is delivered again.
@@ -639,6 +640,7 @@ class Resumption(MovedSubscribers):
                     # got (found by tests/failover/test_moving_subscribers.py: the proof
                     # called it a duplicate).
                     awaited.append([tag, outcomes.NAMES[code]])
+                    sub.listed.add(tag)
                 continue
             if record.pub_settled:
                 state = record.subscribers.get(key)
@@ -785,6 +787,7 @@ class Resumption(MovedSubscribers):
             if not waiting or record.tag not in waiting:
                 continue
             waiting.discard(record.tag)
+            sub.listed.discard(record.tag)
             out.append(Log("placeholder-fulfilled", {"subscriber": sub.key, "delivery": record.delivery_id}))
             state = self.owe_here(record, sub.key)
             state.resend = True
@@ -803,6 +806,7 @@ class Resumption(MovedSubscribers):
         if not waiting or tag not in waiting:
             return
         waiting.discard(tag)
+        sub.listed.discard(tag)
         out.append(Log("placeholder-expired", {"subscriber": sub.key, "delivery": tag.hex()}))
         if not waiting:
             self._release_held(sub, stream)
@@ -826,9 +830,26 @@ class Resumption(MovedSubscribers):
             for tag in dropped:
                 waiting.discard(tag)
                 out.append(Log("placeholder-settled", {"subscriber": sub.key, "delivery": tag.hex()}))
+                if tag in sub.listed:
+                    self._settle_listed(sub, tag, out)
             if dropped and not waiting:
                 self._release_held(sub, stream)
                 self.core.pump(sub, now, out)
+
+    @staticmethod
+    def _settle_listed(sub: Subscription, tag: bytes, out: list[Command]) -> None:
+        """A delivery the subscriber reported holding, which our answer listed and which
+        another router finished: settle it on the subscriber's link, or the subscriber
+        keeps it unsettled until its next resume. The only way to settle a tag on a link
+        that never carried it is a transfer under it: pre-settled and empty, which the
+        subscriber (holding the tag) answers as before without a message to hand over
+        (docs/resumption.md, "Placeholders")."""
+        sub.listed.discard(tag)
+        if sub.link_id is None:
+            return  # gone again: its next router is asked, or leaves it out
+        if sub.credit > 0:
+            sub.credit -= 1  # the transfer takes a credit, as a copy does
+        out.append(Forward(sub.link_id, tag, b"", True))
 
     def _release_held(self, sub: Subscription, stream: bytes) -> None:
         sub.placeholders.pop(stream, None)
