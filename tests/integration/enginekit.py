@@ -10,21 +10,28 @@ from cproton_ffi import ffi, lib
 from router.adapter.engine import Engine
 
 
+def _open_client(client):
+    """The client's connection (``transport``, ``connection``, ``collector`` set on it),
+    opened, with one session opened on it, which is returned."""
+    client.transport = lib.pn_transport()
+    client.connection = lib.pn_connection()
+    lib.pn_connection_set_container(client.connection, b"client")
+    client.collector = lib.pn_collector()
+    lib.pn_connection_collect(client.connection, client.collector)
+    lib.pn_transport_bind(client.transport, client.connection)
+    lib.pn_connection_open(client.connection)
+    session = lib.pn_session(client.connection)
+    lib.pn_session_open(session)
+    return session
+
+
 class Subscriber:
     """A client connection with ``links`` receiver links named sub-0, sub-1, ... on one
     session. ``received``: its deliveries in arrival order; ``deliveries``: the same
     by tag, until the test settles one (proton may free it then); ``bodies``: their bytes."""
 
     def __init__(self, links: int = 1, credit: int = 100):
-        self.transport = lib.pn_transport()
-        self.connection = lib.pn_connection()
-        lib.pn_connection_set_container(self.connection, b"client")
-        self.collector = lib.pn_collector()
-        lib.pn_connection_collect(self.connection, self.collector)
-        lib.pn_transport_bind(self.transport, self.connection)
-        lib.pn_connection_open(self.connection)
-        session = lib.pn_session(self.connection)
-        lib.pn_session_open(session)
+        session = _open_client(self)
         self.links = []
         for i in range(links):
             link = lib.pn_receiver(session, f"sub-{i}".encode())
@@ -62,15 +69,7 @@ class Publisher:
     session, to "topic". ``sent``: tag -> its pn_delivery until the test settles it."""
 
     def __init__(self, links: int = 1):
-        self.transport = lib.pn_transport()
-        self.connection = lib.pn_connection()
-        lib.pn_connection_set_container(self.connection, b"client")
-        self.collector = lib.pn_collector()
-        lib.pn_connection_collect(self.connection, self.collector)
-        lib.pn_transport_bind(self.transport, self.connection)
-        lib.pn_connection_open(self.connection)
-        session = lib.pn_session(self.connection)
-        lib.pn_session_open(session)
+        session = _open_client(self)
         self.links = []
         for i in range(links):
             link = lib.pn_sender(session, f"pub-{i}".encode())

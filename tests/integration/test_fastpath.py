@@ -241,13 +241,29 @@ def test_a_router_process_relays_exactly_once_on_either_path(router_factory, amq
 # ------------------------------------------------------------------ publishers' messages
 
 
-class PublisherCore:
+class RecordingCore:
+    """A core that records every call; subclasses answer events in ``handle``."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def accepted_batch(self, items, now, out):
+        self.calls.append(("accepted_batch", items))
+
+    def next_deadline(self):
+        return None
+
+    def failover_list(self):
+        return []
+
+
+class PublisherCore(RecordingCore):
     """Gives every publisher link credit; answers (accepted, settled) the messages whose
     tag is in ``answer``, closes a link on a message whose tag is in ``detach_on``,
     rejects what is too large; records every call."""
 
     def __init__(self, answer: frozenset, detach_on: frozenset):
-        self.calls: list = []
+        super().__init__()
         self.answer = answer
         self.detach_on = detach_on
 
@@ -264,15 +280,6 @@ class PublisherCore:
             return out
         if isinstance(event, MessageTooLarge) and not event.settled:
             return [SendOutcome(event.delivery, lib.PN_REJECTED, True)]
-        return []
-
-    def accepted_batch(self, items, now, out):
-        self.calls.append(("accepted_batch", items))
-
-    def next_deadline(self):
-        return None
-
-    def failover_list(self):
         return []
 
 
@@ -409,14 +416,11 @@ def test_messages_after_one_that_closed_their_link_are_dropped_as_the_python_pat
 # ------------------------------------------------------------------ copies sent
 
 
-class CopiesCore:
+class CopiesCore(RecordingCore):
     """Sends the subscriber link a pre-settled copy, an unsettled one and one large
     enough to go out piece by piece (streaming.py); records every call."""
 
     LARGE = b"\x00Sw\xb0" + (300 * 1024).to_bytes(4, "big") + b"y" * (300 * 1024)  # a 300 KiB binary value
-
-    def __init__(self):
-        self.calls: list = []
 
     def handle(self, event, now):
         self.calls.append(event)
@@ -428,15 +432,6 @@ class CopiesCore:
                 Forward(event.link_id, b"large", self.LARGE, False),
                 Forward(event.link_id + 99, b"no-such-link", PAYLOAD, False),
             ]
-        return []
-
-    def accepted_batch(self, items, now, out):
-        self.calls.append(("accepted_batch", items))
-
-    def next_deadline(self):
-        return None
-
-    def failover_list(self):
         return []
 
 
