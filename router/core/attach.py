@@ -428,6 +428,7 @@ class AttachMixin(CoreState):
         sub.link_id = None
         sub.conn_id = None
         sub.credit = 0
+        sub.listed.clear()  # listed in that link's answer: settled on that link or not at all
         for topic in self._topics_of(sub):
             topic.roster = None
         out.append(

@@ -623,7 +623,6 @@ class Resumption(MovedSubscribers):
         topics it subscribes to, in publisher order). Returns our unsettled answer."""
         _, reported, incomplete = reported_unsettled(properties)
         key = sub.key
-        sub.listed.clear()  # what an earlier answer listed: this answer replaces it
         topic = None if sub.pattern else self.core.topics.get(sub.topic)
         # At-least-once (docs/guarantees.md): a delivery it holds that we never saw is
         # not waited for; should it come, it is delivered again.
@@ -845,8 +844,8 @@ class Resumption(MovedSubscribers):
         subscriber (holding the tag) answers as before without a message to hand over
         (docs/resumption.md, "Placeholders")."""
         sub.listed.discard(tag)
-        if sub.link_id is None:
-            return  # gone again: its next router is asked, or leaves it out
+        if sub.link_id is None:  # (unlinking clears ``listed``: not expected)
+            return
         if sub.credit > 0:
             sub.credit -= 1  # the transfer takes a credit, as a copy does
         out.append(Forward(sub.link_id, tag, b"", True))

@@ -1400,6 +1400,25 @@ def test_a_placeholder_the_subscriber_did_not_report_gets_no_settling_transfer()
     assert not [c for c in out if isinstance(c, Forward)]
 
 
+def test_a_listed_tag_is_settled_only_on_the_link_whose_answer_listed_it():
+    """The subscriber detached after C's answer listed a placeholder and came back
+    without resuming (a fresh client holds no such tag): when the delivery turns out
+    settled, nothing is sent under the tag on the new link."""
+    from router.core.events import LinkDetached
+
+    mesh = Mesh(*TRIANGLE)
+    tag = b"\x01" * 16 + b"\x011"
+    k = _resume_subscriber(mesh, "C", "k", [[tag, "accepted"]])
+    core = mesh.cores["C"]
+    sub = next(s for s in core.subscriptions.values() if s.link_id == k)
+    assert tag in sub.listed, "listed in C's answer"
+    mesh.feed("C", LinkDetached(k, False))
+    again = mesh.subscriber("C", "k", durable=2, timeout=60)
+    out: list = []
+    core.resumption.placeholder_settled(tag, mesh.now, out)
+    assert not [c for c in out if isinstance(c, Forward)] and not mesh.forwarded("C", again)
+
+
 # ------------------------------------------------------------------ the dead origin's own subscribers
 
 
