@@ -1,6 +1,6 @@
 /*
  * The adapter's compiled fast path: subscribers' accepted-and-settled dispositions,
- * and publishers' messages that arrive whole.
+ * publishers' messages that arrive whole, and small messages' copies going out.
  *
  * At K subscribers, exactly-once relaying reads K dispositions per message, and the
  * usual one ("accepted", settled by the subscriber) needs the same steps every time:
@@ -10,7 +10,8 @@
  * best-effort (docs/benchmarks.md, "The compiled fast path"). Here it is one call for
  * a whole run of such events. A publisher's message arriving whole is the same story
  * on the way in: about a dozen engine calls (is it readable, partial, aborted, how
- * large, its tag, settled, read it, move past it, ...) become part of one call.
+ * large, its tag, settled, read it, move past it, ...) become part of one call; and
+ * a copy on the way out, four (new delivery, send, advance, settle or hold) one.
  *
  * It handles only the usual cases and stops, leaving the event at the head of the
  * collector, at anything else; router/adapter/engine.py handles the rest exactly as
@@ -493,8 +494,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "router.adapter._fastpath",
-    "The adapter's compiled fast path for subscribers' accepted dispositions and publishers' whole "
-    "messages (see fastpath.py).",
+    "The adapter's compiled fast path for subscribers' accepted dispositions, publishers' whole "
+    "messages and small copies going out (see fastpath.py).",
     -1, methods,
 };
 

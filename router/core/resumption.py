@@ -844,8 +844,7 @@ class Resumption(MovedSubscribers):
         subscriber (holding the tag) answers as before without a message to hand over
         (docs/resumption.md, "Placeholders")."""
         sub.listed.discard(tag)
-        if sub.link_id is None:  # (unlinking clears ``listed``: not expected)
-            return
+        assert sub.link_id is not None  # unlinking clears ``listed``
         if sub.credit > 0:
             sub.credit -= 1  # the transfer takes a credit, as a copy does
         out.append(Forward(sub.link_id, tag, b"", True))
