@@ -318,9 +318,10 @@ def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: boo
                 continue
             if kind == "settle":
                 tag = f"m{step[1]}".encode()
-                d = client.sent.pop(tag, None)
-                if d is not None and tag not in open_part.values():
-                    lib.pn_delivery_settle(d)
+                if tag not in open_part.values():  # (one still being sent is finished or aborted first)
+                    d = client.sent.pop(tag, None)
+                    if d is not None:
+                        lib.pn_delivery_settle(d)
                 continue
             index = step[1]
             if index in client.closed:
