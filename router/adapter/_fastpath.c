@@ -11,7 +11,9 @@
  * a whole run of such events. A publisher's message arriving whole is the same story
  * on the way in: about a dozen engine calls (is it readable, partial, aborted, how
  * large, its tag, settled, read it, move past it, ...) become part of one call; and
- * a copy on the way out, four (new delivery, send, advance, settle or hold) one.
+ * a copy on the way out, four (new delivery, send, advance, settle or hold) one; and
+ * the publisher's accepted outcome, two (the disposition, the settlement) and the
+ * bookkeeping around them.
  *
  * It handles only the usual cases and stops, leaving the event at the head of the
  * collector, at anything else; router/adapter/engine.py handles the rest exactly as
@@ -52,6 +54,7 @@ static ssize_t (*pn_link_recv)(void *link, char *bytes, size_t n);
 static bool (*pn_link_advance)(void *link);
 static void *(*pn_delivery)(void *link, pn_bytes_t tag);
 static ssize_t (*pn_link_send)(void *link, const char *bytes, size_t n);
+static void (*pn_delivery_update)(void *delivery, uint64_t state);
 
 static uint64_t accepted_code;
 static int bound;
@@ -103,6 +106,7 @@ static PyObject *bind(PyObject *self, PyObject *args)
         {"pn_link_advance", (void **)&pn_link_advance},
         {"pn_delivery", (void **)&pn_delivery},
         {"pn_link_send", (void **)&pn_link_send},
+        {"pn_delivery_update", (void **)&pn_delivery_update},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         void *f = dlsym(lib, want[i].name);
@@ -476,6 +480,100 @@ done:
     return result;
 }
 
+/* send_outcome(state, cmd): Engine.CORE_send_outcome for an accepted outcome without
+ * detail (the usual answer to a publisher), settling our side or not: the count of
+ * outcomes told per topic, the disposition, and with the settlement the delivery
+ * forgotten (Engine._forget_incoming) and settled. ``state`` is (handles, incoming,
+ * outcomes_told, touched, to_address, fallback): the adapter's handle -> (delivery,
+ * Link), delivery -> handle, (topic, code) -> count, its connections with engine work,
+ * a delivery's address as a cffi integer (pn.py), and CORE_send_outcome itself, called
+ * for everything else (other outcomes, a delivery still arriving). */
+static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 || !PyTuple_Check(args[1])
+        || PyTuple_GET_SIZE(args[1]) != 7) {
+        PyErr_SetString(PyExc_TypeError, "send_outcome(state, cmd): a 6-tuple and a SendOutcome");
+        return NULL;
+    }
+    if (!check_bound())
+        return NULL;
+    PyObject *state = args[0], *cmd = args[1];
+    PyObject *handles = PyTuple_GET_ITEM(state, 0), *incoming = PyTuple_GET_ITEM(state, 1);
+    PyObject *told = PyTuple_GET_ITEM(state, 2), *touched = PyTuple_GET_ITEM(state, 3);
+    PyObject *to_address = PyTuple_GET_ITEM(state, 4), *fallback = PyTuple_GET_ITEM(state, 5);
+    if (!PyDict_Check(handles) || !PyDict_Check(incoming) || !PyDict_Check(told) || !PySet_Check(touched)) {
+        PyErr_SetString(PyExc_TypeError, "send_outcome: state is (dict, dict, dict, set, to_address, fallback)");
+        return NULL;
+    }
+    PyObject *handle = PyTuple_GET_ITEM(cmd, 0), *code = PyTuple_GET_ITEM(cmd, 1), *settle = PyTuple_GET_ITEM(cmd, 2);
+    if (!PyLong_CheckExact(code) || PyLong_AsUnsignedLongLongMask(code) != accepted_code
+        || PyTuple_GET_ITEM(cmd, 3) != Py_None || (settle != Py_True && settle != Py_False))
+        return PyObject_CallOneArg(fallback, cmd);
+    PyObject *entry = PyDict_GetItemWithError(handles, handle); /* borrowed */
+    if (!entry) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE; /* the publisher's link is gone, or it was pre-settled */
+    }
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2)
+        return PyObject_CallOneArg(fallback, cmd);
+    Py_INCREF(entry); /* held across the calls below, which may run Python code */
+    PyObject *d = PyTuple_GET_ITEM(entry, 0), *link = PyTuple_GET_ITEM(entry, 1);
+    PyObject *result = NULL, *rx_d = NULL, *at = NULL, *address = NULL, *key = NULL, *count = NULL, *conn = NULL;
+    if (settle == Py_True) {
+        rx_d = PyObject_GetAttr(link, rx_d_name);
+        if (!rx_d)
+            goto done;
+        if (rx_d != Py_None)
+            goto python; /* a multi-frame delivery in progress: CORE_send_outcome checks it is not this one */
+    }
+    /* its address first: nothing changes if it cannot be had */
+    PyObject *cast = PyObject_CallOneArg(to_address, d);
+    at = cast ? PyNumber_Long(cast) : NULL;
+    Py_XDECREF(cast);
+    if (!at)
+        goto done;
+    void *dp = PyLong_AsVoidPtr(at);
+    if (!dp) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "send_outcome: a null delivery");
+        goto done;
+    }
+    address = PyObject_GetAttr(link, address_name);
+    key = address ? PyTuple_Pack(2, address, code) : NULL;
+    if (!key)
+        goto done;
+    PyObject *before = PyDict_GetItemWithError(told, key); /* borrowed */
+    if (!before && PyErr_Occurred())
+        goto done;
+    count = before ? PyNumber_Add(before, one) : Py_NewRef(one);
+    if (!count || PyDict_SetItem(told, key, count) < 0)
+        goto done;
+    pn_delivery_update(dp, accepted_code);
+    if (settle == Py_True) {
+        /* Engine._forget_incoming, then our side settled */
+        if (PyDict_DelItem(handles, handle) < 0 || PyDict_DelItem(incoming, d) < 0)
+            goto done;
+        pn_delivery_settle(dp);
+    }
+    conn = PyObject_GetAttr(link, conn_name);
+    if (!conn || PySet_Add(touched, conn) < 0)
+        goto done;
+    result = Py_NewRef(Py_None);
+    goto done;
+python:
+    result = PyObject_CallOneArg(fallback, cmd);
+done:
+    Py_DECREF(entry);
+    Py_XDECREF(rx_d);
+    Py_XDECREF(at);
+    Py_XDECREF(address);
+    Py_XDECREF(key);
+    Py_XDECREF(count);
+    Py_XDECREF(conn);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(cproton_ffi_path, PN_ACCEPTED): look up proton's functions in the loaded cproton_ffi module."},
@@ -489,6 +587,8 @@ static PyMethodDef methods[] = {
      "publishers' new whole messages at the head of the collector."},
     {"forward", (PyCFunction)(void (*)(void))forward, METH_FASTCALL,
      "forward(state, cmd): Engine.CORE_forward for a small message (see engine.py)."},
+    {"send_outcome", (PyCFunction)(void (*)(void))send_outcome, METH_FASTCALL,
+     "send_outcome(state, cmd): Engine.CORE_send_outcome for an accepted outcome (see engine.py)."},
     {NULL, NULL, 0, NULL},
 };
 

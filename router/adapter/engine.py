@@ -49,6 +49,7 @@ from router.adapter.pn import (
     _collector_peek,
     _collector_pop,
     _delivery_aborted,
+    _delivery_address,
     _delivery_link,
     _delivery_new,
     _delivery_partial,
@@ -185,6 +186,8 @@ class Engine:
         # Per topic (a link's address), for metrics (router/adapter/metrics.py): copies
         # sent to subscribers, and the outcomes publishers were told, by outcome code.
         self.copies_sent: dict[str | None, int] = {}
+        self.outcomes_told: dict[tuple[str | None, int], int] = {}
+        # (after the maps above: the compiled commands hold them)
         self._command_handlers = self._command_table()
         self._event_handlers = self._event_table()
         self._small: bytes | None = None
@@ -196,7 +199,6 @@ class Engine:
         # (resumed or not), resumptions, peers connecting, restarting, lost, ...
         self.happenings: dict[tuple, int] = {}
         self.realm: str | None = None  # [sasl] realm: users log in as name@realm, the policy sees name
-        self.outcomes_told: dict[tuple[str | None, int], int] = {}
 
     # ------------------------------------------------------------------ stats / tests
     def counts(self) -> dict:
@@ -883,7 +885,11 @@ class Engine:
                 (self._links, self.copies_sent, self.touched, _cast_delivery, self.CORE_forward, STREAM_MIN)
             )
             or self.CORE_forward,
-            SendOutcome: self.CORE_send_outcome,
+            # A publisher's accepted outcome by the compiled path, when built (its twin: CORE_send_outcome).
+            SendOutcome: fastpath.outcome_sender(
+                (self._handles, self._incoming, self.outcomes_told, self.touched, _delivery_address, self.CORE_send_outcome)
+            )
+            or self.CORE_send_outcome,
             SettleOutgoing: self.CORE_settle_outgoing,
             SendData: self.peers.CORE_send_data,
             SendControl: self.peers.CORE_send_control,

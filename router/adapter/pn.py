@@ -22,6 +22,8 @@ _buffer = ffi.buffer
 # A delivery's address (as the compiled fast path gives it) as the cdata pointer the
 # engine calls take: equal to, and hashing as, the one proton's events give.
 _cast_delivery = partial(ffi.cast, ffi.typeof("pn_delivery_t *"))
+# The other way (the compiled fast path's send_outcome): a delivery's address, as int() reads it.
+_delivery_address = partial(ffi.cast, ffi.typeof("uintptr_t"))
 _collector_peek = lib.pn_collector_peek
 _collector_pop = lib.pn_collector_pop
 _delivery_aborted = lib.pn_delivery_aborted

@@ -102,7 +102,7 @@ steps = st.lists(
 )
 
 
-COMPILED = ("take_accepted", "take_messages", "_forward")
+COMPILED = ("take_accepted", "take_messages", "_forward", "_send_outcome")
 
 
 @contextmanager
@@ -258,14 +258,16 @@ class RecordingCore:
 
 
 class PublisherCore(RecordingCore):
-    """Gives every publisher link credit; answers (accepted, settled) the messages whose
-    tag is in ``answer``, closes a link on a message whose tag is in ``detach_on``,
-    rejects what is too large; records every call."""
+    """Gives every publisher link credit; answers (accepted) the messages whose tag is in
+    ``answer``, settling our side unless the tag is in ``hold`` (the publisher settles
+    later: rcv-settle-mode second), closes a link on a message whose tag is in
+    ``detach_on``, rejects what is too large; records every call."""
 
-    def __init__(self, answer: frozenset, detach_on: frozenset):
+    def __init__(self, answer: frozenset, detach_on: frozenset, hold: frozenset = frozenset()):
         super().__init__()
         self.answer = answer
         self.detach_on = detach_on
+        self.hold = hold
 
     def handle(self, event, now):
         self.calls.append(event)
@@ -274,7 +276,7 @@ class PublisherCore(RecordingCore):
         if isinstance(event, MessageReceived):
             out: list = []
             if event.tag in self.answer and not event.settled:
-                out.append(SendOutcome(event.delivery, lib.PN_ACCEPTED, True))
+                out.append(SendOutcome(event.delivery, lib.PN_ACCEPTED, event.tag not in self.hold))
             if event.tag in self.detach_on:
                 out.append(DetachLink(event.link_id))
             return out
@@ -299,12 +301,12 @@ publishing = st.lists(
 )
 
 
-def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: bool):
+def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: bool, hold: frozenset = frozenset()):
     """The script played by a two-link publisher against a real Engine; returns what the
-    core heard, the engine's counts, what the publisher was answered, and how many
-    messages the compiled path took."""
+    core heard, the engine's counts (the outcomes told per topic with them), what the
+    publisher was answered, and how many messages the compiled path took."""
     with on_path(compiled, "take_messages") as taken:
-        core = PublisherCore(answer, detach_on)
+        core = PublisherCore(answer, detach_on, hold)
         engine = Engine(core, FakeLog(1, "boot"), max_message_size=1000)
         conn = _conn(True, "router")
         client = Publisher(2)
@@ -347,7 +349,7 @@ def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: boo
                     client.send(index, tag, SMALL if step[2] == "small" else TOO_LARGE, settled=step[3])
         serve(engine, conn, client)
         calls = [c._replace(conn_id=0) if hasattr(c, "conn_id") else c for c in core.calls]
-        return calls, engine.counts(), client.outcomes(), taken[0]
+        return calls, (engine.counts(), dict(engine.outcomes_told)), client.outcomes(), taken[0]
 
 
 @compiled_only
@@ -356,13 +358,15 @@ def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: boo
     script=publishing,
     answer=st.frozensets(st.sampled_from([f"m{i}".encode() for i in range(30)])),
     detach_on=st.frozensets(st.sampled_from([f"m{i}".encode() for i in range(30)]), max_size=2),
+    hold=st.frozensets(st.sampled_from([f"m{i}".encode() for i in range(30)])),
 )
-def test_the_compiled_path_gives_the_core_the_messages_the_python_path_gives(script, answer, detach_on):
+def test_the_compiled_path_gives_the_core_the_messages_the_python_path_gives(script, answer, detach_on, hold):
     """Messages whole or in two transfers, aborted, too large, pre-settled, settled by the
-    publisher later, links closed by either side, read at any point: the core hears the
-    same events and the publisher the same answers on both paths."""
-    calls_c, counts_c, outcomes_c, _ = publish(script, answer, detach_on, compiled=True)
-    calls_py, counts_py, outcomes_py, _ = publish(script, answer, detach_on, compiled=False)
+    publisher later, answered and settled at once or answered and held, links closed by
+    either side, read at any point: the core hears the same events and the publisher
+    the same answers on both paths, and the outcomes told are counted alike."""
+    calls_c, counts_c, outcomes_c, _ = publish(script, answer, detach_on, compiled=True, hold=hold)
+    calls_py, counts_py, outcomes_py, _ = publish(script, answer, detach_on, compiled=False, hold=hold)
     assert calls_c == calls_py
     assert counts_c == counts_py
     assert outcomes_c == outcomes_py
@@ -400,6 +404,29 @@ def test_the_compiled_path_takes_whole_messages_and_leaves_the_rest():
     ]
     assert outcomes[b"m0"] == (lib.PN_ACCEPTED, True) and outcomes[b"m3"] == (lib.PN_REJECTED, True)
     assert outcomes[b"m6"] == (0, False)  # unanswered: the core holds it
+
+
+@compiled_only
+def test_the_compiled_path_sends_accepted_outcomes_and_leaves_the_rest(monkeypatch):
+    """An accepted outcome, settled at once or held for the publisher to settle, is sent by
+    the compiled twin; a rejection (the message too large) by CORE_send_outcome; the
+    publisher sees each, and the counts per topic are the Python path's."""
+    python_sent: list = []
+    python_method = Engine.CORE_send_outcome
+
+    def counted(self, cmd):
+        python_sent.append(cmd)
+        return python_method(self, cmd)
+
+    monkeypatch.setattr(Engine, "CORE_send_outcome", counted)
+    script = [("send", 0, "small", False), ("send", 1, "small", False), ("send", 0, "too-large", False), ("read",)]
+    answer, hold = frozenset({b"m0", b"m1"}), frozenset({b"m1"})
+    calls, counts, outcomes, _ = publish(script, answer, frozenset(), compiled=True, hold=hold)
+    assert [cmd.outcome for cmd in python_sent] == [lib.PN_REJECTED]
+    assert outcomes == {b"m0": (lib.PN_ACCEPTED, True), b"m1": (lib.PN_ACCEPTED, False), b"m2": (lib.PN_REJECTED, True)}
+    python_sent.clear()
+    assert publish(script, answer, frozenset(), compiled=False, hold=hold)[1:3] == (counts, outcomes)
+    assert len(python_sent) == 3
 
 
 @compiled_only
