@@ -1,5 +1,6 @@
 """The compiled parts of eorouter: the adapter's fast path (router/adapter/_fastpath.c),
-the core's twin of its accepted-answers loop (router/core/_answers.c) and its reader of
+the core's twins of its steps for a publisher's message and subscribers' accepted answers
+(router/core/_admission.c, _answers.c) and its reader of
 the application properties selectors read (router/core/_msgfields.c).
 
 Everything else is in pyproject.toml. The extensions are optional: without a C compiler
@@ -16,6 +17,12 @@ setup(
         Extension(
             "router.adapter._fastpath",
             sources=["router/adapter/_fastpath.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
+            optional=True,
+        ),
+        Extension(
+            "router.core._admission",
+            sources=["router/core/_admission.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
             optional=True,
         ),

@@ -133,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from router.adapter.malloc import return_large_buffers_to_the_os
     from router.adapter.sasl import SaslError
     from router.adapter.tls import TlsError
-    from router.core import answers_compiled
+    from router.core import compiled
     from router.core.router import RouterCore
     from router.eventlog import EventLog, EventLogError
     from router.serving import tune_gc_for_serving
@@ -198,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tune_gc_for_serving()
         return_large_buffers_to_the_os()
         log.info("subscribers' accepted dispositions and publishers' whole messages: %s path", fastpath.status)
-        log.info("the core's accepted answers: %s path", answers_compiled.status)
+        log.info("the core's publishers' messages and accepted answers: %s path", compiled.status)
         eventlog.flush()  # router-started is on disk before anyone can connect
         addresses = ",".join(
             [f"{lst.role}={lst.host}:{lst.port}" for lst in server.listeners]

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from functools import partial
 from itertools import count
 from typing import Any
 
-from router.core import answers_compiled, outcomes, tags
+from router.core import compiled, outcomes, tags
 from router.core.admission import AdmissionMixin
 from router.core.attach import AttachMixin
 from router.core.commands import (
@@ -256,11 +255,9 @@ class RouterCore(
             ListenersReady: self._on_listeners_ready,
             ExpireSubscription: self._on_expire_subscription,
         }
-        compiled = answers_compiled.accepted_batch
-        if compiled is not None:
-            # The compiled twin of accepted_batch (router/core/_answers.c): the same
-            # commands and state. ``del core.accepted_batch`` gives the Python method back.
-            self.accepted_batch = partial(compiled, self)  # type: ignore[method-assign]
+        # A publisher's message and subscribers' accepted answers by their compiled twins,
+        # when built (router/core/compiled.py): the same commands and state.
+        compiled.install(self)
 
     # ------------------------------------------------------------------ API
 
