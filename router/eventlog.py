@@ -117,6 +117,13 @@ class EventLog:
     iteration (one write), ``close()`` at exit. Not thread-safe; one per process.
     """
 
+    #: The encoder append() uses for a line's fields. The adapter's compiled twin of
+    #: append (router/adapter/_fastpath.c, log_line) uses it too, and reads and writes
+    #: the buffer state append keeps (``_run``, ``_ts``, ``_pieces``, ``_seq``,
+    #: ``_write``; ``_close_run()``, ``_piece()``): their names and meaning are shared
+    #: with it (tests/integration/test_fastpath.py holds the two to the same bytes).
+    encoder = staticmethod(_dumps)
+
     def __init__(
         self,
         data_dir: str | os.PathLike,

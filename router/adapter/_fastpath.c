@@ -67,6 +67,9 @@ static PyObject *ptr_address_name;   /* "ptr_address": its pn_link's address (0:
 static PyObject *address_name;       /* "address": its topic */
 static PyObject *conn_name;          /* "conn": its connection */
 static PyObject *one;                /* 1 */
+/* the engine's clock, and the event log's buffer state and methods (log_line) */
+static PyObject *now_name, *ts_name, *run_name, *pieces_name, *seq_name, *write_name, *close_run_name, *append_name,
+    *piece_name;
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define hash_pointer Py_HashPointer
@@ -574,6 +577,122 @@ done:
     return result;
 }
 
+/* log_line(state, cmd): Engine.CORE_log for a line of a kind operators do not count,
+ * with EventLog.append (router/eventlog.py) inlined: the fields encoded, an open run of
+ * sub-outcome lines closed first (EventLog._close_run), then '{"seq":N' + the cached
+ * piece of the kind for the current timestamp + the fields without their opening
+ * brace written to the log's buffer, and the seq taken. It reads and writes the event
+ * log's buffer state (_run, _ts, _pieces, _seq, _write), which eventlog.py documents as
+ * shared with this twin. ``state`` is (engine, eventlog, counted, dumps, fallback):
+ * engine.now is the timestamp; a counted kind, a line without fields, or a timestamp
+ * the log has not seen yet go to CORE_log (the fallback). */
+static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 5 || !PyTuple_Check(args[1])
+        || PyTuple_GET_SIZE(args[1]) != 2) {
+        PyErr_SetString(PyExc_TypeError, "log_line(state, cmd): a 5-tuple and a Log");
+        return NULL;
+    }
+    PyObject *state = args[0], *cmd = args[1];
+    PyObject *engine = PyTuple_GET_ITEM(state, 0), *eventlog = PyTuple_GET_ITEM(state, 1);
+    PyObject *counted = PyTuple_GET_ITEM(state, 2), *dumps = PyTuple_GET_ITEM(state, 3);
+    PyObject *fallback = PyTuple_GET_ITEM(state, 4);
+    PyObject *kind = PyTuple_GET_ITEM(cmd, 0), *fields = PyTuple_GET_ITEM(cmd, 1);
+    if (!PyUnicode_CheckExact(kind) || !PyDict_CheckExact(fields) || PyDict_GET_SIZE(fields) == 0 || !PyDict_Check(counted))
+        return PyObject_CallOneArg(fallback, cmd);
+    int is_counted = PyDict_Contains(counted, kind);
+    if (is_counted != 0)
+        return is_counted < 0 ? NULL : PyObject_CallOneArg(fallback, cmd);
+    PyObject *now = PyObject_GetAttr(engine, now_name);
+    PyObject *ts = now ? PyObject_GetAttr(eventlog, ts_name) : NULL;
+    if (!ts) {
+        Py_XDECREF(now);
+        return NULL;
+    }
+    Py_DECREF(ts); /* (compared by identity only: the log holds it) */
+    if (ts != now) {
+        Py_DECREF(now);
+        return PyObject_CallOneArg(fallback, cmd); /* a new timestamp: append makes its pieces */
+    }
+    PyObject *result = NULL, *body = NULL, *run = NULL, *pieces = NULL, *piece = NULL, *seq = NULL, *next = NULL;
+    PyObject *line = NULL, *write = NULL, *written = NULL;
+    body = PyObject_CallOneArg(dumps, fields); /* raises before anything is buffered, as append does */
+    if (!body)
+        goto done;
+    if (!PyBytes_Check(body) || PyBytes_GET_SIZE(body) < 2) {
+        PyErr_SetString(PyExc_TypeError, "log_line: the encoder gave no JSON object");
+        goto done;
+    }
+    run = PyObject_GetAttr(eventlog, run_name);
+    int open_run = run ? PyObject_IsTrue(run) : -1;
+    if (open_run < 0)
+        goto done;
+    if (open_run) {
+        PyObject *closed = PyObject_CallMethodNoArgs(eventlog, close_run_name);
+        if (!closed)
+            goto done;
+        Py_DECREF(closed);
+        PyObject *after = PyObject_GetAttr(eventlog, ts_name);
+        if (!after)
+            goto done;
+        Py_DECREF(after);
+        if (after != now) { /* the run was another timestamp's: append takes it from here */
+            result = PyObject_CallMethodObjArgs(eventlog, append_name, kind, now, fields, NULL);
+            goto done;
+        }
+    }
+    pieces = PyObject_GetAttr(eventlog, pieces_name);
+    if (!pieces)
+        goto done;
+    piece = PyDict_Check(pieces) ? PyDict_GetItemWithError(pieces, kind) : NULL;
+    if (piece) {
+        Py_INCREF(piece);
+    } else {
+        if (PyErr_Occurred())
+            goto done;
+        piece = PyObject_CallMethodOneArg(eventlog, piece_name, kind); /* made and cached by the log */
+        if (!piece)
+            goto done;
+    }
+    if (!PyBytes_Check(piece)) {
+        PyErr_SetString(PyExc_TypeError, "log_line: a kind's piece is not bytes");
+        goto done;
+    }
+    seq = PyObject_GetAttr(eventlog, seq_name);
+    next = seq ? PyNumber_Add(seq, one) : NULL;
+    long long n = next ? PyLong_AsLongLong(next) : -1;
+    if (n == -1 && (!next || PyErr_Occurred()))
+        goto done;
+    char head[32];
+    int nh = snprintf(head, sizeof head, "{\"seq\":%lld", n);
+    Py_ssize_t np = PyBytes_GET_SIZE(piece), nb = PyBytes_GET_SIZE(body) - 1;
+    line = PyBytes_FromStringAndSize(NULL, nh + np + nb + 1);
+    if (!line)
+        goto done;
+    char *o = PyBytes_AS_STRING(line);
+    memcpy(o, head, (size_t)nh);
+    memcpy(o + nh, PyBytes_AS_STRING(piece), (size_t)np);
+    memcpy(o + nh + np, PyBytes_AS_STRING(body) + 1, (size_t)nb);
+    o[nh + np + nb] = '\n';
+    write = PyObject_GetAttr(eventlog, write_name);
+    written = write ? PyObject_CallOneArg(write, line) : NULL;
+    if (!written || PyObject_SetAttr(eventlog, seq_name, next) < 0)
+        goto done;
+    result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(now);
+    Py_XDECREF(body);
+    Py_XDECREF(run);
+    Py_XDECREF(pieces);
+    Py_XDECREF(piece);
+    Py_XDECREF(seq);
+    Py_XDECREF(next);
+    Py_XDECREF(line);
+    Py_XDECREF(write);
+    Py_XDECREF(written);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(cproton_ffi_path, PN_ACCEPTED): look up proton's functions in the loaded cproton_ffi module."},
@@ -587,6 +706,8 @@ static PyMethodDef methods[] = {
      "publishers' new whole messages at the head of the collector."},
     {"forward", (PyCFunction)(void (*)(void))forward, METH_FASTCALL,
      "forward(state, cmd): Engine.CORE_forward for a small message (see engine.py)."},
+    {"log_line", (PyCFunction)(void (*)(void))log_line, METH_FASTCALL,
+     "log_line(state, cmd): Engine.CORE_log with EventLog.append inlined (see engine.py)."},
     {"send_outcome", (PyCFunction)(void (*)(void))send_outcome, METH_FASTCALL,
      "send_outcome(state, cmd): Engine.CORE_send_outcome for an accepted outcome (see engine.py)."},
     {NULL, NULL, 0, NULL},
@@ -610,8 +731,18 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     address_name = PyUnicode_InternFromString("address");
     conn_name = PyUnicode_InternFromString("conn");
     one = PyLong_FromLong(1);
+    now_name = PyUnicode_InternFromString("now");
+    ts_name = PyUnicode_InternFromString("_ts");
+    run_name = PyUnicode_InternFromString("_run");
+    pieces_name = PyUnicode_InternFromString("_pieces");
+    seq_name = PyUnicode_InternFromString("_seq");
+    write_name = PyUnicode_InternFromString("_write");
+    close_run_name = PyUnicode_InternFromString("_close_run");
+    append_name = PyUnicode_InternFromString("append");
+    piece_name = PyUnicode_InternFromString("_piece");
     if (!one || !out_name || !core_attached_name || !rx_d_name || !max_size_name || !streams_name || !ptr_address_name
-        || !address_name || !conn_name)
+        || !address_name || !conn_name || !now_name || !ts_name || !run_name || !pieces_name || !seq_name || !write_name
+        || !close_run_name || !append_name || !piece_name)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -876,8 +876,12 @@ class Engine:
             handler(cmd)
 
     def _command_table(self) -> dict:
+        encoder = getattr(self.eventlog, "encoder", None)  # a router's EventLog (tests may use stand-ins)
         return {
-            Log: self.CORE_log,
+            # A line by the compiled path (EventLog.append inlined), when built and the log is
+            # an EventLog (its twin: CORE_log).
+            Log: (fastpath.log_writer((self, self.eventlog, _COUNTED, encoder, self.CORE_log)) if encoder else None)
+            or self.CORE_log,
             SubOutcomes: self.CORE_sub_outcomes,
             SubOutcome: self.CORE_sub_outcome,
             # A small message's copy by the compiled path, when built (its twin: CORE_forward).

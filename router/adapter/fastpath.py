@@ -3,9 +3,10 @@ whole messages, the copies it sends and publishers' outcomes: compiled or Python
 
 ``router/adapter/_fastpath.c`` (built by ``pip install``, optional) consumes a run of
 "accepted + settled" disposition events, or of publishers' messages that arrived whole,
-in one call, sends a small message's copy and a publisher's accepted outcome;
-``engine.Engine.drain``, ``Engine.CORE_forward`` and ``Engine.CORE_send_outcome`` do the
-same in Python when it is absent or switched off. The
+in one call, sends a small message's copy and a publisher's accepted outcome, and
+appends an event-log line; ``engine.Engine.drain``, ``Engine.CORE_forward``,
+``Engine.CORE_send_outcome`` and ``Engine.CORE_log`` do the same in Python when it is
+absent or switched off. The
 two must agree on every event: tests/integration/test_engine_batching.py and
 test_fastpath.py run both.
 
@@ -32,12 +33,13 @@ take_accepted: Callable[..., int] | None = None
 take_messages: Callable[..., int] | None = None
 _forward: Callable[..., None] | None = None  # forward(state, cmd): see forwarder()
 _send_outcome: Callable[..., None] | None = None  # send_outcome(state, cmd): see outcome_sender()
+_log_line: Callable[..., None] | None = None  # log_line(state, cmd): see log_writer()
 _set_link_id = None
 status = "python"  # what this process uses, for the startup log and the benchmark
 
 
 def _load() -> None:
-    global take_accepted, take_messages, _forward, _send_outcome, _set_link_id, status
+    global take_accepted, take_messages, _forward, _send_outcome, _log_line, _set_link_id, status
     if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
         status = f"python ({ENV}=0)"
         return
@@ -54,11 +56,17 @@ def _load() -> None:
         _fastpath.bind(cproton_ffi.__file__, lib.PN_ACCEPTED)
         # All or none: an extension built from an older _fastpath.c (an editable install
         # not rebuilt) lacks the newer functions, and the router then runs in Python.
-        compiled = _fastpath.take_accepted, _fastpath.take_messages, _fastpath.forward, _fastpath.send_outcome
+        compiled = (
+            _fastpath.take_accepted,
+            _fastpath.take_messages,
+            _fastpath.forward,
+            _fastpath.send_outcome,
+            _fastpath.log_line,
+        )
     except (ImportError, AttributeError) as exc:
         status = f"python (compiled fast path unusable: {exc})"
         return
-    take_accepted, take_messages, _forward, _send_outcome = compiled
+    take_accepted, take_messages, _forward, _send_outcome, _log_line = compiled
     _set_link_id = _fastpath.set_link_id
     status = "compiled"
 
@@ -80,6 +88,13 @@ def outcome_sender(state: tuple) -> Callable[[Any], None] | None:
     incoming, outcomes_told, touched, the delivery's address cast, CORE_send_outcome
     itself for what it does not do), or None when the compiled path is not in use."""
     return partial(_send_outcome, state) if _send_outcome is not None else None
+
+
+def log_writer(state: tuple) -> Callable[[Any], None] | None:
+    """Engine.CORE_log's compiled twin (EventLog.append inlined) bound to ``state``
+    (the engine, its EventLog, the kinds it counts, the log's encoder, CORE_log itself
+    for what it does not do), or None when the compiled path is not in use."""
+    return partial(_log_line, state) if _log_line is not None else None
 
 
 def mark_link(ptr, link_id: int) -> None:

@@ -102,7 +102,7 @@ steps = st.lists(
 )
 
 
-COMPILED = ("take_accepted", "take_messages", "_forward", "_send_outcome")
+COMPILED = ("take_accepted", "take_messages", "_forward", "_send_outcome", "_log_line")
 
 
 @contextmanager
@@ -506,3 +506,90 @@ def test_an_extension_built_from_an_older_source_leaves_the_router_on_the_python
     finally:
         for name, value in saved.items():
             setattr(fastpath, name, value)
+
+
+# ------------------------------------------------------------------ event-log lines
+
+KINDS = ("received", "completed", "pub-outcome", "forwarded", "link-attached")  # link-attached: counted by CORE_log
+
+writing = st.lists(
+    st.one_of(
+        st.tuples(st.just("line"), st.sampled_from(KINDS), st.integers(0, 3)),
+        st.tuples(st.just("sub-outcome"), st.sampled_from(["s1", "s2"]), st.booleans()),
+        st.tuples(st.just("sub-outcomes"), st.sampled_from(["s1", "s2"]), st.integers(1, 3)),
+        st.tuples(st.just("tick")),
+        st.tuples(st.just("flush")),
+        st.tuples(st.just("empty")),  # a line without fields of its own
+    ),
+    max_size=40,
+)
+
+
+def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], dict]:
+    """The script's commands executed by a real Engine into a real EventLog; the lines
+    written after router-started (its boot id made constant) and the events counted."""
+    from router.core.commands import Log, SubOutcome, SubOutcomes
+    from router.eventlog import EventLog
+
+    with on_path(compiled, "take_accepted"):
+        log = EventLog(directory, "R")
+        engine = Engine(RecordingCore(), log, max_message_size=1000)
+        engine.now = 100.0
+        n = 0
+        for step in script:
+            if step[0] == "tick":
+                engine.now = engine.now + 0.25  # a new float object per loop iteration, as the loop gives
+                continue
+            if step[0] == "flush":
+                log.flush()
+                continue
+            n += 1
+            if step[0] == "line":
+                fields: dict = {"delivery": f"{n:04x}", "n": step[2], "owed": ["a/b"] * step[2]}
+                if step[1] == "link-attached":
+                    fields = {"role": "publisher", "container": "c", "name": f"l{n}"}
+                command = Log(step[1], fields)
+            elif step[0] == "sub-outcome":
+                command = SubOutcome(f"{n:04x}", step[1], "accepted", step[2])
+            elif step[0] == "sub-outcomes":
+                command = SubOutcomes([f"{n:04x}.{i}" for i in range(step[2])], step[1], "accepted", True)
+            else:
+                command = Log("router-stopping", {})
+            engine.execute([command])
+        log.flush()
+        lines = log.path.read_bytes().splitlines()[1:]
+        boot = log.boot_id.encode()
+        log.close()
+        return [line.replace(boot, b"B") for line in lines], dict(engine.happenings)
+
+
+@compiled_only
+@settings(max_examples=100, deadline=None)
+@given(script=writing)
+def test_the_compiled_path_writes_the_event_log_lines_the_python_path_writes(script, tmp_path_factory):
+    """Lines of every kind (with fields, without, counted by the adapter), runs of
+    sub-outcome lines before and after them, new timestamps and flushes anywhere: the
+    same bytes in the log, the same counts."""
+    compiled = write_lines(script, tmp_path_factory.mktemp("c"), compiled=True)
+    python = write_lines(script, tmp_path_factory.mktemp("p"), compiled=False)
+    assert compiled == python
+
+
+@compiled_only
+def test_the_compiled_path_appends_the_usual_lines_itself(tmp_path, monkeypatch):
+    """A line of a kind nobody counts, at a timestamp the log has seen, is appended without
+    CORE_log; a counted kind and a new timestamp go through it."""
+    python_logged: list = []
+    python_method = Engine.CORE_log
+
+    def counted(self, cmd):
+        python_logged.append(cmd.kind)
+        return python_method(self, cmd)
+
+    monkeypatch.setattr(Engine, "CORE_log", counted)
+    script = [("line", "received", 1), ("tick",), ("line", "received", 2), ("line", "completed", 0)]
+    script += [("line", "link-attached", 0), ("sub-outcome", "s1", True), ("line", "completed", 1)]
+    lines, happenings = write_lines(script, tmp_path, compiled=True)
+    # each "received" is the first line at its timestamp (router-started's was another)
+    assert python_logged == ["received", "received", "link-attached"]
+    assert len(lines) == 6 and happenings
