@@ -12,31 +12,27 @@ specification).
 
 from setuptools import Extension, setup
 
+WARNINGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+
+
+def compiled(module: str, depends: tuple[str, ...] = ()) -> Extension:
+    """``module`` (router.x._y) from router/x/_y.c; optional: a failed build leaves the Python path."""
+    return Extension(
+        module,
+        sources=[module.replace(".", "/") + ".c"],
+        depends=list(depends),
+        extra_compile_args=WARNINGS,
+        optional=True,
+    )
+
+
+CORE_OBJECTS = ("router/core/_coreobjects.h",)  # what the core's twins share
+
 setup(
     ext_modules=[
-        Extension(
-            "router.adapter._fastpath",
-            sources=["router/adapter/_fastpath.c"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-            optional=True,
-        ),
-        Extension(
-            "router.core._admission",
-            sources=["router/core/_admission.c"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-            optional=True,
-        ),
-        Extension(
-            "router.core._answers",
-            sources=["router/core/_answers.c"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-            optional=True,
-        ),
-        Extension(
-            "router.core._msgfields",
-            sources=["router/core/_msgfields.c"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-            optional=True,
-        ),
+        compiled("router.adapter._fastpath"),
+        compiled("router.core._admission", CORE_OBJECTS),
+        compiled("router.core._answers", CORE_OBJECTS),
+        compiled("router.core._msgfields"),
     ],
 )

@@ -22,13 +22,10 @@
  * runs admission.py.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
+#include "_coreobjects.h"
+
 #include <stdint.h>
 #include <string.h>
-
-#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
 static Py_ssize_t pub_link_id, pub_container_id, pub_name, pub_topic, pub_incarnation, pub_stream, pub_presettled,
     pub_credit, pub_next_seq, pub_resending, pub_memory, pub_origin;
@@ -57,24 +54,6 @@ static PyObject *a_publishers, *a_topics, *a_draining, *a_stream_seq, *a_records
 static PyObject *m_on_message, *m_prepare_payload, *m_add_timer, *m_refill_credit;
 
 /* ------------------------------------------------------------------ binding */
-
-typedef struct {
-    const char *name;
-    Py_ssize_t *offset;
-} slot_def;
-
-static int slot_offsets(PyTypeObject *type, const slot_def *defs) {
-    for (; defs->name != NULL; defs++) {
-        PyObject *descr = PyDict_GetItemString(type->tp_dict, defs->name);
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
-            ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, defs->name);
-            return -1;
-        }
-        *defs->offset = ((PyMemberDescrObject *)descr)->d_member->offset;
-    }
-    return 0;
-}
 
 static const slot_def publisher_slots[] = {
     {"link_id", &pub_link_id}, {"container_id", &pub_container_id}, {"name", &pub_name}, {"topic", &pub_topic},
@@ -162,13 +141,6 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
 
 /* ------------------------------------------------------------------ helpers */
 
-static inline void set_slot(PyObject *o, Py_ssize_t offset, PyObject *value) {
-    PyObject *old = SLOT(o, offset);
-    Py_INCREF(value);
-    SLOT(o, offset) = value;
-    Py_XDECREF(old);
-}
-
 /* A slot set to a new int (value stolen); -1 when it could not be made. */
 static inline int set_int(PyObject *o, Py_ssize_t offset, long long value) {
     PyObject *v = PyLong_FromLongLong(value);
@@ -177,20 +149,6 @@ static inline int set_int(PyObject *o, Py_ssize_t offset, long long value) {
     set_slot(o, offset, v);
     Py_DECREF(v);
     return 0;
-}
-
-static inline int truth(PyObject *o) {
-    if (o == NULL)
-        return -1;
-    if (o == Py_None || o == Py_False)
-        return 0;
-    if (o == Py_True)
-        return 1;
-    if (PyDict_CheckExact(o))
-        return PyDict_GET_SIZE(o) != 0;
-    if (PyAnySet_CheckExact(o))
-        return PySet_GET_SIZE(o) != 0;
-    return PyObject_IsTrue(o);
 }
 
 /* A slot's plain int value in *v; 0 when it is not one (not the usual case). */
@@ -222,25 +180,6 @@ static int set_attr_int(PyObject *o, PyObject *name, long long v) {
         return -1;
     int r = PyObject_SetAttr(o, name, value);
     Py_DECREF(value);
-    return r;
-}
-
-static PyObject *command(PyTypeObject *type, Py_ssize_t n, PyObject **items) {
-    PyObject *t = type->tp_alloc(type, n);
-    if (t == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_INCREF(items[i]);
-        PyTuple_SET_ITEM(t, i, items[i]);
-    }
-    return t;
-}
-
-static int append_new(PyObject *list, PyObject *item) {
-    if (item == NULL)
-        return -1;
-    int r = PyList_Append(list, item);
-    Py_DECREF(item);
     return r;
 }
 
@@ -719,12 +658,6 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "router.core._admission",
     "The compiled twin of the core's handling of a publisher's message (router/core/_admission.c).", -1, methods,
 };
-
-#define INTERN(var, text)                                      \
-    do {                                                       \
-        if ((var = PyUnicode_InternFromString(text)) == NULL)  \
-            return NULL;                                       \
-    } while (0)
 
 PyMODINIT_FUNC PyInit__admission(void) {
     if ((zero = PyLong_FromLong(0)) == NULL)

@@ -23,11 +23,7 @@
  * runs router.py's loop.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-
-#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+#include "_coreobjects.h"
 
 static Py_ssize_t rec_tag, rec_delivery_id, rec_topic, rec_order, rec_payload, rec_pub_link, rec_pub_delivery,
     rec_roster, rec_answers, rec_sent_at, rec_remote_routers, rec_outcome, rec_pub_settled, rec_reuse,
@@ -55,29 +51,6 @@ static PyObject *m_on_accepted_compact, *m_on_accepted, *m_arm_sweep, *m_release
     *m_refill_credit, *m_refill_pending, *m_maybe_finish_shutdown;
 
 /* ------------------------------------------------------------------ binding */
-
-static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset) {
-    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
-        ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
-        return -1;
-    }
-    *offset = ((PyMemberDescrObject *)descr)->d_member->offset;
-    return 0;
-}
-
-typedef struct {
-    const char *name;
-    Py_ssize_t *offset;
-} slot_def;
-
-static int slot_offsets(PyTypeObject *type, const slot_def *defs) {
-    for (; defs->name != NULL; defs++)
-        if (slot_offset(type, defs->name, defs->offset) < 0)
-            return -1;
-    return 0;
-}
 
 static const slot_def record_slots[] = {
     {"tag", &rec_tag}, {"delivery_id", &rec_delivery_id}, {"topic", &rec_topic}, {"order", &rec_order},
@@ -148,28 +121,6 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
 
 /* ------------------------------------------------------------------ helpers */
 
-static inline void set_slot(PyObject *o, Py_ssize_t offset, PyObject *value) {
-    PyObject *old = SLOT(o, offset);
-    Py_INCREF(value);
-    SLOT(o, offset) = value;
-    Py_XDECREF(old);
-}
-
-/* Python's truth of a slot's value (a missing slot counts as -1: not the usual case). */
-static inline int truth(PyObject *o) {
-    if (o == NULL)
-        return -1;
-    if (o == Py_None || o == Py_False)
-        return 0;
-    if (o == Py_True)
-        return 1;
-    if (PyDict_CheckExact(o))
-        return PyDict_GET_SIZE(o) != 0;
-    if (PyAnySet_CheckExact(o))
-        return PySet_GET_SIZE(o) != 0;
-    return PyObject_IsTrue(o);
-}
-
 /* A slot's int value, or LONG_MIN when it is not a plain int. */
 static inline long int_of(PyObject *o) {
     if (o == NULL || !PyLong_CheckExact(o))
@@ -177,26 +128,6 @@ static inline long int_of(PyObject *o) {
     int overflow;
     long v = PyLong_AsLongAndOverflow(o, &overflow);
     return overflow ? LONG_MIN : v;
-}
-
-/* An instance of a NamedTuple command, as tuple.__new__ makes it (constants._new). */
-static PyObject *command(PyTypeObject *type, Py_ssize_t n, PyObject **items) {
-    PyObject *t = type->tp_alloc(type, n);
-    if (t == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_INCREF(items[i]);
-        PyTuple_SET_ITEM(t, i, items[i]);
-    }
-    return t;
-}
-
-static int append_new(PyObject *list, PyObject *item) {
-    if (item == NULL)
-        return -1;
-    int r = PyList_Append(list, item);
-    Py_DECREF(item);
-    return r;
 }
 
 /* Call a core method for its effect (its result dropped). */
@@ -677,12 +608,6 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "router.core._answers",
     "The compiled twin of RouterCore.accepted_batch (router/core/_answers.c).", -1, methods,
 };
-
-#define INTERN(var, text)                                      \
-    do {                                                       \
-        if ((var = PyUnicode_InternFromString(text)) == NULL)  \
-            return NULL;                                       \
-    } while (0)
 
 PyMODINIT_FUNC PyInit__answers(void) {
     if ((zero = PyLong_FromLong(0)) == NULL || (one = PyLong_FromLong(1)) == NULL)

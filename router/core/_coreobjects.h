@@ -1,0 +1,84 @@
+/* What the core's compiled twins (_admission.c, _answers.c) share: reaching the core's
+ * objects through their __slots__' offsets, Python's truth of a slot's value, and the
+ * core's commands (NamedTuples) made as tuple.__new__ makes them (constants._new).
+ *
+ * A slot's offset comes from its member descriptor, read once at bind(): a field that
+ * is no longer a plain slot makes bind() fail, and the core then runs in Python. */
+
+#ifndef EOROUTER_COREOBJECTS_H
+#define EOROUTER_COREOBJECTS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+typedef struct {
+    const char *name;
+    Py_ssize_t *offset;
+} slot_def;
+
+static int slot_offsets(PyTypeObject *type, const slot_def *defs) {
+    for (; defs->name != NULL; defs++) {
+        PyObject *descr = PyDict_GetItemString(type->tp_dict, defs->name);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
+            ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, defs->name);
+            return -1;
+        }
+        *defs->offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+    }
+    return 0;
+}
+
+static inline void set_slot(PyObject *o, Py_ssize_t offset, PyObject *value) {
+    PyObject *old = SLOT(o, offset);
+    Py_INCREF(value);
+    SLOT(o, offset) = value;
+    Py_XDECREF(old);
+}
+
+/* Python's truth of a slot's value (a missing slot counts as -1: not the usual case). */
+static inline int truth(PyObject *o) {
+    if (o == NULL)
+        return -1;
+    if (o == Py_None || o == Py_False)
+        return 0;
+    if (o == Py_True)
+        return 1;
+    if (PyDict_CheckExact(o))
+        return PyDict_GET_SIZE(o) != 0;
+    if (PyAnySet_CheckExact(o))
+        return PySet_GET_SIZE(o) != 0;
+    return PyObject_IsTrue(o);
+}
+
+/* An instance of a NamedTuple command, as tuple.__new__ makes it. */
+static PyObject *command(PyTypeObject *type, Py_ssize_t n, PyObject **items) {
+    PyObject *t = type->tp_alloc(type, n);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(t, i, items[i]);
+    }
+    return t;
+}
+
+/* list.append(item), the item's reference stolen (NULL: an error already set). */
+static int append_new(PyObject *list, PyObject *item) {
+    if (item == NULL)
+        return -1;
+    int r = PyList_Append(list, item);
+    Py_DECREF(item);
+    return r;
+}
+
+#define INTERN(var, text)                                      \
+    do {                                                       \
+        if ((var = PyUnicode_InternFromString(text)) == NULL)  \
+            return NULL;                                       \
+    } while (0)
+
+#endif
