@@ -1,6 +1,6 @@
 # Sourced by scripts/*: make (or reuse) the project venv and install the project into it.
 # Idempotent and fast when nothing changed: the install is redone only when pyproject.toml, setup.py or
-# the compiled fast path's source changes (the install builds it: router/adapter/_fastpath.c).
+# a compiled part's source changes (the install builds them: router/**/*.c and *.h, setup.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${EOROUTER_VENV:-$ROOT/.venv}"
@@ -16,7 +16,7 @@ fi
 STAMP="$VENV/.eorouter-installed"
 CDS_RECORD="$VENV/.eorouter-class-archive"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] \
-        || [ "$ROOT/router/adapter/_fastpath.c" -nt "$STAMP" ]; then
+        || [ -n "$(find "$ROOT/router" \( -name '*.c' -o -name '*.h' \) -newer "$STAMP" -print -quit)" ]; then
     echo "setup: installing eorouter[test] into $VENV (first run takes a minute)" >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip >&2
     "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2

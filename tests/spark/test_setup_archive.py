@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-INSTALL_INPUTS = ("pyproject.toml", "setup.py", "router/adapter/_fastpath.c")
+# what makes the setup install again (the compiled parts' sources among them)
+INSTALL_INPUTS = ("pyproject.toml", "setup.py", *(str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("router/**/*.[ch]"))))
 
 
 def _venv(tmp_path: Path) -> tuple[Path, Path]:
