@@ -176,8 +176,8 @@ typedef struct {
 /* Whether the last answer at ``i`` completes ``record`` in the usual way, checked before
  * anything changes (settlement.py: everyone accepted and settled their copies, the
  * publisher attached and settling first, no watcher, remembered in its stream's
- * memory). 0: hand it to Python. Returns the publisher's link (borrowed) in *pub. */
-static int completes_usually(batch_t *b, PyObject *record, Py_ssize_t i, int settled_true, PyObject **pub) {
+ * memory). 0: hand it to Python. */
+static int completes_usually(batch_t *b, PyObject *record, Py_ssize_t i, int settled_true) {
     if (SLOT(record, rec_pub_settled) != Py_False || truth(SLOT(record, rec_watchers)) != 0)
         return 0;
     PyObject *memory = SLOT(record, rec_memory);
@@ -212,7 +212,6 @@ static int completes_usually(batch_t *b, PyObject *record, Py_ssize_t i, int set
         return 0;
     if (SLOT(record, rec_topic) == NULL || SLOT(record, rec_order) == NULL || SLOT(record, rec_payload) == NULL)
         return 0;
-    *pub = p;
     return 1;
 }
 
@@ -502,7 +501,6 @@ static PyObject *accepted_batch(PyObject *mod, PyObject *const *args, Py_ssize_t
                             failed = 1;
                         usual = due == 0;
                     }
-                    PyObject *pub = NULL;
                     if (failed) {
                     } else if (usual && waiting > 1) {
                         /* the first answer of this subscriber, others still to answer: only its line */
@@ -541,7 +539,7 @@ static PyObject *accepted_batch(PyObject *mod, PyObject *const *args, Py_ssize_t
                     } else {
                         int done_here = usual && waiting == 1;
                         if (done_here) {
-                            done_here = completes_usually(&b, record, i, settled_true, &pub);
+                            done_here = completes_usually(&b, record, i, settled_true);
                             if (PyErr_Occurred())
                                 failed = 1;
                         }
