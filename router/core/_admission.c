@@ -50,7 +50,7 @@ static int bound;
 static PyObject *s_received, *k_delivery, *k_topic, *k_publisher, *k_link_name, *k_pub_tag, *k_incarnation,
     *k_stream_seq, *k_size, *k_settled, *k_owed, *k_forwarded, *k_routers;
 static PyObject *a_publishers, *a_topics, *a_draining, *a_stream_seq, *a_records, *a_by_delivery, *a_net, *a_interest,
-    *a_lost, *a_order, *a_send_counter, *a_promised, *a_bytes_held, *a_settings, *a_credit_window, *a_max_in_flight;
+    *a_lost, *a_order, *a_send_counter, *a_promised, *a_bytes_held, *a_settings, *a_credit_window, *a_max_in_flight, *a_starved;
 static PyObject *m_on_message, *m_prepare_payload, *m_add_timer, *m_refill_credit;
 
 /* ------------------------------------------------------------------ binding */
@@ -79,6 +79,8 @@ static const slot_def record_slots[] = {
     {"memory", &rec_memory}, {"arrived", &rec_arrived}, {"delivery_id", &rec_delivery_id}, {"order", &rec_order},
     {NULL, NULL},
 };
+
+static int learn_record(void);
 
 PyDoc_STRVAR(bind_doc,
              "bind(PublisherLink, Topic, Roster, Subscription, StreamSettled, DeliveryRecord, Forward, Log,\n"
@@ -135,6 +137,8 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     answer_unsent = (unsigned char)unsent;
     max_inline_tag = inline_tag;
     uncounted_below = uncounted;
+    if (learn_record() < 0)
+        return NULL;
     bound = 1;
     Py_RETURN_NONE;
 }
@@ -196,6 +200,117 @@ static PyObject *hex_of(PyObject *bytes) {
         out[2 * i + 1] = (Py_UCS1)digits[b[i] & 15];
     }
     return text;
+}
+
+/* ------------------------------------------------------------------ the record */
+
+/* DeliveryRecord.__init__'s arguments, in order, and the slot each is kept in. */
+static const char *const record_arg_names[13] = {
+    "tag",      "topic",      "order",      "payload",     "publisher",    "link_name", "pub_tag",
+    "incarnation", "stream_seq", "pub_link", "pub_delivery", "expires_at", "reuse",
+};
+static Py_ssize_t record_arg_offsets[13];
+/* The other slots __init__ sets, and the value it sets each to (learnt at bind). */
+#define RECORD_DEFAULTS_MAX 64
+static Py_ssize_t record_default_offsets[RECORD_DEFAULTS_MAX];
+static PyObject *record_defaults[RECORD_DEFAULTS_MAX];
+static int record_default_count;
+
+/* A value a record can share with every other: __init__'s constants (None, a number, a
+ * text, the empty map and set) are; a new list or dict per record would not be. */
+static int shareable(PyObject *v) {
+    return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) ||
+           PyUnicode_CheckExact(v) || PyBytes_CheckExact(v) || PyFrozenSet_CheckExact(v) ||
+           (PyTuple_CheckExact(v) && PyTuple_GET_SIZE(v) == 0) || Py_IS_TYPE(v, &PyDictProxy_Type);
+}
+
+/* Learn what DeliveryRecord.__init__ does, by making one: each argument kept as it is
+ * in its slot, delivery_id the tag in hex, every other slot it sets a constant that
+ * records may share. new_record() then does the same without the call. Anything else
+ * (a slot computed otherwise, a new mutable value per record, an argument renamed) is
+ * a TypeError: bind() fails and the core runs admission.py. */
+static int learn_record(void) {
+    slot_def defs[14];
+    for (int i = 0; i < 13; i++)
+        defs[i] = (slot_def){record_arg_names[i], &record_arg_offsets[i]};
+    defs[13] = (slot_def){NULL, NULL};
+    if (slot_offsets(RecordType, defs) < 0)
+        return -1;
+    PyObject *args[13] = {NULL};
+    args[0] = PyBytes_FromString("learn");
+    for (int i = 1; i < 12; i++)
+        args[i] = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type); /* a value nothing else is */
+    args[12] = PyLong_FromLong(0);
+    PyObject *record = NULL, *hex = NULL;
+    int ok = 0;
+    for (int i = 0; i < 13; i++)
+        if (args[i] == NULL)
+            goto done;
+    record = PyObject_Vectorcall((PyObject *)RecordType, args, 13, NULL);
+    hex = record == NULL ? NULL : PyObject_CallMethod(args[0], "hex", NULL);
+    if (hex == NULL)
+        goto done;
+    if (!Py_IS_TYPE(record, RecordType)) {
+        PyErr_SetString(PyExc_TypeError, "bind: DeliveryRecord made something else");
+        goto done;
+    }
+    for (int i = 0; i < 13; i++)
+        if (SLOT(record, record_arg_offsets[i]) != args[i]) {
+            PyErr_Format(PyExc_TypeError, "bind: DeliveryRecord.__init__ does not keep %s as given", record_arg_names[i]);
+            goto done;
+        }
+    PyObject *id = SLOT(record, rec_delivery_id);
+    if (id == NULL || !PyUnicode_CheckExact(id) || PyUnicode_Compare(id, hex) != 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "bind: DeliveryRecord's delivery_id is not its tag in hex");
+        goto done;
+    }
+    record_default_count = 0;
+    Py_ssize_t pos = 0;
+    PyObject *name, *descr;
+    while (PyDict_Next(RecordType->tp_dict, &pos, &name, &descr)) {
+        if (!Py_IS_TYPE(descr, &PyMemberDescr_Type) || ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX)
+            continue;
+        Py_ssize_t offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+        int is_arg = offset == rec_delivery_id;
+        for (int i = 0; i < 13; i++)
+            is_arg |= offset == record_arg_offsets[i];
+        PyObject *value = SLOT(record, offset);
+        if (is_arg || value == NULL) /* (NULL: a slot set only when it applies) */
+            continue;
+        if (!shareable(value) || record_default_count == RECORD_DEFAULTS_MAX) {
+            PyErr_Format(PyExc_TypeError, "bind: DeliveryRecord.__init__ sets %S to a %s", name, Py_TYPE(value)->tp_name);
+            goto done;
+        }
+        record_default_offsets[record_default_count] = offset;
+        record_defaults[record_default_count++] = Py_NewRef(value);
+    }
+    ok = 1;
+done:
+    for (int i = 0; i < 13; i++)
+        Py_XDECREF(args[i]);
+    Py_XDECREF(record);
+    Py_XDECREF(hex);
+    return ok ? 0 : -1;
+}
+
+/* DeliveryRecord(*args) for a tag used once (reuse 0), without the call: what
+ * learn_record() saw __init__ do. */
+static PyObject *new_record(PyObject *const *args) {
+    PyObject *id = hex_of(args[0]);
+    if (id == NULL)
+        return NULL;
+    PyObject *record = RecordType->tp_alloc(RecordType, 0);
+    if (record == NULL) {
+        Py_DECREF(id);
+        return NULL;
+    }
+    for (int i = 0; i < 13; i++)
+        SLOT(record, record_arg_offsets[i]) = Py_NewRef(args[i]);
+    SLOT(record, rec_delivery_id) = id;
+    for (int i = 0; i < record_default_count; i++)
+        SLOT(record, record_default_offsets[i]) = Py_NewRef(record_defaults[i]);
+    return record;
 }
 
 /* ------------------------------------------------------------------ the message */
@@ -326,16 +441,16 @@ static int usual(message_t *m) {
 }
 
 /* _refill_credit(topic, out, bound_only=True) when a grant may be due: its first test
- * here (no grant due by count), the rest by the Python method. */
+ * here (no grant due by count), and the end when it grants nothing (grants_nothing);
+ * the rest by the Python method. */
 static int refill_bound_only(message_t *m, PyObject *settings) {
     long long limit, window_setting;
     if (attr_int(settings, a_max_in_flight, &limit) < 0 || attr_int(settings, a_credit_window, &window_setting) < 0)
         return -1;
     PyObject *publishers = PyObject_GetAttr(m->topic, a_publishers);
-    Py_ssize_t npub = publishers != NULL && PyDict_CheckExact(publishers) ? PyDict_GET_SIZE(publishers) : 0;
-    Py_XDECREF(publishers);
     if (publishers == NULL)
         return -1;
+    Py_ssize_t npub = PyDict_CheckExact(publishers) ? PyDict_GET_SIZE(publishers) : 0;
     long long unsettled, credit;
     if (npub > 0 && limit > 0 && int_of(SLOT(m->topic, top_unsettled), &unsettled) &&
         int_of(SLOT(m->topic, top_outstanding_credit), &credit)) {
@@ -344,9 +459,16 @@ static int refill_bound_only(message_t *m, PyObject *settings) {
             window = window_setting;
         if (window < 1)
             window = 1;
-        if ((limit - unsettled - credit) * 8 < window)
-            return 0;
+        PyObject *starved = (limit - unsettled - credit) * 8 < window ? NULL : PyObject_GetAttr(m->core, a_starved);
+        int nothing = starved == NULL || grants_nothing(publishers, starved, window, PublisherType, pub_credit,
+                                                        pub_presettled);
+        Py_XDECREF(starved);
+        if (nothing) {
+            Py_DECREF(publishers);
+            return PyErr_Occurred() ? -1 : 0;
+        }
     }
+    Py_DECREF(publishers);
     PyObject *r = PyObject_CallMethodObjArgs(m->core, m_refill_credit, m->topic, m->out, Py_True, NULL);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
@@ -484,13 +606,9 @@ static int admit(message_t *m) {
     PyObject *args[13] = {m->tag, SLOT(topic, top_name), order, spliced, SLOT(pub, pub_container_id),
                           SLOT(pub, pub_name), ptag, SLOT(pub, pub_incarnation), seq, SLOT(pub, pub_link_id),
                           delivery, expires_at, zero};
-    record = PyObject_Vectorcall((PyObject *)RecordType, args, 13, NULL);
+    record = new_record(args);
     if (record == NULL)
         goto done;
-    if (!Py_IS_TYPE(record, RecordType)) {
-        PyErr_SetString(PyExc_TypeError, "DeliveryRecord made something else");
-        goto done;
-    }
     set_slot(record, rec_arrived, m->now);
     set_slot(record, rec_memory, m->memory);
     /* _distribute: owed to the whole roster; sent to those that can take it now */
@@ -691,6 +809,7 @@ PyMODINIT_FUNC PyInit__admission(void) {
     INTERN(a_settings, "settings");
     INTERN(a_credit_window, "publisher_credit_window");
     INTERN(a_max_in_flight, "max_in_flight_per_topic");
+    INTERN(a_starved, "_starved");
     INTERN(m_on_message, "_on_message");
     INTERN(m_prepare_payload, "_prepare_payload");
     INTERN(m_add_timer, "_add_timer");

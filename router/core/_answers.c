@@ -30,7 +30,7 @@ static Py_ssize_t rec_tag, rec_delivery_id, rec_topic, rec_order, rec_payload, r
     rec_origin_router, rec_moved, rec_targeted, rec_waiting, rec_memory, rec_watchers;
 static Py_ssize_t sub_key, sub_awaiting_evidence;
 static Py_ssize_t ros_index, ros_all_done;
-static Py_ssize_t pub_settles_first;
+static Py_ssize_t pub_settles_first, pub_credit, pub_presettled;
 static Py_ssize_t top_records, top_unsettled, top_bytes, top_publishers, top_outstanding_credit;
 static Py_ssize_t mem_current, mem_previous, mem_sweep, mem_partial;
 
@@ -45,7 +45,7 @@ static unsigned char answer_accepted, answer_done;
 static PyObject *s_accepted, *s_completed, *s_router, *k_delivery, *k_subscriber, *k_outcome, *k_settled,
     *k_pub_outcome, *k_by, *k_deleted;
 static PyObject *a_subscribers, *a_records, *a_publishers, *a_topics, *a_by_delivery, *a_settled, *a_sweep_at,
-    *a_draining, *a_shutdown_done, *a_pending_refills, *a_settings, *a_sweeps, *a_keep, *a_max_in_flight,
+    *a_draining, *a_shutdown_done, *a_pending_refills, *a_starved, *a_settings, *a_sweeps, *a_keep, *a_max_in_flight,
     *a_credit_window;
 static PyObject *m_on_accepted_compact, *m_on_accepted, *m_arm_sweep, *m_release_bytes, *m_drop_topic_if_idle,
     *m_refill_credit, *m_refill_pending, *m_maybe_finish_shutdown;
@@ -63,7 +63,8 @@ static const slot_def record_slots[] = {
 };
 static const slot_def subscription_slots[] = {{"key", &sub_key}, {"awaiting_evidence", &sub_awaiting_evidence}, {NULL, NULL}};
 static const slot_def roster_slots[] = {{"index", &ros_index}, {"all_done", &ros_all_done}, {NULL, NULL}};
-static const slot_def publisher_slots[] = {{"settles_first", &pub_settles_first}, {NULL, NULL}};
+static const slot_def publisher_slots[] = {
+    {"settles_first", &pub_settles_first}, {"credit", &pub_credit}, {"presettled", &pub_presettled}, {NULL, NULL}};
 static const slot_def topic_slots[] = {
     {"records", &top_records}, {"unsettled", &top_unsettled}, {"bytes", &top_bytes},
     {"publishers", &top_publishers}, {"outstanding_credit", &top_outstanding_credit}, {NULL, NULL},
@@ -216,7 +217,8 @@ static int completes_usually(batch_t *b, PyObject *record, Py_ssize_t i, int set
 }
 
 /* _refill_credit(topic, out, bound_only=True): its first test, the usual answer (no
- * grant due by count), here; anything else by the Python method. */
+ * grant due by count), and its end when it grants nothing (grants_nothing), here;
+ * anything else by the Python method. */
 static int refill_bound_only(batch_t *b, PyObject *topic) {
     if (b->settings == NULL) {
         b->settings = PyObject_GetAttr(b->core, a_settings);
@@ -247,6 +249,13 @@ static int refill_bound_only(batch_t *b, PyObject *topic) {
             window = 1;
         long long room = (long long)b->max_in_flight - unsettled - credit;
         if (room * 8 < window)
+            return 0;
+        PyObject *starved = PyObject_GetAttr(b->core, a_starved);
+        if (starved == NULL)
+            return -1;
+        int nothing = grants_nothing(publishers, starved, window, PublisherType, pub_credit, pub_presettled);
+        Py_DECREF(starved);
+        if (nothing)
             return 0;
     }
     return call(b->core, m_refill_credit, topic, b->out, Py_True, NULL, NULL, NULL);
@@ -630,6 +639,7 @@ PyMODINIT_FUNC PyInit__answers(void) {
     INTERN(a_draining, "draining");
     INTERN(a_shutdown_done, "_shutdown_done");
     INTERN(a_pending_refills, "_pending_refills");
+    INTERN(a_starved, "_starved");
     INTERN(a_settings, "settings");
     INTERN(a_sweeps, "sweeps");
     INTERN(a_keep, "keep");

@@ -75,6 +75,36 @@ static int append_new(PyObject *list, PyObject *item) {
     return r;
 }
 
+/* The end of _refill_credit(topic, out, bound_only=True) (credit.py) once its first
+ * test let it through, when it would grant nothing and change nothing: every
+ * publisher of the topic is unsettled and still holds more than half its window
+ * (``(window - credit) * 2 < window``, the loop's first ``continue``). The byte budget
+ * can only shrink the window, which keeps that test true, and _byte_limits changes
+ * state only when other topics wait for the router's room (``starved`` non-empty) or
+ * when no unsettled publisher holds credit: both leave it to the Python method.
+ * ``window`` is the count window (the in-flight bound shared out, capped by the
+ * publisher window). 1: nothing to do; 0: the Python method decides. */
+static int grants_nothing(PyObject *publishers, PyObject *starved, long long window, PyTypeObject *publisher_type,
+                          Py_ssize_t credit_offset, Py_ssize_t presettled_offset) {
+    if (starved == NULL || !PyDict_CheckExact(starved) || PyDict_GET_SIZE(starved) != 0 || publishers == NULL ||
+        !PyDict_CheckExact(publishers) || PyDict_GET_SIZE(publishers) == 0)
+        return 0;
+    Py_ssize_t pos = 0;
+    PyObject *key, *pub;
+    while (PyDict_Next(publishers, &pos, &key, &pub)) {
+        if (!Py_IS_TYPE(pub, publisher_type) || SLOT(pub, presettled_offset) != Py_False)
+            return 0;
+        PyObject *credit = SLOT(pub, credit_offset);
+        if (credit == NULL || !PyLong_CheckExact(credit))
+            return 0;
+        int overflow;
+        long long c = PyLong_AsLongLongAndOverflow(credit, &overflow);
+        if (overflow || (window - c) * 2 >= window)
+            return 0;
+    }
+    return 1;
+}
+
 #define INTERN(var, text)                                      \
     do {                                                       \
         if ((var = PyUnicode_InternFromString(text)) == NULL)  \

@@ -16,6 +16,8 @@ timers, credit.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 from corekit import encode as encode_message
 from corekit import record_states
@@ -42,6 +44,7 @@ from router.core.events import (
     TimerFired,
 )
 from router.core.guarantees import AT_LEAST_ONCE, GuaranteeRule
+from router.core.records import DeliveryRecord, SubscriberState
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
 
@@ -66,23 +69,36 @@ def commands_as_written(commands: list) -> list:
     return [(c.kind, list(c.fields.items())) if isinstance(c, Log) else c for c in commands]
 
 
+_UNSET = "<unset>"
+
+
+def record_slots(record: DeliveryRecord) -> dict:
+    """Every slot of a record, as comparable values (the compiled admission makes
+    records without DeliveryRecord.__init__: each slot must come out as __init__ sets
+    it, unset optional ones included). Objects shared with the rest of the core (its
+    roster, its stream's memory) are named by what identifies them."""
+    values = {}
+    for name in DeliveryRecord.__slots__:
+        value = getattr(record, name, _UNSET)
+        if name == "roster" and value is not None:
+            value = ("roster", list(value.keys))
+        elif name == "memory" and value is not None:
+            value = ("memory", value.sweep, value.partial)
+        elif name == "_states" and value is not None:
+            value = {key: tuple(getattr(state, n) for n in SubscriberState.__slots__) for key, state in value.items()}
+        elif isinstance(value, bytearray):
+            value = ("bytearray", bytes(value))
+        elif isinstance(value, (dict, MappingProxyType)):
+            value = (type(value).__name__, sorted(value.items()))
+        elif isinstance(value, (set, frozenset)):
+            value = (type(value).__name__, sorted(value))
+        values[name] = value
+    return values
+
+
 def core_state(core: RouterCore) -> tuple:
     """What the answers' path reads or writes, and what it could disturb."""
-    records = {
-        tag: (
-            r.delivery_id,
-            r.outcome,
-            r.waiting,
-            r.pub_settled,
-            r.payload,
-            r.pub_delivery,
-            None if r.answers is None else bytes(r.answers),
-            r.roster is None,
-            r.reuse,
-            r.order,
-        )
-        for tag, r in core.records.items()
-    }
+    records = {tag: record_slots(r) for tag, r in core.records.items()}
     topics = {
         name: (t.unsettled, t.outstanding_credit, t.bytes, t.est, list(t.records), t.published, t.roster is None)
         for name, t in core.topics.items()
@@ -369,6 +385,56 @@ def test_the_usual_last_answer_is_taken_by_the_compiled_twin():
         both(TimerFired(), now)
     assert core.settled.sweeps >= 2
     assert next(iter(core.settled.streams.values())).sweep == core.settled.sweeps - 1
+
+
+def test_a_credit_check_that_grants_nothing_stays_compiled():
+    """The credit check after a delivery completes (room in the topic's bound, so a grant
+    may be due) grants nothing while every publisher holds more than half its window: the
+    twin knows that without credit.py's _refill_credit (made to fail here). Once the
+    publisher has used half its window, or other topics wait for the router's room, the
+    Python method decides, as it does for the Python core: the same grants, the same state."""
+    settings = CoreSettings(router_id="A", max_in_flight_per_topic=100, publisher_credit_window=10)
+    core = RouterCore(settings, boot_id="b00t", epoch=1)
+    python = RouterCore(settings, boot_id="b00t", epoch=1)
+    compiled.uninstall(python)
+
+    def both(event, now):
+        a = core.handle(event, now)
+        assert commands_as_written(a) == commands_as_written(python.handle(event, now))
+        return a
+
+    both(LinkAttached(1, 1, "pub", "p", PUBLISHER, "t", snd_settle_mode=SND_MIXED, rcv_settle_mode=RCV_FIRST), 1.0)
+    both(LinkAttached(10, 10, "sub", "s10", SUBSCRIBER, "t", rcv_settle_mode=RCV_FIRST), 1.0)
+    both(CreditChanged(10, 100, False), 1.0)
+    checks: list = []
+    refill = core._refill_credit
+
+    def counted(*args):
+        checks.append(args[0].name)
+        return refill(*args)
+
+    core._refill_credit = counted  # type: ignore[method-assign]
+    grants = []
+    for delivery in range(1, 13):
+        a = both(MessageReceived(1, delivery, b"%d" % delivery, encode(b"m", inferred=True), False), 2.0)
+        tag = next(c.tag for c in a if type(c).__name__ == "Forward")
+        if delivery == 3:
+            core._starved["elsewhere"] = None  # another topic waits for the router's room
+            python._starved["elsewhere"] = None
+        if delivery == 4:
+            core._starved.clear()
+            python._starved.clear()
+        before, credit = len(checks), core.publishers[1].credit
+        a, b = [], []
+        core.accepted_batch([10, tag, True], 2.0, a)
+        python.accepted_batch([10, tag, True], 2.0, b)
+        assert commands_as_written(a) == commands_as_written(b)
+        assert core_state(core) == core_state(python)
+        assert core._starved == python._starved
+        grants += [c.credit for c in a if type(c).__name__ == "GrantCredit"]
+        # Python decides only while others wait, or when this publisher wants credit.
+        assert (len(checks) > before) == (delivery == 3 or (10 - credit) * 2 >= 10), (delivery, credit)
+    assert grants, "the publisher's window was topped up again"
 
 
 def _one_delivery_two_subscribers(python: bool, rcv_second_publisher: bool = False) -> tuple[RouterCore, bytes]:
