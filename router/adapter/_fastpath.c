@@ -67,6 +67,9 @@ static PyObject *ptr_address_name;   /* "ptr_address": its pn_link's address (0:
 static PyObject *address_name;       /* "address": its topic */
 static PyObject *conn_name;          /* "conn": its connection */
 static PyObject *one;                /* 1 */
+static PyObject *dead_name;          /* "dead": a connection that ended */
+static PyObject *last_handle_name;   /* "_last_handle": the engine's last incoming delivery handle */
+static PyObject *small_name;         /* "_small": the engine's last payload known to be small */
 /* the engine's clock, and the event log's buffer state and methods (log_line) */
 static PyObject *now_name, *ts_name, *run_name, *pieces_name, *seq_name, *write_name, *close_run_name, *append_name,
     *piece_name;
@@ -693,6 +696,190 @@ done:
     return result;
 }
 
+/* One message to the core and its commands executed (Engine.dispatch and
+ * Engine.execute): 0, or -1 with the error set that the caller's ``failed`` hears of.
+ * A ProtocolError from the core is answered on the link (``refused``), as dispatch()
+ * answers it; one from executing the commands is an error like any other. */
+static int dispatch_message(PyObject *engine, PyObject *event, PyObject *link, PyObject *handle_message,
+                            PyObject *handlers, PyObject *refused, PyObject *protocol_error)
+{
+    PyObject *now = PyObject_GetAttr(engine, now_name);
+    if (!now)
+        return -1;
+    PyObject *call_args[2] = {event, now};
+    PyObject *commands = PyObject_Vectorcall(handle_message, call_args, 2, NULL);
+    Py_DECREF(now);
+    if (!commands) {
+        if (!PyErr_ExceptionMatches(protocol_error))
+            return -1;
+        PyObject *type, *err, *tb;
+        PyErr_Fetch(&type, &err, &tb);
+        PyErr_NormalizeException(&type, &err, &tb);
+        if (tb)
+            PyException_SetTraceback(err, tb);
+        PyObject *r = PyObject_CallFunctionObjArgs(refused, event, link, err, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(err);
+        Py_XDECREF(tb);
+        Py_XDECREF(r);
+        return r ? 0 : -1;
+    }
+    int result = 0;
+    if (!PyList_Check(commands)) {
+        PyErr_SetString(PyExc_TypeError, "the core's handle_message gave no list");
+        result = -1;
+    } else if (PyList_GET_SIZE(commands) > 0) {
+        /* execute(): the last payload known to be small is forgotten first */
+        if (PyObject_SetAttr(engine, small_name, Py_None) < 0)
+            result = -1;
+        for (Py_ssize_t i = 0; result == 0 && i < PyList_GET_SIZE(commands); i++) {
+            PyObject *cmd = PyList_GET_ITEM(commands, i);
+            PyObject *handler = PyDict_GetItemWithError(handlers, (PyObject *)Py_TYPE(cmd)); /* borrowed */
+            if (!handler) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_TypeError, "unknown core command %R", cmd);
+                result = -1;
+                break;
+            }
+            Py_INCREF(cmd);
+            PyObject *r = PyObject_CallOneArg(handler, cmd);
+            Py_DECREF(cmd);
+            Py_XDECREF(r);
+            if (!r)
+                result = -1;
+        }
+    }
+    Py_DECREF(commands);
+    return result;
+}
+
+/* deliver_messages(state, items, conn): Engine._messages_batch, dispatch and execute
+ * for the publishers' messages take_messages read (``link_id, tag, payload, settled,
+ * delivery_address`` each), in order: each becomes the core's MessageReceived under a
+ * new handle (kept in ``incoming``/``handles`` unless pre-settled), goes to the core,
+ * and the commands it answers are executed by the engine's command table (its
+ * compiled entries are C calls). ``state`` is (engine, links, incoming, handles, cast,
+ * MessageReceived, handle_message, command_handlers, refused, failed, ProtocolError):
+ * the engine's maps, pn.py's _cast_delivery, the core's handle_message, and the
+ * engine's methods for a ProtocolError (``refused(event, link, err)``) and for any
+ * other error (``failed(conn, exc)``: logged, the connection closed, the next
+ * message handled as the Python loop handles it). ``items`` is left as it was. */
+static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 11 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "deliver_messages(state, items, conn): an 11-tuple, a list, a Conn");
+        return NULL;
+    }
+    if (!check_bound())
+        return NULL;
+    PyObject *state = args[0], *items = args[1], *conn = args[2];
+    PyObject *engine = PyTuple_GET_ITEM(state, 0), *links = PyTuple_GET_ITEM(state, 1);
+    PyObject *incoming = PyTuple_GET_ITEM(state, 2), *handles = PyTuple_GET_ITEM(state, 3);
+    PyObject *cast = PyTuple_GET_ITEM(state, 4), *message_type = PyTuple_GET_ITEM(state, 5);
+    PyObject *handle_message = PyTuple_GET_ITEM(state, 6), *handlers = PyTuple_GET_ITEM(state, 7);
+    PyObject *refused = PyTuple_GET_ITEM(state, 8), *failed = PyTuple_GET_ITEM(state, 9);
+    PyObject *protocol_error = PyTuple_GET_ITEM(state, 10);
+    if (!PyDict_Check(links) || !PyDict_Check(incoming) || !PyDict_Check(handles) || !PyDict_Check(handlers)
+        || !PyType_Check(message_type) || !PyType_IsSubtype((PyTypeObject *)message_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "deliver_messages: state's maps are dicts, MessageReceived a tuple type");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i + 5 <= PyList_GET_SIZE(items); i += 5) {
+        PyObject *dead = PyObject_GetAttr(conn, dead_name);
+        int is_dead = dead ? PyObject_IsTrue(dead) : -1;
+        Py_XDECREF(dead);
+        if (is_dead < 0)
+            return NULL;
+        if (is_dead)
+            break; /* the connection's end frees the rest, never answered: the publisher sends them again */
+        PyObject *link_id = PyList_GET_ITEM(items, i), *tag = PyList_GET_ITEM(items, i + 1);
+        PyObject *payload = PyList_GET_ITEM(items, i + 2), *settled = PyList_GET_ITEM(items, i + 3);
+        unsigned long long address = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(items, i + 4));
+        if (address == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+        void *d = (void *)(uintptr_t)address;
+        PyObject *link = PyDict_GetItemWithError(links, link_id); /* borrowed */
+        int attached = 0;
+        if (link) {
+            PyObject *a = PyObject_GetAttr(link, core_attached_name);
+            attached = a ? PyObject_IsTrue(a) : -1;
+            Py_XDECREF(a);
+        }
+        if (attached < 0 || (!link && PyErr_Occurred()))
+            return NULL;
+        if (!attached) {
+            pn_delivery_settle(d); /* a link the router closed: drop what still arrives */
+            continue;
+        }
+        Py_INCREF(link);
+        Py_INCREF(link_id);
+        Py_INCREF(tag);
+        Py_INCREF(payload);
+        Py_INCREF(settled);
+        int pre_settled = PyObject_IsTrue(settled);
+        PyObject *last = PyObject_GetAttr(engine, last_handle_name);
+        PyObject *handle = last ? PyNumber_Add(last, one) : NULL;
+        Py_XDECREF(last);
+        int ok = handle && pre_settled >= 0 && PyObject_SetAttr(engine, last_handle_name, handle) == 0;
+        if (!ok) {
+            Py_DECREF(link);
+            Py_DECREF(link_id);
+            Py_DECREF(tag);
+            Py_DECREF(payload);
+            Py_DECREF(settled);
+            Py_XDECREF(handle);
+            return NULL;
+        }
+        /* From here as the Python loop's try: an error is this message's, and fails the connection. */
+        PyObject *event = ((PyTypeObject *)message_type)->tp_alloc((PyTypeObject *)message_type, 5);
+        if (event) {
+            PyTuple_SET_ITEM(event, 0, Py_NewRef(link_id));
+            PyTuple_SET_ITEM(event, 1, Py_NewRef(handle));
+            PyTuple_SET_ITEM(event, 2, Py_NewRef(tag));
+            PyTuple_SET_ITEM(event, 3, Py_NewRef(payload));
+            PyTuple_SET_ITEM(event, 4, Py_NewRef(pre_settled ? Py_True : Py_False));
+        }
+        int r = event ? 0 : -1;
+        if (r == 0 && !pre_settled) {
+            PyObject *cdata = PyObject_CallOneArg(cast, PyList_GET_ITEM(items, i + 4));
+            PyObject *pair = cdata ? PyTuple_Pack(2, cdata, link) : NULL;
+            r = pair && PyDict_SetItem(incoming, cdata, handle) == 0 && PyDict_SetItem(handles, handle, pair) == 0
+                    ? 0
+                    : -1;
+            Py_XDECREF(cdata);
+            Py_XDECREF(pair);
+        }
+        if (r == 0)
+            r = dispatch_message(engine, event, link, handle_message, handlers, refused, protocol_error);
+        if (r == 0 && pre_settled)
+            pn_delivery_settle(d); /* pre-settled: settle our side once the core has it */
+        Py_XDECREF(event);
+        Py_DECREF(link);
+        Py_DECREF(link_id);
+        Py_DECREF(tag);
+        Py_DECREF(payload);
+        Py_DECREF(settled);
+        Py_DECREF(handle);
+        if (r < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                return NULL; /* (a KeyboardInterrupt or a SystemExit goes on up, as in Python) */
+            PyObject *type, *exc, *tb;
+            PyErr_Fetch(&type, &exc, &tb);
+            PyErr_NormalizeException(&type, &exc, &tb);
+            if (tb)
+                PyException_SetTraceback(exc, tb);
+            PyObject *told = PyObject_CallFunctionObjArgs(failed, conn, exc, NULL);
+            Py_XDECREF(type);
+            Py_XDECREF(exc);
+            Py_XDECREF(tb);
+            if (!told)
+                return NULL;
+            Py_DECREF(told);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(cproton_ffi_path, PN_ACCEPTED): look up proton's functions in the loaded cproton_ffi module."},
@@ -708,6 +895,8 @@ static PyMethodDef methods[] = {
      "forward(state, cmd): Engine.CORE_forward for a small message (see engine.py)."},
     {"log_line", (PyCFunction)(void (*)(void))log_line, METH_FASTCALL,
      "log_line(state, cmd): Engine.CORE_log with EventLog.append inlined (see engine.py)."},
+    {"deliver_messages", (PyCFunction)(void (*)(void))deliver_messages, METH_FASTCALL,
+     "deliver_messages(state, items, conn): Engine._messages_batch with dispatch and execute (see engine.py)."},
     {"send_outcome", (PyCFunction)(void (*)(void))send_outcome, METH_FASTCALL,
      "send_outcome(state, cmd): Engine.CORE_send_outcome for an accepted outcome (see engine.py)."},
     {NULL, NULL, 0, NULL},
@@ -740,7 +929,10 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     close_run_name = PyUnicode_InternFromString("_close_run");
     append_name = PyUnicode_InternFromString("append");
     piece_name = PyUnicode_InternFromString("_piece");
-    if (!one || !out_name || !core_attached_name || !rx_d_name || !max_size_name || !streams_name || !ptr_address_name
+    dead_name = PyUnicode_InternFromString("dead");
+    last_handle_name = PyUnicode_InternFromString("_last_handle");
+    small_name = PyUnicode_InternFromString("_small");
+    if (!dead_name || !last_handle_name || !small_name || !one || !out_name || !core_attached_name || !rx_d_name || !max_size_name || !streams_name || !ptr_address_name
         || !address_name || !conn_name || !now_name || !ts_name || !run_name || !pieces_name || !seq_name || !write_name
         || !close_run_name || !append_name || !piece_name)
         return NULL;

@@ -191,6 +191,25 @@ class Engine:
         self._command_handlers = self._command_table()
         self._event_handlers = self._event_table()
         self._small: bytes | None = None
+        # Publishers' messages from take_messages to the core and their commands executed
+        # by the compiled path, when built (its twin: _messages_batch's loop). (A test's
+        # stand-in core may have only handle(), or not even that.)
+        handle_message = getattr(core, "handle_message", None) or getattr(core, "handle", None)
+        self._deliver_messages = handle_message and fastpath.message_deliverer(
+            (
+                self,
+                self._links,
+                self._incoming,
+                self._handles,
+                _cast_delivery,
+                MessageReceived,
+                handle_message,
+                self._command_handlers,
+                self._refused,
+                self._message_failed,
+                ProtocolError,
+            )
+        )
         self.management: Management | None = None  # the $management node (management.py), set by the Server
         self.policy: Policy | None = None  # the config's [policy] (router/policy.py), set by the Server
         self.connections_of: dict[str, int] = {}  # user -> open client connections (the policy's limit)
@@ -548,6 +567,12 @@ class Engine:
         AMQP_delivery() gives one it read; ``items`` is emptied. One that a message
         before it closed the link (or the connection) of is dropped as AMQP_delivery()
         drops what arrives then."""
+        if self._deliver_messages is not None:
+            try:
+                self._deliver_messages(items, conn)
+            finally:
+                items.clear()
+            return
         links = self._links
         dispatch = self.dispatch
         for i in range(0, len(items), 5):
@@ -569,9 +594,14 @@ class Engine:
                 self._handles[handle] = (d, link)
                 dispatch(_new(MessageReceived, (link_id, handle, tag, payload, False)), conn, link)
             except Exception as exc:  # a bad peer (or a bug) ends this connection, not the router
-                log.exception("connection %d (%s): error handling a message", conn.conn_id, conn.peer)
-                self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
+                self._message_failed(conn, exc)
         items.clear()
+
+    def _message_failed(self, conn: Conn, exc: Exception) -> None:
+        """A publisher's message raised ``exc`` in the core or in its commands: logged,
+        and the connection closed (the rest of its batch still handled as it closes)."""
+        log.error("connection %d (%s): error handling a message", conn.conn_id, conn.peer, exc_info=exc)
+        self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
 
     def _grow(self, n: int) -> None:
         self._rbuf_size = max(n, 2 * self._rbuf_size)

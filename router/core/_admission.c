@@ -50,8 +50,10 @@ static int bound;
 static PyObject *s_received, *k_delivery, *k_topic, *k_publisher, *k_link_name, *k_pub_tag, *k_incarnation,
     *k_stream_seq, *k_size, *k_settled, *k_owed, *k_forwarded, *k_routers;
 static PyObject *a_publishers, *a_topics, *a_draining, *a_stream_seq, *a_records, *a_by_delivery, *a_net, *a_interest,
-    *a_lost, *a_order, *a_send_counter, *a_promised, *a_bytes_held, *a_settings, *a_credit_window, *a_max_in_flight, *a_starved;
-static PyObject *m_on_message, *m_prepare_payload, *m_add_timer, *m_refill_credit;
+    *a_lost, *a_order, *a_send_counter, *a_promised, *a_bytes_held, *a_settings, *a_credit_window, *a_max_in_flight, *a_starved,
+    *a_pending_refills, *a_shutdown_done;
+static PyObject *m_on_message, *m_prepare_payload, *m_add_timer, *m_refill_credit, *m_refill_pending,
+    *m_maybe_finish_shutdown;
 
 /* ------------------------------------------------------------------ binding */
 
@@ -736,6 +738,28 @@ PyDoc_STRVAR(on_message_doc,
              "RouterCore._on_message(event, now, out) for ``core``: the same commands in ``out``, the\n"
              "same state after (router/core/_admission.c says which case it takes itself).");
 
+/* The message into ``out`` (on_message's work): 0, or -1 with an error set. */
+static int message_into(PyObject *core, PyObject *ev, PyObject *now, PyObject *out) {
+    message_t m = {core, ev, now, out, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    int u = usual(&m);
+    if (u < 0)
+        return -1;
+    if (u == 0) {
+        PyObject *r = PyObject_CallMethodObjArgs(core, m_on_message, ev, now, out, NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    int r = admit(&m);
+    Py_DECREF(m.pub);
+    Py_DECREF(m.topic);
+    Py_DECREF(m.roster);
+    Py_DECREF(m.memory);
+    Py_DECREF(m.tag);
+    Py_DECREF(m.records);
+    Py_DECREF(m.by_delivery);
+    return r;
+}
+
 static PyObject *on_message(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "on_message(core, event, now, out: list)");
@@ -745,23 +769,66 @@ static PyObject *on_message(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_RuntimeError, "on_message: bind() first");
         return NULL;
     }
-    message_t m = {args[0], args[1], args[2], args[3], NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    int u = usual(&m);
-    if (u < 0)
-        return NULL;
-    if (u == 0)
-        return PyObject_CallMethodObjArgs(m.core, m_on_message, m.ev, m.now, m.out, NULL);
-    int r = admit(&m);
-    Py_DECREF(m.pub);
-    Py_DECREF(m.topic);
-    Py_DECREF(m.roster);
-    Py_DECREF(m.memory);
-    Py_DECREF(m.tag);
-    Py_DECREF(m.records);
-    Py_DECREF(m.by_delivery);
-    if (r < 0)
+    if (message_into(args[0], args[1], args[2], args[3]) < 0)
         return NULL;
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(handle_message_doc,
+             "handle_message(core, event, now) -> list\n\n"
+             "RouterCore.handle(event, now) for ``core`` and a MessageReceived ``event``, its handler\n"
+             "being on_message: the same commands, the same state after.");
+
+/* RouterCore.handle (router.py) for a publisher's message: the handler, then the
+ * credit refills other topics wait for and the end of a shutdown, as handle() does. */
+static PyObject *handle_message(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "handle_message(core, event, now)");
+        return NULL;
+    }
+    if (!bound) {
+        PyErr_SetString(PyExc_RuntimeError, "handle_message: bind() first");
+        return NULL;
+    }
+    PyObject *core = args[0], *now = args[2];
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    if (message_into(core, args[1], now, out) < 0)
+        goto fail;
+    PyObject *pending = PyObject_GetAttr(core, a_pending_refills);
+    int refills = truth(pending);
+    Py_XDECREF(pending);
+    if (refills < 0)
+        goto fail;
+    if (refills) {
+        PyObject *r = PyObject_CallMethodOneArg(core, m_refill_pending, out);
+        Py_XDECREF(r);
+        if (r == NULL)
+            goto fail;
+    }
+    PyObject *draining = PyObject_GetAttr(core, a_draining);
+    int is_draining = truth(draining);
+    Py_XDECREF(draining);
+    if (is_draining < 0)
+        goto fail;
+    if (is_draining) {
+        PyObject *done = PyObject_GetAttr(core, a_shutdown_done);
+        int is_done = truth(done);
+        Py_XDECREF(done);
+        if (is_done < 0)
+            goto fail;
+        if (!is_done) {
+            PyObject *r = PyObject_CallMethodObjArgs(core, m_maybe_finish_shutdown, now, out, NULL);
+            Py_XDECREF(r);
+            if (r == NULL)
+                goto fail;
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ module */
@@ -769,6 +836,7 @@ static PyObject *on_message(PyObject *mod, PyObject *const *args, Py_ssize_t nar
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, bind_doc},
     {"on_message", (PyCFunction)(void (*)(void))on_message, METH_FASTCALL, on_message_doc},
+    {"handle_message", (PyCFunction)(void (*)(void))handle_message, METH_FASTCALL, handle_message_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -810,6 +878,10 @@ PyMODINIT_FUNC PyInit__admission(void) {
     INTERN(a_credit_window, "publisher_credit_window");
     INTERN(a_max_in_flight, "max_in_flight_per_topic");
     INTERN(a_starved, "_starved");
+    INTERN(a_pending_refills, "_pending_refills");
+    INTERN(a_shutdown_done, "_shutdown_done");
+    INTERN(m_refill_pending, "_refill_pending");
+    INTERN(m_maybe_finish_shutdown, "_maybe_finish_shutdown");
     INTERN(m_on_message, "_on_message");
     INTERN(m_prepare_payload, "_prepare_payload");
     INTERN(m_add_timer, "_add_timer");

@@ -10,6 +10,9 @@ the records, links, topics and settled memory the Python core keeps):
 - ``router/core/_answers.c``: ``RouterCore.accepted_batch`` (router.py), a copy's
   accepted answer and the last one that completes a delivery.
 
+and ``handle_message`` (in ``_admission.c``) is ``RouterCore.handle`` for a publisher's
+message, the adapter's call for each (``RouterCore.handle_message``).
+
 The Python methods are the specification: each twin hands what is not its usual case
 to them before changing anything. ``on_message`` and ``accepted_batch`` here are the
 twins bound to the core's classes, or None when not built, built from another version
@@ -42,11 +45,14 @@ ENV = "EOROUTER_FASTPATH"
 on_message: Callable[[Any, Any, float, list[Any]], None] | None = None
 #: accepted_batch(core, items, now, out), or None: the core runs router.py's loop.
 accepted_batch: Callable[[Any, list[Any], float, list[Any]], None] | None = None
+#: handle_message(core, event, now) -> commands: RouterCore.handle for a MessageReceived
+#: whose handler is on_message, or None.
+handle_message: Callable[[Any, Any, float], list[Any]] | None = None
 status = "python"  # what this process uses, for the startup log
 
 
 def _load() -> None:
-    global on_message, accepted_batch, status
+    global on_message, accepted_batch, handle_message, status
     if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
         status = f"python ({ENV}=0)"
         return
@@ -91,21 +97,24 @@ def _load() -> None:
         status = f"python (compiled core unusable: {exc})"
         return
     on_message, accepted_batch = admission.on_message, answers.accepted_batch
+    handle_message = admission.handle_message
     status = "compiled"
 
 
 def install(core: Any) -> None:
     """Give ``core`` (a new RouterCore) the compiled twins, when they are in use."""
-    if on_message is not None and accepted_batch is not None:
+    if on_message is not None and accepted_batch is not None and handle_message is not None:
         # (partial: a C-level call, no Python frame of its own)
         core._handlers[MessageReceived] = partial(on_message, core)
         core.accepted_batch = partial(accepted_batch, core)
+        core.handle_message = partial(handle_message, core)
 
 
 def uninstall(core: Any) -> None:
     """Give ``core`` back its Python steps (tests compare the two)."""
     core._handlers[MessageReceived] = core._on_message
     vars(core).pop("accepted_batch", None)
+    vars(core).pop("handle_message", None)
 
 
 _load()

@@ -271,6 +271,11 @@ class RouterCore(
             self._maybe_finish_shutdown(now, out)
         return out
 
+    def handle_message(self, event: MessageReceived, now: float) -> list[Command]:
+        """``handle(event, now)`` for a publisher's message: the adapter's call for each
+        one, which compiled.py replaces with its compiled twin when built."""
+        return self.handle(event, now)
+
     def accepted_batch(self, items: list[Any], now: float, out: list[Command]) -> None:
         """``handle(OutcomeReceived(link_id, tag, ACCEPTED, settled), now)`` for each of
         ``items`` ([link_id, tag, settled, link_id, ...], in arrival order), without

@@ -15,7 +15,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import pytest
-from cproton_ffi import lib
+from cproton_ffi import ffi, lib
 from enginekit import Publisher, Subscriber, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +24,7 @@ from test_interrouter_flow import FakeLog, _conn, _socks
 from router.adapter import fastpath
 from router.adapter.engine import Engine
 from router.core.commands import DetachLink, Forward, GrantCredit, OpenLink, SendOutcome, SettleOutgoing
+from router.core.errors import ProtocolError
 from router.core.events import LinkAttached, MessageReceived, MessageTooLarge, OutcomeReceived
 
 pytestmark = pytest.mark.timeout(120)
@@ -102,7 +103,7 @@ steps = st.lists(
 )
 
 
-COMPILED = ("take_accepted", "take_messages", "_forward", "_send_outcome", "_log_line")
+COMPILED = ("take_accepted", "take_messages", "_forward", "_send_outcome", "_log_line", "_deliver_messages")
 
 
 @contextmanager
@@ -261,19 +262,29 @@ class PublisherCore(RecordingCore):
     """Gives every publisher link credit; answers (accepted) the messages whose tag is in
     ``answer``, settling our side unless the tag is in ``hold`` (the publisher settles
     later: rcv-settle-mode second), closes a link on a message whose tag is in
-    ``detach_on``, rejects what is too large; records every call."""
+    ``detach_on``, rejects what is too large; records every call. ``trouble``: tag ->
+    "refuse" (a ProtocolError: the link is closed), "fail" (an error: the connection is
+    closed) or "unknown" (a command the engine does not know: the connection is closed)."""
 
-    def __init__(self, answer: frozenset, detach_on: frozenset, hold: frozenset = frozenset()):
+    def __init__(self, answer: frozenset, detach_on: frozenset, hold: frozenset = frozenset(), trouble=None):
         super().__init__()
         self.answer = answer
         self.detach_on = detach_on
         self.hold = hold
+        self.trouble = trouble or {}
 
     def handle(self, event, now):
         self.calls.append(event)
         if isinstance(event, LinkAttached):
             return [OpenLink(event.link_id), GrantCredit(event.link_id, 50)]
         if isinstance(event, MessageReceived):
+            trouble = self.trouble.get(event.tag)
+            if trouble == "refuse":
+                raise ProtocolError("amqp:not-allowed", "refused by the test's core")
+            if trouble == "fail":
+                raise RuntimeError("the test's core failed")
+            if trouble == "unknown":
+                return ["not a command"]
             out: list = []
             if event.tag in self.answer and not event.settled:
                 out.append(SendOutcome(event.delivery, lib.PN_ACCEPTED, event.tag not in self.hold))
@@ -301,12 +312,12 @@ publishing = st.lists(
 )
 
 
-def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: bool, hold: frozenset = frozenset()):
+def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: bool, hold: frozenset = frozenset(), trouble=None):
     """The script played by a two-link publisher against a real Engine; returns what the
     core heard, the engine's counts (the outcomes told per topic with them), what the
     publisher was answered, and how many messages the compiled path took."""
     with on_path(compiled, "take_messages") as taken:
-        core = PublisherCore(answer, detach_on, hold)
+        core = PublisherCore(answer, detach_on, hold, trouble)
         engine = Engine(core, FakeLog(1, "boot"), max_message_size=1000)
         conn = _conn(True, "router")
         client = Publisher(2)
@@ -349,7 +360,19 @@ def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: boo
                     client.send(index, tag, SMALL if step[2] == "small" else TOO_LARGE, settled=step[3])
         serve(engine, conn, client)
         calls = [c._replace(conn_id=0) if hasattr(c, "conn_id") else c for c in core.calls]
-        return calls, (engine.counts(), dict(engine.outcomes_told)), client.outcomes(), taken[0]
+        # What the publisher saw of its connection and links (closed by the router, with which condition).
+        ends = [
+            (lib.pn_connection_state(client.connection), _condition(lib.pn_connection_remote_condition(client.connection)))
+        ] + [(lib.pn_link_state(link), _condition(lib.pn_link_remote_condition(link))) for link in client.links]
+        # The deliveries the router has not settled on its side, per link it still has.
+        held = {link.link_id: lib.pn_link_unsettled(link.ptr) for link in engine._links.values()}
+        return calls, (engine.counts(), dict(engine.outcomes_told), held), (client.outcomes(), ends), taken[0]
+
+
+def _condition(condition) -> str | None:
+    if not lib.pn_condition_is_set(condition):
+        return None
+    return ffi.string(lib.pn_condition_get_name(condition)).decode()
 
 
 @compiled_only
@@ -359,14 +382,18 @@ def publish(script: list, answer: frozenset, detach_on: frozenset, compiled: boo
     answer=st.frozensets(st.sampled_from([f"m{i}".encode() for i in range(30)])),
     detach_on=st.frozensets(st.sampled_from([f"m{i}".encode() for i in range(30)]), max_size=2),
     hold=st.frozensets(st.sampled_from([f"m{i}".encode() for i in range(30)])),
+    trouble=st.dictionaries(
+        st.sampled_from([f"m{i}".encode() for i in range(30)]), st.sampled_from(["refuse", "fail", "unknown"]), max_size=2
+    ),
 )
-def test_the_compiled_path_gives_the_core_the_messages_the_python_path_gives(script, answer, detach_on, hold):
+def test_the_compiled_path_gives_the_core_the_messages_the_python_path_gives(script, answer, detach_on, hold, trouble):
     """Messages whole or in two transfers, aborted, too large, pre-settled, settled by the
     publisher later, answered and settled at once or answered and held, links closed by
-    either side, read at any point: the core hears the same events and the publisher
-    the same answers on both paths, and the outcomes told are counted alike."""
-    calls_c, counts_c, outcomes_c, _ = publish(script, answer, detach_on, compiled=True, hold=hold)
-    calls_py, counts_py, outcomes_py, _ = publish(script, answer, detach_on, compiled=False, hold=hold)
+    either side, a message the core refuses or fails on, read at any point: the core
+    hears the same events and the publisher the same answers on both paths, and the
+    outcomes told are counted alike."""
+    calls_c, counts_c, outcomes_c, _ = publish(script, answer, detach_on, compiled=True, hold=hold, trouble=trouble)
+    calls_py, counts_py, outcomes_py, _ = publish(script, answer, detach_on, compiled=False, hold=hold, trouble=trouble)
     assert calls_c == calls_py
     assert counts_c == counts_py
     assert outcomes_c == outcomes_py
@@ -391,7 +418,7 @@ def test_the_compiled_path_takes_whole_messages_and_leaves_the_rest():
         ("send", 1, "small", False),  # m6
         ("read",),
     ]
-    calls, counts, outcomes, taken = publish(script, frozenset({b"m0", b"m5"}), frozenset(), compiled=True)
+    calls, counts, (outcomes, _), taken = publish(script, frozenset({b"m0", b"m5"}), frozenset(), compiled=True)
     assert taken == 4  # m0, m1, m5, m6
     heard = [(type(c).__name__, c.tag, c.settled) for c in calls if isinstance(c, (MessageReceived, MessageTooLarge))]
     assert heard == [
@@ -404,6 +431,34 @@ def test_the_compiled_path_takes_whole_messages_and_leaves_the_rest():
     ]
     assert outcomes[b"m0"] == (lib.PN_ACCEPTED, True) and outcomes[b"m3"] == (lib.PN_REJECTED, True)
     assert outcomes[b"m6"] == (0, False)  # unanswered: the core holds it
+
+
+@compiled_only
+def test_a_message_the_core_refuses_or_fails_on_ends_its_link_or_connection_on_either_path():
+    """A ProtocolError from the core closes the message's link with its condition; any
+    other error in the core or in executing its commands closes the connection
+    (amqp:internal-error), and the messages read with it still reach the core: the same
+    on both paths (what the router still holds unsettled included)."""
+    script = [("send", 0, "small", True)] + [("send", i % 2, "small", False) for i in range(1, 7)] + [("read",)]
+    for trouble, closed in (
+        ({b"m2": "refuse"}, "link"),
+        ({b"m3": "fail"}, "connection"),
+        ({b"m4": "unknown"}, "connection"),
+    ):
+        calls_c, counts_c, (outcomes_c, ends_c), taken = publish(
+            script, frozenset({b"m1", b"m5"}), frozenset(), compiled=True, trouble=trouble
+        )
+        calls_py, counts_py, (outcomes_py, ends_py), _ = publish(
+            script, frozenset({b"m1", b"m5"}), frozenset(), compiled=False, trouble=trouble
+        )
+        assert taken == 7
+        assert (calls_c, counts_c, outcomes_c, ends_c) == (calls_py, counts_py, outcomes_py, ends_py)
+        assert [c.tag for c in calls_c if isinstance(c, MessageReceived)] == [b"m%d" % i for i in range(7)]
+        connection, *links = ends_c
+        if closed == "link":
+            assert connection[1] is None and links[0][1] == "amqp:not-allowed"
+        else:
+            assert connection[1] == "amqp:internal-error"
 
 
 @compiled_only
@@ -421,11 +476,12 @@ def test_the_compiled_path_sends_accepted_outcomes_and_leaves_the_rest(monkeypat
     monkeypatch.setattr(Engine, "CORE_send_outcome", counted)
     script = [("send", 0, "small", False), ("send", 1, "small", False), ("send", 0, "too-large", False), ("read",)]
     answer, hold = frozenset({b"m0", b"m1"}), frozenset({b"m1"})
-    calls, counts, outcomes, _ = publish(script, answer, frozenset(), compiled=True, hold=hold)
+    calls, counts, (outcomes, _), _ = publish(script, answer, frozenset(), compiled=True, hold=hold)
     assert [cmd.outcome for cmd in python_sent] == [lib.PN_REJECTED]
     assert outcomes == {b"m0": (lib.PN_ACCEPTED, True), b"m1": (lib.PN_ACCEPTED, False), b"m2": (lib.PN_REJECTED, True)}
     python_sent.clear()
-    assert publish(script, answer, frozenset(), compiled=False, hold=hold)[1:3] == (counts, outcomes)
+    python_counts, (python_outcomes, _) = publish(script, answer, frozenset(), compiled=False, hold=hold)[1:3]
+    assert (python_counts, python_outcomes) == (counts, outcomes)
     assert len(python_sent) == 3
 
 
