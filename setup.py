@@ -26,11 +26,12 @@ def compiled(module: str, depends: tuple[str, ...] = ()) -> Extension:
     )
 
 
-CORE_OBJECTS = ("router/core/_coreobjects.h",)  # what the core's twins share
+ATTRS = ("router/core/_attrs.h",)  # attributes by name, shared by every compiled part but _msgfields
+CORE_OBJECTS = ("router/core/_coreobjects.h", *ATTRS)  # what the core's twins share
 
 setup(
     ext_modules=[
-        compiled("router.adapter._fastpath"),
+        compiled("router.adapter._fastpath", ATTRS),
         compiled("router.core._admission", CORE_OBJECTS),
         compiled("router.core._answers", CORE_OBJECTS),
         compiled("router.core._msgfields"),

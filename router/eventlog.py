@@ -123,6 +123,9 @@ class EventLog:
     #: ``_write``; ``_close_run()``, ``_piece()``): their names and meaning are shared
     #: with it (tests/integration/test_fastpath.py holds the two to the same bytes).
     encoder = staticmethod(_dumps)
+    # That shared state in plain slots: the compiled twin reads and writes them by
+    # offset (router/core/_attrs.h), not through the instance's dict.
+    __slots__ = ("_run", "_ts", "_pieces", "_seq", "_write", "__dict__")
 
     def __init__(
         self,

@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <sys/types.h> /* ssize_t */
 
+#include "../core/_attrs.h" /* get_attr, set_attr */
+
 typedef struct { size_t size; const char *start; } pn_bytes_t; /* pn_delivery_tag_t */
 
 static void *(*pn_collector_peek)(void *collector);
@@ -218,7 +220,7 @@ static PyObject *take_accepted(PyObject *self, PyObject *args)
                     goto error;
                 break; /* not a marked client subscriber link, or one the adapter forgot */
             }
-            PyObject *link_out = PyObject_GetAttr(link_obj, out_name);
+            PyObject *link_out = get_attr(link_obj, out_name);
             if (!link_out) {
                 Py_DECREF(key);
                 goto error;
@@ -331,9 +333,9 @@ static PyObject *take_messages(PyObject *self, PyObject *args)
                     goto error;
                 break; /* not marked, or a link the adapter forgot */
             }
-            PyObject *attached = PyObject_GetAttr(link_obj, core_attached_name);
-            PyObject *rx_d = attached ? PyObject_GetAttr(link_obj, rx_d_name) : NULL;
-            PyObject *limit = rx_d ? PyObject_GetAttr(link_obj, max_size_name) : NULL;
+            PyObject *attached = get_attr(link_obj, core_attached_name);
+            PyObject *rx_d = attached ? get_attr(link_obj, rx_d_name) : NULL;
+            PyObject *limit = rx_d ? get_attr(link_obj, max_size_name) : NULL;
             int usual = limit && attached == Py_True && rx_d == Py_None && PyLong_Check(limit);
             size_t n_limit = usual ? PyLong_AsSize_t(limit) : 0;
             Py_XDECREF(attached);
@@ -426,7 +428,7 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyObject *result = NULL, *streams = NULL, *ptr = NULL, *address = NULL, *count = NULL, *conn = NULL;
     if (!PyBytes_CheckExact(tag) || !PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) >= stream_min)
         goto python;
-    streams = PyObject_GetAttr(link, streams_name);
+    streams = get_attr(link, streams_name);
     if (!streams)
         goto done;
     int sending_large = PyObject_IsTrue(streams);
@@ -434,7 +436,7 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         goto done;
     if (sending_large)
         goto python;
-    ptr = PyObject_GetAttr(link, ptr_address_name);
+    ptr = get_attr(link, ptr_address_name);
     if (!ptr)
         goto done;
     void *lp = PyLong_Check(ptr) ? PyLong_AsVoidPtr(ptr) : NULL;
@@ -443,7 +445,7 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             goto done;
         goto python; /* a link whose address the adapter did not note */
     }
-    address = PyObject_GetAttr(link, address_name);
+    address = get_attr(link, address_name);
     if (!address)
         goto done;
     PyObject *before = PyDict_GetItemWithError(copies_sent, address); /* borrowed */
@@ -459,7 +461,7 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (PyTuple_GET_ITEM(cmd, 3) == Py_True) {
         pn_delivery_settle(d);
     } else {
-        PyObject *held = PyObject_GetAttr(link, out_name);
+        PyObject *held = get_attr(link, out_name);
         PyObject *at = held ? PyLong_FromVoidPtr(d) : NULL;
         PyObject *cdata = at ? PyObject_CallOneArg(cast, at) : NULL;
         int failed = !cdata || PyObject_SetItem(held, tag, cdata) < 0;
@@ -469,7 +471,7 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (failed)
             goto done;
     }
-    conn = PyObject_GetAttr(link, conn_name);
+    conn = get_attr(link, conn_name);
     if (!conn || PySet_Add(touched, conn) < 0)
         goto done;
     result = Py_NewRef(Py_None);
@@ -527,7 +529,7 @@ static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *d = PyTuple_GET_ITEM(entry, 0), *link = PyTuple_GET_ITEM(entry, 1);
     PyObject *result = NULL, *rx_d = NULL, *at = NULL, *address = NULL, *key = NULL, *count = NULL, *conn = NULL;
     if (settle == Py_True) {
-        rx_d = PyObject_GetAttr(link, rx_d_name);
+        rx_d = get_attr(link, rx_d_name);
         if (!rx_d)
             goto done;
         if (rx_d != Py_None)
@@ -545,7 +547,7 @@ static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t 
             PyErr_SetString(PyExc_ValueError, "send_outcome: a null delivery");
         goto done;
     }
-    address = PyObject_GetAttr(link, address_name);
+    address = get_attr(link, address_name);
     key = address ? PyTuple_Pack(2, address, code) : NULL;
     if (!key)
         goto done;
@@ -562,7 +564,7 @@ static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t 
             goto done;
         pn_delivery_settle(dp);
     }
-    conn = PyObject_GetAttr(link, conn_name);
+    conn = get_attr(link, conn_name);
     if (!conn || PySet_Add(touched, conn) < 0)
         goto done;
     result = Py_NewRef(Py_None);
@@ -606,8 +608,8 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int is_counted = PyDict_Contains(counted, kind);
     if (is_counted != 0)
         return is_counted < 0 ? NULL : PyObject_CallOneArg(fallback, cmd);
-    PyObject *now = PyObject_GetAttr(engine, now_name);
-    PyObject *ts = now ? PyObject_GetAttr(eventlog, ts_name) : NULL;
+    PyObject *now = get_attr(engine, now_name);
+    PyObject *ts = now ? get_attr(eventlog, ts_name) : NULL;
     if (!ts) {
         Py_XDECREF(now);
         return NULL;
@@ -626,7 +628,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "log_line: the encoder gave no JSON object");
         goto done;
     }
-    run = PyObject_GetAttr(eventlog, run_name);
+    run = get_attr(eventlog, run_name);
     int open_run = run ? PyObject_IsTrue(run) : -1;
     if (open_run < 0)
         goto done;
@@ -635,7 +637,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (!closed)
             goto done;
         Py_DECREF(closed);
-        PyObject *after = PyObject_GetAttr(eventlog, ts_name);
+        PyObject *after = get_attr(eventlog, ts_name);
         if (!after)
             goto done;
         Py_DECREF(after);
@@ -644,7 +646,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
             goto done;
         }
     }
-    pieces = PyObject_GetAttr(eventlog, pieces_name);
+    pieces = get_attr(eventlog, pieces_name);
     if (!pieces)
         goto done;
     piece = PyDict_Check(pieces) ? PyDict_GetItemWithError(pieces, kind) : NULL;
@@ -661,7 +663,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "log_line: a kind's piece is not bytes");
         goto done;
     }
-    seq = PyObject_GetAttr(eventlog, seq_name);
+    seq = get_attr(eventlog, seq_name);
     next = seq ? PyNumber_Add(seq, one) : NULL;
     long long n = next ? PyLong_AsLongLong(next) : -1;
     if (n == -1 && (!next || PyErr_Occurred()))
@@ -677,9 +679,9 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     memcpy(o + nh, PyBytes_AS_STRING(piece), (size_t)np);
     memcpy(o + nh + np, PyBytes_AS_STRING(body) + 1, (size_t)nb);
     o[nh + np + nb] = '\n';
-    write = PyObject_GetAttr(eventlog, write_name);
+    write = get_attr(eventlog, write_name);
     written = write ? PyObject_CallOneArg(write, line) : NULL;
-    if (!written || PyObject_SetAttr(eventlog, seq_name, next) < 0)
+    if (!written || set_attr(eventlog, seq_name, next) < 0)
         goto done;
     result = Py_NewRef(Py_None);
 done:
@@ -703,7 +705,7 @@ done:
 static int dispatch_message(PyObject *engine, PyObject *event, PyObject *link, PyObject *handle_message,
                             PyObject *handlers, PyObject *refused, PyObject *protocol_error)
 {
-    PyObject *now = PyObject_GetAttr(engine, now_name);
+    PyObject *now = get_attr(engine, now_name);
     if (!now)
         return -1;
     PyObject *call_args[2] = {event, now};
@@ -730,7 +732,7 @@ static int dispatch_message(PyObject *engine, PyObject *event, PyObject *link, P
         result = -1;
     } else if (PyList_GET_SIZE(commands) > 0) {
         /* execute(): the last payload known to be small is forgotten first */
-        if (PyObject_SetAttr(engine, small_name, Py_None) < 0)
+        if (set_attr(engine, small_name, Py_None) < 0)
             result = -1;
         for (Py_ssize_t i = 0; result == 0 && i < PyList_GET_SIZE(commands); i++) {
             PyObject *cmd = PyList_GET_ITEM(commands, i);
@@ -785,7 +787,7 @@ static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     for (Py_ssize_t i = 0; i + 5 <= PyList_GET_SIZE(items); i += 5) {
-        PyObject *dead = PyObject_GetAttr(conn, dead_name);
+        PyObject *dead = get_attr(conn, dead_name);
         int is_dead = dead ? PyObject_IsTrue(dead) : -1;
         Py_XDECREF(dead);
         if (is_dead < 0)
@@ -801,7 +803,7 @@ static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssiz
         PyObject *link = PyDict_GetItemWithError(links, link_id); /* borrowed */
         int attached = 0;
         if (link) {
-            PyObject *a = PyObject_GetAttr(link, core_attached_name);
+            PyObject *a = get_attr(link, core_attached_name);
             attached = a ? PyObject_IsTrue(a) : -1;
             Py_XDECREF(a);
         }
@@ -817,10 +819,10 @@ static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssiz
         Py_INCREF(payload);
         Py_INCREF(settled);
         int pre_settled = PyObject_IsTrue(settled);
-        PyObject *last = PyObject_GetAttr(engine, last_handle_name);
+        PyObject *last = get_attr(engine, last_handle_name);
         PyObject *handle = last ? PyNumber_Add(last, one) : NULL;
         Py_XDECREF(last);
-        int ok = handle && pre_settled >= 0 && PyObject_SetAttr(engine, last_handle_name, handle) == 0;
+        int ok = handle && pre_settled >= 0 && set_attr(engine, last_handle_name, handle) == 0;
         if (!ok) {
             Py_DECREF(link);
             Py_DECREF(link_id);

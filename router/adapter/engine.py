@@ -144,6 +144,10 @@ _new = tuple.__new__
 class Engine:
     """Drives proton's engine for every connection of one router process."""
 
+    # What the compiled path reads and writes per message, in plain slots (by offset,
+    # router/core/_attrs.h); everything else in the instance's dict.
+    __slots__ = ("now", "_last_handle", "_small", "__dict__", "__weakref__")
+
     def __init__(
         self,
         core,

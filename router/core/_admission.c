@@ -167,7 +167,7 @@ static inline int int_of(PyObject *o, long long *v) {
 }
 
 static int attr_int(PyObject *o, PyObject *name, long long *v) {
-    PyObject *value = PyObject_GetAttr(o, name);
+    PyObject *value = get_attr(o, name);
     if (value == NULL)
         return -1;
     int ok = int_of(value, v);
@@ -184,7 +184,7 @@ static int set_attr_int(PyObject *o, PyObject *name, long long v) {
     PyObject *value = PyLong_FromLongLong(v);
     if (value == NULL)
         return -1;
-    int r = PyObject_SetAttr(o, name, value);
+    int r = set_attr(o, name, value);
     Py_DECREF(value);
     return r;
 }
@@ -333,7 +333,7 @@ static int usual(message_t *m) {
     if (PyTuple_GET_ITEM(ev, 4) != Py_False || !PyBytes_CheckExact(ptag) || !PyBytes_CheckExact(payload) ||
         PyBytes_GET_SIZE(ptag) > max_inline_tag)
         return 0;
-    PyObject *publishers = PyObject_GetAttr(m->core, a_publishers);
+    PyObject *publishers = get_attr(m->core, a_publishers);
     if (publishers == NULL)
         return -1;
     PyObject *pub = PyDict_CheckExact(publishers) ? PyDict_GetItemWithError(publishers, PyTuple_GET_ITEM(ev, 0)) : NULL;
@@ -342,12 +342,12 @@ static int usual(message_t *m) {
         return PyErr_Occurred() ? -1 : 0; /* unknown link: admission.py says so */
     if (!Py_IS_TYPE(pub, PublisherType) || SLOT(pub, pub_presettled) != Py_False || SLOT(pub, pub_resending) != Py_None)
         return 0;
-    PyObject *draining = PyObject_GetAttr(m->core, a_draining);
+    PyObject *draining = get_attr(m->core, a_draining);
     int is_draining = truth(draining);
     Py_XDECREF(draining);
     if (is_draining != 0)
         return is_draining < 0 && PyErr_Occurred() ? -1 : 0;
-    PyObject *topics = PyObject_GetAttr(m->core, a_topics);
+    PyObject *topics = get_attr(m->core, a_topics);
     if (topics == NULL)
         return -1;
     PyObject *topic = PyDict_CheckExact(topics) && SLOT(pub, pub_topic) != NULL
@@ -388,8 +388,8 @@ static int usual(message_t *m) {
             return PyErr_Occurred() ? -1 : 0;
     }
     /* no other router interested (known: the network's cache), none lost */
-    PyObject *net = PyObject_GetAttr(m->core, a_net);
-    PyObject *interest = net == NULL ? NULL : PyObject_GetAttr(net, a_interest);
+    PyObject *net = get_attr(m->core, a_net);
+    PyObject *interest = net == NULL ? NULL : get_attr(net, a_interest);
     Py_XDECREF(net);
     if (interest == NULL)
         return -1;
@@ -398,7 +398,7 @@ static int usual(message_t *m) {
     Py_DECREF(interest);
     if (!none_interested)
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *lost = PyObject_GetAttr(m->core, a_lost);
+    PyObject *lost = get_attr(m->core, a_lost);
     int any_lost = truth(lost);
     Py_XDECREF(lost);
     if (any_lost != 0)
@@ -419,8 +419,8 @@ static int usual(message_t *m) {
     memcpy(t, PyBytes_AS_STRING(stream), (size_t)ns);
     t[ns] = (char)nt;
     memcpy(t + ns + 1, PyBytes_AS_STRING(ptag), (size_t)nt);
-    PyObject *records = PyObject_GetAttr(m->core, a_records);
-    PyObject *by_delivery = records == NULL ? NULL : PyObject_GetAttr(m->core, a_by_delivery);
+    PyObject *records = get_attr(m->core, a_records);
+    PyObject *by_delivery = records == NULL ? NULL : get_attr(m->core, a_by_delivery);
     int fresh = by_delivery != NULL && PyDict_CheckExact(records) && PyDict_CheckExact(by_delivery);
     if (fresh) {
         int held = PyDict_Contains(records, tag);
@@ -449,7 +449,7 @@ static int refill_bound_only(message_t *m, PyObject *settings) {
     long long limit, window_setting;
     if (attr_int(settings, a_max_in_flight, &limit) < 0 || attr_int(settings, a_credit_window, &window_setting) < 0)
         return -1;
-    PyObject *publishers = PyObject_GetAttr(m->topic, a_publishers);
+    PyObject *publishers = get_attr(m->topic, a_publishers);
     if (publishers == NULL)
         return -1;
     Py_ssize_t npub = PyDict_CheckExact(publishers) ? PyDict_GET_SIZE(publishers) : 0;
@@ -461,7 +461,7 @@ static int refill_bound_only(message_t *m, PyObject *settings) {
             window = window_setting;
         if (window < 1)
             window = 1;
-        PyObject *starved = (limit - unsettled - credit) * 8 < window ? NULL : PyObject_GetAttr(m->core, a_starved);
+        PyObject *starved = (limit - unsettled - credit) * 8 < window ? NULL : get_attr(m->core, a_starved);
         int nothing = starved == NULL || grants_nothing(publishers, starved, window, PublisherType, pub_credit,
                                                         pub_presettled);
         Py_XDECREF(starved);
@@ -565,7 +565,7 @@ static int admit(message_t *m) {
     Py_INCREF(seq);
     long long seq_value = 0;
     int_of(seq, &seq_value);
-    PyObject *stream_seq = PyObject_GetAttr(core, a_stream_seq);
+    PyObject *stream_seq = get_attr(core, a_stream_seq);
     int failed = stream_seq == NULL || set_int(pub, pub_next_seq, seq_value + 1) < 0 ||
                  PyObject_SetItem(stream_seq, SLOT(pub, pub_stream), seq) < 0;
     Py_XDECREF(stream_seq);
@@ -597,7 +597,7 @@ static int admit(message_t *m) {
     if (set_int(topic, top_published, published + 1) < 0)
         goto done;
     /* the record (_new_record) */
-    PyObject *counter = PyObject_GetAttr(core, a_order);
+    PyObject *counter = get_attr(core, a_order);
     order = counter == NULL ? NULL : PyIter_Next(counter);
     Py_XDECREF(counter);
     if (order == NULL) {
@@ -712,7 +712,7 @@ static int admit(message_t *m) {
         if (r == NULL)
             goto done;
     }
-    settings = PyObject_GetAttr(core, a_settings);
+    settings = get_attr(core, a_settings);
     long long window = 0, credit_now = 0;
     if (settings == NULL || attr_int(settings, a_credit_window, &window) < 0)
         goto done;
@@ -796,7 +796,7 @@ static PyObject *handle_message(PyObject *mod, PyObject *const *args, Py_ssize_t
         return NULL;
     if (message_into(core, args[1], now, out) < 0)
         goto fail;
-    PyObject *pending = PyObject_GetAttr(core, a_pending_refills);
+    PyObject *pending = get_attr(core, a_pending_refills);
     int refills = truth(pending);
     Py_XDECREF(pending);
     if (refills < 0)
@@ -807,13 +807,13 @@ static PyObject *handle_message(PyObject *mod, PyObject *const *args, Py_ssize_t
         if (r == NULL)
             goto fail;
     }
-    PyObject *draining = PyObject_GetAttr(core, a_draining);
+    PyObject *draining = get_attr(core, a_draining);
     int is_draining = truth(draining);
     Py_XDECREF(draining);
     if (is_draining < 0)
         goto fail;
     if (is_draining) {
-        PyObject *done = PyObject_GetAttr(core, a_shutdown_done);
+        PyObject *done = get_attr(core, a_shutdown_done);
         int is_done = truth(done);
         Py_XDECREF(done);
         if (is_done < 0)
@@ -831,12 +831,35 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(attribute_doc,
+             "attribute(o, name[, value]) -> value\n\n"
+             "getattr(o, name), or setattr(o, name, value), as the twins do them (router/core/_attrs.h:\n"
+             "a plain slot by its offset, anything else as Python does it): for the tests that hold\n"
+             "the two to the same results.");
+
+static PyObject *attribute(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if ((nargs != 2 && nargs != 3) || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "attribute(o, name: str[, value])");
+        return NULL;
+    }
+    PyObject *name = Py_NewRef(args[1]);
+    PyUnicode_InternInPlace(&name);
+    PyObject *result;
+    if (nargs == 2)
+        result = get_attr(args[0], name);
+    else
+        result = set_attr(args[0], name, args[2]) < 0 ? NULL : Py_NewRef(args[2]);
+    Py_DECREF(name);
+    return result;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, bind_doc},
     {"on_message", (PyCFunction)(void (*)(void))on_message, METH_FASTCALL, on_message_doc},
     {"handle_message", (PyCFunction)(void (*)(void))handle_message, METH_FASTCALL, handle_message_doc},
+    {"attribute", (PyCFunction)(void (*)(void))attribute, METH_FASTCALL, attribute_doc},
     {NULL, NULL, 0, NULL},
 };
 

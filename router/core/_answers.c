@@ -221,11 +221,11 @@ static int completes_usually(batch_t *b, PyObject *record, Py_ssize_t i, int set
  * anything else by the Python method. */
 static int refill_bound_only(batch_t *b, PyObject *topic) {
     if (b->settings == NULL) {
-        b->settings = PyObject_GetAttr(b->core, a_settings);
+        b->settings = get_attr(b->core, a_settings);
         if (b->settings == NULL)
             return -1;
-        PyObject *limit = PyObject_GetAttr(b->settings, a_max_in_flight);
-        PyObject *window = limit == NULL ? NULL : PyObject_GetAttr(b->settings, a_credit_window);
+        PyObject *limit = get_attr(b->settings, a_max_in_flight);
+        PyObject *window = limit == NULL ? NULL : get_attr(b->settings, a_credit_window);
         b->max_in_flight = int_of(limit);
         b->credit_window = int_of(window);
         Py_XDECREF(limit);
@@ -233,7 +233,7 @@ static int refill_bound_only(batch_t *b, PyObject *topic) {
         if (window == NULL)
             return -1;
     }
-    PyObject *draining = PyObject_GetAttr(b->core, a_draining);
+    PyObject *draining = get_attr(b->core, a_draining);
     if (draining == NULL)
         return -1;
     int is_draining = truth(draining);
@@ -250,7 +250,7 @@ static int refill_bound_only(batch_t *b, PyObject *topic) {
         long long room = (long long)b->max_in_flight - unsettled - credit;
         if (room * 8 < window)
             return 0;
-        PyObject *starved = PyObject_GetAttr(b->core, a_starved);
+        PyObject *starved = get_attr(b->core, a_starved);
         if (starved == NULL)
             return -1;
         int nothing = grants_nothing(publishers, starved, window, PublisherType, pub_credit, pub_presettled);
@@ -288,7 +288,7 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
         goto error;
     /* _settle_record(record, "router", now, out, fields) */
     set_slot(record, rec_pub_settled, Py_True);
-    PyObject *sweep_at = PyObject_GetAttr(b->core, a_sweep_at);
+    PyObject *sweep_at = get_attr(b->core, a_sweep_at);
     if (sweep_at == NULL)
         goto error;
     Py_DECREF(sweep_at);
@@ -343,11 +343,11 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
         PyObject *by_order = SLOT(topic, top_records);
         if (PyObject_DelItem(by_order, SLOT(record, rec_order)) < 0)
             goto done;
-        PyObject *settled_memory = PyObject_GetAttr(b->core, a_settled);
+        PyObject *settled_memory = get_attr(b->core, a_settled);
         if (settled_memory == NULL)
             goto done;
-        PyObject *sweeps = PyObject_GetAttr(settled_memory, a_sweeps);
-        PyObject *keep = sweeps == NULL ? NULL : PyObject_GetAttr(settled_memory, a_keep);
+        PyObject *sweeps = get_attr(settled_memory, a_sweeps);
+        PyObject *keep = sweeps == NULL ? NULL : get_attr(settled_memory, a_keep);
         Py_DECREF(settled_memory);
         if (keep == NULL) {
             Py_XDECREF(sweeps);
@@ -413,14 +413,14 @@ static PyObject *accepted_batch(PyObject *mod, PyObject *const *args, Py_ssize_t
     }
     batch_t b = {args[0], args[2], args[3], NULL, NULL, NULL, NULL, NULL, 0, 0};
     PyObject *items = args[1];
-    PyObject *subscribers = PyObject_GetAttr(b.core, a_subscribers);
+    PyObject *subscribers = get_attr(b.core, a_subscribers);
     PyObject *result = NULL;
     PyObject *sub = NULL, *last_link = NULL;  /* new references */
     PyObject *run = NULL;                     /* borrowed: the SubOutcomes at the end of out */
-    if (subscribers == NULL || (b.records = PyObject_GetAttr(b.core, a_records)) == NULL ||
-        (b.publishers = PyObject_GetAttr(b.core, a_publishers)) == NULL ||
-        (b.topics = PyObject_GetAttr(b.core, a_topics)) == NULL ||
-        (b.by_delivery = PyObject_GetAttr(b.core, a_by_delivery)) == NULL)
+    if (subscribers == NULL || (b.records = get_attr(b.core, a_records)) == NULL ||
+        (b.publishers = get_attr(b.core, a_publishers)) == NULL ||
+        (b.topics = get_attr(b.core, a_topics)) == NULL ||
+        (b.by_delivery = get_attr(b.core, a_by_delivery)) == NULL)
         goto finish;
     if (!PyDict_CheckExact(subscribers) || !PyDict_CheckExact(b.records) || !PyDict_CheckExact(b.publishers) ||
         !PyDict_CheckExact(b.topics) || !PyDict_CheckExact(b.by_delivery)) {
@@ -466,7 +466,7 @@ static PyObject *accepted_batch(PyObject *mod, PyObject *const *args, Py_ssize_t
             failed = 1;
         } else if (answers == Py_None) {
             /* Expanded (records.py): an unusual record, the general path. */
-            PyObject *states = PyObject_GetAttr(record, a_subscribers);
+            PyObject *states = get_attr(record, a_subscribers);
             PyObject *state = states == NULL ? NULL : PyObject_CallMethod(states, "get", "O", key);
             Py_XDECREF(states);
             if (state == NULL) {
@@ -571,18 +571,18 @@ static PyObject *accepted_batch(PyObject *mod, PyObject *const *args, Py_ssize_t
             goto finish;
     }
     {
-        PyObject *pending = PyObject_GetAttr(b.core, a_pending_refills);
+        PyObject *pending = get_attr(b.core, a_pending_refills);
         int has = pending == NULL ? -1 : truth(pending);
         Py_XDECREF(pending);
         if (has < 0 || (has && call(b.core, m_refill_pending, b.out, NULL, NULL, NULL, NULL, NULL) < 0))
             goto finish;
-        PyObject *draining = PyObject_GetAttr(b.core, a_draining);
+        PyObject *draining = get_attr(b.core, a_draining);
         int is_draining = draining == NULL ? -1 : truth(draining);
         Py_XDECREF(draining);
         if (is_draining < 0)
             goto finish;
         if (is_draining) {
-            PyObject *finished = PyObject_GetAttr(b.core, a_shutdown_done);
+            PyObject *finished = get_attr(b.core, a_shutdown_done);
             int done = finished == NULL ? -1 : truth(finished);
             Py_XDECREF(finished);
             if (done < 0 || (!done && call(b.core, m_maybe_finish_shutdown, b.now, b.out, NULL, NULL, NULL, NULL) < 0))

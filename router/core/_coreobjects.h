@@ -12,7 +12,8 @@
 #include <Python.h>
 #include <structmember.h>
 
-#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+#include "_attrs.h"
+
 
 typedef struct {
     const char *name;
@@ -30,13 +31,6 @@ static int slot_offsets(PyTypeObject *type, const slot_def *defs) {
         *defs->offset = ((PyMemberDescrObject *)descr)->d_member->offset;
     }
     return 0;
-}
-
-static inline void set_slot(PyObject *o, Py_ssize_t offset, PyObject *value) {
-    PyObject *old = SLOT(o, offset);
-    Py_INCREF(value);
-    SLOT(o, offset) = value;
-    Py_XDECREF(old);
 }
 
 /* Python's truth of a slot's value (a missing slot counts as -1: not the usual case). */

@@ -83,6 +83,10 @@ def snapshot_from(msg: dict[str, Any]) -> SubscribersSnapshot:
 
 
 class Network:
+    # What the core's compiled twin reads per message (the interest cache), in a plain
+    # slot (by offset, router/core/_attrs.h); everything else in the instance's dict.
+    __slots__ = ("_interest", "__dict__")
+
     def __init__(self, self_id: str, epoch: int, boot: str):
         self.self_id = self_id
         self.epoch = epoch

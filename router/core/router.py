@@ -108,6 +108,31 @@ class RouterCore(
     ControlMixin,
     RemoteOutcomesMixin,
 ):
+    # The state the compiled twins (router/core/compiled.py) read or write per message,
+    # in plain slots: reached by offset (router/core/_attrs.h), not through the
+    # instance's dict (the mixins give it one, for everything else).
+    __slots__ = (
+        "publishers",
+        "topics",
+        "subscribers",
+        "records",
+        "by_delivery",
+        "stream_seq",
+        "net",
+        "lost",
+        "settings",
+        "settled",
+        "draining",
+        "bytes_held",
+        "_order",
+        "_send_counter",
+        "_promised",
+        "_starved",
+        "_pending_refills",
+        "_shutdown_done",
+        "_sweep_at",
+    )
+
     # The core's services to its components (router/core/resumption.py): what they
     # may call, under public names. Everything else of the core is its own.
     SERVICES = (

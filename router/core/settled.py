@@ -69,6 +69,10 @@ class StreamSettled:
 class SettledMemory:
     """Settled tags per stream, forgotten streams, and the sweep that expires them."""
 
+    # What the core's compiled twin reads per completed delivery, in plain slots (by
+    # offset, router/core/_attrs.h); everything else in the instance's dict.
+    __slots__ = ("keep", "sweeps", "__dict__")
+
     def __init__(self, keep: int, horizon: float, max_streams: int, forgotten_kept: int):
         self.keep = keep
         self.horizon = horizon
