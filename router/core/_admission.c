@@ -43,6 +43,9 @@ static PyTypeObject *ForwardType, *LogType, *TemplateType;
 /* sections.py's _EMPTY_HEADER, _EMPTY_PROPERTIES and _DATA: the shape of the usual message */
 static char empty_header[4], empty_properties[4], data_descriptor[3];
 static PyObject *exactly_once, *timer_expiry, *zero;
+/* A "received" line's fields, each None, in the order admission.py writes them: copied
+ * per message (a copy of a dict of this size clones its table) and filled in. */
+static PyObject *received_template;
 static long max_inline_tag, uncounted_below;
 static unsigned char answer_unsent;
 static int bound;
@@ -674,7 +677,7 @@ static int admit(message_t *m) {
         goto done;
     PyObject *pub_tag = hex_of(ptag);
     PyObject *size = pub_tag == NULL ? NULL : PyLong_FromSsize_t(PyBytes_GET_SIZE(payload));
-    fields = size == NULL ? NULL : PyDict_New();
+    fields = size == NULL ? NULL : PyDict_Copy(received_template); /* its keys in order: no insertion below */
     int filled = fields != NULL && PyDict_SetItem(fields, k_delivery, SLOT(record, rec_delivery_id)) == 0 &&
                  PyDict_SetItem(fields, k_topic, SLOT(topic, top_name)) == 0 &&
                  PyDict_SetItem(fields, k_publisher, SLOT(pub, pub_container_id)) == 0 &&
@@ -884,6 +887,13 @@ PyMODINIT_FUNC PyInit__admission(void) {
     INTERN(k_owed, "owed");
     INTERN(k_forwarded, "forwarded");
     INTERN(k_routers, "routers");
+    PyObject *received_keys[12] = {k_delivery, k_topic,   k_publisher, k_link_name, k_pub_tag,   k_incarnation,
+                                   k_stream_seq, k_size, k_settled,   k_owed,      k_forwarded, k_routers};
+    if ((received_template = PyDict_New()) == NULL)
+        return NULL;
+    for (int i = 0; i < 12; i++)
+        if (PyDict_SetItem(received_template, received_keys[i], Py_None) < 0)
+            return NULL;
     INTERN(a_publishers, "publishers");
     INTERN(a_topics, "topics");
     INTERN(a_draining, "draining");

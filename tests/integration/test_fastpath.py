@@ -576,6 +576,8 @@ writing = st.lists(
         st.tuples(st.just("tick")),
         st.tuples(st.just("flush")),
         st.tuples(st.just("empty")),  # a line without fields of its own
+        # a log far into its sequence numbers (digits carried over, and as long as they get)
+        st.tuples(st.just("seq"), st.sampled_from([8, 9, 98, 99, 999_999, 10**12 - 1, 2**63 - 2])),
     ),
     max_size=40,
 )
@@ -598,6 +600,9 @@ def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], d
                 continue
             if step[0] == "flush":
                 log.flush()
+                continue
+            if step[0] == "seq":
+                log._seq = step[1]
                 continue
             n += 1
             if step[0] == "line":
