@@ -76,11 +76,6 @@ static PyObject *small_name;         /* "_small": the engine's last payload know
 static PyObject *now_name, *ts_name, *run_name, *pieces_name, *seq_name, *write_name, *close_run_name, *append_name,
     *piece_name;
 
-#if PY_VERSION_HEX >= 0x030D0000
-#define hash_pointer Py_HashPointer
-#else
-#define hash_pointer _Py_HashPointer
-#endif
 
 static PyObject *bind(PyObject *self, PyObject *args)
 {
@@ -239,23 +234,20 @@ static PyObject *take_accepted(PyObject *self, PyObject *args)
         PyObject *tag = PyBytes_FromStringAndSize(t.start, (Py_ssize_t)t.size);
         if (!tag)
             goto error;
-        PyObject *held = PyDict_GetItemWithError(out, tag); /* borrowed: the cdata we hold */
+        PyObject *held = PyDict_GetItemWithError(out, tag); /* borrowed: the address we hold */
         if (!held) {
             Py_DECREF(tag);
             if (PyErr_Occurred())
                 goto error;
             break; /* a copy we no longer hold (settled already, or a repeated frame) */
         }
-        /* The copy we hold under this tag must be this very delivery: cffi hashes a
-         * pointer cdata as Python hashes the pointer. If that ever stopped being true,
-         * every event would go to the Python path, correct and slower. */
-        Py_hash_t h = PyObject_Hash(held);
-        if (h == -1 && PyErr_Occurred()) {
+        /* The copy we hold under this tag must be this very delivery (a tag the
+         * subscriber repeated, or one we sent again, is the Python path's). */
+        void *held_d = PyLong_CheckExact(held) ? PyLong_AsVoidPtr(held) : NULL;
+        if (held_d != d) {
             Py_DECREF(tag);
-            goto error;
-        }
-        if (h != hash_pointer(d)) {
-            Py_DECREF(tag);
+            if (PyErr_Occurred())
+                goto error;
             break;
         }
         if (PyDict_GET_SIZE(seen) > 0) { /* usually empty: no lookup at all */
@@ -393,28 +385,27 @@ error:
 
 /* forward(state, cmd): Engine.CORE_forward, for a message smaller than STREAM_MIN on
  * a link sending no large one: a new delivery under the command's tag, its bytes, the
- * link moved past it; kept in Link.out unless pre-settled. ``state`` is (links,
- * copies_sent, touched, cast, fallback, stream_min): the adapter's link_id -> Link,
- * its copies per topic, its connections with engine work, pn.py's _cast_delivery, and
- * CORE_forward itself, called for everything else (streaming.py's large messages). */
+ * link moved past it; kept in Link.out (by its address) unless pre-settled. ``state``
+ * is (links, copies_sent, touched, fallback, stream_min): the adapter's link_id ->
+ * Link, its copies per topic, its connections with engine work, and CORE_forward
+ * itself, called for everything else (streaming.py's large messages). */
 static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 || !PyTuple_Check(args[1])
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 5 || !PyTuple_Check(args[1])
         || PyTuple_GET_SIZE(args[1]) != 4) {
-        PyErr_SetString(PyExc_TypeError, "forward(state, cmd): a 6-tuple and a Forward");
+        PyErr_SetString(PyExc_TypeError, "forward(state, cmd): a 5-tuple and a Forward");
         return NULL;
     }
     if (!check_bound())
         return NULL;
     PyObject *state = args[0], *cmd = args[1];
     PyObject *links = PyTuple_GET_ITEM(state, 0), *copies_sent = PyTuple_GET_ITEM(state, 1);
-    PyObject *touched = PyTuple_GET_ITEM(state, 2), *cast = PyTuple_GET_ITEM(state, 3);
-    PyObject *fallback = PyTuple_GET_ITEM(state, 4);
-    Py_ssize_t stream_min = PyLong_AsSsize_t(PyTuple_GET_ITEM(state, 5));
+    PyObject *touched = PyTuple_GET_ITEM(state, 2), *fallback = PyTuple_GET_ITEM(state, 3);
+    Py_ssize_t stream_min = PyLong_AsSsize_t(PyTuple_GET_ITEM(state, 4));
     if (stream_min == -1 && PyErr_Occurred())
         return NULL;
     if (!PyDict_Check(links) || !PyDict_Check(copies_sent) || !PySet_Check(touched)) {
-        PyErr_SetString(PyExc_TypeError, "forward: state is (dict, dict, set, cast, fallback, int)");
+        PyErr_SetString(PyExc_TypeError, "forward: state is (dict, dict, set, fallback, int)");
         return NULL;
     }
     PyObject *tag = PyTuple_GET_ITEM(cmd, 1), *payload = PyTuple_GET_ITEM(cmd, 2);
@@ -463,11 +454,9 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     } else {
         PyObject *held = get_attr(link, out_name);
         PyObject *at = held ? PyLong_FromVoidPtr(d) : NULL;
-        PyObject *cdata = at ? PyObject_CallOneArg(cast, at) : NULL;
-        int failed = !cdata || PyObject_SetItem(held, tag, cdata) < 0;
+        int failed = !at || PyObject_SetItem(held, tag, at) < 0;
         Py_XDECREF(held);
         Py_XDECREF(at);
-        Py_XDECREF(cdata);
         if (failed)
             goto done;
     }
@@ -686,9 +675,14 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     seq = get_attr(eventlog, seq_name);
     next = seq ? PyNumber_Add(seq, one) : NULL;
-    long long n = next ? PyLong_AsLongLong(next) : -1;
+    int overflow = 0;
+    long long n = next ? PyLong_AsLongLongAndOverflow(next, &overflow) : -1;
     if (n == -1 && (!next || PyErr_Occurred()))
         goto done;
+    if (overflow) { /* past 64 bits: append's %d writes it (the run, if any, is closed already) */
+        result = PyObject_CallOneArg(fallback, cmd);
+        goto done;
+    }
     char head[32];
     int nh = seq_head(head, n);
     Py_ssize_t np = PyBytes_GET_SIZE(piece), nb = PyBytes_GET_SIZE(body) - 1;

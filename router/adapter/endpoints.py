@@ -130,8 +130,9 @@ class Link:
         # The core believes this link is attached: it accepted the LinkAttached and has
         # not seen a LinkDetached nor issued a DetachLink for it.
         self.core_attached = False
-        # Sender links: our unsettled outgoing deliveries, tag -> pn_delivery.
-        self.out: dict[bytes, object] = {}
+        # Sender links: our unsettled outgoing deliveries, tag -> the pn_delivery's
+        # address (an int: what the compiled path has; pn._cast_delivery gives the cdata).
+        self.out: dict[bytes, int] = {}
         # Receiver links: the delivery being received over several transfers.
         self.rx_d = None  # its pn_delivery (None: no multi-frame delivery in progress)
         self.rx_buf: bytearray | None = None  # its bytes so far (None once it is too large)

@@ -16,8 +16,8 @@ Handles: ``link_id`` and the publisher-delivery ``delivery`` handle are ints fro
 process-wide counters, never reused. Maps: ``_links_by_ptr`` (pn_link -> Link),
 ``_links`` (link_id -> Link), ``_incoming`` (pn_delivery -> handle) and
 ``_handles`` (handle -> (pn_delivery, Link)) for unsettled publisher deliveries the
-core knows; each subscriber Link's ``out`` (tag -> pn_delivery) for our unsettled
-copies on it, and ``_seen`` (pn_delivery -> (state, settled)) for the few of those
+core knows; each subscriber Link's ``out`` (tag -> pn_delivery's address) for our
+unsettled copies on it, and ``_seen`` (that address -> (state, settled)) for the few of those
 whose subscriber answered without settling (what was last read, so a repeated frame
 is not news). A copy costs one dict entry: at K subscribers, exactly-once holds
 ~K x 1000 of them.
@@ -45,6 +45,7 @@ from router.adapter.pn import (
     PN_SESSION_REMOTE_OPEN,
     PN_TRANSPORT_CLOSED,
     PN_TRANSPORT_ERROR,
+    _address_of,
     _cast_delivery,
     _collector_peek,
     _collector_pop,
@@ -287,10 +288,11 @@ class Engine:
                 if link is not None and not link.is_receiver:  # a copy we sent a subscriber
                     t = _delivery_tag(d)
                     tag = _unpack(t.start, t.size)
-                    if link.out.get(tag) == d:  # still held (else: settled and forgotten, stale)
+                    held = link.out.get(tag)  # its address, while held
+                    if held is not None and held == _address_of(d):  # (else: settled and forgotten, stale)
                         state = _delivery_remote_state(d)
                         settled = _delivery_settled(d)
-                        last = seen.get(d, _NOTHING_SEEN) if seen else _NOTHING_SEEN
+                        last = seen.get(held, _NOTHING_SEEN) if seen else _NOTHING_SEEN
                         if state == last[0] and settled == last[1]:
                             _collector_pop(collector)
                             continue  # nothing new (proton raises one event per frame touching it)
@@ -298,14 +300,14 @@ class Engine:
                             if settled:  # _subscriber_settled, inlined
                                 del link.out[tag]
                                 if last is not _NOTHING_SEEN:
-                                    del seen[d]
+                                    del seen[held]
                                 _delivery_settle(d)
                             else:
-                                seen[d] = (state, settled)
+                                seen[held] = (state, settled)
                             accepted += (link.link_id, tag, settled)
                             _collector_pop(collector)
                             continue
-                        copy = (tag, state, settled)
+                        copy = (tag, state, settled, held)
             if accepted:  # in order: what came before this event first
                 self._accepted_batch(accepted, conn)
                 accepted = []
@@ -701,14 +703,15 @@ class Engine:
         del self._incoming[entry[0]]
         return True
 
-    def AMQP_disposition(self, d, link: Link, tag: bytes, state: int, settled: bool) -> None:
+    def AMQP_disposition(self, d, link: Link, tag: bytes, state: int, settled: bool, address: int) -> None:
         """A subscriber updated a copy we sent and hold (outcome and/or settlement);
-        drain() read ``state`` and ``settled`` and found them new."""
+        drain() read ``state`` and ``settled`` and found them new. ``address``: the
+        delivery's, as the link holds it."""
         settled = bool(settled)
         if settled:
-            self._subscriber_settled(d, link, tag)
+            self._subscriber_settled(d, link, tag, address)
         else:
-            self._seen[d] = (state, settled)
+            self._seen[address] = (state, settled)
         if state == ACCEPTED:
             event = OutcomeReceived(link.link_id, tag, ACCEPTED, settled)
         elif state == RELEASED:
@@ -732,13 +735,13 @@ class Engine:
             event = OutcomeReceived(link.link_id, tag, NONE, settled)
         self.dispatch(event, link.conn, link)
 
-    def _subscriber_settled(self, d, link: Link, tag: bytes) -> None:
+    def _subscriber_settled(self, d, link: Link, tag: bytes, address: int) -> None:
         """The subscriber settled a copy we sent: it expects nothing more on it, so
         our side is settled now (proton frees it) and forgotten. The core hears of it
         in the OutcomeReceived (settled) that follows and sends no SettleOutgoing for
         it; one that crosses finds nothing and is skipped."""
         link.out.pop(tag, None)
-        self._seen.pop(d, None)
+        self._seen.pop(address, None)
         _delivery_settle(d)
 
     def AMQP_link_flow(self, lp) -> None:
@@ -919,9 +922,7 @@ class Engine:
             SubOutcomes: self.CORE_sub_outcomes,
             SubOutcome: self.CORE_sub_outcome,
             # A small message's copy by the compiled path, when built (its twin: CORE_forward).
-            Forward: fastpath.forwarder(
-                (self._links, self.copies_sent, self.touched, _cast_delivery, self.CORE_forward, STREAM_MIN)
-            )
+            Forward: fastpath.forwarder((self._links, self.copies_sent, self.touched, self.CORE_forward, STREAM_MIN))
             or self.CORE_forward,
             # A publisher's accepted outcome by the compiled path, when built (its twin: CORE_send_outcome).
             SendOutcome: fastpath.outcome_sender(
@@ -992,7 +993,7 @@ class Engine:
         if cmd.settled:
             _delivery_settle(d)
         else:
-            link.out[tag] = d
+            link.out[tag] = _address_of(d)
         self.touched.add(link.conn)
 
     def CORE_send_outcome(self, cmd: SendOutcome) -> None:
@@ -1028,10 +1029,11 @@ class Engine:
         link = self._links.get(cmd.link_id)
         if link is None:
             return
-        d = link.out.pop(cmd.tag, None) if not link.streams else streaming.settle(link, cmd.tag)
-        if d is None:
+        address = link.out.pop(cmd.tag, None) if not link.streams else streaming.settle(link, cmd.tag)
+        if address is None:
             return
-        last = self._seen.pop(d, None) if self._seen else None
+        d = _cast_delivery(address)
+        last = self._seen.pop(address, None) if self._seen else None
         if last is not None and last[0] in _TERMINAL:
             # A rcv-settle-mode=second subscriber waits for our settlement: it carries
             # the outcome it gave, as the final state (a peer such as Azure's client

@@ -81,8 +81,8 @@ def address(ptr) -> int:
 
 def forwarder(state: tuple) -> Callable[[Any], None] | None:
     """Engine.CORE_forward's compiled twin bound to the engine's ``state`` (links,
-    copies_sent, touched, the delivery cast, CORE_forward itself for what it does not
-    do, STREAM_MIN), or None when the compiled path is not in use."""
+    copies_sent, touched, CORE_forward itself for what it does not do, STREAM_MIN), or
+    None when the compiled path is not in use."""
     return partial(_forward, state) if _forward is not None else None
 
 

@@ -24,6 +24,14 @@ _buffer = ffi.buffer
 _cast_delivery = partial(ffi.cast, ffi.typeof("pn_delivery_t *"))
 # The other way (the compiled fast path's send_outcome): a delivery's address, as int() reads it.
 _delivery_address = partial(ffi.cast, ffi.typeof("uintptr_t"))
+
+
+def _address_of(d) -> int:
+    """A delivery's address: how the copies a link holds are kept (``Link.out``), so that
+    the compiled path, which has the address, needs no cdata to keep one."""
+    return int(_delivery_address(d))
+
+
 _collector_peek = lib.pn_collector_peek
 _collector_pop = lib.pn_collector_pop
 _delivery_aborted = lib.pn_delivery_aborted

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 from router.adapter.pn import (
+    _address_of,
     _delivery_new,
     _delivery_pending,
     _delivery_settle,
@@ -69,7 +70,7 @@ def feed(link, budget: int) -> int:
             tag = item.tag
             d = item.d = _delivery_new(lp, (len(tag), _from_buffer(tag)))
             if not item.presettled:
-                link.out[tag] = d
+                link.out[tag] = _address_of(d)
         view = item.view
         size = len(view)
         while item.offset < size:
@@ -90,7 +91,7 @@ def feed(link, budget: int) -> int:
 
 
 def settle(link, tag: bytes):
-    """The core settles ``tag`` on ``link``: the pn_delivery to settle now, or None
+    """The core settles ``tag`` on ``link``: the address of the pn_delivery to settle now, or None
     when it is still queued (settled once it has gone out, or never started: then it
     is dropped, and the subscriber never hears of it)."""
     queue = link.streams
