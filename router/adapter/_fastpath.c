@@ -481,15 +481,15 @@ done:
  * detail (the usual answer to a publisher), settling our side or not: the count of
  * outcomes told per topic, the disposition, and with the settlement the delivery
  * forgotten (Engine._forget_incoming) and settled. ``state`` is (handles, incoming,
- * outcomes_told, touched, to_address, fallback): the adapter's handle -> (delivery,
- * Link), delivery -> handle, (topic, code) -> count, its connections with engine work,
- * a delivery's address as a cffi integer (pn.py), and CORE_send_outcome itself, called
- * for everything else (other outcomes, a delivery still arriving). */
+ * outcomes_told, touched, fallback): the adapter's handle -> (delivery's address,
+ * Link), address -> handle, (topic, code) -> count, its connections with engine work,
+ * and CORE_send_outcome itself, called for everything else (other outcomes, a
+ * delivery still arriving). */
 static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 || !PyTuple_Check(args[1])
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 5 || !PyTuple_Check(args[1])
         || PyTuple_GET_SIZE(args[1]) != 7) {
-        PyErr_SetString(PyExc_TypeError, "send_outcome(state, cmd): a 6-tuple and a SendOutcome");
+        PyErr_SetString(PyExc_TypeError, "send_outcome(state, cmd): a 5-tuple and a SendOutcome");
         return NULL;
     }
     if (!check_bound())
@@ -497,9 +497,9 @@ static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *state = args[0], *cmd = args[1];
     PyObject *handles = PyTuple_GET_ITEM(state, 0), *incoming = PyTuple_GET_ITEM(state, 1);
     PyObject *told = PyTuple_GET_ITEM(state, 2), *touched = PyTuple_GET_ITEM(state, 3);
-    PyObject *to_address = PyTuple_GET_ITEM(state, 4), *fallback = PyTuple_GET_ITEM(state, 5);
+    PyObject *fallback = PyTuple_GET_ITEM(state, 4);
     if (!PyDict_Check(handles) || !PyDict_Check(incoming) || !PyDict_Check(told) || !PySet_Check(touched)) {
-        PyErr_SetString(PyExc_TypeError, "send_outcome: state is (dict, dict, dict, set, to_address, fallback)");
+        PyErr_SetString(PyExc_TypeError, "send_outcome: state is (dict, dict, dict, set, fallback)");
         return NULL;
     }
     PyObject *handle = PyTuple_GET_ITEM(cmd, 0), *code = PyTuple_GET_ITEM(cmd, 1), *settle = PyTuple_GET_ITEM(cmd, 2);
@@ -516,7 +516,7 @@ static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t 
         return PyObject_CallOneArg(fallback, cmd);
     Py_INCREF(entry); /* held across the calls below, which may run Python code */
     PyObject *d = PyTuple_GET_ITEM(entry, 0), *link = PyTuple_GET_ITEM(entry, 1);
-    PyObject *result = NULL, *rx_d = NULL, *at = NULL, *address = NULL, *key = NULL, *count = NULL, *conn = NULL;
+    PyObject *result = NULL, *rx_d = NULL, *address = NULL, *key = NULL, *count = NULL, *conn = NULL;
     if (settle == Py_True) {
         rx_d = get_attr(link, rx_d_name);
         if (!rx_d)
@@ -525,12 +525,9 @@ static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t 
             goto python; /* a multi-frame delivery in progress: CORE_send_outcome checks it is not this one */
     }
     /* its address first: nothing changes if it cannot be had */
-    PyObject *cast = PyObject_CallOneArg(to_address, d);
-    at = cast ? PyNumber_Long(cast) : NULL;
-    Py_XDECREF(cast);
-    if (!at)
-        goto done;
-    void *dp = PyLong_AsVoidPtr(at);
+    if (!PyLong_CheckExact(d))
+        goto python;
+    void *dp = PyLong_AsVoidPtr(d);
     if (!dp) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "send_outcome: a null delivery");
@@ -563,7 +560,6 @@ python:
 done:
     Py_DECREF(entry);
     Py_XDECREF(rx_d);
-    Py_XDECREF(at);
     Py_XDECREF(address);
     Py_XDECREF(key);
     Py_XDECREF(count);
@@ -775,16 +771,16 @@ static int dispatch_message(PyObject *engine, PyObject *event, PyObject *link, P
  * delivery_address`` each), in order: each becomes the core's MessageReceived under a
  * new handle (kept in ``incoming``/``handles`` unless pre-settled), goes to the core,
  * and the commands it answers are executed by the engine's command table (its
- * compiled entries are C calls). ``state`` is (engine, links, incoming, handles, cast,
+ * compiled entries are C calls). ``state`` is (engine, links, incoming, handles,
  * MessageReceived, handle_message, command_handlers, refused, failed, ProtocolError):
- * the engine's maps, pn.py's _cast_delivery, the core's handle_message, and the
+ * the engine's maps (a delivery kept by its address), the core's handle_message, and the
  * engine's methods for a ProtocolError (``refused(event, link, err)``) and for any
  * other error (``failed(conn, exc)``: logged, the connection closed, the next
  * message handled as the Python loop handles it). ``items`` is left as it was. */
 static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 11 || !PyList_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "deliver_messages(state, items, conn): an 11-tuple, a list, a Conn");
+    if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 10 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "deliver_messages(state, items, conn): a 10-tuple, a list, a Conn");
         return NULL;
     }
     if (!check_bound())
@@ -792,10 +788,9 @@ static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssiz
     PyObject *state = args[0], *items = args[1], *conn = args[2];
     PyObject *engine = PyTuple_GET_ITEM(state, 0), *links = PyTuple_GET_ITEM(state, 1);
     PyObject *incoming = PyTuple_GET_ITEM(state, 2), *handles = PyTuple_GET_ITEM(state, 3);
-    PyObject *cast = PyTuple_GET_ITEM(state, 4), *message_type = PyTuple_GET_ITEM(state, 5);
-    PyObject *handle_message = PyTuple_GET_ITEM(state, 6), *handlers = PyTuple_GET_ITEM(state, 7);
-    PyObject *refused = PyTuple_GET_ITEM(state, 8), *failed = PyTuple_GET_ITEM(state, 9);
-    PyObject *protocol_error = PyTuple_GET_ITEM(state, 10);
+    PyObject *message_type = PyTuple_GET_ITEM(state, 4), *handle_message = PyTuple_GET_ITEM(state, 5);
+    PyObject *handlers = PyTuple_GET_ITEM(state, 6), *refused = PyTuple_GET_ITEM(state, 7);
+    PyObject *failed = PyTuple_GET_ITEM(state, 8), *protocol_error = PyTuple_GET_ITEM(state, 9);
     if (!PyDict_Check(links) || !PyDict_Check(incoming) || !PyDict_Check(handles) || !PyDict_Check(handlers)
         || !PyType_Check(message_type) || !PyType_IsSubtype((PyTypeObject *)message_type, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "deliver_messages: state's maps are dicts, MessageReceived a tuple type");
@@ -858,12 +853,9 @@ static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssiz
         }
         int r = event ? 0 : -1;
         if (r == 0 && !pre_settled) {
-            PyObject *cdata = PyObject_CallOneArg(cast, PyList_GET_ITEM(items, i + 4));
-            PyObject *pair = cdata ? PyTuple_Pack(2, cdata, link) : NULL;
-            r = pair && PyDict_SetItem(incoming, cdata, handle) == 0 && PyDict_SetItem(handles, handle, pair) == 0
-                    ? 0
-                    : -1;
-            Py_XDECREF(cdata);
+            PyObject *at = PyList_GET_ITEM(items, i + 4); /* the delivery's address: how the engine keeps it */
+            PyObject *pair = PyTuple_Pack(2, at, link);
+            r = pair && PyDict_SetItem(incoming, at, handle) == 0 && PyDict_SetItem(handles, handle, pair) == 0 ? 0 : -1;
             Py_XDECREF(pair);
         }
         if (r == 0)

@@ -14,9 +14,10 @@ payload bytes passed through untouched, one reusable receive buffer.
 
 Handles: ``link_id`` and the publisher-delivery ``delivery`` handle are ints from
 process-wide counters, never reused. Maps: ``_links_by_ptr`` (pn_link -> Link),
-``_links`` (link_id -> Link), ``_incoming`` (pn_delivery -> handle) and
-``_handles`` (handle -> (pn_delivery, Link)) for unsettled publisher deliveries the
-core knows; each subscriber Link's ``out`` (tag -> pn_delivery's address) for our
+``_links`` (link_id -> Link), ``_incoming`` (a pn_delivery's address -> handle) and
+``_handles`` (handle -> (that address, Link)) for unsettled publisher deliveries the
+core knows (an address: an int, what the compiled path has; pn._cast_delivery gives
+the cdata); each subscriber Link's ``out`` (tag -> pn_delivery's address) for our
 unsettled copies on it, and ``_seen`` (that address -> (state, settled)) for the few of those
 whose subscriber answered without settling (what was last read, so a repeated frame
 is not news). A copy costs one dict entry: at K subscribers, exactly-once holds
@@ -50,7 +51,6 @@ from router.adapter.pn import (
     _collector_peek,
     _collector_pop,
     _delivery_aborted,
-    _delivery_address,
     _delivery_link,
     _delivery_new,
     _delivery_partial,
@@ -206,7 +206,6 @@ class Engine:
                 self._links,
                 self._incoming,
                 self._handles,
-                _cast_delivery,
                 MessageReceived,
                 handle_message,
                 self._command_handlers,
@@ -497,9 +496,10 @@ class Engine:
         """A delivery event that is not news on a copy we hold (drain() handles those):
         a publisher's message or settlement, or a stale event. ``link``: the Link of
         the delivery's link, as drain() looked it up (None: not one we track)."""
-        # Known deliveries first (one dict lookup): a pointer is in this map only
+        # Known deliveries first (one dict lookup): an address is in this map only
         # while the delivery is unsettled on our side, so it cannot be stale.
-        handle = self._incoming.get(d)
+        address = _address_of(d)
+        handle = self._incoming.get(address)
         if handle is not None:  # a publisher delivery the core has
             link = self._handles[handle][1]
             if link.rx_d is not None and d == link.rx_d:
@@ -547,8 +547,8 @@ class Engine:
                 self.dispatch(MessageTooLarge(link.link_id, handle, tag, n, True, limit), conn, link)
                 _delivery_settle(d)
                 return
-            self._incoming[d] = handle
-            self._handles[handle] = (d, link)
+            self._incoming[address] = handle
+            self._handles[handle] = (address, link)
             self.dispatch(MessageTooLarge(link.link_id, handle, tag, n, False, limit), conn, link)
             if handle in self._handles:  # not settled by the core yet: move past its bytes
                 _link_advance(lp)
@@ -563,8 +563,8 @@ class Engine:
             self.dispatch(_new(MessageReceived, (link.link_id, handle, tag, payload, True)), conn, link)
             _delivery_settle(d)  # pre-settled: settle our side once the core has it
             return
-        self._incoming[d] = handle
-        self._handles[handle] = (d, link)
+        self._incoming[address] = handle
+        self._handles[handle] = (address, link)
         self.dispatch(_new(MessageReceived, (link.link_id, handle, tag, payload, False)), conn, link)
 
     def _messages_batch(self, items: list, conn: Conn) -> None:
@@ -585,19 +585,18 @@ class Engine:
             link_id, tag, payload, settled, address = items[i : i + 5]
             if conn.dead:
                 break  # the connection's end frees the rest, never answered: the publisher sends them again
-            d = _cast_delivery(address)
             link = links.get(link_id)
             if link is None or not link.core_attached:
-                _delivery_settle(d)  # a link the router closed: drop what still arrives
+                _delivery_settle(_cast_delivery(address))  # a link the router closed: drop what still arrives
                 continue
             self._last_handle = handle = self._last_handle + 1
             try:
                 if settled:
                     dispatch(_new(MessageReceived, (link_id, handle, tag, payload, True)), conn, link)
-                    _delivery_settle(d)  # pre-settled: settle our side once the core has it
+                    _delivery_settle(_cast_delivery(address))  # pre-settled: settle our side once the core has it
                     continue
-                self._incoming[d] = handle
-                self._handles[handle] = (d, link)
+                self._incoming[address] = handle
+                self._handles[handle] = (address, link)
                 dispatch(_new(MessageReceived, (link_id, handle, tag, payload, False)), conn, link)
             except Exception as exc:  # a bad peer (or a bug) ends this connection, not the router
                 self._message_failed(conn, exc)
@@ -656,8 +655,9 @@ class Engine:
         self._last_handle = handle = self._last_handle + 1
         link.rx_handle = handle
         if not link.rx_settled:
-            self._incoming[d] = handle
-            self._handles[handle] = (d, link)
+            address = _address_of(d)
+            self._incoming[address] = handle
+            self._handles[handle] = (address, link)
         self.dispatch(
             MessageTooLarge(link.link_id, handle, link.rx_tag, link.rx_size, link.rx_settled, self._own_limit(link)),
             link.conn,
@@ -685,8 +685,9 @@ class Engine:
             self.dispatch(MessageReceived(link.link_id, handle, link.rx_tag, payload, True), link.conn, link)
             _delivery_settle(d)
             return
-        self._incoming[d] = handle
-        self._handles[handle] = (d, link)
+        address = _address_of(d)
+        self._incoming[address] = handle
+        self._handles[handle] = (address, link)
         self.dispatch(MessageReceived(link.link_id, handle, link.rx_tag, payload, False), link.conn, link)
 
     def _publisher_settled(self, handle: int, d, link: Link) -> None:
@@ -926,7 +927,7 @@ class Engine:
             or self.CORE_forward,
             # A publisher's accepted outcome by the compiled path, when built (its twin: CORE_send_outcome).
             SendOutcome: fastpath.outcome_sender(
-                (self._handles, self._incoming, self.outcomes_told, self.touched, _delivery_address, self.CORE_send_outcome)
+                (self._handles, self._incoming, self.outcomes_told, self.touched, self.CORE_send_outcome)
             )
             or self.CORE_send_outcome,
             SettleOutgoing: self.CORE_settle_outgoing,
@@ -1000,7 +1001,8 @@ class Engine:
         entry = self._handles.get(cmd.delivery)
         if entry is None:
             return  # the publisher's link is gone, or it was pre-settled
-        d, link = entry
+        address, link = entry
+        d = _cast_delivery(address)
         code = cmd.outcome
         if code:
             told = (link.address, code)

@@ -88,8 +88,8 @@ def forwarder(state: tuple) -> Callable[[Any], None] | None:
 
 def outcome_sender(state: tuple) -> Callable[[Any], None] | None:
     """Engine.CORE_send_outcome's compiled twin bound to the engine's ``state`` (handles,
-    incoming, outcomes_told, touched, the delivery's address cast, CORE_send_outcome
-    itself for what it does not do), or None when the compiled path is not in use."""
+    incoming, outcomes_told, touched, CORE_send_outcome itself for what it does not
+    do), or None when the compiled path is not in use."""
     return partial(_send_outcome, state) if _send_outcome is not None else None
 
 
@@ -102,10 +102,9 @@ def log_writer(state: tuple) -> Callable[[Any], None] | None:
 
 def message_deliverer(state: tuple) -> Callable[[list, Any], None] | None:
     """Engine._messages_batch's compiled twin (with dispatch and execute) bound to
-    ``state`` (the engine, its links, incoming, handles, the delivery cast,
-    MessageReceived, the core's handle_message, the command table, the engine's
-    ``_refused`` and ``_message_failed``, ProtocolError), or None when the compiled
-    path is not in use."""
+    ``state`` (the engine, its links, incoming, handles, MessageReceived, the core's
+    handle_message, the command table, the engine's ``_refused`` and
+    ``_message_failed``, ProtocolError), or None when the compiled path is not in use."""
     return partial(_deliver_messages, state) if _deliver_messages is not None else None
 
 

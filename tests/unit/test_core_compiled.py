@@ -342,13 +342,11 @@ CompiledAgainstPython.TestCase.settings = settings(max_examples=120, stateful_st
 TestCompiledAgainstPython = CompiledAgainstPython.TestCase
 
 
-def test_the_usual_last_answer_is_taken_by_the_compiled_twin():
-    """The case it exists for (a publisher settling first, every subscriber accepting and
-    settling its copy) is done without the Python method: with that method made to fail,
-    deliveries still complete, as the Python loop completes them; and again after the
-    settled memory's sweeps have moved on (the stream's memory is stamped with the sweep)."""
-    core = RouterCore(CoreSettings(router_id="A"), boot_id="b00t", epoch=1)
-    python = RouterCore(CoreSettings(router_id="A"), boot_id="b00t", epoch=1)
+def twin_cores(settings: CoreSettings):
+    """A core with the compiled twins and one without, and ``both(event, now)``: the event
+    to each, the same commands required; it returns the first core's."""
+    core = RouterCore(settings, boot_id="b00t", epoch=1)
+    python = RouterCore(settings, boot_id="b00t", epoch=1)
     compiled.uninstall(python)
 
     def both(event, now):
@@ -356,6 +354,15 @@ def test_the_usual_last_answer_is_taken_by_the_compiled_twin():
         assert commands_as_written(a) == commands_as_written(python.handle(event, now))
         return a
 
+    return core, python, both
+
+
+def test_the_usual_last_answer_is_taken_by_the_compiled_twin():
+    """The case it exists for (a publisher settling first, every subscriber accepting and
+    settling its copy) is done without the Python method: with that method made to fail,
+    deliveries still complete, as the Python loop completes them; and again after the
+    settled memory's sweeps have moved on (the stream's memory is stamped with the sweep)."""
+    core, python, both = twin_cores(CoreSettings(router_id="A"))
     both(LinkAttached(1, 1, "pub", "p", PUBLISHER, "t", snd_settle_mode=SND_MIXED, rcv_settle_mode=RCV_FIRST), 1.0)
     for link in (10, 11):
         both(LinkAttached(link, link, "sub", f"s{link}", SUBSCRIBER, "t", rcv_settle_mode=RCV_FIRST), 1.0)
@@ -393,16 +400,7 @@ def test_a_credit_check_that_grants_nothing_stays_compiled():
     twin knows that without credit.py's _refill_credit (made to fail here). Once the
     publisher has used half its window, or other topics wait for the router's room, the
     Python method decides, as it does for the Python core: the same grants, the same state."""
-    settings = CoreSettings(router_id="A", max_in_flight_per_topic=100, publisher_credit_window=10)
-    core = RouterCore(settings, boot_id="b00t", epoch=1)
-    python = RouterCore(settings, boot_id="b00t", epoch=1)
-    compiled.uninstall(python)
-
-    def both(event, now):
-        a = core.handle(event, now)
-        assert commands_as_written(a) == commands_as_written(python.handle(event, now))
-        return a
-
+    core, python, both = twin_cores(CoreSettings(router_id="A", max_in_flight_per_topic=100, publisher_credit_window=10))
     both(LinkAttached(1, 1, "pub", "p", PUBLISHER, "t", snd_settle_mode=SND_MIXED, rcv_settle_mode=RCV_FIRST), 1.0)
     both(LinkAttached(10, 10, "sub", "s10", SUBSCRIBER, "t", rcv_settle_mode=RCV_FIRST), 1.0)
     both(CreditChanged(10, 100, False), 1.0)
