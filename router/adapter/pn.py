@@ -22,13 +22,14 @@ _buffer = ffi.buffer
 # A delivery's address (as the compiled fast path gives it) as the cdata pointer the
 # engine calls take: equal to, and hashing as, the one proton's events give.
 _cast_delivery = partial(ffi.cast, ffi.typeof("pn_delivery_t *"))
-# The other way (the compiled fast path's send_outcome): a delivery's address, as int() reads it.
+# The other way: a delivery's address, as int() reads it.
 _delivery_address = partial(ffi.cast, ffi.typeof("uintptr_t"))
 
 
 def _address_of(d) -> int:
-    """A delivery's address: how the copies a link holds are kept (``Link.out``), so that
-    the compiled path, which has the address, needs no cdata to keep one."""
+    """A delivery's address: how the engine keeps the deliveries it holds (a link's copies,
+    ``Link.out``; a publisher's, ``_incoming``/``_handles``), so that the compiled path,
+    which has the address, needs no cdata to keep or find one."""
     return int(_delivery_address(d))
 
 
