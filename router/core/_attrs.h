@@ -27,7 +27,8 @@ static inline void set_slot(PyObject *o, Py_ssize_t offset, PyObject *value) {
  * class the twin does not bind), as Python does them, faster when the class keeps that
  * attribute in a plain slot: the slot's offset, found once per (class, name) through
  * the class's attribute lookup and remembered with the class's version tag (a class
- * changed since is looked up again), then read or written directly. Anything else (an
+ * changed since is looked up again), at the call site and in a cache they share, then
+ * read or written directly. Anything else (an
  * attribute in the instance's __dict__, a property, a class with its own
  * __getattribute__ or __setattr__, such as a frozen dataclass's) takes Python's own
  * path. ``name`` must be interned (the twins' names are). */
@@ -66,11 +67,31 @@ static Py_ssize_t slot_offset_of(PyTypeObject *type, PyObject *name) {
     return offset;
 }
 
+/* The offset of name in type through a call site's own entry (the global cache behind
+ * it): a hot site reads one class's attribute every time, so its check is a few
+ * compares, inlined, with no hashing and no other site's entry to collide with. */
+static inline Py_ssize_t site_offset_of(attr_entry *site, PyTypeObject *type, PyObject *name) {
+    if (site->type == type && site->name == name && site->version == type->tp_version_tag && site->version != 0)
+        return site->offset;
+    Py_ssize_t offset = slot_offset_of(type, name);
+    if (type->tp_version_tag != 0 && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        Py_INCREF(type);
+        Py_INCREF(name);
+        Py_XDECREF(site->type);
+        Py_XDECREF(site->name);
+        site->type = type;
+        site->name = name;
+        site->version = type->tp_version_tag;
+        site->offset = offset;
+    }
+    return offset;
+}
+
 /* getattr(o, name): a new reference, or NULL with the error Python raises. */
-static inline PyObject *get_attr(PyObject *o, PyObject *name) {
+static inline PyObject *get_attr_at(attr_entry *site, PyObject *o, PyObject *name) {
     PyTypeObject *type = Py_TYPE(o);
     if (type->tp_getattro == PyObject_GenericGetAttr) {
-        Py_ssize_t offset = slot_offset_of(type, name);
+        Py_ssize_t offset = site_offset_of(site, type, name);
         if (offset >= 0) {
             PyObject *value = SLOT(o, offset);
             if (value != NULL)
@@ -81,10 +102,10 @@ static inline PyObject *get_attr(PyObject *o, PyObject *name) {
 }
 
 /* setattr(o, name, value): 0, or -1 with the error Python raises. */
-static inline int set_attr(PyObject *o, PyObject *name, PyObject *value) {
+static inline int set_attr_at(attr_entry *site, PyObject *o, PyObject *name, PyObject *value) {
     PyTypeObject *type = Py_TYPE(o);
     if (type->tp_setattro == PyObject_GenericSetAttr) {
-        Py_ssize_t offset = slot_offset_of(type, name);
+        Py_ssize_t offset = site_offset_of(site, type, name);
         if (offset >= 0) {
             set_slot(o, offset, value);
             return 0;
@@ -92,5 +113,10 @@ static inline int set_attr(PyObject *o, PyObject *name, PyObject *value) {
     }
     return PyObject_SetAttr(o, name, value);
 }
+
+/* get_attr(o, name), set_attr(o, name, value): the two above, each call site with its
+ * own entry (a GNU C statement expression, which GCC and Clang both take). */
+#define get_attr(o, name) __extension__({ static attr_entry site_; get_attr_at(&site_, (o), (name)); })
+#define set_attr(o, name, value) __extension__({ static attr_entry site_; set_attr_at(&site_, (o), (name), (value)); })
 
 #endif
