@@ -34,6 +34,7 @@
 #include <sys/types.h> /* ssize_t */
 
 #include "../core/_attrs.h" /* get_attr, set_attr */
+#include "_jsonfields.h"      /* json_fields: a line's fields as orjson writes them */
 
 typedef struct { size_t size; const char *start; } pn_bytes_t; /* pn_delivery_tag_t */
 
@@ -75,6 +76,9 @@ static PyObject *small_name;         /* "_small": the engine's last payload know
 /* the engine's clock, and the event log's buffer state and methods (log_line) */
 static PyObject *now_name, *ts_name, *run_name, *pieces_name, *seq_name, *write_name, *close_run_name, *append_name,
     *piece_name;
+/* log_line's fields encoded here (json_fields) before they are copied into the line */
+static json_buf line_scratch;
+static int line_scratch_busy;
 
 
 static PyObject *bind(PyObject *self, PyObject *args)
@@ -627,12 +631,34 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     PyObject *result = NULL, *body = NULL, *run = NULL, *pieces = NULL, *piece = NULL, *seq = NULL, *next = NULL;
     PyObject *line = NULL, *write = NULL, *written = NULL;
-    body = PyObject_CallOneArg(dumps, fields); /* raises before anything is buffered, as append does */
-    if (!body)
-        goto done;
-    if (!PyBytes_Check(body) || PyBytes_GET_SIZE(body) < 2) {
-        PyErr_SetString(PyExc_TypeError, "log_line: the encoder gave no JSON object");
-        goto done;
+    /* The fields encoded first: an error raises before anything is buffered, as append
+     * does. The usual line's fields in C (the same bytes as the log's encoder, which
+     * writes any other), into the scratch buffer, held until the line is written: a
+     * log_line reached meanwhile (Python code runs when a run is closed or a kind's piece
+     * made) finds it busy and uses the encoder. */
+    const char *body_bytes = NULL;
+    Py_ssize_t body_len = 0;
+    int encoded = 0, holding = 0;
+    if (!line_scratch_busy) {
+        line_scratch.len = 0;
+        encoded = json_fields(&line_scratch, fields);
+        if (encoded < 0)
+            goto done;
+        holding = line_scratch_busy = encoded;
+    }
+    if (encoded) {
+        body_bytes = line_scratch.data;
+        body_len = line_scratch.len;
+    } else {
+        body = PyObject_CallOneArg(dumps, fields);
+        if (!body)
+            goto done;
+        if (!PyBytes_Check(body) || PyBytes_GET_SIZE(body) < 2) {
+            PyErr_SetString(PyExc_TypeError, "log_line: the encoder gave no JSON object");
+            goto done;
+        }
+        body_bytes = PyBytes_AS_STRING(body);
+        body_len = PyBytes_GET_SIZE(body);
     }
     run = get_attr(eventlog, run_name);
     int open_run = run ? PyObject_IsTrue(run) : -1;
@@ -681,14 +707,14 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     char head[32];
     int nh = seq_head(head, n);
-    Py_ssize_t np = PyBytes_GET_SIZE(piece), nb = PyBytes_GET_SIZE(body) - 1;
+    Py_ssize_t np = PyBytes_GET_SIZE(piece), nb = body_len - 1;
     line = PyBytes_FromStringAndSize(NULL, nh + np + nb + 1);
     if (!line)
         goto done;
     char *o = PyBytes_AS_STRING(line);
     memcpy(o, head, (size_t)nh);
     memcpy(o + nh, PyBytes_AS_STRING(piece), (size_t)np);
-    memcpy(o + nh + np, PyBytes_AS_STRING(body) + 1, (size_t)nb);
+    memcpy(o + nh + np, body_bytes + 1, (size_t)nb);
     o[nh + np + nb] = '\n';
     write = get_attr(eventlog, write_name);
     written = write ? PyObject_CallOneArg(write, line) : NULL;
@@ -696,6 +722,8 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
         goto done;
     result = Py_NewRef(Py_None);
 done:
+    if (holding)
+        line_scratch_busy = 0;
     Py_DECREF(now);
     Py_XDECREF(body);
     Py_XDECREF(run);
@@ -706,6 +734,18 @@ done:
     Py_XDECREF(line);
     Py_XDECREF(write);
     Py_XDECREF(written);
+    return result;
+}
+
+/* encode_fields(fields): what log_line writes of a line's fields when it encodes them
+ * itself (bytes, as orjson.dumps gives them), or None where it leaves them to the log's
+ * encoder. For the tests that hold the two to the same bytes. */
+static PyObject *encode_fields(PyObject *self, PyObject *fields)
+{
+    json_buf b = {NULL, 0, 0};
+    int r = json_fields(&b, fields);
+    PyObject *result = r < 0 ? NULL : r == 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(b.data, b.len);
+    PyMem_Free(b.data);
     return result;
 }
 
@@ -902,6 +942,8 @@ static PyMethodDef methods[] = {
      "publishers' new whole messages at the head of the collector."},
     {"forward", (PyCFunction)(void (*)(void))forward, METH_FASTCALL,
      "forward(state, cmd): Engine.CORE_forward for a small message (see engine.py)."},
+    {"encode_fields", (PyCFunction)encode_fields, METH_O,
+     "encode_fields(fields): bytes as orjson.dumps(fields) gives them, or None: not encoded here (tests)."},
     {"log_line", (PyCFunction)(void (*)(void))log_line, METH_FASTCALL,
      "log_line(state, cmd): Engine.CORE_log with EventLog.append inlined (see engine.py)."},
     {"deliver_messages", (PyCFunction)(void (*)(void))deliver_messages, METH_FASTCALL,

@@ -568,9 +568,13 @@ def test_an_extension_built_from_an_older_source_leaves_the_router_on_the_python
 
 KINDS = ("received", "completed", "pub-outcome", "forwarded", "link-attached")  # link-attached: counted by CORE_log
 
+ODD_VALUES = ("plain", None, True, -7, 2**63 - 1, 2**64 - 1, 1.5, "é", 'q"', "a\\b", "\n", {"k": 1}, [["x"]], ("t", 1))
+
 writing = st.lists(
     st.one_of(
-        st.tuples(st.just("line"), st.sampled_from(KINDS), st.integers(0, 3)),
+        # (a field the compiled encoder writes itself, or one it leaves to orjson: a float, a
+        # string to escape or not ASCII, an int past 64 bits, a nested dict)
+        st.tuples(st.just("line"), st.sampled_from(KINDS), st.integers(0, 3), st.sampled_from(ODD_VALUES)),
         st.tuples(st.just("sub-outcome"), st.sampled_from(["s1", "s2"]), st.booleans()),
         st.tuples(st.just("sub-outcomes"), st.sampled_from(["s1", "s2"]), st.integers(1, 3)),
         st.tuples(st.just("tick")),
@@ -606,7 +610,7 @@ def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], d
                 continue
             n += 1
             if step[0] == "line":
-                fields: dict = {"delivery": f"{n:04x}", "n": step[2], "owed": ["a/b"] * step[2]}
+                fields: dict = {"delivery": f"{n:04x}", "n": step[2], "owed": ["a/b"] * step[2], "x": step[3]}
                 if step[1] == "link-attached":
                     fields = {"role": "publisher", "container": "c", "name": f"l{n}"}
                 command = Log(step[1], fields)
@@ -648,8 +652,8 @@ def test_the_compiled_path_appends_the_usual_lines_itself(tmp_path, monkeypatch)
         return python_method(self, cmd)
 
     monkeypatch.setattr(Engine, "CORE_log", counted)
-    script = [("line", "received", 1), ("tick",), ("line", "received", 2), ("line", "completed", 0)]
-    script += [("line", "link-attached", 0), ("sub-outcome", "s1", True), ("line", "completed", 1)]
+    script = [("line", "received", 1, "x"), ("tick",), ("line", "received", 2, 1.5), ("line", "completed", 0, "é")]
+    script += [("line", "link-attached", 0, None), ("sub-outcome", "s1", True), ("line", "completed", 1, "x")]
     lines, happenings = write_lines(script, tmp_path, compiled=True)
     # each "received" is the first line at its timestamp (router-started's was another)
     assert python_logged == ["received", "received", "link-attached"]
