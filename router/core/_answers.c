@@ -268,7 +268,8 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
     ((unsigned char *)PyByteArray_AS_STRING(answers))[i] = settled_true ? answer_done : answer_accepted;
     set_slot(record, rec_waiting, zero);
     set_slot(record, rec_outcome, OutcomeAccepted);
-    PyObject *fields = PyDict_New();
+    /* sized for the two fields the settlement adds (by, deleted): no resize on the way */
+    PyObject *fields = _PyDict_NewPresized(7);
     if (fields == NULL)
         return -1;
     if (PyDict_SetItem(fields, k_delivery, SLOT(record, rec_delivery_id)) < 0 ||
