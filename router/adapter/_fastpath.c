@@ -74,6 +74,7 @@ static PyObject *dead_name;          /* "dead": a connection that ended */
 static PyObject *last_handle_name;   /* "_last_handle": the engine's last incoming delivery handle */
 static PyObject *small_name;         /* "_small": the engine's last payload known to be small */
 /* the engine's clock, and the event log's buffer state and methods (log_line) */
+static PyObject *append_sub_outcomes_name; /* "append_sub_outcomes": the event log's run of sub-outcome lines */
 static PyObject *now_name, *ts_name, *run_name, *pieces_name, *seq_name, *write_name, *close_run_name, *append_name,
     *piece_name;
 /* log_line's fields encoded here (json_fields) before they are copied into the line */
@@ -749,6 +750,95 @@ static PyObject *encode_fields(PyObject *self, PyObject *fields)
     return result;
 }
 
+/* Engine.execute(commands) for a list: each command by the engine's command table
+ * (``handlers``, class -> callable; its compiled entries are C calls), in order, the
+ * last payload known to be small forgotten first. 0, or -1 with the error set (an
+ * unknown command is a TypeError, as execute() raises). */
+static int execute_commands(PyObject *engine, PyObject *commands, PyObject *handlers)
+{
+    if (PyList_GET_SIZE(commands) == 0)
+        return 0;
+    if (set_attr(engine, small_name, Py_None) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(commands); i++) {
+        PyObject *cmd = PyList_GET_ITEM(commands, i);
+        PyObject *handler = PyDict_GetItemWithError(handlers, (PyObject *)Py_TYPE(cmd)); /* borrowed */
+        if (!handler) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "unknown core command %R", cmd);
+            return -1;
+        }
+        Py_INCREF(cmd);
+        PyObject *r = PyObject_CallOneArg(handler, cmd);
+        Py_DECREF(cmd);
+        if (!r)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* deliver_answers(state, items, conn): Engine._accepted_batch, the subscribers' accepted
+ * answers take_accepted read (``link_id, tag, settled`` each, all of ``conn``) to the
+ * core in one call and its commands carried out: a lone SubOutcomes (the usual answer at
+ * K > 1) as the event log's run of sub-outcome lines, anything else by the command
+ * table. ``state`` is (engine, accepted_batch, eventlog, SubOutcomes, command_handlers,
+ * failed): the core's accepted_batch(items, now, out), and the engine's method for an
+ * error from it (``failed(out, exc, conn)``: what came before carried out, logged, the
+ * connection closed). ``items`` is left as it was. */
+static PyObject *deliver_answers(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "deliver_answers(state, items, conn): a 6-tuple, a list, a Conn");
+        return NULL;
+    }
+    PyObject *state = args[0], *items = args[1], *conn = args[2];
+    PyObject *engine = PyTuple_GET_ITEM(state, 0), *accepted_batch = PyTuple_GET_ITEM(state, 1);
+    PyObject *eventlog = PyTuple_GET_ITEM(state, 2), *sub_outcomes_type = PyTuple_GET_ITEM(state, 3);
+    PyObject *handlers = PyTuple_GET_ITEM(state, 4), *failed = PyTuple_GET_ITEM(state, 5);
+    if (!PyDict_Check(handlers)) {
+        PyErr_SetString(PyExc_TypeError, "deliver_answers: the command table is not a dict");
+        return NULL;
+    }
+    PyObject *result = NULL, *answered = NULL;
+    PyObject *out = PyList_New(0);
+    PyObject *now = out ? get_attr(engine, now_name) : NULL;
+    if (!now)
+        goto done;
+    PyObject *call_args[3] = {items, now, out};
+    answered = PyObject_Vectorcall(accepted_batch, call_args, 3, NULL);
+    if (!answered) {
+        PyObject *type, *err, *tb;
+        PyErr_Fetch(&type, &err, &tb);
+        PyErr_NormalizeException(&type, &err, &tb);
+        if (tb)
+            PyException_SetTraceback(err, tb);
+        result = PyObject_CallFunctionObjArgs(failed, out, err, conn, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(err);
+        Py_XDECREF(tb);
+        goto done;
+    }
+    if (PyList_GET_SIZE(out) == 1 && Py_TYPE(PyList_GET_ITEM(out, 0)) == (PyTypeObject *)sub_outcomes_type
+        && PyTuple_Check(PyList_GET_ITEM(out, 0)) && PyTuple_GET_SIZE(PyList_GET_ITEM(out, 0)) == 4) {
+        /* eventlog.append_sub_outcomes(now, deliveries, subscriber, outcome, settled) */
+        PyObject *cmd = PyList_GET_ITEM(out, 0);
+        PyObject *method_args[6] = {eventlog, now, PyTuple_GET_ITEM(cmd, 0), PyTuple_GET_ITEM(cmd, 1),
+                                    PyTuple_GET_ITEM(cmd, 2), PyTuple_GET_ITEM(cmd, 3)};
+        result = PyObject_VectorcallMethod(append_sub_outcomes_name, method_args, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                           NULL);
+        goto done;
+    }
+    if (execute_commands(engine, out, handlers) < 0)
+        goto done;
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(now);
+    Py_XDECREF(answered);
+    return result;
+}
+
 /* One message to the core and its commands executed (Engine.dispatch and
  * Engine.execute): 0, or -1 with the error set that the caller's ``failed`` hears of.
  * A ProtocolError from the core is answered on the link (``refused``), as dispatch()
@@ -781,26 +871,8 @@ static int dispatch_message(PyObject *engine, PyObject *event, PyObject *link, P
     if (!PyList_Check(commands)) {
         PyErr_SetString(PyExc_TypeError, "the core's handle_message gave no list");
         result = -1;
-    } else if (PyList_GET_SIZE(commands) > 0) {
-        /* execute(): the last payload known to be small is forgotten first */
-        if (set_attr(engine, small_name, Py_None) < 0)
-            result = -1;
-        for (Py_ssize_t i = 0; result == 0 && i < PyList_GET_SIZE(commands); i++) {
-            PyObject *cmd = PyList_GET_ITEM(commands, i);
-            PyObject *handler = PyDict_GetItemWithError(handlers, (PyObject *)Py_TYPE(cmd)); /* borrowed */
-            if (!handler) {
-                if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_TypeError, "unknown core command %R", cmd);
-                result = -1;
-                break;
-            }
-            Py_INCREF(cmd);
-            PyObject *r = PyObject_CallOneArg(handler, cmd);
-            Py_DECREF(cmd);
-            Py_XDECREF(r);
-            if (!r)
-                result = -1;
-        }
+    } else {
+        result = execute_commands(engine, commands, handlers);
     }
     Py_DECREF(commands);
     return result;
@@ -946,6 +1018,8 @@ static PyMethodDef methods[] = {
      "encode_fields(fields): bytes as orjson.dumps(fields) gives them, or None: not encoded here (tests)."},
     {"log_line", (PyCFunction)(void (*)(void))log_line, METH_FASTCALL,
      "log_line(state, cmd): Engine.CORE_log with EventLog.append inlined (see engine.py)."},
+    {"deliver_answers", (PyCFunction)(void (*)(void))deliver_answers, METH_FASTCALL,
+     "deliver_answers(state, items, conn): Engine._accepted_batch with execute (see engine.py)."},
     {"deliver_messages", (PyCFunction)(void (*)(void))deliver_messages, METH_FASTCALL,
      "deliver_messages(state, items, conn): Engine._messages_batch with dispatch and execute (see engine.py)."},
     {"send_outcome", (PyCFunction)(void (*)(void))send_outcome, METH_FASTCALL,
@@ -983,7 +1057,8 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     dead_name = PyUnicode_InternFromString("dead");
     last_handle_name = PyUnicode_InternFromString("_last_handle");
     small_name = PyUnicode_InternFromString("_small");
-    if (!dead_name || !last_handle_name || !small_name || !one || !out_name || !core_attached_name || !rx_d_name || !max_size_name || !streams_name || !ptr_address_name
+    append_sub_outcomes_name = PyUnicode_InternFromString("append_sub_outcomes");
+    if (!append_sub_outcomes_name || !dead_name || !last_handle_name || !small_name || !one || !out_name || !core_attached_name || !rx_d_name || !max_size_name || !streams_name || !ptr_address_name
         || !address_name || !conn_name || !now_name || !ts_name || !run_name || !pieces_name || !seq_name || !write_name
         || !close_run_name || !append_name || !piece_name)
         return NULL;

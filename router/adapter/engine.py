@@ -214,6 +214,12 @@ class Engine:
                 ProtocolError,
             )
         )
+        # Subscribers' accepted answers (take_accepted's) to the core and its commands
+        # carried out by the compiled path, when built (its twin: _accepted_batch).
+        core_accepted_batch = getattr(core, "accepted_batch", None)
+        self._deliver_answers = core_accepted_batch and fastpath.answer_deliverer(
+            (self, core_accepted_batch, eventlog, SubOutcomes, self._command_handlers, self._answers_failed)
+        )
         self.management: Management | None = None  # the $management node (management.py), set by the Server
         self.policy: Policy | None = None  # the config's [policy] (router/policy.py), set by the Server
         self.connections_of: dict[str, int] = {}  # user -> open client connections (the policy's limit)
@@ -252,6 +258,7 @@ class Engine:
         # and alternating them evicted each other's code from the CPU's caches
         # (docs/benchmarks.md, "Batching by phase").
         accepted: list = []
+        answer = self._deliver_answers or self._accepted_batch  # (the compiled twin when built)
         # The usual one (accepted and settled at once) in one compiled call per run of
         # them, when built (fastpath.py); what it leaves at the head, the loop below.
         take_accepted = fastpath.take_accepted
@@ -272,7 +279,7 @@ class Engine:
                     break  # the dispositions it consumed before failing still go to the core, below
                 if took:  # to the core after the dispositions that came before them
                     if accepted:
-                        self._accepted_batch(accepted, conn)
+                        answer(accepted, conn)
                         accepted = []
                     self._messages_batch(messages, conn)
                     continue
@@ -308,7 +315,7 @@ class Engine:
                             continue
                         copy = (tag, state, settled, held)
             if accepted:  # in order: what came before this event first
-                self._accepted_batch(accepted, conn)
+                answer(accepted, conn)
                 accepted = []
                 if conn.dead:
                     break
@@ -333,7 +340,7 @@ class Engine:
                 self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
             _collector_pop(collector)
         if accepted:
-            self._accepted_batch(accepted, conn)
+            answer(accepted, conn)
 
     def _event_table(self) -> dict:
         """The engine events other than a delivery's, each to its ``AMQP_*`` method
@@ -472,17 +479,7 @@ class Engine:
         try:
             self.core.accepted_batch(items, self.now, out)
         except Exception as exc:
-            if out:
-                self.execute(out)
-            condition = exc.condition if isinstance(exc, ProtocolError) else INTERNAL_ERROR
-            log.log(
-                logging.INFO if isinstance(exc, ProtocolError) else logging.ERROR,
-                "connection %d (%s): error handling accepted dispositions",
-                conn.conn_id,
-                conn.peer,
-                exc_info=True,
-            )
-            self.close_connection(conn, condition, f"{type(exc).__name__}: {exc}"[:200])
+            self._answers_failed(out, exc, conn)
             return
         if len(out) == 1:
             cmd = out[0]
@@ -491,6 +488,22 @@ class Engine:
                 return
         if out:
             self.execute(out)
+
+    def _answers_failed(self, out: list, exc: Exception, conn: Conn) -> None:
+        """The core's accepted_batch raised ``exc`` after adding ``out``: those commands
+        are carried out, the error logged, and the connection the answers came from
+        closed (a ProtocolError with its condition, anything else as an internal error)."""
+        if out:
+            self.execute(out)
+        condition = exc.condition if isinstance(exc, ProtocolError) else INTERNAL_ERROR
+        log.log(
+            logging.INFO if isinstance(exc, ProtocolError) else logging.ERROR,
+            "connection %d (%s): error handling accepted dispositions",
+            conn.conn_id,
+            conn.peer,
+            exc_info=exc,
+        )
+        self.close_connection(conn, condition, f"{type(exc).__name__}: {exc}"[:200])
 
     def AMQP_delivery(self, d, conn: Conn, link: Link | None) -> None:
         """A delivery event that is not news on a copy we hold (drain() handles those):

@@ -3,9 +3,9 @@ whole messages, the copies it sends and publishers' outcomes: compiled or Python
 
 ``router/adapter/_fastpath.c`` (built by ``pip install``, optional) consumes a run of
 "accepted + settled" disposition events, or of publishers' messages that arrived whole,
-in one call, gives those messages to the core and executes its commands, sends a small
+in one call, gives those messages and answers to the core and executes its commands, sends a small
 message's copy and a publisher's accepted outcome, and appends an event-log line;
-``engine.Engine.drain``, ``Engine._messages_batch``, ``Engine.CORE_forward``,
+``engine.Engine.drain``, ``Engine._messages_batch``, ``Engine._accepted_batch``, ``Engine.CORE_forward``,
 ``Engine.CORE_send_outcome`` and ``Engine.CORE_log`` do the same in Python when it is
 absent or switched off. The
 two must agree on every event: tests/integration/test_engine_batching.py and
@@ -36,12 +36,14 @@ _forward: Callable[..., None] | None = None  # forward(state, cmd): see forwarde
 _send_outcome: Callable[..., None] | None = None  # send_outcome(state, cmd): see outcome_sender()
 _log_line: Callable[..., None] | None = None  # log_line(state, cmd): see log_writer()
 _deliver_messages: Callable[..., None] | None = None  # deliver_messages(state, items, conn): see message_deliverer()
+_deliver_answers: Callable[..., None] | None = None  # deliver_answers(state, items, conn): see answer_deliverer()
 _set_link_id = None
 status = "python"  # what this process uses, for the startup log and the benchmark
 
 
 def _load() -> None:
-    global take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _set_link_id, status
+    global take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers
+    global _set_link_id, status
     if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
         status = f"python ({ENV}=0)"
         return
@@ -65,11 +67,12 @@ def _load() -> None:
             _fastpath.send_outcome,
             _fastpath.log_line,
             _fastpath.deliver_messages,
+            _fastpath.deliver_answers,
         )
     except (ImportError, AttributeError) as exc:
         status = f"python (compiled fast path unusable: {exc})"
         return
-    take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages = compiled
+    take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers = compiled
     _set_link_id = _fastpath.set_link_id
     status = "compiled"
 
@@ -106,6 +109,13 @@ def message_deliverer(state: tuple) -> Callable[[list, Any], None] | None:
     handle_message, the command table, the engine's ``_refused`` and
     ``_message_failed``, ProtocolError), or None when the compiled path is not in use."""
     return partial(_deliver_messages, state) if _deliver_messages is not None else None
+
+
+def answer_deliverer(state: tuple) -> Callable[[list, Any], None] | None:
+    """Engine._accepted_batch's compiled twin (with execute) bound to ``state`` (the
+    engine, the core's accepted_batch, the event log, SubOutcomes, the command table, the
+    engine's ``_answers_failed``), or None when the compiled path is not in use."""
+    return partial(_deliver_answers, state) if _deliver_answers is not None else None
 
 
 def mark_link(ptr, link_id: int) -> None:

@@ -25,7 +25,7 @@ TAGS = (b"t1", b"t2", b"t3")
 def path(request, monkeypatch):
     """Every test on both of the adapter's paths for accepted dispositions (fastpath.py)."""
     if request.param == "python":
-        for name in ("take_accepted", "take_messages", "_forward"):
+        for name in ("take_accepted", "take_messages", "_forward", "_deliver_answers"):
             monkeypatch.setattr(fastpath, name, None)
     elif fastpath.take_accepted is None:
         pytest.skip(f"compiled fast path not in use: {fastpath.status}")

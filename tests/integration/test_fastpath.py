@@ -23,7 +23,7 @@ from test_interrouter_flow import FakeLog, _conn, _socks
 
 from router.adapter import fastpath
 from router.adapter.engine import Engine
-from router.core.commands import DetachLink, Forward, GrantCredit, OpenLink, SendOutcome, SettleOutgoing
+from router.core.commands import DetachLink, Forward, GrantCredit, Log, OpenLink, SendOutcome, SettleOutgoing, SubOutcomes
 from router.core.errors import ProtocolError
 from router.core.events import LinkAttached, MessageReceived, MessageTooLarge, OutcomeReceived
 
@@ -103,7 +103,7 @@ steps = st.lists(
 )
 
 
-COMPILED = ("take_accepted", "take_messages", "_forward", "_send_outcome", "_log_line", "_deliver_messages")
+COMPILED = ("take_accepted", "take_messages", "_forward", "_send_outcome", "_log_line", "_deliver_messages", "_deliver_answers")
 
 
 @contextmanager
@@ -206,6 +206,140 @@ def test_the_compiled_path_takes_the_usual_answers_and_leaves_the_rest():
         ("accepted_batch", [(link_id, b"L0-1", False), (link_id, b"L0-3", True), (link_id, b"L0-4", True)]),
     ]
     assert counts["outgoing"] == 0  # L0-1 settled by our SettleOutgoing, the rest by the subscriber
+
+
+# ------------------------------------------------------------------ the answers' commands
+
+
+class AnswersCore(ScriptedCore):
+    """ScriptedCore whose accepted_batch answers batch n with ``responses[n % len]``:
+    what the real core gives (a lone SubOutcomes run, log lines, settlements) and what
+    it must never give unnoticed (an error after some commands, a ProtocolError, an
+    unknown command)."""
+
+    def __init__(self, per_link: int, responses: list):
+        super().__init__(per_link, frozenset())
+        self.responses = responses
+        self.batches = 0
+
+    def accepted_batch(self, items, now, out):
+        triples = [tuple(items[i : i + 3]) for i in range(0, len(items), 3)]
+        self.calls.append(("accepted_batch", triples))
+        response = self.responses[self.batches % len(self.responses)]
+        self.batches += 1
+        ids = [tag.decode() for _, tag, _ in triples]
+        for what in response:
+            if what == "run":
+                out.append(SubOutcomes(ids, "sub/a", "accepted", True))
+            elif what == "line":
+                out.append(Log("pub-outcome", {"delivery": ids[0], "outcome": "accepted"}))
+            elif what == "settle":
+                out.append(SettleOutgoing(triples[0][0], triples[0][1]))
+            elif what == "unknown":
+                out.append(("not", "a", "command"))
+            elif what == "protocol":
+                raise ProtocolError("amqp:not-allowed", "scripted refusal")
+            else:
+                raise RuntimeError("scripted failure")
+
+
+responses = st.lists(
+    st.lists(st.sampled_from(["run", "run", "line", "settle", "unknown", "protocol", "fail"]), max_size=3),
+    min_size=1,
+    max_size=4,
+)
+
+
+def answer_play(script: list, links: int, per_link: int, response_list: list, directory, compiled: bool):
+    """The subscriber's script played against an Engine with a real EventLog: what the
+    core heard, the log's lines after router-started (boot id made constant), what
+    happened to the connection, and the adapter's maps."""
+    from router.eventlog import EventLog
+
+    with on_path(compiled, "take_accepted"):
+        core = AnswersCore(per_link, response_list)
+        log = EventLog(directory, "R")
+        engine = Engine(core, log, max_message_size=1 << 20)
+        engine.now = 100.0
+        conn = _conn(True, "router")
+        client = Subscriber(links)
+        serve(engine, conn, client)
+        error = None
+        for step in script:
+            try:
+                if step[0] == "read":
+                    serve(engine, conn, client)
+                elif step[0] == "act":
+                    _, index, i, action = step
+                    index %= links
+                    tag = f"L{index}-{i % per_link}".encode()
+                    d = client.deliveries.get(tag)
+                    if d is None:
+                        continue
+                    outcome, settle = ACTIONS[action]
+                    if outcome is not None:
+                        lib.pn_delivery_update(d, outcome)
+                    if settle:
+                        lib.pn_delivery_settle(d)
+                        del client.deliveries[tag]
+            except TypeError as exc:  # an unknown command stops the loop on either path
+                error = str(exc)
+                break
+        log.flush()
+        lines = log.path.read_bytes().splitlines()[1:]
+        boot = log.boot_id.encode()
+        log.close()
+        condition = lib.pn_connection_remote_condition(client.connection)
+        name = lib.pn_condition_get_name(condition)
+        closed = ffi.string(name).decode() if name != ffi.NULL else None
+        calls = [c._replace(conn_id=0) if hasattr(c, "conn_id") else c for c in core.calls]
+        return calls, [line.replace(boot, b"B") for line in lines], closed, error, engine.counts()
+
+
+@compiled_only
+@settings(max_examples=100, deadline=None)
+@given(
+    script=st.lists(
+        st.one_of(
+            st.tuples(st.just("act"), st.integers(0, 1), st.integers(0, 4), st.sampled_from(["accept+settle", "accept"])),
+            st.tuples(st.just("read")),
+        ),
+        max_size=30,
+    ),
+    links=st.integers(1, 2),
+    per_link=st.integers(1, 5),
+    response_list=responses,
+)
+def test_the_compiled_path_carries_out_the_answers_commands_as_the_python_path(
+    script, links, per_link, response_list, tmp_path_factory
+):
+    """The core's commands for a batch of accepted answers (a lone run of sub-outcomes,
+    log lines, settlements), and its failures (an error after some commands, a
+    ProtocolError, an unknown command): the same calls, the same log bytes, the same
+    end of the connection, the same copies held, on both paths."""
+    compiled = answer_play(script, links, per_link, response_list, tmp_path_factory.mktemp("c"), compiled=True)
+    python = answer_play(script, links, per_link, response_list, tmp_path_factory.mktemp("p"), compiled=False)
+    assert compiled == python
+
+
+@compiled_only
+def test_the_compiled_path_carries_out_answers_itself():
+    """With the compiled path, the answers' batch never enters Engine._accepted_batch."""
+    import tempfile
+
+    called = []
+    original = Engine._accepted_batch
+    Engine._accepted_batch = lambda self, items, conn: called.append(items) or original(self, items, conn)
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            calls, lines, closed, error, counts = answer_play(
+                [("act", 0, 0, "accept+settle"), ("act", 0, 1, "accept+settle"), ("read",)], 1, 2, [["run"]], directory, True
+            )
+    finally:
+        Engine._accepted_batch = original
+    assert called == []
+    assert [line.split(b'"event":')[1][:14] for line in lines] == [b'"sub-outcomes"']
+    assert closed is None and error is None and counts["outgoing"] == 0
 
 
 # ------------------------------------------------------------------ real router processes
