@@ -572,25 +572,12 @@ done:
     return result;
 }
 
-/* '{"seq":<n>' into head (at least 27 bytes), as "%lld" writes n; its length. (snprintf's
- * format parsing cost ~600 instructions per line.) */
+/* '{"seq":<n>' into head (at least 27 bytes), as "%lld" writes n; its length. */
 static int seq_head(char *head, long long n)
 {
     static const char prefix[] = "{\"seq\":";
     memcpy(head, prefix, sizeof prefix - 1);
-    int len = (int)sizeof prefix - 1;
-    unsigned long long v = n < 0 ? 0ULL - (unsigned long long)n : (unsigned long long)n;
-    char digits[20];
-    int nd = 0;
-    do {
-        digits[nd++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    if (n < 0)
-        head[len++] = '-';
-    while (nd)
-        head[len++] = digits[--nd];
-    return len;
+    return (int)sizeof prefix - 1 + json_decimal(head + sizeof prefix - 1, n);
 }
 
 /* log_line(state, cmd): Engine.CORE_log for a line of a kind operators do not count,

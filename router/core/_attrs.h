@@ -44,6 +44,21 @@ typedef struct {
 
 static attr_entry attr_cache[ATTR_CACHE_SIZE];
 
+/* What entry ``e`` knows from now on, when the class has a valid version tag to check it
+ * by (a class without one is looked up every time). */
+static void remember(attr_entry *e, PyTypeObject *type, PyObject *name, Py_ssize_t offset) {
+    if (type->tp_version_tag == 0 || !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return;
+    Py_INCREF(type);
+    Py_INCREF(name);
+    Py_XDECREF(e->type);
+    Py_XDECREF(e->name);
+    e->type = type;
+    e->name = name;
+    e->version = type->tp_version_tag;
+    e->offset = offset;
+}
+
 static Py_ssize_t slot_offset_of(PyTypeObject *type, PyObject *name) {
     attr_entry *e = &attr_cache[(((uintptr_t)type >> 4) ^ ((uintptr_t)name >> 4)) & (ATTR_CACHE_SIZE - 1)];
     if (e->type == type && e->name == name && e->version == type->tp_version_tag && e->version != 0)
@@ -54,16 +69,7 @@ static Py_ssize_t slot_offset_of(PyTypeObject *type, PyObject *name) {
         ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
         !(((PyMemberDescrObject *)descr)->d_member->flags & READONLY))
         offset = ((PyMemberDescrObject *)descr)->d_member->offset;
-    if (type->tp_version_tag != 0 && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        Py_INCREF(type);
-        Py_INCREF(name);
-        Py_XDECREF(e->type);
-        Py_XDECREF(e->name);
-        e->type = type;
-        e->name = name;
-        e->version = type->tp_version_tag;
-        e->offset = offset;
-    }
+    remember(e, type, name, offset);
     return offset;
 }
 
@@ -74,16 +80,7 @@ static inline Py_ssize_t site_offset_of(attr_entry *site, PyTypeObject *type, Py
     if (site->type == type && site->name == name && site->version == type->tp_version_tag && site->version != 0)
         return site->offset;
     Py_ssize_t offset = slot_offset_of(type, name);
-    if (type->tp_version_tag != 0 && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        Py_INCREF(type);
-        Py_INCREF(name);
-        Py_XDECREF(site->type);
-        Py_XDECREF(site->name);
-        site->type = type;
-        site->name = name;
-        site->version = type->tp_version_tag;
-        site->offset = offset;
-    }
+    remember(site, type, name, offset);
     return offset;
 }
 

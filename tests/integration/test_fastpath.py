@@ -132,6 +132,23 @@ def on_path(compiled: bool, counted: str):
             _socks.pop().close()
 
 
+def act(client: Subscriber, step: tuple, links: int, per_link: int) -> None:
+    """The subscriber does ``step``'s action with one of its deliveries (none when it
+    settled that one already, proton may have freed it, or its link is gone)."""
+    _, index, i, action = step
+    index %= links
+    tag = f"L{index}-{i % per_link}".encode()
+    d = client.deliveries.get(tag)
+    if d is None or index in client.closed:
+        return
+    outcome, settle = ACTIONS[action]
+    if outcome is not None:
+        lib.pn_delivery_update(d, outcome)
+    if settle:
+        lib.pn_delivery_settle(d)
+        del client.deliveries[tag]
+
+
 def play(script: list, links: int, per_link: int, settle_back: frozenset, compiled: bool):
     with on_path(compiled, "take_accepted") as taken:
         core = ScriptedCore(per_link, settle_back)
@@ -149,18 +166,7 @@ def play(script: list, links: int, per_link: int, settle_back: frozenset, compil
                     client.closed.add(index)
                     lib.pn_link_close(client.links[index])
             else:
-                _, index, i, action = step
-                index %= links
-                tag = f"L{index}-{i % per_link}".encode()
-                d = client.deliveries.get(tag)
-                if d is None or index in client.closed:
-                    continue  # settled by us already (proton may have freed it), or its link is gone
-                outcome, settle = ACTIONS[action]
-                if outcome is not None:
-                    lib.pn_delivery_update(d, outcome)
-                if settle:
-                    lib.pn_delivery_settle(d)
-                    del client.deliveries[tag]
+                act(client, step, links, per_link)
         serve(engine, conn, client)
         # The connection's id is a process-wide counter: the one difference between two plays.
         calls = [c._replace(conn_id=0) if hasattr(c, "conn_id") else c for c in core.calls]
@@ -270,18 +276,7 @@ def answer_play(script: list, links: int, per_link: int, response_list: list, di
                 if step[0] == "read":
                     serve(engine, conn, client)
                 elif step[0] == "act":
-                    _, index, i, action = step
-                    index %= links
-                    tag = f"L{index}-{i % per_link}".encode()
-                    d = client.deliveries.get(tag)
-                    if d is None:
-                        continue
-                    outcome, settle = ACTIONS[action]
-                    if outcome is not None:
-                        lib.pn_delivery_update(d, outcome)
-                    if settle:
-                        lib.pn_delivery_settle(d)
-                        del client.deliveries[tag]
+                    act(client, step, links, per_link)
             except TypeError as exc:  # an unknown command stops the loop on either path
                 error = str(exc)
                 break
