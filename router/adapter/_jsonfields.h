@@ -70,9 +70,10 @@ typedef struct {
 
 static json_str_entry json_str_cache[JSON_STR_CACHE];
 
-/* A str as a JSON string: 1 written, 0 not mine (nothing written), -1 error. Checked
- * and copied in the same pass, a word at a time (libc's memcpy per string cost more
- * than the copying: the strings are short). */
+/* A str as a JSON string: 1 written, 0 not mine (nothing written), -1 error. A string
+ * met before comes from its cache entry in one fixed-size copy; a new one is checked and
+ * copied in the same pass, eight bytes at a time (a copy and a scan per string through
+ * libc cost more than the work itself: the strings are short). */
 static int json_str_new(json_buf *b, PyObject *s, json_str_entry *e);
 
 static inline int json_str(json_buf *b, PyObject *s)
