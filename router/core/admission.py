@@ -527,6 +527,8 @@ class AdmissionMixin(CoreState):
         link_id: int = sub.link_id  # type: ignore[assignment]
         while queue and sub.credit > 0:
             record = queue.popleft()
+            if record.answers is not None and self._send_compact(sub, link_id, record, out):
+                continue
             state = record.subscribers.get(key)
             if state is None or state.sent or record.payload is None:
                 continue
@@ -544,6 +546,34 @@ class AdmissionMixin(CoreState):
             sub.credit = 0
             sub.drain = False
             out.append(Drained(link_id))
+
+    def _send_compact(self, sub: Subscription, link_id: int, record: DeliveryRecord, out: list[Command]) -> bool:
+        """_pump's send of a queued copy that leaves a compact record compact (records.py),
+        for its usual case: not sent yet, not answered, the subscription's link the one
+        the record's roster names, its publisher not settled, no placeholder here. Its
+        answer byte then says "in doubt, sent at ``sent_at``", though this copy goes out
+        at a later count: that count is only ever compared with the counts of the
+        settlements relayed to the subscriber (the evidence rule, settlement.py), and
+        when none of those lies between the two the comparisons come out the same. Any
+        other case: False, for the general path (which expands the record). Expanding
+        every queued record gave each copy's answer the slow path: a subscriber whose
+        credit ran out made exactly-once ~3.6x best-effort's work per message at K=16."""
+        roster = record.roster
+        i = roster.index.get(sub.key)  # type: ignore[union-attr]  # compact: its roster is set
+        if i is None or record.payload is None or record.pub_settled or sub.placeholders:
+            return False
+        answers: bytearray = record.answers  # type: ignore[assignment]
+        if answers[i] != ANSWER_UNSENT or roster.links[i] != link_id:  # type: ignore[union-attr]
+            return False
+        evidence = sub.awaiting_evidence
+        if evidence and evidence[-1][0] >= record.sent_at:
+            return False
+        sub.credit -= 1
+        self._send_counter += 1
+        answers[i] = 0
+        out.append(Forward(link_id, record.tag, record.payload, False))
+        out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key, "link": link_id, "settled": False}))
+        return True
 
     def _on_credit(self, ev: CreditChanged, now: float, out: list[Command]) -> None:
         sub = self.subscribers.get(ev.link_id)

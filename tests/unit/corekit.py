@@ -167,9 +167,24 @@ def record_states(core) -> dict:
             record.waiting,
             record.pub_settled,
             record.payload is None,
-            {key: tuple(getattr(state, name) for name in SubscriberState.__slots__) for key, state in states.items()},
+            {key: _comparable(core, key, state) for key, state in states.items()},
         )
     return result
+
+
+def _comparable(core, key: str, state: SubscriberState) -> tuple:
+    """A subscriber's state; its send count as what the core can decide by it: whether
+    it was sent, and how many of the settlements relayed to that subscriber and not yet
+    evidenced were relayed before it (the evidence rule: settlement.py's _answered). A
+    compact record's queued copy is sent later than the ``sent_at`` its answer byte
+    stands for, and only when that makes no difference to these (admission.py's
+    _send_compact); the count itself would tell the two forms apart."""
+    values = [getattr(state, name) for name in SubscriberState.__slots__]
+    sub = core.subscriptions.get(key)
+    pending = sub.awaiting_evidence if sub is not None else ()
+    sent = state.sent
+    values[SubscriberState.__slots__.index("sent")] = (bool(sent), sum(1 for count, _ in pending if count < sent))
+    return tuple(values)
 
 
 class TwinHarness(Harness):

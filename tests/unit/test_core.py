@@ -488,6 +488,48 @@ def test_rcv_settle_second_sees_settlement_only_after_publisher_and_record_needs
     assert [e.fields["reason"] for e in h.logs if e.kind == "record-deleted"] == ["receivers-know-settled"]
 
 
+def test_a_copy_queued_for_credit_is_sent_and_answered_on_the_compact_record():
+    # A subscriber out of credit: its copy waits in its queue. Sent when credit comes,
+    # the record stays compact (one answer byte per subscriber), so its answer takes
+    # the compact path like any other.
+    h = Harness()
+    h.attach_publisher(1, rcv_first=True)
+    h.attach_subscriber(2)
+    h.attach_subscriber(3)
+    h.credit(3, 10)
+    delivery, commands = h.publish(1, b"1")
+    tag = stream_tag(b"1")
+    assert commands == [Forward(3, tag, commands[0].payload, False)]
+    assert h.credit(2, 1) == [Forward(2, tag, commands[0].payload, False)]
+    record = h.core.records[tag]
+    assert record.compact and record.waiting == 2
+    assert h.logs[-1].kind == "forwarded" and h.logs[-1].fields["subscriber"] == "sub/s2"
+    assert h.accepted_batch([3, tag, True]) == []
+    assert h.accepted_batch([2, tag, True]) == [SendOutcome(delivery, outcomes.ACCEPTED, True)]
+    assert h.core.record_count() == 0
+
+
+def test_a_queued_copy_sent_after_a_relayed_settlement_is_evidence_of_it():
+    # The subscriber's copy of d2 waits for credit while d1's settlement is relayed to
+    # it; d2 then goes out after that settlement, so its answer proves the subscriber
+    # saw it. The compact record's one send count (d2's distribution, before the
+    # settlement) would not prove it: that copy is sent on the general path.
+    h = Harness(record_linger=30)
+    h.attach_publisher(1)
+    h.attach_subscriber(2, rcv_second=True)
+    h.credit(2, 1)
+    d1, _ = h.publish(1, b"1")
+    d2, queued = h.publish(1, b"2")
+    assert queued == []
+    t1, t2 = stream_tag(b"1"), stream_tag(b"2")
+    assert h.answer(2, t1, settled=False) == [SendOutcome(d1, outcomes.ACCEPTED)]
+    assert h.settle(1, d1) == [SettleOutgoing(2, t1)]
+    assert [type(c) for c in h.credit(2, 1)] == [Forward]
+    h.answer(2, t2, settled=False)
+    assert t1 not in h.core.records
+    assert [e.fields["reason"] for e in h.logs if e.kind == "record-deleted"] == ["receivers-know-settled"]
+
+
 def test_rcv_first_publisher_gets_its_outcome_settled_and_that_settles_the_delivery():
     # rcv-settle-mode=first (every client's default): AMQP has the receiver settle
     # spontaneously. The final outcome goes out settled, and that is the delivery's
