@@ -28,10 +28,12 @@
 #include <Python.h>
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/types.h> /* ssize_t */
+#include <sys/socket.h> /* recv, send */
+#include <sys/types.h>  /* ssize_t */
 
 #include "../core/_attrs.h" /* get_attr, set_attr */
 #include "_jsonfields.h"      /* json_fields: a line's fields as orjson writes them */
@@ -58,6 +60,12 @@ static bool (*pn_link_advance)(void *link);
 static void *(*pn_delivery)(void *link, pn_bytes_t tag);
 static ssize_t (*pn_link_send)(void *link, const char *bytes, size_t n);
 static void (*pn_delivery_update)(void *delivery, uint64_t state);
+static ssize_t (*pn_transport_capacity)(void *transport);
+static char *(*pn_transport_tail)(void *transport);
+static int (*pn_transport_process)(void *transport, size_t size);
+static ssize_t (*pn_transport_pending)(void *transport);
+static const char *(*pn_transport_head)(void *transport);
+static void (*pn_transport_pop)(void *transport, size_t size);
 
 static uint64_t accepted_code;
 static int bound;
@@ -82,7 +90,7 @@ static json_buf line_scratch;
 static int line_scratch_busy;
 
 
-static PyObject *bind(PyObject *self, PyObject *args)
+static PyObject *bind_proton(PyObject *self, PyObject *args)
 {
     const char *path;
     unsigned long long accepted;
@@ -115,6 +123,12 @@ static PyObject *bind(PyObject *self, PyObject *args)
         {"pn_delivery", (void **)&pn_delivery},
         {"pn_link_send", (void **)&pn_link_send},
         {"pn_delivery_update", (void **)&pn_delivery_update},
+        {"pn_transport_capacity", (void **)&pn_transport_capacity},
+        {"pn_transport_tail", (void **)&pn_transport_tail},
+        {"pn_transport_process", (void **)&pn_transport_process},
+        {"pn_transport_pending", (void **)&pn_transport_pending},
+        {"pn_transport_head", (void **)&pn_transport_head},
+        {"pn_transport_pop", (void **)&pn_transport_pop},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         void *f = dlsym(lib, want[i].name);
@@ -988,8 +1002,101 @@ static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ socket I/O */
+
+/* What read_into and write_out return besides a count (server.py reads them). */
+#define IO_NOTHING 0       /* read_into: nothing to read now, or no room; write_out: all written */
+#define IO_BLOCKED 1       /* write_out: the socket took less than offered: wait until writable */
+#define IO_CLOSED (-1)     /* the transport's side is done (its capacity or pending < 0) */
+#define IO_EOF (-2)        /* read_into: the peer closed its side */
+
+/* read_into(transport_address, fd, most) -> int
+ *
+ * server.py's _read: what the socket has, at most ``most`` bytes and no more than the
+ * transport can take, read straight into the transport's input buffer and processed
+ * (pn_transport_push without its copy). Returns the count read (> 0), IO_NOTHING,
+ * IO_CLOSED (the transport takes no more input) or IO_EOF; a socket error other than
+ * "would block" raises OSError. The socket is non-blocking, so the GIL stays held: the
+ * calls through cffi release and take it again each time, which cost more than the
+ * system call here. */
+static PyObject *read_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "read_into(transport_address, fd, most)");
+        return NULL;
+    }
+    void *transport = PyLong_AsVoidPtr(args[0]);
+    long fd = PyLong_AsLong(args[1]);
+    Py_ssize_t most = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred() || !check_bound())
+        return NULL;
+    if (!transport || fd < 0 || most <= 0) {
+        PyErr_SetString(PyExc_ValueError, "read_into: a transport, a file descriptor and a size > 0");
+        return NULL;
+    }
+    ssize_t capacity = pn_transport_capacity(transport);
+    if (capacity < 0)
+        return PyLong_FromLong(IO_CLOSED);
+    if (capacity == 0)
+        return PyLong_FromLong(IO_NOTHING);
+    size_t want = (size_t)(capacity < most ? capacity : most);
+    ssize_t n = recv((int)fd, pn_transport_tail(transport), want, 0);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+            return PyLong_FromLong(IO_NOTHING);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (n == 0)
+        return PyLong_FromLong(IO_EOF);
+    pn_transport_process(transport, (size_t)n); /* an error shows as the transport's error event */
+    return PyLong_FromSsize_t(n);
+}
+
+/* write_out(transport_address, fd, most) -> int
+ *
+ * server.py's _write loop: what the transport has to send, at most ``most`` bytes a
+ * send, sent from its output buffer (pn_transport_peek without its copy) and popped,
+ * until it has nothing more (IO_NOTHING), the socket takes less than offered
+ * (IO_BLOCKED) or the transport's side is done (IO_CLOSED). A socket error other than
+ * "would block" raises OSError (what was sent before it is popped). MSG_NOSIGNAL: a
+ * peer gone is an EPIPE here, never a SIGPIPE. */
+static PyObject *write_out(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "write_out(transport_address, fd, most)");
+        return NULL;
+    }
+    void *transport = PyLong_AsVoidPtr(args[0]);
+    long fd = PyLong_AsLong(args[1]);
+    Py_ssize_t most = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred() || !check_bound())
+        return NULL;
+    if (!transport || fd < 0 || most <= 0) {
+        PyErr_SetString(PyExc_ValueError, "write_out: a transport, a file descriptor and a size > 0");
+        return NULL;
+    }
+    for (;;) {
+        ssize_t pending = pn_transport_pending(transport);
+        if (pending < 0)
+            return PyLong_FromLong(IO_CLOSED);
+        if (pending == 0)
+            return PyLong_FromLong(IO_NOTHING);
+        size_t n = (size_t)(pending < most ? pending : most);
+        ssize_t sent = send((int)fd, pn_transport_head(transport), n, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                return PyLong_FromLong(IO_BLOCKED);
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        if (sent > 0)
+            pn_transport_pop(transport, (size_t)sent);
+        if ((size_t)sent < n)
+            return PyLong_FromLong(IO_BLOCKED);
+    }
+}
+
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_VARARGS,
+    {"bind", bind_proton, METH_VARARGS,
      "bind(cproton_ffi_path, PN_ACCEPTED): look up proton's functions in the loaded cproton_ffi module."},
     {"set_link_id", set_link_id, METH_VARARGS,
      "set_link_id(link_address, link_id): mark a client subscriber link for the fast path (0 unmarks)."},
@@ -1011,6 +1118,10 @@ static PyMethodDef methods[] = {
      "deliver_messages(state, items, conn): Engine._messages_batch with dispatch and execute (see engine.py)."},
     {"send_outcome", (PyCFunction)(void (*)(void))send_outcome, METH_FASTCALL,
      "send_outcome(state, cmd): Engine.CORE_send_outcome for an accepted outcome (see engine.py)."},
+    {"read_into", (PyCFunction)(void (*)(void))read_into, METH_FASTCALL,
+     "read_into(transport_address, fd, most) -> int: server.py's _read (bytes read, 0, -1 closed, -2 EOF)."},
+    {"write_out", (PyCFunction)(void (*)(void))write_out, METH_FASTCALL,
+     "write_out(transport_address, fd, most) -> int: server.py's _write loop (0 done, 1 blocked, -1 closed)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,6 +39,7 @@ class Conn:
         "fd",
         "peer",
         "transport",
+        "transport_address",
         "connection",
         "collector",
         "collector_address",
@@ -67,6 +68,7 @@ class Conn:
         self.fd = sock.fileno()
         self.peer = peer
         self.transport = transport
+        self.transport_address = int(ffi.cast("uintptr_t", transport))  # for the compiled socket I/O
         self.connection = connection
         self.collector = collector
         self.collector_address = int(ffi.cast("uintptr_t", collector))  # for the compiled fast path

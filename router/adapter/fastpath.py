@@ -1,7 +1,8 @@
 """Which path the adapter takes for subscribers' accepted dispositions, publishers'
 whole messages, the copies it sends and publishers' outcomes: compiled or Python.
 
-``router/adapter/_fastpath.c`` (built by ``pip install``, optional) consumes a run of
+``router/adapter/_fastpath.c`` (built by ``pip install``, optional) moves a connection's
+bytes between its socket and its transport (server.py's ``_read`` and ``_write``), consumes a run of
 "accepted + settled" disposition events, or of publishers' messages that arrived whole,
 in one call, gives those messages and answers to the core and executes its commands, sends a small
 message's copy and a publisher's accepted outcome, and appends an event-log line;
@@ -37,13 +38,18 @@ _send_outcome: Callable[..., None] | None = None  # send_outcome(state, cmd): se
 _log_line: Callable[..., None] | None = None  # log_line(state, cmd): see log_writer()
 _deliver_messages: Callable[..., None] | None = None  # deliver_messages(state, items, conn): see message_deliverer()
 _deliver_answers: Callable[..., None] | None = None  # deliver_answers(state, items, conn): see answer_deliverer()
+# A connection's socket and transport (server.py's _read and _write): read_into(transport_address,
+# fd, most) -> bytes read or IO_*; write_out(transport_address, fd, most) -> IO_*.
+read_into: Callable[[int, int, int], int] | None = None
+write_out: Callable[[int, int, int], int] | None = None
+IO_NOTHING, IO_BLOCKED, IO_CLOSED, IO_EOF = 0, 1, -1, -2  # as _fastpath.c defines them
 _set_link_id = None
 status = "python"  # what this process uses, for the startup log and the benchmark
 
 
 def _load() -> None:
     global take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers
-    global _set_link_id, status
+    global read_into, write_out, _set_link_id, status
     if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
         status = f"python ({ENV}=0)"
         return
@@ -68,11 +74,14 @@ def _load() -> None:
             _fastpath.log_line,
             _fastpath.deliver_messages,
             _fastpath.deliver_answers,
+            _fastpath.read_into,
+            _fastpath.write_out,
         )
     except (ImportError, AttributeError) as exc:
         status = f"python (compiled fast path unusable: {exc})"
         return
-    take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers = compiled
+    take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers = compiled[:7]
+    read_into, write_out = compiled[7:]
     _set_link_id = _fastpath.set_link_id
     status = "compiled"
 

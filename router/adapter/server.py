@@ -40,7 +40,7 @@ from typing import Any
 
 from cproton_ffi import ffi, lib
 
-from router.adapter import sasl, streaming, tls
+from router.adapter import fastpath, sasl, streaming, tls
 from router.adapter.endpoints import Conn, condition_of, printable
 from router.adapter.engine import Engine
 from router.adapter.management import Management
@@ -69,6 +69,9 @@ _transport_pending = lib.pn_transport_pending
 _transport_peek = lib.pn_transport_peek
 _transport_pop = lib.pn_transport_pop
 _collector_peek = lib.pn_collector_peek
+# Compiled socket I/O when built (fastpath.py); None: the Python loops of _read and _write.
+_read_into = fastpath.read_into
+_write_out = fastpath.write_out
 
 
 class Listener:
@@ -618,6 +621,23 @@ class Server:
                 peers.expire(now)  # touched connections are drained by _process
 
     def _read(self, conn: Conn) -> None:
+        """What the socket has, into the transport (compiled: fastpath.read_into, which
+        takes the same steps as the rest of this method)."""
+        if _read_into is not None:
+            try:
+                n = _read_into(conn.transport_address, conn.fd, IO_SIZE)
+            except OSError as exc:
+                log.info("connection %d (%s): read failed: %s", conn.conn_id, conn.peer, exc)
+                self._cut(conn)
+                return
+            if n >= 0:  # bytes read (now processed), or nothing to read now
+                return
+            if n == fastpath.IO_EOF:
+                lib.pn_transport_close_tail(conn.transport)
+                self._tail_closed(conn)
+            elif not conn.tail_closed:  # IO_CLOSED: the transport takes no more input
+                self._tail_closed(conn)
+            return
         transport = conn.transport
         capacity = _transport_capacity(transport)
         if capacity <= 0:
@@ -646,7 +666,24 @@ class Server:
         sock = conn.sock
         feeds = 0  # rounds of large-message pieces this call (a few, then the others' turn)
         while True:
-            pending = _transport_pending(transport)
+            # Compiled: every send until the transport has nothing more or the socket
+            # takes less, in one call (fastpath.write_out); the branches below then see
+            # pending < 0, pending == 0 or a short send as the Python loop does.
+            if _write_out is not None:
+                try:
+                    status = _write_out(conn.transport_address, conn.fd, IO_SIZE)
+                except OSError as exc:
+                    log.info("connection %d (%s): write failed: %s", conn.conn_id, conn.peer, exc)
+                    self._cut(conn)
+                    return
+                pending = -1 if status == fastpath.IO_CLOSED else 0
+                if status == fastpath.IO_BLOCKED:
+                    if not conn.want_write:
+                        conn.want_write = True
+                        self._update_interest(conn)
+                    break
+            else:
+                pending = _transport_pending(transport)
             if pending < 0:  # our side is done (close sent or transport error)
                 if not conn.head_closed:
                     conn.head_closed = True
@@ -757,6 +794,7 @@ class Server:
         name, desc = condition_of(lib.pn_transport_condition(conn.transport))
         transport, connection, collector = conn.transport, conn.connection, conn.collector
         conn.transport = conn.connection = conn.collector = None
+        conn.transport_address = 0  # the compiled I/O refuses it (ValueError) rather than touch freed memory
         lib.pn_transport_unbind(transport)
         lib.pn_connection_collect(connection, NULL)
         lib.pn_connection_release(connection)

@@ -103,7 +103,17 @@ steps = st.lists(
 )
 
 
-COMPILED = ("take_accepted", "take_messages", "_forward", "_send_outcome", "_log_line", "_deliver_messages", "_deliver_answers")
+COMPILED = (
+    "take_accepted",
+    "take_messages",
+    "_forward",
+    "_send_outcome",
+    "_log_line",
+    "_deliver_messages",
+    "_deliver_answers",
+    "read_into",
+    "write_out",
+)
 
 
 @contextmanager
