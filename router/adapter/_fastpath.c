@@ -66,6 +66,10 @@ static int (*pn_transport_process)(void *transport, size_t size);
 static ssize_t (*pn_transport_pending)(void *transport);
 static const char *(*pn_transport_head)(void *transport);
 static void (*pn_transport_pop)(void *transport, size_t size);
+static int (*pn_event_type)(void *event);
+static void *(*pn_event_link)(void *event);
+static int (*pn_link_credit)(void *link);
+static bool (*pn_link_get_drain)(void *link);
 
 static uint64_t accepted_code;
 static int bound;
@@ -129,6 +133,10 @@ static PyObject *bind_proton(PyObject *self, PyObject *args)
         {"pn_transport_pending", (void **)&pn_transport_pending},
         {"pn_transport_head", (void **)&pn_transport_head},
         {"pn_transport_pop", (void **)&pn_transport_pop},
+        {"pn_event_type", (void **)&pn_event_type},
+        {"pn_event_link", (void **)&pn_event_link},
+        {"pn_link_credit", (void **)&pn_link_credit},
+        {"pn_link_get_drain", (void **)&pn_link_get_drain},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         void *f = dlsym(lib, want[i].name);
@@ -1002,6 +1010,106 @@ static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* take_flows(state, collector_address, conn, answers_first) -> int
+ *
+ * Engine.drain for the flow frames of subscribers' links (their credit): consumes,
+ * from the head of the collector, each PN_LINK_FLOW event of a marked sender link the
+ * core has (``core_attached``), as AMQP_link_flow and dispatch do: the core hears
+ * CreditChanged(link_id, the link's credit, its drain flag) and its commands are
+ * executed by the engine's command table; a ProtocolError goes to ``refused(event,
+ * link, err)``. Stops (leaving it at the head) at the first other event, or when the
+ * connection ended. Returns how many it consumed; -1, consuming nothing, when such an
+ * event is at the head but ``answers_first`` is true (the loop holds answers read
+ * before it: they go to the core first, then this again). ``state`` is (engine, links,
+ * CreditChanged, the core's handle, command_handlers, refused, ProtocolError,
+ * PN_LINK_FLOW). Any other error is raised with its event already consumed (the
+ * Python loop logs it and closes the connection, as for any event). */
+static PyObject *take_flows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "take_flows(state, collector_address, conn, answers_first): an 8-tuple, an int, a Conn, a bool");
+        return NULL;
+    }
+    int answers_first = PyObject_IsTrue(args[3]);
+    if (answers_first < 0)
+        return NULL;
+    if (!check_bound())
+        return NULL;
+    PyObject *state = args[0], *conn = args[2];
+    PyObject *engine = PyTuple_GET_ITEM(state, 0), *links = PyTuple_GET_ITEM(state, 1);
+    PyObject *credit_changed = PyTuple_GET_ITEM(state, 2), *handle = PyTuple_GET_ITEM(state, 3);
+    PyObject *handlers = PyTuple_GET_ITEM(state, 4), *refused = PyTuple_GET_ITEM(state, 5);
+    PyObject *protocol_error = PyTuple_GET_ITEM(state, 6);
+    long flow_code = PyLong_AsLong(PyTuple_GET_ITEM(state, 7));
+    void *collector = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyDict_Check(links) || !PyDict_Check(handlers) || !collector) {
+        PyErr_SetString(PyExc_TypeError, "take_flows: the engine's links and command table (dicts), a collector");
+        return NULL;
+    }
+    Py_ssize_t taken = 0;
+    for (;;) {
+        void *event = pn_collector_peek(collector);
+        if (!event || pn_event_type(event) != flow_code)
+            break;
+        void *lp = pn_event_link(event);
+        if (!lp || !pn_link_is_sender(lp))
+            break; /* a publisher's link: AMQP_link_flow ignores it */
+        PyObject *link_id = NULL;
+        PyObject *link = marked_link(lp, links, &link_id); /* borrowed; link_id new */
+        if (!link) {
+            if (PyErr_Occurred()) {
+                pn_collector_pop(collector); /* consumed: the caller's next try is the next event */
+                return NULL;
+            }
+            break;
+        }
+        PyObject *attached = get_attr(link, core_attached_name);
+        int yes = attached ? PyObject_IsTrue(attached) : -1;
+        Py_XDECREF(attached);
+        if (yes <= 0) {
+            Py_DECREF(link_id);
+            if (yes < 0) {
+                pn_collector_pop(collector);
+                return NULL;
+            }
+            break;
+        }
+        if (answers_first) {
+            Py_DECREF(link_id);
+            return PyLong_FromLong(-1);
+        }
+        Py_INCREF(link); /* the core may forget the link (a detach): kept for refused() */
+        PyObject *credit = PyLong_FromLong(pn_link_credit(lp));
+        PyObject *drain = PyBool_FromLong(pn_link_get_drain(lp));
+        pn_collector_pop(collector);
+        taken++;
+        PyObject *ev = NULL;
+        if (credit) {
+            PyObject *ev_args[3] = {link_id, credit, drain};
+            ev = PyObject_Vectorcall(credit_changed, ev_args, 3, NULL);
+        }
+        int r = ev ? dispatch_message(engine, ev, link, handle, handlers, refused, protocol_error) : -1;
+        Py_XDECREF(ev);
+        Py_XDECREF(credit);
+        Py_DECREF(drain);
+        Py_DECREF(link_id);
+        Py_DECREF(link);
+        if (r < 0)
+            return NULL;
+        PyObject *dead = get_attr(conn, dead_name);
+        if (!dead)
+            return NULL;
+        int ended = PyObject_IsTrue(dead);
+        Py_DECREF(dead);
+        if (ended)
+            break;
+    }
+    return PyLong_FromSsize_t(taken);
+}
+
 /* ------------------------------------------------------------------ socket I/O */
 
 /* What read_into and write_out return besides a count (server.py reads them). */
@@ -1118,6 +1226,9 @@ static PyMethodDef methods[] = {
      "deliver_messages(state, items, conn): Engine._messages_batch with dispatch and execute (see engine.py)."},
     {"send_outcome", (PyCFunction)(void (*)(void))send_outcome, METH_FASTCALL,
      "send_outcome(state, cmd): Engine.CORE_send_outcome for an accepted outcome (see engine.py)."},
+    {"take_flows", (PyCFunction)(void (*)(void))take_flows, METH_FASTCALL,
+     "take_flows(state, collector_address, conn, answers_first) -> int: the subscribers' flow events at the head of the "
+     "collector, each to the core and its commands executed (Engine.AMQP_link_flow, see engine.py)."},
     {"read_into", (PyCFunction)(void (*)(void))read_into, METH_FASTCALL,
      "read_into(transport_address, fd, most) -> int: server.py's _read (bytes read, 0, -1 closed, -2 EOF)."},
     {"write_out", (PyCFunction)(void (*)(void))write_out, METH_FASTCALL,

@@ -220,6 +220,12 @@ class Engine:
         self._deliver_answers = core_accepted_batch and fastpath.answer_deliverer(
             (self, core_accepted_batch, eventlog, SubOutcomes, self._command_handlers, self._answers_failed)
         )
+        # Subscribers' flow frames (their credit) to the core and its commands carried
+        # out by the compiled path, when built (its twin: AMQP_link_flow and dispatch).
+        core_handle = getattr(core, "handle", None)
+        self._take_flows = core_handle and fastpath.flow_taker(
+            (self, self._links, CreditChanged, core_handle, self._command_handlers, self._refused, ProtocolError, PN_LINK_FLOW)
+        )
         self.management: Management | None = None  # the $management node (management.py), set by the Server
         self.policy: Policy | None = None  # the config's [policy] (router/policy.py), set by the Server
         self.connections_of: dict[str, int] = {}  # user -> open client connections (the policy's limit)
@@ -263,8 +269,9 @@ class Engine:
         # them, when built (fastpath.py); what it leaves at the head, the loop below.
         take_accepted = fastpath.take_accepted
         take_messages = fastpath.take_messages
+        take_flows = self._take_flows
+        collector_address = conn.collector_address
         if take_accepted is not None:
-            collector_address = conn.collector_address
             links = self._links
             messages: list = []
         while not conn.dead:
@@ -282,6 +289,21 @@ class Engine:
                         answer(accepted, conn)
                         accepted = []
                     self._messages_batch(messages, conn)
+                    continue
+            if take_flows is not None:  # subscribers' credit (AMQP_link_flow's usual case), compiled
+                try:
+                    flows = take_flows(collector_address, conn, bool(accepted))
+                    if flows < 0:  # one is next, after the answers read before it
+                        answer(accepted, conn)
+                        accepted = []
+                        if conn.dead:
+                            break
+                        flows = take_flows(collector_address, conn, False)
+                except Exception as exc:  # the core failed on one (it is consumed): as for any event below
+                    log.exception("connection %d (%s): error handling engine event PN_LINK_FLOW", conn.conn_id, conn.peer)
+                    self.close_connection(conn, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:200])
+                    continue
+                if flows:
                     continue
             event = _collector_peek(collector)
             if event == NULL:

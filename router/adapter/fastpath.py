@@ -4,7 +4,7 @@ whole messages, the copies it sends and publishers' outcomes: compiled or Python
 ``router/adapter/_fastpath.c`` (built by ``pip install``, optional) moves a connection's
 bytes between its socket and its transport (server.py's ``_read`` and ``_write``), consumes a run of
 "accepted + settled" disposition events, or of publishers' messages that arrived whole,
-in one call, gives those messages and answers to the core and executes its commands, sends a small
+in one call, gives those messages and answers and subscribers' credit to the core and executes its commands, sends a small
 message's copy and a publisher's accepted outcome, and appends an event-log line;
 ``engine.Engine.drain``, ``Engine._messages_batch``, ``Engine._accepted_batch``, ``Engine.CORE_forward``,
 ``Engine.CORE_send_outcome`` and ``Engine.CORE_log`` do the same in Python when it is
@@ -38,6 +38,7 @@ _send_outcome: Callable[..., None] | None = None  # send_outcome(state, cmd): se
 _log_line: Callable[..., None] | None = None  # log_line(state, cmd): see log_writer()
 _deliver_messages: Callable[..., None] | None = None  # deliver_messages(state, items, conn): see message_deliverer()
 _deliver_answers: Callable[..., None] | None = None  # deliver_answers(state, items, conn): see answer_deliverer()
+_take_flows: Callable[..., int] | None = None  # take_flows(state, collector_address, conn, answers_first): see flow_taker()
 # A connection's socket and transport (server.py's _read and _write): read_into(transport_address,
 # fd, most) -> bytes read or IO_*; write_out(transport_address, fd, most) -> IO_*.
 read_into: Callable[[int, int, int], int] | None = None
@@ -49,7 +50,7 @@ status = "python"  # what this process uses, for the startup log and the benchma
 
 def _load() -> None:
     global take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers
-    global read_into, write_out, _set_link_id, status
+    global read_into, write_out, _take_flows, _set_link_id, status
     if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
         status = f"python ({ENV}=0)"
         return
@@ -76,12 +77,13 @@ def _load() -> None:
             _fastpath.deliver_answers,
             _fastpath.read_into,
             _fastpath.write_out,
+            _fastpath.take_flows,
         )
     except (ImportError, AttributeError) as exc:
         status = f"python (compiled fast path unusable: {exc})"
         return
     take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers = compiled[:7]
-    read_into, write_out = compiled[7:]
+    read_into, write_out, _take_flows = compiled[7:]
     _set_link_id = _fastpath.set_link_id
     status = "compiled"
 
@@ -125,6 +127,15 @@ def answer_deliverer(state: tuple) -> Callable[[list, Any], None] | None:
     engine, the core's accepted_batch, the event log, SubOutcomes, the command table, the
     engine's ``_answers_failed``), or None when the compiled path is not in use."""
     return partial(_deliver_answers, state) if _deliver_answers is not None else None
+
+
+def flow_taker(state: tuple) -> Callable[[int, Any, bool], int] | None:
+    """Engine.AMQP_link_flow's compiled twin for the run of subscribers' flow events at
+    the head of a collector (with dispatch and execute), bound to ``state`` (the engine,
+    its links, CreditChanged, the core's handle, the command table, the engine's
+    ``_refused``, ProtocolError, PN_LINK_FLOW), or None when the compiled path is not in
+    use. Called as (collector_address, conn, answers_first)."""
+    return partial(_take_flows, state) if _take_flows is not None else None
 
 
 def mark_link(ptr, link_id: int) -> None:

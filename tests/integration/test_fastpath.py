@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import pytest
 from cproton_ffi import ffi, lib
-from enginekit import Publisher, Subscriber, serve
+from enginekit import Publisher, Subscriber, move, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_interrouter_flow import FakeLog, _conn, _socks
@@ -25,7 +25,7 @@ from router.adapter import fastpath
 from router.adapter.engine import Engine
 from router.core.commands import DetachLink, Forward, GrantCredit, Log, OpenLink, SendOutcome, SettleOutgoing, SubOutcomes
 from router.core.errors import ProtocolError
-from router.core.events import LinkAttached, MessageReceived, MessageTooLarge, OutcomeReceived
+from router.core.events import CreditChanged, LinkAttached, MessageReceived, MessageTooLarge, OutcomeReceived
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,12 +53,17 @@ class ScriptedCore:
         self.per_link = per_link
         self.settle_back = settle_back
         self.links: list[int] = []
+        self.credit_trouble = False  # refuse or fail on some credit (REFUSED_CREDIT, FAILING_CREDIT)
 
     def tags(self, index: int) -> list[bytes]:
         return [f"L{index}-{i}".encode() for i in range(self.per_link)]
 
     def handle(self, event, now):
         self.calls.append(event)
+        if self.credit_trouble and isinstance(event, CreditChanged) and event.credit % 17 == REFUSED_CREDIT:
+            raise ProtocolError("amqp:not-allowed", f"no credit of {event.credit} here")
+        if self.credit_trouble and isinstance(event, CreditChanged) and event.credit % 17 == FAILING_CREDIT:
+            raise RuntimeError(f"the core failed on a credit of {event.credit}")
         if isinstance(event, LinkAttached):
             self.links.append(event.link_id)
             return [OpenLink(event.link_id)] + [
@@ -82,6 +87,12 @@ class ScriptedCore:
         return []
 
 
+# A subscriber's credit (modulo 17: its link starts at 100) the scripted core refuses (the
+# link is detached), or fails on (the connection is closed): the flow path's two ways out,
+# taken alike on either path.
+REFUSED_CREDIT = 7
+FAILING_CREDIT = 13
+
 # What the subscriber does with one delivery: (outcome or None, settle it now).
 ACTIONS = {
     "accept+settle": (lib.PN_ACCEPTED, True),
@@ -97,7 +108,12 @@ steps = st.lists(
     st.one_of(
         st.tuples(st.just("act"), st.integers(0, 2), st.integers(0, 4), st.sampled_from(sorted(ACTIONS))),
         st.tuples(st.just("read")),
+        # the client's frames so far reach the router's transport, unread: what it does next
+        # comes after them in the same read (a credit after answers: answers first)
+        st.tuples(st.just("send")),
         st.tuples(st.just("detach"), st.integers(0, 2)),
+        # more credit (the link's total goes past 100), drained, or one the core refuses or fails on
+        st.tuples(st.just("flow"), st.integers(0, 2), st.sampled_from([1, 3, 7, 13, "drain"])),
     ),
     max_size=40,
 )
@@ -113,6 +129,7 @@ COMPILED = (
     "_deliver_answers",
     "read_into",
     "write_out",
+    "_take_flows",
 )
 
 
@@ -162,6 +179,7 @@ def act(client: Subscriber, step: tuple, links: int, per_link: int) -> None:
 def play(script: list, links: int, per_link: int, settle_back: frozenset, compiled: bool):
     with on_path(compiled, "take_accepted") as taken:
         core = ScriptedCore(per_link, settle_back)
+        core.credit_trouble = True
         engine = Engine(core, FakeLog(1, "boot"), max_message_size=1 << 20)
         conn = _conn(True, "router")
         client = Subscriber(links)
@@ -170,11 +188,20 @@ def play(script: list, links: int, per_link: int, settle_back: frozenset, compil
         for step in script:
             if step[0] == "read":
                 serve(engine, conn, client)
+            elif step[0] == "send":
+                move(client.transport, conn.transport)
             elif step[0] == "detach":
                 index = step[1] % links
                 if index not in client.closed:
                     client.closed.add(index)
                     lib.pn_link_close(client.links[index])
+            elif step[0] == "flow":
+                index = step[1] % links
+                if index not in client.closed:
+                    if step[2] == "drain":
+                        lib.pn_link_drain(client.links[index], 0)
+                    else:
+                        lib.pn_link_flow(client.links[index], step[2])
             else:
                 act(client, step, links, per_link)
         serve(engine, conn, client)
@@ -199,6 +226,30 @@ def test_the_compiled_path_gives_the_core_what_the_python_path_gives(script, lin
 
 
 @compiled_only
+@compiled_only
+def test_a_credit_read_after_answers_reaches_the_core_after_them_on_either_path():
+    """A subscriber's answer and then more credit, in one read: the compiled flow path
+    hands the answer to the core first (take_flows's -1), as the Python loop does."""
+    script = [("act", 0, 0, "accept+settle"), ("send",), ("flow", 0, 5), ("read",)]
+    taken = []
+    original = fastpath._take_flows
+
+    def counting(*args):
+        taken.append(original(*args))
+        return taken[-1]
+
+    fastpath._take_flows = counting
+    try:
+        calls_c, counts_c, _ = play(script, 1, 3, frozenset(), compiled=True)
+    finally:
+        fastpath._take_flows = original
+    calls_py, counts_py, _ = play(script, 1, 3, frozenset(), compiled=False)
+    assert calls_c == calls_py and counts_c == counts_py
+    assert -1 in taken and 1 in taken  # the answers went first, then the credit was taken compiled
+    answers = calls_c.index(("accepted_batch", [(1, b"L0-0", True)]))
+    assert [c.credit for c in calls_c[answers + 1 :] if isinstance(c, CreditChanged)] == [102]
+
+
 def test_the_compiled_path_takes_the_usual_answers_and_leaves_the_rest():
     """Accepted + settled dispositions go through it; others (here an accept that waits
     for our settlement, and a rejection) reach the core through the Python path, in order."""
