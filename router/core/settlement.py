@@ -147,7 +147,8 @@ class SettlementMixin(CoreState):
         self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool, now: float, out: list[Command]
     ) -> None:
         """_on_outcome for an accepted outcome on an expanded record (records.py): per
-        copy for a copy that waited in a queue for credit, a relayed one, or one of a
+        copy for a relayed copy, one sent from a queue the compact record could not stand
+        for (admission.py's _send_compact), or one of a
         record failover, expiry or a detach expanded."""
         logged = -1  # where this outcome's line goes in ``out`` (-1: none, it said so before)
         if state.outcome is None:
