@@ -29,6 +29,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1129,6 +1130,28 @@ static PyObject *take_flows(PyObject *self, PyObject *const *args, Py_ssize_t na
 #define IO_CLOSED (-1)     /* the transport's side is done (its capacity or pending < 0) */
 #define IO_EOF (-2)        /* read_into: the peer closed its side */
 
+/* read_into's and write_out's arguments: (transport_address, fd, most); -1 with an
+ * exception set when they are not a transport, a file descriptor and a size > 0. */
+static int io_args(const char *name, PyObject *const *args, Py_ssize_t nargs, void **transport, int *fd,
+                   Py_ssize_t *most)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "%s(transport_address, fd, most)", name);
+        return -1;
+    }
+    *transport = PyLong_AsVoidPtr(args[0]);
+    long n = PyLong_AsLong(args[1]);
+    *most = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred() || !check_bound())
+        return -1;
+    if (!*transport || n < 0 || n > INT_MAX || *most <= 0) {
+        PyErr_Format(PyExc_ValueError, "%s: a transport, a file descriptor and a size > 0", name);
+        return -1;
+    }
+    *fd = (int)n;
+    return 0;
+}
+
 /* read_into(transport_address, fd, most) -> int
  *
  * server.py's _read: what the socket has, at most ``most`` bytes and no more than the
@@ -1140,26 +1163,18 @@ static PyObject *take_flows(PyObject *self, PyObject *const *args, Py_ssize_t na
  * system call here. */
 static PyObject *read_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "read_into(transport_address, fd, most)");
+    void *transport;
+    int fd;
+    Py_ssize_t most;
+    if (io_args("read_into", args, nargs, &transport, &fd, &most) < 0)
         return NULL;
-    }
-    void *transport = PyLong_AsVoidPtr(args[0]);
-    long fd = PyLong_AsLong(args[1]);
-    Py_ssize_t most = PyLong_AsSsize_t(args[2]);
-    if (PyErr_Occurred() || !check_bound())
-        return NULL;
-    if (!transport || fd < 0 || most <= 0) {
-        PyErr_SetString(PyExc_ValueError, "read_into: a transport, a file descriptor and a size > 0");
-        return NULL;
-    }
     ssize_t capacity = pn_transport_capacity(transport);
     if (capacity < 0)
         return PyLong_FromLong(IO_CLOSED);
     if (capacity == 0)
         return PyLong_FromLong(IO_NOTHING);
     size_t want = (size_t)(capacity < most ? capacity : most);
-    ssize_t n = recv((int)fd, pn_transport_tail(transport), want, 0);
+    ssize_t n = recv(fd, pn_transport_tail(transport), want, 0);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
             return PyLong_FromLong(IO_NOTHING);
@@ -1181,19 +1196,11 @@ static PyObject *read_into(PyObject *self, PyObject *const *args, Py_ssize_t nar
  * peer gone is an EPIPE here, never a SIGPIPE. */
 static PyObject *write_out(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "write_out(transport_address, fd, most)");
+    void *transport;
+    int fd;
+    Py_ssize_t most;
+    if (io_args("write_out", args, nargs, &transport, &fd, &most) < 0)
         return NULL;
-    }
-    void *transport = PyLong_AsVoidPtr(args[0]);
-    long fd = PyLong_AsLong(args[1]);
-    Py_ssize_t most = PyLong_AsSsize_t(args[2]);
-    if (PyErr_Occurred() || !check_bound())
-        return NULL;
-    if (!transport || fd < 0 || most <= 0) {
-        PyErr_SetString(PyExc_ValueError, "write_out: a transport, a file descriptor and a size > 0");
-        return NULL;
-    }
     for (;;) {
         ssize_t pending = pn_transport_pending(transport);
         if (pending < 0)
@@ -1201,7 +1208,7 @@ static PyObject *write_out(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (pending == 0)
             return PyLong_FromLong(IO_NOTHING);
         size_t n = (size_t)(pending < most ? pending : most);
-        ssize_t sent = send((int)fd, pn_transport_head(transport), n, MSG_NOSIGNAL);
+        ssize_t sent = send(fd, pn_transport_head(transport), n, MSG_NOSIGNAL);
         if (sent < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 return PyLong_FromLong(IO_BLOCKED);

@@ -627,8 +627,7 @@ class Server:
             try:
                 n = _read_into(conn.transport_address, conn.fd, IO_SIZE)
             except OSError as exc:
-                log.info("connection %d (%s): read failed: %s", conn.conn_id, conn.peer, exc)
-                self._cut(conn)
+                self._socket_failed(conn, "read", exc)
                 return
             if n >= 0:  # bytes read (now processed), or nothing to read now
                 return
@@ -649,8 +648,7 @@ class Server:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            log.info("connection %d (%s): read failed: %s", conn.conn_id, conn.peer, exc)
-            self._cut(conn)
+            self._socket_failed(conn, "read", exc)
             return
         if n == 0:
             lib.pn_transport_close_tail(transport)
@@ -673,8 +671,7 @@ class Server:
                 try:
                     status = _write_out(conn.transport_address, conn.fd, IO_SIZE)
                 except OSError as exc:
-                    log.info("connection %d (%s): write failed: %s", conn.conn_id, conn.peer, exc)
-                    self._cut(conn)
+                    self._socket_failed(conn, "write", exc)
                     return
                 pending = -1 if status == fastpath.IO_CLOSED else 0
                 if status == fastpath.IO_BLOCKED:
@@ -716,8 +713,7 @@ class Server:
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
-                log.info("connection %d (%s): write failed: %s", conn.conn_id, conn.peer, exc)
-                self._cut(conn)
+                self._socket_failed(conn, "write", exc)
                 return
             if sent:
                 _transport_pop(transport, sent)
@@ -749,6 +745,11 @@ class Server:
             finally:
                 conn.dead = True
                 self._redo.add(conn)
+
+    def _socket_failed(self, conn: Conn, what: str, exc: OSError) -> None:
+        """A read or write on the socket failed (reset, broken pipe, ...): the connection ends."""
+        log.info("connection %d (%s): %s failed: %s", conn.conn_id, conn.peer, what, exc)
+        self._cut(conn)
 
     def _tail_closed(self, conn: Conn) -> None:
         conn.tail_closed = True
