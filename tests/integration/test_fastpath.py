@@ -226,7 +226,6 @@ def test_the_compiled_path_gives_the_core_what_the_python_path_gives(script, lin
 
 
 @compiled_only
-@compiled_only
 def test_a_credit_read_after_answers_reaches_the_core_after_them_on_either_path():
     """A subscriber's answer and then more credit, in one read: the compiled flow path
     hands the answer to the core first (take_flows's -1), as the Python loop does."""
@@ -250,6 +249,7 @@ def test_a_credit_read_after_answers_reaches_the_core_after_them_on_either_path(
     assert [c.credit for c in calls_c[answers + 1 :] if isinstance(c, CreditChanged)] == [102]
 
 
+@compiled_only
 def test_the_compiled_path_takes_the_usual_answers_and_leaves_the_rest():
     """Accepted + settled dispositions go through it; others (here an accept that waits
     for our settlement, and a rejection) reach the core through the Python path, in order."""
