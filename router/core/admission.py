@@ -509,12 +509,18 @@ class AdmissionMixin(CoreState):
         self, sub: Subscription, link_id: int, record: DeliveryRecord, payload: bytes, state: SubscriberState, out: list[Command]
     ) -> None:
         """Send ``record`` (its ``payload``) on ``link_id``, the link ``sub`` is attached on."""
-        sub.credit -= 1
-        state.sent = self._send_counter = self._send_counter + 1
+        state.sent = self._copy_out(sub, link_id, record, payload, out)
         state.link = link_id
         state.remote_settled = False  # a new copy (a resend after a resume): not settled by it yet
+
+    def _copy_out(self, sub: Subscription, link_id: int, record: DeliveryRecord, payload: bytes, out: list[Command]) -> int:
+        """A copy of ``record`` to ``sub`` on ``link_id`` after its distribution, on its
+        credit, with its "forwarded" line; returns its send count."""
+        sub.credit -= 1
+        self._send_counter += 1
         out.append(Forward(link_id, record.tag, payload, False))
         out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key, "link": link_id, "settled": False}))
+        return self._send_counter
 
     def _pump(self, sub: Subscription, now: float, out: list[Command]) -> None:
         """Send queued records while the subscriber has credit."""
@@ -568,11 +574,8 @@ class AdmissionMixin(CoreState):
         evidence = sub.awaiting_evidence
         if evidence and evidence[-1][0] >= record.sent_at:
             return False
-        sub.credit -= 1
-        self._send_counter += 1
         answers[i] = 0
-        out.append(Forward(link_id, record.tag, record.payload, False))
-        out.append(Log("forwarded", {"delivery": record.delivery_id, "subscriber": sub.key, "link": link_id, "settled": False}))
+        self._copy_out(sub, link_id, record, record.payload, out)
         return True
 
     def _on_credit(self, ev: CreditChanged, now: float, out: list[Command]) -> None:
