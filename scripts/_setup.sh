@@ -41,12 +41,15 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/setu
     rm -f "$CDS_RECORD"  # the jars may have changed, and with them the archive's name: look again below
     touch "$STAMP"
 fi
-# Spark's classes, archived so that every reconciliation's JVM starts ~3 s faster (spark/jvm.py). Checked
+# Spark's classes, archived so that every reconciliation's JVM starts ~3 s faster (spark/jvm.py); the
+# archiving run also compiles the proof's own Java classes (spark/jar.py, when javac is here), whose jar is
+# on the class path the archive was made with, so an edit of spark/java/ makes both again. Checked
 # on every run, not only at install: other checkouts' installs prune old archives (spark/jvm.py _prune),
 # and a change of the JVM's options in spark/jvm.py names another archive. The record holds the archive's
 # path, so that the usual run only tests that the file is there.
 if [ "${EOROUTER_SPARK_CDS:-}" != off ] && command -v java >/dev/null 2>&1 \
-        && { [ ! -f "$CDS_RECORD" ] || [ ! -f "$(cat "$CDS_RECORD")" ] || [ "$ROOT/spark/jvm.py" -nt "$CDS_RECORD" ]; }; then
+        && { [ ! -f "$CDS_RECORD" ] || [ ! -f "$(cat "$CDS_RECORD")" ] || [ "$ROOT/spark/jvm.py" -nt "$CDS_RECORD" ] \
+             || [ -n "$(find "$ROOT/spark/java" -newer "$CDS_RECORD" -print -quit)" ]; }; then
     echo "setup: archiving Spark's classes for fast JVM starts (once, under a minute)" >&2
     if ARCHIVE="$(cd "$ROOT" && "$VENV/bin/python" -m spark.jvm)" && [ -f "$ARCHIVE" ]; then
         printf '%s' "$ARCHIVE" > "$CDS_RECORD"

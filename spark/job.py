@@ -125,6 +125,8 @@ def run_reconcile(
         "summary": summarized,
         "elapsed_s": time.monotonic() - started,
         "phases_s": phases,
+        # Which first read ran: the Java scan, or Spark SQL and why (spark/linescan.py).
+        "first_read": t.input.get("first_read"),
         "out": str(out) if out else None,
     }
     if out and summarized is not None:

@@ -56,7 +56,11 @@ def archive_path() -> Path | None:
     # install at the same path is another archive, never a stale one that only looks right.
     listing = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in jars.glob("*.jar")) if jars.is_dir() else []
     stat = java.stat()
-    parts = [str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__, COLLECTOR, str(jars), *listing]
+    from spark import jar
+
+    # The proof's own jar is on the class path it was dumped with (spark/load.py): its name is its content.
+    own = jar.jar_path() if jar.compiler() is not None else None
+    parts = [str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__, COLLECTOR, str(jars), *listing, str(own)]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     if setting:
         return Path(setting)

@@ -158,12 +158,22 @@ def get_session(
     java = java_options(small, quiet)
     if java:
         settings["spark.driver.extraJavaOptions"] = " ".join(java)
+    from spark import jar
+
+    classes = jar.available()  # the proof's own Java passes (spark/linescan.py); without them, their SQL twins run
+    if classes is not None:
+        settings["spark.driver.extraClassPath"] = str(classes)
+        if master and not master.startswith("local"):
+            settings["spark.jars"] = str(classes)  # and to the executors of a cluster
     if master and master.startswith("local"):
         # In local mode the driver's JVM is the executor too. The proof caches
         # little (docs/reconcile.md, "Memory"): 1200 MB of heap keep the whole
         # process tree under 2 GiB at 10 million events.
         settings["spark.driver.memory"] = "1200m" if not small else "768m"
-    settings.update(conf or {})
+    for key, value in (conf or {}).items():
+        if key == "spark.driver.extraClassPath" and key in settings:
+            value = f"{settings[key]}{os.pathsep}{value}"
+        settings[key] = value
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -9,7 +9,9 @@ converting only the fields it needs (spark/load.py), no cached copy of the lines
    The same read counts the malformed lines and collects, as side results of that
    one job (``observe``), every router the events name and the few lines that name
    no delivery (links, routes, peers). The small per-router tables the proofs need
-   are made from those on the driver (``small_tables``).
+   are made from those on the driver (``small_tables``). Of lines in the writer's
+   shape, a pass of plain Java finds the same facts (spark/linescan.py), declining
+   any input it cannot vouch for.
 2. **Per delivery** (``delivery_facts``): the events that name a delivery, routers
    and subscribers as 64-bit hashes, one shuffle by delivery id (its hash), sorted,
    grouped into one row per delivery (``ev``: its events on every router and epoch,
@@ -605,7 +607,7 @@ class Tables:
 
     #: Builds the per-delivery facts again reading every line permissively (set by
     #: prepare() when the facts read strictly: the first read found no malformed line).
-    permissive: Callable[[], tuple[DataFrame, Observation]] | None = None
+    permissive: Callable[[], tuple[DataFrame, Observation | None]] | None = None
     #: Whether some publisher delivery was received under more than one delivery id
     #: (multiple_ids(): asked once, by the first proof that needs it).
     _multiple_ids: bool | None = None
@@ -615,12 +617,13 @@ class Tables:
         now and its rows kept for the proofs; returns how many deliveries. A strict
         read that meets a line Spark cannot read whole (a field only this read
         converts, of the wrong type) is done again permissively, which counts it."""
+        from spark import linescan
         from spark.load import is_malformed
 
         try:
             kept = materialize(self.facts, self.storage)
         except Exception as error:  # noqa: BLE001 (Py4J's and PySpark's errors both carry Spark's)
-            if self.permissive is None or not is_malformed(error):
+            if self.permissive is None or not (is_malformed(error) or linescan.is_changed(error)):
                 raise
             self.facts, self.bad_in_deliveries = self.permissive()
             self.permissive = None
@@ -681,6 +684,23 @@ def _words(lines: DataFrame) -> DataFrame:
 _NAMING = ("origin_router", "to_router", "from_router", "routers", "dests")
 
 
+@dataclass
+class _Read:
+    """What the first read found, before the cold paths and the summing up: from Spark
+    SQL (``_read_facts``) or from the Java scan (``_scanned``), the same either way."""
+
+    epochs: dict  # (router, epoch) -> distinct, lines, last_seq, first_ts, last_ts, stopping_seq, stopping_ts
+    runs: list  # (router, epoch, from, to): the missing seq numbers
+    lines: int
+    bad: int
+    named: set
+    life: list  # the lines that name no delivery, as dicts of _LIFE_COLUMNS
+    per_kind: list  # events per kind, by the kind's place in EVENTS (a folded line as the events it is)
+    refused: int
+    completed: int
+    completed_settling: int
+
+
 def input_facts(spark, sources: list) -> dict:
     """Everything about the input itself, from one read of it (the common fields,
     the links', peers' and routes' fields, the routers events name):
@@ -695,7 +715,127 @@ def input_facts(spark, sources: list) -> dict:
     - side results of the same job (``observe``): how many lines are malformed,
       every router the events about deliveries name, and the lines that name no
       delivery (links, routes, peers: few).
+
+    Of JSON lines in the writer's shape, the Java scan (spark/linescan.py) finds the
+    same, faster; ``first_read`` says which read ran, and why not the scan.
     """
+    from spark import linescan
+
+    scanned, how = linescan.scan(spark, sources, line_vocabulary())
+    found = _scanned(scanned) if scanned is not None else _read_facts(spark, sources)
+    epochs, kinds = found.epochs, tuple(EVENTS)
+    repeats = [key for key, e in epochs.items() if e["lines"] != e["distinct"]]
+    repeated = []
+    if repeats:  # cold path: which seq numbers, on which lines
+        from spark.load import load_lines
+
+        wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in repeats]
+        again = load_lines(spark, sources, ROUTER_READ, files=True)
+        repeated = [
+            r.asDict()
+            for r in again.where(F.struct("router", "epoch").isin(*wanted) & (F.col("seq") > 0))
+            .groupBy("router", "epoch", "seq")
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.array_sort(F.collect_set(FILE)).alias("files"),
+                F.array_sort(F.collect_set("event")).alias("kinds"),
+                F.min("ts").alias("ts"),
+            )
+            .where(F.col("n") > 1)
+            .orderBy("router", "epoch", "seq")
+            .limit(10_000)
+            .collect()
+        ]
+    for r in found.life:  # the boot of each epoch (from its router-started line)
+        if r["event"] == "router-started" and (r["router"], r["epoch"]) in epochs:
+            e = epochs[(r["router"], r["epoch"])]
+            if e.get("started_seq") is None or r["seq"] < e["started_seq"]:
+                e.update(started_seq=r["seq"], started_ts=r["ts"], boot=r["boot"])
+    for e in epochs.values():
+        e.setdefault("started_ts", None)
+        e.setdefault("boot", None)
+        e["stopped"] = e["stopping_seq"] is not None
+    ordered = sorted(epochs, key=lambda k: (str(k[0]), k[1]))
+    per_kind: dict[str, int] = {}
+    for i, kind in enumerate(kinds):  # a folded line's events under the kinds they are
+        n = found.per_kind[i]
+        if kind == SUB_OUTCOMES:
+            per_kind["sub-outcome"] = per_kind.get("sub-outcome", 0) + n
+        elif kind == COMPLETED:
+            continue  # below: its sub-outcome, pub-outcome and settled
+        elif n:
+            per_kind[kind] = per_kind.get(kind, 0) + n
+    for kind, n in (
+        ("sub-outcome", found.completed),
+        ("pub-outcome", found.completed),
+        ("settled", found.completed_settling),
+    ):
+        if n:
+            per_kind[kind] = per_kind.get(kind, 0) + n
+    return {
+        "epochs": [epochs[k] for k in ordered],
+        "gaps": sorted(found.runs, key=lambda r: (str(r[0]), r[1], r[2])),
+        "repeated": repeated,
+        "lines": found.lines,
+        "bad_count": found.bad,
+        "named_routers": sorted(found.named - {None}),
+        "life": found.life,
+        "kinds": dict(sorted(per_kind.items())),
+        "refused": found.refused,
+        "first_read": how,
+    }
+
+
+def line_vocabulary() -> dict:
+    """What the Java scan checks a line against and folds it by (spark/linescan.py):
+    the fields and their types, the kinds, and the rules' lists above."""
+    from router.eventschema import spark_schema_fields
+    from spark.load import LINE_FIELDS
+
+    types = dict(spark_schema_fields())
+    return {
+        "fields": [[name, types[name]] for name in LINE_FIELDS],
+        "common": list(COMMON),
+        "kinds": list(EVENTS),
+        "names_delivery": list(NAMES_DELIVERY),
+        "life_kinds": list(LIFE_KINDS),
+        "life_columns": list(_LIFE_COLUMNS),
+        "naming": list(_NAMING),
+        "sub_outcomes": SUB_OUTCOMES,
+        "completed": COMPLETED,
+        "pub_outcome": "pub-outcome",
+        "router_stopping": "router-stopping",
+    }
+
+
+def delivery_vocabulary(spark) -> dict:
+    """What the Java delivery scan makes a line's events into (spark/linescan.py): the
+    codes of narrow(), the folds, and narrow()'s own schema (the rows are its rows)."""
+    from router.eventschema import FOLDS
+    from spark.load import line_schema
+
+    empty = spark.createDataFrame([], line_schema(DELIVERY_READ))
+    schema = _narrowed(unfold(empty.withColumn("_bad", bad(empty)))).schema.json()
+    return {
+        "kind_codes": KIND,
+        "outcomes": OUTCOME,
+        "other_outcome": 6,
+        "by": BY,
+        "other_by": 7,
+        "remembered": REMEMBERED,
+        "beyond_horizon": BEYOND_HORIZON,
+        "at_least_once": AT_LEAST_ONCE,
+        "filtered_reason": "filtered",
+        "folds": {
+            kind: {"events": list(events), "fields": list(fields), "optional_last": optional_last, "run_field": run_field}
+            for kind, (events, fields, optional_last, run_field) in FOLDS.items()
+        },
+        "schema": schema,
+    }
+
+
+def _read_facts(spark, sources: list) -> _Read:
+    """The first read in Spark SQL (the specification of the Java scan)."""
     from spark.load import load_lines
 
     lines = load_lines(spark, sources, ROUTER_READ)
@@ -742,18 +882,11 @@ def input_facts(spark, sources: list) -> dict:
     )
     epochs = {(r["router"], r["epoch"]): r.asDict() for r in per_epoch.collect()}
     seen = obs.get
-    life = [r.asDict() for r in seen["life"]]
     named: set[str] = set()
     for name in _NAMING:
         for value in seen[f"named_{name}"] or ():
             named.update(value if isinstance(value, list) else (value,))
-    named.discard(None)
-    gaps, repeats = [], []
-    for key, e in epochs.items():
-        if e["distinct"] != e["last_seq"]:
-            gaps.append(key)
-        if e["lines"] != e["distinct"]:
-            repeats.append(key)
+    gaps = [key for key, e in epochs.items() if e["distinct"] != e["last_seq"]]
     runs = []
     if gaps:  # cold path: the words of the epochs with a gap name the missing numbers
         wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in gaps]
@@ -767,62 +900,39 @@ def input_facts(spark, sources: list) -> dict:
             words[(h["router"], h["epoch"])][h["w"]] = h["bits"]
         for key in gaps:
             runs += [(key[0], key[1], lo, hi) for lo, hi in _missing(words[key], epochs[key]["last_seq"])]
-    repeated = []
-    if repeats:  # cold path: which seq numbers, on which lines
-        wanted = [F.struct(F.lit(r).alias("router"), F.lit(e).alias("epoch")) for r, e in repeats]
-        again = load_lines(spark, sources, ROUTER_READ, files=True)
-        repeated = [
-            r.asDict()
-            for r in again.where(F.struct("router", "epoch").isin(*wanted) & (F.col("seq") > 0))
-            .groupBy("router", "epoch", "seq")
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.array_sort(F.collect_set(FILE)).alias("files"),
-                F.array_sort(F.collect_set("event")).alias("kinds"),
-                F.min("ts").alias("ts"),
-            )
-            .where(F.col("n") > 1)
-            .orderBy("router", "epoch", "seq")
-            .limit(10_000)
-            .collect()
-        ]
-    for r in life:  # the boot of each epoch (from its router-started line)
-        if r["event"] == "router-started" and (r["router"], r["epoch"]) in epochs:
-            e = epochs[(r["router"], r["epoch"])]
-            if e.get("started_seq") is None or r["seq"] < e["started_seq"]:
-                e.update(started_seq=r["seq"], started_ts=r["ts"], boot=r["boot"])
-    for e in epochs.values():
-        e.setdefault("started_ts", None)
-        e.setdefault("boot", None)
-        e["stopped"] = e["stopping_seq"] is not None
-    ordered = sorted(epochs, key=lambda k: (str(k[0]), k[1]))
-    per_kind: dict[str, int] = {}
-    for i, kind in enumerate(kinds):  # a folded line's events under the kinds they are
-        n = seen[f"k{i}"] or 0
-        if kind == SUB_OUTCOMES:
-            per_kind["sub-outcome"] = per_kind.get("sub-outcome", 0) + n
-        elif kind == COMPLETED:
-            continue  # below: its sub-outcome, pub-outcome and settled
-        elif n:
-            per_kind[kind] = per_kind.get(kind, 0) + n
-    for kind, n in (
-        ("sub-outcome", seen["completed"]),
-        ("pub-outcome", seen["completed"]),
-        ("settled", seen["completed_settling"]),
-    ):
-        if n:
-            per_kind[kind] = per_kind.get(kind, 0) + n
-    return {
-        "epochs": [epochs[k] for k in ordered],
-        "gaps": runs,
-        "repeated": repeated,
-        "lines": seen["lines"],
-        "bad_count": seen["bad"] or 0,
-        "named_routers": sorted(named),
-        "life": life,
-        "kinds": dict(sorted(per_kind.items())),
-        "refused": seen["refused"] or 0,
-    }
+    return _Read(
+        epochs=epochs,
+        runs=runs,
+        lines=seen["lines"],
+        bad=seen["bad"] or 0,
+        named=named,
+        life=[r.asDict() for r in seen["life"]],
+        per_kind=[seen[f"k{i}"] or 0 for i in range(len(kinds))],
+        refused=seen["refused"] or 0,
+        completed=seen["completed"] or 0,
+        completed_settling=seen["completed_settling"] or 0,
+    )
+
+
+def _scanned(scan: dict) -> _Read:
+    """The Java scan's facts (spark/linescan.py) in the form of ``_read_facts``'."""
+    epochs, runs = {}, []
+    for e in scan["epochs"]:
+        key = (e["router"], e["epoch"])
+        runs += [(key[0], key[1], lo, hi) for lo, hi in e.pop("missing")]
+        epochs[key] = {"stopping_seq": None, "stopping_ts": None} | e
+    return _Read(
+        epochs=epochs,
+        runs=runs,
+        lines=scan["lines"],
+        bad=0,  # the scan declines any input with a line it cannot vouch for
+        named=set(scan["named"]),
+        life=[dict(zip(_LIFE_COLUMNS, row, strict=True)) for row in scan["life"]],
+        per_kind=scan["per_kind"],
+        refused=scan["refused"],
+        completed=scan["completed"],
+        completed_settling=scan["completed_settling"],
+    )
 
 
 def _missing(words: dict[int, int], last: int) -> list[tuple[int, int]]:
@@ -1090,8 +1200,13 @@ def narrow(events: DataFrame, windows: dict) -> DataFrame:
     """The well-formed events that name a delivery, as (h, delivery, id, _pos, the
     EVENT_FIELDS). ``windows``: small_tables()' resume windows (a broadcast join
     marks the reported answers; none without a resumed subscriber)."""
+    return mark_reported(_narrowed(events), windows)
+
+
+def _narrowed(events: DataFrame) -> DataFrame:
+    """narrow() before the resume windows: what the Java delivery scan makes too."""
     kind = F.col("event")
-    out = events.where(F.col("delivery").isNotNull() & ~F.col("_bad")).select(
+    return events.where(F.col("delivery").isNotNull() & ~F.col("_bad")).select(
         F.xxhash64("delivery").alias("h"),
         "delivery",
         _hash(F.col("router")).alias("r"),
@@ -1122,10 +1237,15 @@ def narrow(events: DataFrame, windows: dict) -> DataFrame:
         ),
         F.col("_pos"),
     )
+
+
+def mark_reported(out: DataFrame, windows: dict) -> DataFrame:
+    """Adds ``rep``: a sub-outcome inside a resuming subscriber's window (small_tables()'
+    ``windows``) is an answer it reported again, not a new one."""
     if not windows:
         return out.withColumn("rep", F.lit(False))
     rows = [(k[0], k[1], k[2], a, b) for k, spans in windows.items() for a, b in spans]
-    w = F.broadcast(events.sparkSession.createDataFrame(rows, "wr long, we long, ws long, a_seq long, r_seq long"))
+    w = F.broadcast(out.sparkSession.createDataFrame(rows, "wr long, we long, ws long, a_seq long, r_seq long"))
     flagged = out.join(
         w,
         (out["r"] == w["wr"])
@@ -1708,6 +1828,8 @@ def prepare(
     """Read the input twice: once for everything about the input itself
     (input_facts), once for the per-delivery facts (not yet computed: compute_facts()),
     with the applications' ``ledgers`` if given."""
+    from spark import linescan
+
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     facts_in = input_facts(spark, sources)
@@ -1733,7 +1855,8 @@ def prepare(
     # fill per line); should a field only the second read converts be of the wrong type,
     # compute_facts() reads it again permissively.
     strict = facts_in["bad_count"] == 0
-    facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers, strict=strict)
+    scanned = facts_in["first_read"] == linescan.JAVA
+    facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers, strict=strict, scanned=scanned)
     t = Tables(facts, facts_in, small, names, sources, partitions, observation, storage=storage)
     if strict:
         t.permissive = lambda: facts_frame(spark, sources, small, missing, partitions, ledgers)
@@ -1797,22 +1920,32 @@ def facts_frame(
     partitions: int,
     ledgers: DataFrame | None = None,
     strict: bool = False,
-) -> tuple[DataFrame, Observation]:
+    scanned: bool = False,
+) -> tuple[DataFrame, Observation | None]:
     """The per-delivery facts from a second read of the input (the fields of the
     events about deliveries): unfold, narrow, one shuffle by delivery id, one row
     per delivery, every per-delivery invariant. With ``ledgers``, the applications'
     `delivered` lines join the same shuffle (app_events). Also counts (``observe``)
     the malformed lines among those this read converts differently (a field of the
     wrong type among its fields), and which subscribers keep a ledger. ``strict``:
-    read as load_lines() says (a line Spark cannot read whole fails the job)."""
+    read as load_lines() says (a line Spark cannot read whole fails the job).
+    ``scanned``: the first read's Java scan vouched for every line, and the Java
+    delivery scan makes the narrowed rows (no malformed line to count: None)."""
+    from spark import linescan
     from spark.load import load_lines
 
-    lines = load_lines(spark, sources, DELIVERY_READ, strict=strict)
-    lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
-    lines = lines.withColumn("_bad", bad(lines))
-    observation = Observation("deliveries")
-    lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
-    events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())), small["windows"])
+    observation: Observation | None = None
+    events = None
+    if scanned:
+        jdf = linescan.delivery_events(spark, sources, line_vocabulary(), delivery_vocabulary(spark))
+        events = mark_reported(DataFrame(jdf, spark), small["windows"]) if jdf is not None else None
+    if events is None:
+        lines = load_lines(spark, sources, DELIVERY_READ, strict=strict)
+        lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
+        lines = lines.withColumn("_bad", bad(lines))
+        observation = Observation("deliveries")
+        lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
+        events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())), small["windows"])
     if ledgers is not None:
         events = events.unionByName(app_events(ledgers))
     grouped = group_deliveries(events, partitions)

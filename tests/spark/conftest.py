@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def spark():
     pytest.importorskip("pyspark")
     if shutil.which("java") is None:
-        pytest.skip("Spark needs Java (17+): apt-get install openjdk-17-jre-headless")
+        pytest.skip("Spark needs Java (17+): apt-get install openjdk-17-jdk-headless")
     from spark.load import get_session
 
     session = get_session(

@@ -1,0 +1,330 @@
+package eorouter.spark;
+
+import com.fasterxml.jackson.core.JsonFactory;
+import java.io.IOException;
+import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.sql.DataFrameReader;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.XXH64;
+import org.apache.spark.sql.catalyst.util.GenericArrayData;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+
+/**
+ * The per-delivery pass's read (spark/reconcile.py: unfold, then narrow) as plain Java: each line of
+ * the writer's parsed once (LineScan's parser and checks), a folded line unfolded into the events it
+ * stands for, and each event that names a delivery made into the short row the one shuffle by
+ * delivery carries (routers and subscribers as Spark's own xxhash64, kinds and outcomes as codes).
+ *
+ * <p>Run only over input the first read's scan found entirely in the writer's shape; a line that is
+ * not (the files changed between the reads) fails the job, and the proof reads in Spark SQL instead.
+ * The rows' schema comes from the SQL narrow() it stands for, so the two are one shuffle's input.
+ */
+public final class DeliveryScan {
+    private DeliveryScan() {}
+
+    static final long SEED = 42L; // Spark's xxhash64 seed
+
+    /** A folded kind: the events it stands for, and each event's fields as line fields. */
+    static final class Fold implements Serializable {
+        private static final long serialVersionUID = 1L;
+        int[] events; // kind codes (places in the kinds)
+        int[][] map; // map[event][field] = the line field it reads, -1 none (null), -2 the line's own
+        int runField = -1; // the line's list of deliveries, one events[0] each
+        int optionalLast = -1; // the last event only when this line field is set
+    }
+
+    static final class Vocabulary implements Serializable {
+        private static final long serialVersionUID = 1L;
+        LineScan.Spec spec;
+        Fold[] folds; // by kind code, null: not folded
+        int[] kindCode; // by kind place: the per-delivery rows' code (KIND), 0 for a kind the proof ignores
+        Map<String, Integer> outcomes;
+        int otherOutcome;
+        Map<String, Integer> by;
+        int otherBy;
+        String remembered, beyondHorizon, atLeastOnce, filteredReason;
+        int received, settled, pubOutcome, forwardedToRouter, owedMoved, owedStateDiscarded;
+        int subscriber, outcome, originRouter, toRouter, fromRouter, owed, dests, subscribers, forwarded;
+        int routers, deleted, settledField, byField, reason, condition, guarantee, filtered;
+        String schemaJson;
+        int[] idFields;
+
+        @SuppressWarnings("unchecked")
+        static Vocabulary parse(String specJson, String deliveryJson) throws IOException {
+            Vocabulary v = new Vocabulary();
+            LineScan.Spec s = LineScan.Spec.parse(specJson);
+            v.spec = s;
+            Map<String, Object> m = LineScan.parseJson(new JsonFactory().createParser(deliveryJson));
+            Map<String, Object> kinds = (Map<String, Object>) m.get("kind_codes");
+            v.kindCode = new int[s.kinds.length];
+            for (int i = 0; i < s.kinds.length; i++) {
+                Object code = kinds.get(s.kinds[i]);
+                v.kindCode[i] = code == null ? 0 : ((Long) code).intValue();
+            }
+            v.outcomes = codes((Map<String, Object>) m.get("outcomes"));
+            v.otherOutcome = ((Long) m.get("other_outcome")).intValue();
+            v.by = codes((Map<String, Object>) m.get("by"));
+            v.otherBy = ((Long) m.get("other_by")).intValue();
+            v.remembered = (String) m.get("remembered");
+            v.beyondHorizon = (String) m.get("beyond_horizon");
+            v.atLeastOnce = (String) m.get("at_least_once");
+            v.filteredReason = (String) m.get("filtered_reason");
+            v.folds = new Fold[s.kinds.length];
+            for (Map.Entry<String, Object> e : ((Map<String, Object>) m.get("folds")).entrySet()) {
+                Map<String, Object> f = (Map<String, Object>) e.getValue();
+                Fold fold = new Fold();
+                List<Object> events = (List<Object>) f.get("events");
+                List<Object> fields = (List<Object>) f.get("fields");
+                fold.events = new int[events.size()];
+                fold.map = new int[events.size()][s.fields.length];
+                java.util.Set<Integer> folded = new java.util.HashSet<>();
+                for (Object one : fields) for (Object name : ((Map<String, Object>) one).keySet()) folded.add(s.field((String) name));
+                for (int i = 0; i < events.size(); i++) {
+                    fold.events[i] = s.kind((String) events.get(i));
+                    java.util.Arrays.fill(fold.map[i], -2);
+                    Map<String, Object> mine = (Map<String, Object>) fields.get(i);
+                    boolean run = f.get("run_field") != null;
+                    for (int field : folded) {
+                        Object line = mine.get(s.fields[field]);
+                        // As spark/reconcile.py unfold(): a run's events keep the line's fields (their
+                        // names are the line's); each event of any other fold reads its own
+                        // mapping, and a field only other events of the fold have is null.
+                        if (run) fold.map[i][field] = line == null || line.equals(s.fields[field]) ? -2 : s.field((String) line);
+                        else fold.map[i][field] = line == null ? -1 : s.field((String) line);
+                    }
+                }
+                if (f.get("run_field") != null) fold.runField = s.field((String) f.get("run_field"));
+                if (f.get("optional_last") != null) fold.optionalLast = s.field((String) f.get("optional_last"));
+                v.folds[s.kind(e.getKey())] = fold;
+            }
+            v.received = s.kind("received");
+            v.settled = s.kind("settled");
+            v.pubOutcome = s.kind("pub-outcome");
+            v.forwardedToRouter = s.kind("forwarded-to-router");
+            v.owedMoved = s.kind("owed-moved");
+            v.owedStateDiscarded = s.kind("owed-state-discarded");
+            v.subscriber = s.field("subscriber");
+            v.outcome = s.field("outcome");
+            v.originRouter = s.field("origin_router");
+            v.toRouter = s.field("to_router");
+            v.fromRouter = s.field("from_router");
+            v.owed = s.field("owed");
+            v.dests = s.field("dests");
+            v.subscribers = s.field("subscribers");
+            v.forwarded = s.field("forwarded");
+            v.routers = s.field("routers");
+            v.deleted = s.field("deleted");
+            v.settledField = s.field("settled");
+            v.byField = s.field("by");
+            v.reason = s.field("reason");
+            v.condition = s.field("condition");
+            v.guarantee = s.field("guarantee");
+            v.filtered = s.field("filtered");
+            v.schemaJson = (String) m.get("schema");
+            StructType id = (StructType) ((StructType) DataType.fromJson(v.schemaJson)).apply("id").dataType();
+            v.idFields = new int[id.fields().length];
+            for (int i = 0; i < v.idFields.length; i++) v.idFields[i] = s.field(id.fields()[i].name());
+            return v;
+        }
+
+        private static Map<String, Integer> codes(Map<String, Object> m) {
+            Map<String, Integer> out = new HashMap<>();
+            for (Map.Entry<String, Object> e : m.entrySet()) out.put(e.getKey(), ((Long) e.getValue()).intValue());
+            return out;
+        }
+    }
+
+    /** The rows of one partition's lines. */
+    static final class Narrower {
+        final Vocabulary v;
+        final LineScan.Scanner scanner;
+        final LineScan.Line line;
+        final String[] columns;
+        final List<InternalRow> out = new ArrayList<>();
+        // One event of the line: its kind, its delivery, its place in the line, which of its fold's
+        // events it is (a run's events are all the first), its fold (or null).
+        int kind, pos, part;
+        String delivery;
+        Fold fold;
+
+        Narrower(Vocabulary v) {
+            this.v = v;
+            this.scanner = new LineScan.Scanner(v.spec);
+            this.line = scanner.line;
+            StructType schema = (StructType) DataType.fromJson(v.schemaJson);
+            columns = schema.fieldNames();
+        }
+
+        /** The rows of one line (appended to ``out``). */
+        void line(byte[] bytes, int offset, int length) {
+            String why;
+            try {
+                why = scanner.parse(bytes, offset, length);
+            } catch (IOException | RuntimeException e) {
+                why = "not the writer's JSON: " + e.getMessage();
+            }
+            if (why == null) why = scanner.problem();
+            if (why != null) {
+                throw new IllegalStateException("eorouter: a line the first read's scan accepted is not in the writer's shape now (" + why + ")");
+            }
+            int lineKind = scanner.kind;
+            Fold f = v.folds[lineKind];
+            if (f == null) {
+                if (!scanner.has(v.spec.delivery)) return;
+                event(lineKind, (String) line.objects[v.spec.delivery], 0, 0, null);
+            } else if (f.runField >= 0) {
+                String[] ds = (String[]) line.objects[f.runField];
+                for (int i = 0; i < ds.length; i++) event(f.events[0], ds[i], i, 0, f);
+            } else {
+                if (!scanner.has(v.spec.delivery)) return;
+                int n = f.optionalLast >= 0 && !scanner.has(f.optionalLast) ? f.events.length - 1 : f.events.length;
+                for (int i = 0; i < n; i++) event(f.events[i], (String) line.objects[v.spec.delivery], i, i, f);
+            }
+        }
+
+        /** The line field an event's field reads (-1: none, the event's field is null). */
+        int at(int field) {
+            if (fold == null) return field;
+            int m = fold.map[part][field];
+            return m == -2 ? field : m;
+        }
+
+        Object get(int field) {
+            int f = at(field);
+            return f >= 0 && scanner.has(f) ? scanner.value(f) : null;
+        }
+
+        String str(int field) {
+            return (String) get(field);
+        }
+
+        static Long hash(String name) {
+            return name == null ? null : XXH64.hashUTF8String(UTF8String.fromString(name), SEED);
+        }
+
+        GenericArrayData hashes(int field) {
+            String[] names = (String[]) get(field);
+            if (names == null) return null;
+            Object[] out = new Object[names.length];
+            for (int i = 0; i < names.length; i++) out[i] = hash(names[i]);
+            return new GenericArrayData(out);
+        }
+
+        void event(int kind, String delivery, int pos, int part, Fold fold) {
+            if (delivery == null) return;
+            this.kind = kind;
+            this.delivery = delivery;
+            this.pos = pos;
+            this.part = part;
+            this.fold = fold;
+            Object[] row = new Object[columns.length];
+            for (int c = 0; c < columns.length; c++) row[c] = column(columns[c]);
+            out.add(new GenericInternalRow(row));
+        }
+
+        Object column(String name) {
+            Vocabulary v = this.v;
+            LineScan.Spec s = v.spec;
+            switch (name) {
+                case "h": return hash(delivery);
+                case "delivery": return UTF8String.fromString(delivery);
+                case "r": return hash(str(s.router));
+                case "e": return get(s.epoch);
+                case "q": return get(s.seq);
+                case "t": return get(s.ts);
+                case "k": return v.kindCode[kind];
+                case "s": return hash(str(v.subscriber));
+                case "o": {
+                    String o = str(v.outcome);
+                    return o == null ? null : v.outcomes.getOrDefault(o, v.otherOutcome);
+                }
+                case "p": {
+                    String p = str(v.originRouter);
+                    if (p == null) p = str(v.toRouter);
+                    if (p == null) p = str(v.fromRouter);
+                    return hash(p);
+                }
+                case "l":
+                    if (kind == v.received) return hashes(v.owed);
+                    if (kind == v.forwardedToRouter) return hashes(v.dests);
+                    if (kind == v.owedMoved) return hashes(v.subscribers);
+                    return null;
+                case "f": return kind == v.received ? hashes(v.forwarded) : null;
+                case "x": return kind == v.received ? hashes(v.routers) : null;
+                case "b": return kind == v.settled ? get(v.deleted) : get(v.settledField);
+                case "y": {
+                    if (kind == v.settled) {
+                        String by = str(v.byField);
+                        return by == null ? null : v.by.getOrDefault(by, v.otherBy);
+                    }
+                    if (kind == v.pubOutcome && v.remembered.equals(str(v.reason))) return 1;
+                    if (kind == v.pubOutcome && v.beyondHorizon.equals(str(v.condition))) return 2;
+                    if (kind == v.owedStateDiscarded && v.filteredReason.equals(str(v.reason))) return 3;
+                    if (kind == v.received && v.atLeastOnce.equals(str(v.guarantee))) return 4;
+                    return null;
+                }
+                case "fl": return kind == v.received && get(v.filtered) != null ? hashes(v.filtered) : null;
+                case "id": {
+                    if (kind != v.received) return null;
+                    Object[] id = new Object[v.idFields.length];
+                    for (int i = 0; i < id.length; i++) {
+                        Object x = get(v.idFields[i]);
+                        id[i] = x instanceof String ? UTF8String.fromString((String) x) : x;
+                    }
+                    return new GenericInternalRow(id);
+                }
+                case "_pos": return pos;
+                default: throw new IllegalArgumentException("eorouter: no rule for the column " + name);
+            }
+        }
+    }
+
+    /** The per-delivery rows of the files at ``paths`` (JSON lines), as a DataFrame of narrow()'s schema. */
+    public static Dataset<Row> events(SparkSession spark, List<String> paths, String specJson, String deliveryJson, boolean recursive)
+            throws IOException {
+        Vocabulary vocabulary = Vocabulary.parse(specJson, deliveryJson);
+        DataFrameReader reader = spark.read();
+        if (recursive) reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl");
+        JavaRDD<InternalRow> lines = reader.text(paths.toArray(new String[0])).queryExecution().toRdd().toJavaRDD();
+        JavaRDD<InternalRow> rows = lines.mapPartitions((Iterator<InternalRow> it) -> new Iterator<InternalRow>() {
+            final Narrower narrower = new Narrower(vocabulary);
+            int next;
+
+            public boolean hasNext() {
+                while (next >= narrower.out.size()) {
+                    if (!it.hasNext()) return false;
+                    narrower.out.clear();
+                    next = 0;
+                    UTF8String text = it.next().getUTF8String(0);
+                    Object base = text.getBaseObject();
+                    if (base instanceof byte[]) {
+                        narrower.line((byte[]) base, (int) (text.getBaseOffset() - org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET), text.numBytes());
+                    } else {
+                        byte[] copy = text.getBytes();
+                        narrower.line(copy, 0, copy.length);
+                    }
+                }
+                return true;
+            }
+
+            public InternalRow next() {
+                if (!hasNext()) throw new java.util.NoSuchElementException();
+                return narrower.out.get(next++);
+            }
+        });
+        StructType schema = (StructType) DataType.fromJson(vocabulary.schemaJson);
+        return ((org.apache.spark.sql.classic.SparkSession) spark).internalCreateDataFrame(rows.rdd(), schema, false);
+    }
+}

@@ -1,0 +1,434 @@
+"""The first read's Java scan (spark/linescan.py, spark/java/eorouter/spark/LineScan.java)
+against its specification, the first read in Spark SQL (spark/reconcile.py ``_read_facts``):
+
+- on input in the writer's shape (a real run of three routers, generated histories with
+  restarts, gaps and repeats) the two find exactly the same facts, and the scan is what ran;
+- on every mutation of the audit's, the scan either declines (and SQL runs) or finds
+  exactly what SQL finds;
+- line by line (hypothesis: lines of the writer's broken in every way a field, a byte or
+  an editor can break them), a line the scan accepts is one Spark's JSON reader reads
+  whole, well formed by the proof's rule, to the same value in every field: the property
+  that makes the scan's answers the specification's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mutations import MUTATIONS, Copy
+
+from spark import jar, linescan, load, reconcile
+from spark.generate import Spec, generate
+from spark.schema import CORRUPT, FILE
+
+CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scanner(spark):
+    if linescan._scanner(spark) is None:
+        if jar.compiler() is None:
+            pytest.skip("no javac (a JDK) to build the proof's Java classes: spark/jar.py")
+        pytest.fail("javac is here but the tests' Spark session has no LineScan class")
+
+
+def both(spark, inputs: list[str], monkeypatch) -> tuple[dict, dict]:
+    """input_facts by the scan (as the job runs it) and by Spark SQL alone."""
+    sources = load.resolve(inputs)
+    scanned = reconcile.input_facts(spark, sources)
+    with monkeypatch.context() as m:
+        m.setenv(jar.ENV, "off")
+        sql = reconcile.input_facts(spark, sources)
+    assert sql["first_read"].startswith("spark-sql")
+    return scanned, sql
+
+
+def comparable(facts: dict) -> dict:
+    out = {k: v for k, v in facts.items() if k != "first_read"}
+    out["life"] = sorted(facts["life"], key=lambda r: (r["router"], r["epoch"], r["seq"], r["event"]))
+    return out
+
+
+def test_a_real_run_is_scanned_to_the_same_facts(spark, real_run, monkeypatch):
+    scanned, sql = both(spark, [str(r) for r in real_run["routers"]], monkeypatch)
+    assert scanned["first_read"] == linescan.JAVA
+    assert scanned["life"] and scanned["epochs"] and scanned["named_routers"]
+    assert comparable(scanned) == comparable(sql)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_generated_histories_with_restarts_gaps_and_repeats(spark, tmp_path, monkeypatch, seed):
+    """Restarts (epochs), folded lines, batches, detaches, refused resends; and a seq
+    gap and a repeated seq (the scan names the missing numbers itself; the repeated
+    ones come from SQL's cold path either way)."""
+    routers = []
+    for n, faults in enumerate([(), ("seq-gap",), ("seq-repeated",)]):
+        spec = Spec(
+            routers=3,
+            publishers=2,
+            subscribers=3,
+            topics=2,
+            deliveries=60,
+            round_size=8,
+            seed=seed * 10 + n,
+            p_restart=0.3,
+            p_fold=0.5,
+            p_batch=0.5,
+            p_detach=0.5,
+            p_refused=0.1,
+            faults=faults,
+            prefix=f"h{n}.",
+        )
+        info = generate(tmp_path / f"h{n}", spec)
+        routers += [str(tmp_path / f"h{n}" / r) for r in info["routers"]]
+    scanned, sql = both(spark, routers, monkeypatch)
+    assert scanned["first_read"] == linescan.JAVA
+    assert sql["gaps"] and sql["repeated"]
+    assert comparable(scanned) == comparable(sql)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    import realrun
+
+    return realrun.run(tmp_path_factory.mktemp("line-scan-run"), messages=8)
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_each_mutation_is_declined_or_scanned_to_the_same_facts(spark, run, tmp_path, monkeypatch, name):
+    copy = Copy.of(run, tmp_path / "logs")
+    MUTATIONS[name](copy)
+    dirs = copy.write()
+    has_events = any(p.stat().st_size for d in dirs for p in Path(d, "events").glob("*.jsonl"))
+    if not has_events:
+        pytest.skip("no events left: the command refuses it before any read (test_mutations)")
+    scanned, sql = both(spark, dirs, monkeypatch)
+    if sql["bad_count"]:
+        assert scanned["first_read"].startswith("spark-sql ("), scanned["first_read"]
+    assert comparable(scanned) == comparable(sql)
+
+
+# ---------------------------------------------------------------------------
+# The per-delivery pass's rows: DeliveryScan against unfold() and narrow()
+# ---------------------------------------------------------------------------
+
+
+def delivery_rows(spark, inputs: list[str]) -> tuple[list, list]:
+    """The narrowed rows of the per-delivery pass, by the Java scan and by Spark SQL."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    sources = load.resolve(inputs)
+    jdf = linescan.delivery_events(spark, sources, reconcile.line_vocabulary(), reconcile.delivery_vocabulary(spark))
+    java = DataFrame(jdf, spark)
+    lines = load.load_lines(spark, sources, reconcile.DELIVERY_READ)
+    lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())
+    sql = reconcile._narrowed(reconcile.unfold(lines.withColumn("_bad", reconcile.bad(lines))))
+    assert java.schema == sql.schema
+    return sorted(java.collect(), key=str), sorted(sql.collect(), key=str)
+
+
+def test_a_real_runs_delivery_rows_are_narrow_s(spark, real_run):
+    java, sql = delivery_rows(spark, [str(r) for r in real_run["routers"]])
+    assert java and java == sql
+
+
+def test_generated_delivery_rows_with_every_kind_of_line(spark, tmp_path):
+    """Folded lines (completed, sub-outcomes), rejects, expiries, refused resends,
+    at-least-once topics, detaches and restarts."""
+    routers = []
+    for n, faults in enumerate([(), ("invented",), ("dup-tag",)]):
+        spec = Spec(
+            routers=3,
+            publishers=2,
+            subscribers=3,
+            topics=2,
+            alo_topics=1,
+            p_repeat=0.3,
+            deliveries=80,
+            round_size=8,
+            seed=n,
+            p_restart=0.3,
+            p_fold=0.5,
+            p_batch=0.5,
+            p_detach=0.5,
+            p_refused=0.1,
+            p_reject=0.1,
+            p_expire=0.1,
+            faults=faults,
+            prefix=f"h{n}.",
+        )
+        info = generate(tmp_path / f"h{n}", spec)
+        routers += [str(tmp_path / f"h{n}" / r) for r in info["routers"]]
+    java, sql = delivery_rows(spark, routers)
+    kinds = {r["k"] for r in sql}
+    assert {reconcile.KIND[k] for k in ("received", "sub-outcome", "pub-outcome", "settled", "expired")} <= kinds
+    assert any(r["_pos"] > 0 for r in sql) and any(r["y"] == 4 for r in sql)  # unfolded; at-least-once
+    assert java == sql
+
+
+def test_a_line_changed_after_the_first_read_sends_the_pass_back_to_sql(spark, real_run, tmp_path):
+    """DeliveryScan reads only what the first read's scan vouched for; a file changed in
+    between fails its job with a message compute_facts() knows, and the pass is read in SQL."""
+    base = tmp_path / "logs"
+    dirs = []
+    for data_dir in real_run["routers"]:
+        shutil.copytree(data_dir, base / Path(data_dir).name, ignore=shutil.ignore_patterns("*.state"))
+        dirs.append(str(base / Path(data_dir).name))
+    t = reconcile.prepare(spark, load.resolve(dirs), partitions=2)
+    try:
+        assert t.input["first_read"] == linescan.JAVA
+        log = sorted(Path(dirs[0], "events").glob("*.jsonl"))[0]
+        log.write_bytes(log.read_bytes() + b'{"seq": "not a number"}\n')
+        assert t.compute_facts() > 0
+        assert t.bad_in_deliveries is not None and t.bad_in_deliveries.get["bad"] == 1
+    finally:
+        t.unpersist()
+
+
+# ---------------------------------------------------------------------------
+# Line by line: what the scan accepts, Spark reads whole, to the same values
+# ---------------------------------------------------------------------------
+
+_BASE = [
+    {
+        "seq": 7,
+        "ts": 1763785562.25,
+        "router": "A",
+        "epoch": 2,
+        "boot": "8ffe3085742ca654",
+        "event": "received",
+        "delivery": "0a0b",
+        "topic": "t",
+        "publisher": "pub-0",
+        "link_name": "pub-0-out",
+        "pub_tag": "01",
+        "incarnation": "i.1",
+        "stream_seq": 3,
+        "size": 10,
+        "settled": False,
+        "owed": ["sub-0/in"],
+        "forwarded": ["B"],
+    },
+    {
+        "seq": 8,
+        "ts": 1763785562,
+        "router": "A",
+        "epoch": 2,
+        "boot": "8ffe3085742ca654",
+        "event": "link-attached",
+        "link": 1,
+        "conn": 1,
+        "container": "sub-0",
+        "name": "sub-0-in",
+        "role": "subscriber",
+        "address": "topic-0",
+        "durable": 0,
+        "incarnation": "",
+        "resumed": False,
+    },
+    {
+        "seq": 9,
+        "ts": 1.5,
+        "router": "B",
+        "epoch": 1,
+        "boot": "b",
+        "event": "routes",
+        "reachable": ["A", "C"],
+        "next_hops": ["A>A"],
+    },
+    {
+        "seq": 10,
+        "ts": 2.0,
+        "router": "B",
+        "epoch": 1,
+        "boot": "b",
+        "event": "sub-outcomes",
+        "subscriber": "s/in",
+        "outcome": "accepted",
+        "deliveries": ["01", "02"],
+    },
+    {
+        "seq": 11,
+        "ts": 2.0,
+        "router": "B",
+        "epoch": 1,
+        "boot": "b",
+        "event": "completed",
+        "delivery": "01",
+        "subscriber": "s/in",
+        "outcome": "accepted",
+        "pub_outcome": "accepted",
+        "by": "router",
+    },
+]
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.sampled_from(["A", "B", "received", "sub-outcomes", "0a0b"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=4,
+)
+_names = st.sampled_from(sorted(set(load.LINE_FIELDS) | {"size", "conn", "SEQ", "Router", "next_hops", "x"}))
+
+
+@st.composite
+def odd_lines(draw) -> bytes:
+    record = dict(draw(st.sampled_from(_BASE)))
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 1, 2, 3]))):
+        action = draw(st.sampled_from(["set", "set", "delete", "array"]))
+        name = draw(_names)
+        if action == "set":
+            record[name] = draw(_json_values)
+        elif action == "delete":
+            record.pop(name, None)
+        else:
+            record[name] = draw(st.lists(st.none() | st.text(max_size=3) | st.integers(), max_size=3))
+    text = json.dumps(record, ensure_ascii=draw(st.booleans()), separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    line = text.encode("utf-8", "surrogatepass")  # a lone surrogate: bytes that are not quite UTF-8
+    edit = draw(st.sampled_from(["none"] * 6 + ["dup", "bom", "space", "tail", "quote", "utf8", "cut", "array", "nan"]))
+    if edit == "dup":  # a field twice: Spark keeps the last one
+        name = draw(st.sampled_from(sorted(record)))
+        line = b"{" + json.dumps(name).encode() + b":" + json.dumps(draw(_json_values)).encode() + b"," + line[1:]
+    elif edit == "bom":
+        line = b"\xef\xbb\xbf" + line
+    elif edit == "space":
+        line = draw(st.sampled_from([b" ", b"\t", b"\x0c", b"\x00"])) + line
+    elif edit == "tail":
+        line = line + draw(st.sampled_from([b" x", b"}", b"{}", b",", b" "]))
+    elif edit == "quote":
+        line = line.replace(b'"', b"'", draw(st.integers(1, 4)))
+    elif edit == "utf8":  # bytes that are not UTF-8 (or not minimal UTF-8) inside a string
+        at = line.index(b'"', 2) + 1
+        line = line[:at] + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe2\x82"])) + line[at:]
+    elif edit == "cut":
+        line = line[: draw(st.integers(0, len(line) - 1))]
+    elif edit == "array":
+        line = b"[" + line + b"]"
+    elif edit == "nan":
+        line = line.replace(b'"ts": ', b'"ts": NaN, "x": ', 1).replace(b'"ts":', b'"ts":NaN,"x":', 1)
+    return line.replace(b"\n", b" ").replace(b"\r", b" ")
+
+
+def _spark_reads(spark, base: Path, lines: list[bytes]) -> dict[int, list]:
+    """Each line in its own file, read by the proof's reader (every field it knows, and
+    the corrupt-record column): line number -> the rows Spark made of it, each with
+    whether the proof calls it malformed."""
+    events = base / "events"
+    events.mkdir(parents=True)
+    for i, line in enumerate(lines):
+        (events / f"events-000001-{i + 1:06d}.jsonl").write_bytes(line + b"\n")
+    lines_df = load.load_lines(spark, load.resolve([str(base)]), files=True)
+    rows: dict[int, list] = {}
+    for r in lines_df.select("*", reconcile.bad(lines_df).alias("_bad")).collect():
+        n = int(r[FILE].rsplit("-", 1)[1].split(".")[0]) - 1
+        rows.setdefault(n, []).append(r)
+    return rows
+
+
+def _judged(spark, lines: list[bytes]) -> list[dict]:
+    return json.loads(linescan._scanner(spark).judgeLines([bytearray(x) for x in lines], json.dumps(reconcile.line_vocabulary())))
+
+
+def _accepted_lines_read_alike(spark, base: Path, lines: list[bytes]) -> int:
+    """Asserts that every line the scan accepts is one row of Spark's, well formed, with
+    the scan's values in every field; returns how many it accepted."""
+    judged = _judged(spark, lines)
+    read = _spark_reads(spark, base, lines)
+    accepted = 0
+    for i, (line, verdict) in enumerate(zip(lines, judged, strict=True)):
+        if "why" in verdict:
+            continue
+        accepted += 1
+        rows = read.get(i, [])
+        assert len(rows) == 1, (line, rows)
+        row = rows[0]
+        assert not row["_bad"] and row[CORRUPT] is None, (line, row)
+        assert verdict["values"] == [row[f] for f in load.LINE_FIELDS], line
+    return accepted
+
+
+@settings(
+    max_examples=6 if CI else 15,
+    deadline=None,
+    derandomize=CI,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(lines=st.lists(odd_lines(), min_size=60, max_size=60))
+def test_a_line_the_scan_accepts_is_read_whole_by_spark_to_the_same_values(spark, tmp_path_factory, lines):
+    _accepted_lines_read_alike(spark, tmp_path_factory.mktemp("lines"), lines)
+
+
+def test_lines_not_utf8_are_read_as_spark_reads_them(spark, tmp_path):
+    """Spark's JSON reader parses a line's bytes with Jackson's byte parser: a byte that
+    cannot be UTF-8 fails the line, an overlong or surrogate form may pass as a character.
+    The scan parses the same way, so it reads such a line to the same text or declines it."""
+    good = orjson.dumps(_BASE[2])
+    odd = [b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe2\x82", b"\xf0\x9f\x98\x80", b"\xc3\xb6", b"\xef\xbb\xbf"]
+    lines = [good.replace(b'"B"', b'"B' + x + b'"') for x in odd]
+    lines += [good.replace(b'"router":"B"', b'"router":"' + x + b'"') for x in odd]
+    assert _accepted_lines_read_alike(spark, tmp_path, lines + [good]) >= 3
+
+
+def test_lines_the_scan_declines(spark):
+    """The shapes it never vouches for, each one alone."""
+    good = orjson.dumps(_BASE[0])
+    odd = {
+        b"": "empty",
+        b"\xef\xbb\xbf" + good: "BOM",
+        good + b" x": "text after",
+        b"[" + good + b"]": "array",
+        good.replace(b'"seq":7', b'"seq":7.0'): "float seq",
+        good.replace(b'"seq":7', b'"seq":"7"'): "string seq",
+        good.replace(b'"seq":7', b'"seq":99999999999999999999'): "big seq",
+        good.replace(b'"seq":7', b'"seq":0'): "seq 0",
+        good.replace(b'"owed":["sub-0/in"]', b'"owed":["sub-0/in",null]'): "null in a list",
+        good.replace(b'"topic":"t"', b'"topic":1'): "number for a string",
+        good.replace(b'{"seq":7,', b'{"seq":7,"seq":8,'): "twice",
+        good.replace(b'"size":10', b'"SIZE":10,"Seq":1'): "other case",
+        good.replace(b'"event":"received"', b'"event":"nonsense"'): "unknown kind",
+        good.replace(b'"delivery":"0a0b",', b""): "no delivery",
+        good.replace(b'"router":"A",', b""): "no router",
+        good.replace(b'"topic":"t"', b"'topic':'t'"): "single quotes",
+    }
+    accepted = [name for (line, name), v in zip(odd.items(), _judged(spark, list(odd)), strict=True) if "why" not in v]
+    assert accepted == []
+    escaped, raw = json.dumps({**_BASE[0], "topic": "tö"}).encode(), orjson.dumps({**_BASE[0], "topic": "tö"})
+    fine = _judged(spark, [good, escaped, raw])
+    assert [v.get("why") for v in fine] == [None, None, None]
+    assert fine[1]["values"] == fine[2]["values"]
+
+
+def test_without_the_jar_the_sql_read_runs_and_says_why(spark, real_run, monkeypatch):
+    monkeypatch.setenv(jar.ENV, "off")
+    facts = reconcile.input_facts(spark, load.resolve([str(r) for r in real_run["routers"]]))
+    assert facts["first_read"] == f"spark-sql ({jar.ENV}=off)"
+
+
+def test_the_jar_is_rebuilt_when_a_source_changes(tmp_path, monkeypatch):
+    if jar.compiler() is None:
+        pytest.skip("no javac")
+    sources = tmp_path / "java"
+    shutil.copytree(jar.SOURCES, sources)
+    monkeypatch.setattr(jar, "SOURCES", sources)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = jar.build()
+    assert first is not None and first.is_file() and jar.build() == first
+    java = next(sources.rglob("LineScan.java"))
+    java.write_text(java.read_text() + "\n// changed\n")
+    second = jar.build()
+    assert second != first and second.is_file()
+    java.write_text(java.read_text() + "\nnot java\n")
+    with pytest.raises(RuntimeError, match="javac failed"):
+        jar.build()
