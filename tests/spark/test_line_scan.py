@@ -33,6 +33,8 @@ CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 
 @pytest.fixture(scope="module", autouse=True)
 def scanner(spark):
+    if os.environ.get(jar.ENV, "") == "off":
+        pytest.skip(f"the proof's Java scans are switched off ({jar.ENV}=off)")
     if linescan._scanner(spark) is None:
         if jar.compiler() is None:
             pytest.skip("no javac (a JDK) to build the proof's Java classes: spark/jar.py")

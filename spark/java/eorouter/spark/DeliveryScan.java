@@ -151,8 +151,11 @@ public final class DeliveryScan {
         final Vocabulary v;
         final LineScan.Scanner scanner;
         final LineScan.Line line;
-        final String[] columns;
+        final int[] columns; // each output column's rule (COLUMNS)
         final List<InternalRow> out = new ArrayList<>();
+        // Names (routers, subscribers) are few and repeat on every line: each hashed once.
+        final Map<String, Long> hashed = new HashMap<>();
+        UTF8String deliveryText;
         // One event of the line: its kind, its delivery, its place in the line, which of its fold's
         // events it is (a run's events are all the first), its fold (or null).
         int kind, pos, part;
@@ -163,8 +166,12 @@ public final class DeliveryScan {
             this.v = v;
             this.scanner = new LineScan.Scanner(v.spec);
             this.line = scanner.line;
-            StructType schema = (StructType) DataType.fromJson(v.schemaJson);
-            columns = schema.fieldNames();
+            String[] names = ((StructType) DataType.fromJson(v.schemaJson)).fieldNames();
+            columns = new int[names.length];
+            for (int c = 0; c < names.length; c++) {
+                columns[c] = java.util.Arrays.asList(COLUMNS).indexOf(names[c]);
+                if (columns[c] < 0) throw new IllegalArgumentException("eorouter: no rule for the column " + names[c]);
+            }
         }
 
         /** The rows of one line (appended to ``out``). */
@@ -210,8 +217,14 @@ public final class DeliveryScan {
             return (String) get(field);
         }
 
-        static Long hash(String name) {
-            return name == null ? null : XXH64.hashUTF8String(UTF8String.fromString(name), SEED);
+        Long hash(String name) {
+            if (name == null) return null;
+            Long h = hashed.get(name);
+            if (h == null) {
+                h = XXH64.hashUTF8String(UTF8String.fromString(name), SEED);
+                hashed.put(name, h);
+            }
+            return h;
         }
 
         GenericArrayData hashes(int field) {
@@ -229,42 +242,46 @@ public final class DeliveryScan {
             this.pos = pos;
             this.part = part;
             this.fold = fold;
+            this.deliveryText = UTF8String.fromString(delivery);
             Object[] row = new Object[columns.length];
             for (int c = 0; c < columns.length; c++) row[c] = column(columns[c]);
             out.add(new GenericInternalRow(row));
         }
 
-        Object column(String name) {
+        /** The columns narrow() makes, each with its rule below (by place). */
+        static final String[] COLUMNS = {"h", "delivery", "r", "e", "q", "t", "k", "s", "o", "p", "l", "f", "x", "b", "y", "fl", "id", "_pos"};
+
+        Object column(int rule) {
             Vocabulary v = this.v;
             LineScan.Spec s = v.spec;
-            switch (name) {
-                case "h": return hash(delivery);
-                case "delivery": return UTF8String.fromString(delivery);
-                case "r": return hash(str(s.router));
-                case "e": return get(s.epoch);
-                case "q": return get(s.seq);
-                case "t": return get(s.ts);
-                case "k": return v.kindCode[kind];
-                case "s": return hash(str(v.subscriber));
-                case "o": {
+            switch (rule) {
+                case 0: return XXH64.hashUTF8String(deliveryText, SEED);
+                case 1: return deliveryText;
+                case 2: return hash(str(s.router));
+                case 3: return get(s.epoch);
+                case 4: return get(s.seq);
+                case 5: return get(s.ts);
+                case 6: return v.kindCode[kind];
+                case 7: return hash(str(v.subscriber));
+                case 8: {
                     String o = str(v.outcome);
                     return o == null ? null : v.outcomes.getOrDefault(o, v.otherOutcome);
                 }
-                case "p": {
+                case 9: {
                     String p = str(v.originRouter);
                     if (p == null) p = str(v.toRouter);
                     if (p == null) p = str(v.fromRouter);
                     return hash(p);
                 }
-                case "l":
+                case 10:
                     if (kind == v.received) return hashes(v.owed);
                     if (kind == v.forwardedToRouter) return hashes(v.dests);
                     if (kind == v.owedMoved) return hashes(v.subscribers);
                     return null;
-                case "f": return kind == v.received ? hashes(v.forwarded) : null;
-                case "x": return kind == v.received ? hashes(v.routers) : null;
-                case "b": return kind == v.settled ? get(v.deleted) : get(v.settledField);
-                case "y": {
+                case 11: return kind == v.received ? hashes(v.forwarded) : null;
+                case 12: return kind == v.received ? hashes(v.routers) : null;
+                case 13: return kind == v.settled ? get(v.deleted) : get(v.settledField);
+                case 14: {
                     if (kind == v.settled) {
                         String by = str(v.byField);
                         return by == null ? null : v.by.getOrDefault(by, v.otherBy);
@@ -275,8 +292,8 @@ public final class DeliveryScan {
                     if (kind == v.received && v.atLeastOnce.equals(str(v.guarantee))) return 4;
                     return null;
                 }
-                case "fl": return kind == v.received && get(v.filtered) != null ? hashes(v.filtered) : null;
-                case "id": {
+                case 15: return kind == v.received && get(v.filtered) != null ? hashes(v.filtered) : null;
+                case 16: {
                     if (kind != v.received) return null;
                     Object[] id = new Object[v.idFields.length];
                     for (int i = 0; i < id.length; i++) {
@@ -285,8 +302,8 @@ public final class DeliveryScan {
                     }
                     return new GenericInternalRow(id);
                 }
-                case "_pos": return pos;
-                default: throw new IllegalArgumentException("eorouter: no rule for the column " + name);
+                case 17: return pos;
+                default: throw new IllegalArgumentException("eorouter: no rule " + rule);
             }
         }
     }
