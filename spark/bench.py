@@ -234,6 +234,7 @@ def run(args) -> dict:
         report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
         r["job_seconds"] = report.get("elapsed_s")
         r["phases_s"] = report.get("phases_s")
+        r["first_read"] = report.get("first_read")
         r["verdict"] = report.get("verdict", {}).get("line")
         r["proven_clean"] = report.get("verdict", {}).get("proven_clean")
         r["counts"] = report.get("counts")
@@ -311,6 +312,13 @@ def _small_run(work: Path, args, conf: list[str]) -> dict:
     return r
 
 
+def _reads(first_read: str | None) -> str:
+    """Which reads of the logs ran (report.json ``first_read``, spark/linescan.py)."""
+    if first_read is None:
+        return "?"
+    return "Java scans" if first_read == "java" else "Spark SQL" + first_read.removeprefix("spark-sql")
+
+
 def _gb(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
@@ -384,15 +392,17 @@ def section(r: dict) -> str:
         f"Input: {r['events']:,} synthetic events ({r['deliveries']:,} publisher deliveries) from `scripts/gen-logs` "
         f"(spark/generate.py: 3 routers restarting now and then, 6 publishers, 6 subscribers, 2 topics, a ledger "
         f"for every client; expected verdict: {expected}), reconciled by `eorouter reconcile` with every proof, "
-        f"the `--clients` ledger cross-check and the HTML report. Seconds are the whole command (JVM start "
+        f'the `--clients` ledger cross-check and the HTML report. "reads": the two reads of the routers\' logs by '
+        f"the Java scans (spark/linescan.py, JSON lines in the writer's shape) or by Spark SQL (their twin). "
+        f"Seconds are the whole command (JVM start "
         f"included); the job's own seconds are split into its phases ({_phase_names(r)}). Memory is the peak "
         f"resident set of the whole process tree (Python driver + JVM), "
         f"sampled every 0.2 s. One run each; `--lock` keeps other benchmarks off the machine, not everything "
         f"else, so on a shared machine seconds vary by 10–15 % from run to run (memory does not).",
         "",
-        "| input | files | size on disk | command seconds | job seconds (phases) "
+        "| input | files | size on disk | reads | command seconds | job seconds (phases) "
         "| peak memory (process tree) | verdict | matches the truth |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for form, size, files in (
         ("json", r["json_bytes"], r.get("json_files")),
@@ -408,7 +418,8 @@ def section(r: dict) -> str:
         )
         lines.append(
             f"| {'JSON lines' if form == 'json' else 'Parquet (zstd)'} | {files or '?'} | {_mb(size)} | "
-            f"{x['seconds']:.0f} | {x['job_seconds'] or 0:.0f} ({_phases(x)}) | {_gb(x['peak_rss'])} | "
+            f"{_reads(x.get('first_read'))} | {x['seconds']:.0f} | {x['job_seconds'] or 0:.0f} ({_phases(x)}) | "
+            f"{_gb(x['peak_rss'])} | "
             f"{verdict} | {'yes' if x.get('matches_truth') else '**no**'} |"
         )
     saved = r["json"]["seconds"] - r["parquet"]["seconds"]
