@@ -103,10 +103,16 @@ def available() -> Path | None:
         return None
 
 
-def _prune(made: Path, keep: int = 3) -> None:
+def _prune(made: Path) -> None:
     """Keep the newest few jars (other checkouts may use theirs)."""
+    keep_newest(made, "eorouter-spark-*.jar", 3)
+
+
+def keep_newest(made: Path, pattern: str, keep: int) -> None:
+    """Of the cache's files named like ``pattern``, remove all but ``made`` and the
+    newest others, ``keep`` in all (spark/jvm.py's archives too)."""
     others = sorted(
-        (p for p in made.parent.glob("eorouter-spark-*.jar") if p != made),
+        (p for p in made.parent.glob(pattern) if p != made),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )

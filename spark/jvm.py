@@ -113,13 +113,9 @@ def _prune(made: Path) -> None:
     one: keep the newest few, for the other checkouts still in use. A JVM that has one
     mapped keeps its pages after the file is removed; a checkout whose archive went
     only starts slower until its setup builds it again."""
-    others = sorted(
-        (p for p in made.parent.glob("spark-classes-*.jsa") if p != made),
-        key=lambda p: p.stat().st_mtime,
-        reverse=True,
-    )
-    for stale in others[KEEP - 1 :]:
-        stale.unlink(missing_ok=True)
+    from spark.jar import keep_newest
+
+    keep_newest(made, "spark-classes-*.jsa", KEEP)
 
 
 if __name__ == "__main__":

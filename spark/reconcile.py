@@ -2285,12 +2285,21 @@ def publisher_outcomes(ledgers: DataFrame) -> DataFrame:
     """Each publisher delivery's last outcome line in its application's ledger:
     (publisher, link_name, l_inc, pub_tag, app_outcome, app_ts, message_id)."""
     L = ledgers.where(F.col("role") == "publisher")
-    rows = L.groupBy("client", "link", "incarnation", "pub_tag").agg(
-        F.max_by(
-            F.when(F.col("event") == "outcome", F.col("outcome")), F.when(F.col("event") == "outcome", F.struct("split", "row"))
-        ).alias("app_outcome"),
-        F.max(F.when(F.col("event") == "outcome", F.col("ts"))).alias("app_ts"),
-        F.first("message_id", ignorenulls=True).alias("message_id"),
+    # Partitioned once, by the keys app_outcomes() joins on, and grouped in an order that
+    # begins with them: the join then needs neither another shuffle nor another sort of
+    # this side (a partial aggregation first would sort every line, shuffle, sort again,
+    # and shuffle and sort once more for the join).
+    rows = (
+        L.repartition("client", "link", "pub_tag")
+        .groupBy("client", "link", "pub_tag", "incarnation")
+        .agg(
+            F.max_by(
+                F.when(F.col("event") == "outcome", F.col("outcome")),
+                F.when(F.col("event") == "outcome", F.struct("split", "row")),
+            ).alias("app_outcome"),
+            F.max(F.when(F.col("event") == "outcome", F.col("ts"))).alias("app_ts"),
+            F.first("message_id", ignorenulls=True).alias("message_id"),
+        )
     )
     return rows.where(F.col("app_outcome").isNotNull()).select(
         F.col("client").alias("publisher"),

@@ -86,6 +86,30 @@ def test_plan_is_one_shuffle_by_delivery_without_python(spark, history):
         spark.conf.set("spark.sql.adaptive.enabled", adaptive)
 
 
+def test_the_publishers_ledger_lines_are_shuffled_once(spark, history):
+    """app_outcomes(): the publishers' ledger lines are partitioned by the keys of the
+    join that follows and grouped in an order that begins with them, so that side of
+    the join is shuffled and sorted once (Exchanges in the plan: the routers' side, the
+    publishers that keep a ledger, and that one)."""
+    from spark import load, reconcile
+
+    base, info = history
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        ledgers = load.load_ledgers(spark, str(base / "clients"))
+        t = reconcile.prepare(spark, load.resolve([str(base / r) for r in info["routers"]]), partitions=3, ledgers=ledgers)
+        try:
+            t.compute_facts()
+            plan = reconcile.app_outcomes(t, ledgers)._jdf.queryExecution().executedPlan().toString()
+        finally:
+            t.unpersist()
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+    assert plan.count("Exchange hashpartitioning(") == 3, plan
+    assert plan.count("Exchange hashpartitioning(client#") == 1 and "partial_max_by" not in plan, plan
+
+
 @pytest.mark.parametrize("form", ["glob", "file-uri-glob"])
 def test_input_may_be_any_path_spark_reads(spark, history, form):
     from spark.load import resolve

@@ -58,6 +58,24 @@ def comparable(facts: dict) -> dict:
     return out
 
 
+def _histories(base: Path, faults: list[tuple], seed: int, **spec) -> list[str]:
+    """One generated history per set of ``faults`` (ids prefixed h<n>.): restarts, folded
+    lines, batches, detaches, refused resends; returns their routers' directories."""
+    routers = []
+    for n, injected in enumerate(faults):
+        made = Spec(
+            **{"routers": 3, "publishers": 2, "subscribers": 3, "topics": 2, "round_size": 8, "p_restart": 0.3}
+            | {"p_fold": 0.5, "p_batch": 0.5, "p_detach": 0.5, "p_refused": 0.1}
+            | spec,
+            seed=seed + n,
+            faults=injected,
+            prefix=f"h{n}.",
+        )
+        info = generate(base / f"h{n}", made)
+        routers += [str(base / f"h{n}" / r) for r in info["routers"]]
+    return routers
+
+
 def test_a_real_run_is_scanned_to_the_same_facts(spark, real_run, monkeypatch):
     scanned, sql = both(spark, [str(r) for r in real_run["routers"]], monkeypatch)
     assert scanned["first_read"] == linescan.JAVA
@@ -70,26 +88,7 @@ def test_generated_histories_with_restarts_gaps_and_repeats(spark, tmp_path, mon
     """Restarts (epochs), folded lines, batches, detaches, refused resends; and a seq
     gap and a repeated seq (the scan names the missing numbers itself; the repeated
     ones come from SQL's cold path either way)."""
-    routers = []
-    for n, faults in enumerate([(), ("seq-gap",), ("seq-repeated",)]):
-        spec = Spec(
-            routers=3,
-            publishers=2,
-            subscribers=3,
-            topics=2,
-            deliveries=60,
-            round_size=8,
-            seed=seed * 10 + n,
-            p_restart=0.3,
-            p_fold=0.5,
-            p_batch=0.5,
-            p_detach=0.5,
-            p_refused=0.1,
-            faults=faults,
-            prefix=f"h{n}.",
-        )
-        info = generate(tmp_path / f"h{n}", spec)
-        routers += [str(tmp_path / f"h{n}" / r) for r in info["routers"]]
+    routers = _histories(tmp_path, [(), ("seq-gap",), ("seq-repeated",)], seed * 10, deliveries=60)
     scanned, sql = both(spark, routers, monkeypatch)
     assert scanned["first_read"] == linescan.JAVA
     assert sql["gaps"] and sql["repeated"]
@@ -145,30 +144,9 @@ def test_a_real_runs_delivery_rows_are_narrow_s(spark, real_run):
 def test_generated_delivery_rows_with_every_kind_of_line(spark, tmp_path):
     """Folded lines (completed, sub-outcomes), rejects, expiries, refused resends,
     at-least-once topics, detaches and restarts."""
-    routers = []
-    for n, faults in enumerate([(), ("invented",), ("dup-tag",)]):
-        spec = Spec(
-            routers=3,
-            publishers=2,
-            subscribers=3,
-            topics=2,
-            alo_topics=1,
-            p_repeat=0.3,
-            deliveries=80,
-            round_size=8,
-            seed=n,
-            p_restart=0.3,
-            p_fold=0.5,
-            p_batch=0.5,
-            p_detach=0.5,
-            p_refused=0.1,
-            p_reject=0.1,
-            p_expire=0.1,
-            faults=faults,
-            prefix=f"h{n}.",
-        )
-        info = generate(tmp_path / f"h{n}", spec)
-        routers += [str(tmp_path / f"h{n}" / r) for r in info["routers"]]
+    routers = _histories(
+        tmp_path, [(), ("invented",), ("dup-tag",)], 0, deliveries=80, alo_topics=1, p_repeat=0.3, p_reject=0.1, p_expire=0.1
+    )
     java, sql = delivery_rows(spark, routers)
     kinds = {r["k"] for r in sql}
     assert {reconcile.KIND[k] for k in ("received", "sub-outcome", "pub-outcome", "settled", "expired")} <= kinds
