@@ -82,6 +82,9 @@ def build(force: bool = False) -> Path | None:
             timeout=300,
         )
         if done.returncode != 0:
+            # Remembered, so that every later session of these sources and this Spark (another
+            # Spark's classes, say) runs the SQL without trying again; an edit is another key.
+            failed(path).write_text(done.stderr or done.stdout)
             raise RuntimeError(f"javac failed on {SOURCES}:\n{done.stderr or done.stdout}")
         staged = path.with_name(f".{path.name}.{os.getpid()}")
         with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
@@ -93,9 +96,18 @@ def build(force: bool = False) -> Path | None:
     return path
 
 
+def failed(path: Path) -> Path:
+    """Where a failed compilation of the jar at ``path`` left javac's message."""
+    return path.with_suffix(".failed")
+
+
 def available() -> Path | None:
     """The jar if it is there or can be built now (quietly: without it the proof runs
-    its SQL twin); None otherwise."""
+    its SQL twin); None otherwise. A compilation that failed once is not tried again
+    (``python -m spark.jar --force`` does)."""
+    path = jar_path()
+    if path is not None and not path.is_file() and failed(path).is_file():
+        return None
     try:
         return build()
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
@@ -121,5 +133,9 @@ def keep_newest(made: Path, pattern: str, keep: int) -> None:
 
 
 if __name__ == "__main__":
-    made = build(force="--force" in sys.argv[1:])
+    force = "--force" in sys.argv[1:]
+    target = jar_path()
+    if force and target is not None:
+        failed(target).unlink(missing_ok=True)
+    made = build(force=force)
     print(made if made is not None else f"no jar ({ENV}=off, or no javac: install a JDK, e.g. openjdk-17-jdk-headless)")

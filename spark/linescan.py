@@ -57,7 +57,7 @@ def scan(spark, sources: list, vocabulary: dict) -> tuple[dict | None, str]:
         return None, "spark-sql (local files and URIs together)"
     scanner = _scanner(spark)
     if scanner is None:
-        return None, "spark-sql (no Java classes: no javac to build them, spark/jar.py)"
+        return None, "spark-sql (no Java classes: no javac to build them, or they did not build; python -m spark.jar says why)"
     paths = [p for s in sources for p in s.paths]
     facts = json.loads(scanner.inputFacts(spark._jsparkSession, paths, json.dumps(vocabulary), remote.pop()))
     if facts["unusual_lines"]:

@@ -412,3 +412,6 @@ def test_the_jar_is_rebuilt_when_a_source_changes(tmp_path, monkeypatch):
     java.write_text(java.read_text() + "\nnot java\n")
     with pytest.raises(RuntimeError, match="javac failed"):
         jar.build()
+    broken = jar.jar_path()
+    assert broken is not None and jar.failed(broken).is_file() and not broken.is_file()
+    assert jar.available() is None  # remembered: not compiled again, quietly
