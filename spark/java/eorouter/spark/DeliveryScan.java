@@ -9,7 +9,6 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import org.apache.spark.api.java.JavaRDD;
-import org.apache.spark.sql.DataFrameReader;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
@@ -312,10 +311,7 @@ public final class DeliveryScan {
     public static Dataset<Row> events(SparkSession spark, List<String> paths, String specJson, String deliveryJson, boolean recursive)
             throws IOException {
         Vocabulary vocabulary = Vocabulary.parse(specJson, deliveryJson);
-        DataFrameReader reader = spark.read();
-        if (recursive) reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl");
-        JavaRDD<InternalRow> lines = reader.text(paths.toArray(new String[0])).queryExecution().toRdd().toJavaRDD();
-        JavaRDD<InternalRow> rows = lines.mapPartitions((Iterator<InternalRow> it) -> new Iterator<InternalRow>() {
+        JavaRDD<InternalRow> rows = LineScan.lines(spark, paths, recursive).mapPartitions((Iterator<InternalRow> it) -> new Iterator<InternalRow>() {
             final Narrower narrower = new Narrower(vocabulary);
             int next;
 
@@ -324,14 +320,7 @@ public final class DeliveryScan {
                     if (!it.hasNext()) return false;
                     narrower.out.clear();
                     next = 0;
-                    UTF8String text = it.next().getUTF8String(0);
-                    Object base = text.getBaseObject();
-                    if (base instanceof byte[]) {
-                        narrower.line((byte[]) base, (int) (text.getBaseOffset() - org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET), text.numBytes());
-                    } else {
-                        byte[] copy = text.getBytes();
-                        narrower.line(copy, 0, copy.length);
-                    }
+                    LineScan.feed(it.next(), narrower::line);
                 }
                 return true;
             }

@@ -477,24 +477,36 @@ public final class LineScan {
         }
     }
 
-    /** The scan of the files at ``paths`` (JSON lines); its facts as JSON for spark/fastread.py. */
-    public static String inputFacts(SparkSession spark, List<String> paths, String specJson, boolean recursive) throws IOException {
-        Spec spec = Spec.parse(specJson);
+    /** The routers' log files at ``paths`` as Spark's text source reads them: one row per line, split as its JSON reader splits. */
+    static JavaRDD<InternalRow> lines(SparkSession spark, List<String> paths, boolean recursive) {
         DataFrameReader reader = spark.read();
         if (recursive) reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "events-*.jsonl");
-        JavaRDD<InternalRow> rows = reader.text(paths.toArray(new String[0])).queryExecution().toRdd().toJavaRDD();
-        List<Facts> parts = rows.mapPartitions((Iterator<InternalRow> it) -> {
+        return reader.text(paths.toArray(new String[0])).queryExecution().toRdd().toJavaRDD();
+    }
+
+    /** What takes a line's bytes. */
+    interface LineSink {
+        void line(byte[] bytes, int offset, int length);
+    }
+
+    /** A line's bytes to ``sink``, without a copy when Spark holds them in an array. */
+    static void feed(InternalRow row, LineSink sink) {
+        UTF8String text = row.getUTF8String(0);
+        Object base = text.getBaseObject();
+        if (base instanceof byte[]) {
+            sink.line((byte[]) base, (int) (text.getBaseOffset() - org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET), text.numBytes());
+        } else {
+            byte[] copy = text.getBytes();
+            sink.line(copy, 0, copy.length);
+        }
+    }
+
+    /** The scan of the files at ``paths`` (JSON lines); its facts as JSON for spark/linescan.py. */
+    public static String inputFacts(SparkSession spark, List<String> paths, String specJson, boolean recursive) throws IOException {
+        Spec spec = Spec.parse(specJson);
+        List<Facts> parts = lines(spark, paths, recursive).mapPartitions((Iterator<InternalRow> it) -> {
             Scanner scanner = new Scanner(spec);
-            while (it.hasNext()) {
-                UTF8String text = it.next().getUTF8String(0);
-                Object base = text.getBaseObject();
-                if (base instanceof byte[]) {
-                    scanner.scan((byte[]) base, (int) (text.getBaseOffset() - org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET), text.numBytes());
-                } else {
-                    byte[] copy = text.getBytes();
-                    scanner.scan(copy, 0, copy.length);
-                }
-            }
+            while (it.hasNext()) feed(it.next(), scanner::scan);
             List<Facts> one = new ArrayList<>(1);
             one.add(scanner.facts);
             return one.iterator();
