@@ -57,7 +57,10 @@ def scan(spark, sources: list, vocabulary: dict) -> tuple[dict | None, str]:
         return None, "spark-sql (local files and URIs together)"
     scanner = _scanner(spark)
     if scanner is None:
-        return None, "spark-sql (no Java classes: no javac to build them, or they did not build; python -m spark.jar says why)"
+        return None, (
+            "spark-sql (the Java classes are not on the driver's class path: no javac to build them, they did not "
+            "build, or spark-submit was not given them; python -m spark.jar, docs/reconcile.md)"
+        )
     paths = [p for s in sources for p in s.paths]
     facts = json.loads(scanner.inputFacts(spark._jsparkSession, paths, json.dumps(vocabulary), remote.pop()))
     if facts["unusual_lines"]:
