@@ -10,8 +10,9 @@ Spark jars, into ``$XDG_CACHE_HOME/eorouter`` (default ``~/.cache/eorouter``); i
 carries a key of the sources and of Spark's version, so an edit or an upgrade simply
 makes another. Without ``javac`` (a Java runtime without its compiler) there is no jar
 and every pass runs in Spark SQL: the verdict is the same, only slower (the report says
-which read ran). ``EOROUTER_SPARK_JAVA=off`` switches the jar off; scripts/_setup.sh
-builds it (``python -m spark.jar``), and so does the first session that misses it.
+which read ran). ``EOROUTER_SPARK_JAVA=off`` switches the jar off. The first Spark session that
+misses it builds it (spark/load.py ``get_session``), which scripts/_setup.sh's class
+archive run is; ``python -m spark.jar`` builds it and prints its path (for spark-submit).
 """
 
 from __future__ import annotations

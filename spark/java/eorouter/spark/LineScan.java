@@ -38,7 +38,7 @@ public final class LineScan {
 
     static final int LONG = 0, DOUBLE = 1, STRING = 2, BOOLEAN = 3, ARRAY = 4;
 
-    /** What the Python side says the log is (spark/fastread.py). */
+    /** What the Python side says the log is (spark/reconcile.py line_vocabulary, via spark/linescan.py). */
     static final class Spec implements Serializable {
         String[] fields;
         int[] types;
