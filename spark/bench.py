@@ -235,6 +235,7 @@ def run(args) -> dict:
         r["job_seconds"] = report.get("elapsed_s")
         r["phases_s"] = report.get("phases_s")
         r["first_read"] = report.get("first_read")
+        r["rules"] = report.get("rules")
         r["verdict"] = report.get("verdict", {}).get("line")
         r["proven_clean"] = report.get("verdict", {}).get("proven_clean")
         r["counts"] = report.get("counts")
@@ -312,11 +313,15 @@ def _small_run(work: Path, args, conf: list[str]) -> dict:
     return r
 
 
-def _reads(first_read: str | None) -> str:
-    """Which reads of the logs ran (report.json ``first_read``, spark/linescan.py)."""
+def _reads(first_read: str | None, rules: str | None = None) -> str:
+    """Which reads of the logs and which per-delivery rules ran (report.json ``first_read``
+    and ``rules``: spark/linescan.py, spark/deliveryrules.py)."""
     if first_read is None:
         return "?"
-    return "Java scans" if first_read == "java" else "Spark SQL" + first_read.removeprefix("spark-sql")
+    reads = "Java scans" if first_read == "java" else "Spark SQL" + first_read.removeprefix("spark-sql")
+    if rules is None:
+        return reads
+    return reads + (", Java rules" if rules == "java" else ", SQL rules" + rules.removeprefix("spark-sql"))
 
 
 def _gb(n: int) -> str:
@@ -393,7 +398,8 @@ def section(r: dict) -> str:
         f"(spark/generate.py: 3 routers restarting now and then, 6 publishers, 6 subscribers, 2 topics, a ledger "
         f"for every client; expected verdict: {expected}), reconciled by `eorouter reconcile` with every proof, "
         f'the `--clients` ledger cross-check and the HTML report. "reads": the two reads of the routers\' logs by '
-        f"the Java scans (spark/linescan.py, JSON lines in the writer's shape) or by Spark SQL (their twin). "
+        f"the Java scans (spark/linescan.py, JSON lines in the writer's shape) or by Spark SQL (their twin), and "
+        f"the per-delivery rules in Java (spark/deliveryrules.py) or in Spark SQL (their twin). "
         f"Seconds are the whole command (JVM start "
         f"included); the job's own seconds are split into its phases ({_phase_names(r)}). Memory is the peak "
         f"resident set of the whole process tree (Python driver + JVM), "
@@ -418,7 +424,7 @@ def section(r: dict) -> str:
         )
         lines.append(
             f"| {'JSON lines' if form == 'json' else 'Parquet (zstd)'} | {files or '?'} | {_mb(size)} | "
-            f"{_reads(x.get('first_read'))} | {x['seconds']:.0f} | {x['job_seconds'] or 0:.0f} ({_phases(x)}) | "
+            f"{_reads(x.get('first_read'), x.get('rules'))} | {x['seconds']:.0f} | {x['job_seconds'] or 0:.0f} ({_phases(x)}) | "
             f"{_gb(x['peak_rss'])} | "
             f"{verdict} | {'yes' if x.get('matches_truth') else '**no**'} |"
         )

@@ -127,6 +127,7 @@ def run_reconcile(
         "phases_s": phases,
         # Which first read ran: the Java scan, or Spark SQL and why (spark/linescan.py).
         "first_read": t.input.get("first_read"),
+        "rules": t.rules,
         "out": str(out) if out else None,
     }
     if out and summarized is not None:

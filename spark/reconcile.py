@@ -20,6 +20,8 @@ converting only the fields it needs (spark/load.py), no cached copy of the lines
    that decides every per-delivery invariant, excuses included (the small tables
    are constants of it), and yields its violations (``v``: usually empty) and the
    few facts the other checks and the summary read. Cached: one row per delivery.
+   Usually a pass of plain Java over the same sorted rows makes the same row
+   (spark/deliveryrules.py), the SQL being its twin and its fallback.
 3. **Across deliveries**, from those facts: one publisher delivery under two ids,
    publisher order per subscriber, the applications' ledgers.
 4. **On the driver**, for the violations the report lists only: names for the
@@ -604,10 +606,17 @@ class Tables:
     bad_in_deliveries: Observation | None = None
     persisted: list = field(default_factory=list)
     storage: StorageLevel = field(default_factory=lambda: StorageLevel.MEMORY_AND_DISK)
+    #: The hashes of the routers whose log is missing (the per-delivery rules' constant).
+    missing: list = field(default_factory=list)
 
     #: Builds the per-delivery facts again reading every line permissively (set by
     #: prepare() when the facts read strictly: the first read found no malformed line).
     permissive: Callable[[], tuple[DataFrame, Observation | None]] | None = None
+    #: Builds the per-delivery facts again with the rules in Spark SQL, which judge any
+    #: input (set by prepare(); used when the Java rules leave the input to them).
+    sql_rules: Callable[[], tuple[DataFrame, Observation | None]] | None = None
+    #: Which per-delivery rules made the facts: "java", or why Spark SQL's (report.json).
+    rules: str = ""
     #: Whether some publisher delivery was received under more than one delivery id
     #: (multiple_ids(): asked once, by the first proof that needs it).
     _multiple_ids: bool | None = None
@@ -617,17 +626,25 @@ class Tables:
         now and its rows kept for the proofs; returns how many deliveries. A strict
         read that meets a line Spark cannot read whole (a field only this read
         converts, of the wrong type) is done again permissively, which counts it."""
-        from spark import linescan
+        from spark import deliveryrules, linescan
         from spark.load import is_malformed
 
-        try:
-            kept = materialize(self.facts, self.storage)
-        except Exception as error:  # noqa: BLE001 (Py4J's and PySpark's errors both carry Spark's)
-            if self.permissive is None or not (is_malformed(error) or linescan.is_changed(error)):
-                raise
-            self.facts, self.bad_in_deliveries = self.permissive()
-            self.permissive = None
-            kept = materialize(self.facts, self.storage)
+        while True:
+            try:
+                kept = materialize(self.facts, self.storage)
+                break
+            except Exception as error:  # noqa: BLE001 (Py4J's and PySpark's errors both carry Spark's)
+                if self.sql_rules is not None and deliveryrules.is_unusual(error):
+                    self.rules = "spark-sql (" + _unusual_why(error) + ")"
+                    self.facts, self.bad_in_deliveries = self.sql_rules()
+                    self.sql_rules = None
+                elif self.permissive is not None and (is_malformed(error) or linescan.is_changed(error)):
+                    self.facts, self.bad_in_deliveries = self.permissive()
+                    self.permissive = self.sql_rules = None
+                    if self.rules == deliveryrules.JAVA:
+                        self.rules = "spark-sql (the pass was read again in Spark SQL, permissively)"
+                else:
+                    raise
         self.facts = kept
         self.persisted.append(self.facts)
         return self.facts.count()
@@ -650,6 +667,16 @@ class Tables:
     @property
     def epochs(self) -> list[dict]:
         return self.input["epochs"]
+
+
+def _unusual_why(error: BaseException) -> str:
+    """The Java rules' reason, from the job's error (DeliveryRules.UNUSUAL and what follows)."""
+    from spark.deliveryrules import UNUSUAL
+
+    text = str(error)
+    at = text.find(UNUSUAL)
+    end = text.find(")", at)
+    return text[at + len("eorouter: ") : end + 1] if end > at else "a delivery outside the Java rules' shape"
 
 
 # ---------------------------------------------------------------------------
@@ -1259,18 +1286,65 @@ def mark_reported(out: DataFrame, windows: dict) -> DataFrame:
     return flagged.select(*[out[c] for c in out.columns], w["a_seq"].isNotNull().alias("rep"))
 
 
+def ordered_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
+    """The one shuffle by delivery id (its 64-bit hash, also the sort's cheap prefix),
+    each partition sorted: a delivery's events together, in (router, epoch, seq) order."""
+    return narrowed.repartition(partitions, "h").sortWithinPartitions("h", "delivery", "r", "e", "q", "_pos")
+
+
 def group_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
-    """One shuffle by delivery id (its 64-bit hash, also the sort's cheap prefix),
-    sorted, then one row per delivery: ``ev`` (its events in (router, epoch, seq)
-    order) and ``id`` (who published it: the `received` with the smallest stream_seq,
-    its first numbering: a new origin that did not hold it when its publisher resumed
-    there numbered the resend above everything, which says nothing of its place)."""
+    """ordered_deliveries(), then one row per delivery: ``ev`` (its events in (router,
+    epoch, seq) order) and ``id`` (who published it: the `received` with the smallest
+    stream_seq, its first numbering: a new origin that did not hold it when its
+    publisher resumed there numbered the resend above everything, which says nothing
+    of its place)."""
     return (
-        narrowed.repartition(partitions, "h")
-        .sortWithinPartitions("h", "delivery", "r", "e", "q", "_pos")
+        ordered_deliveries(narrowed, partitions)
         .groupBy("h", "delivery")
         .agg(F.collect_list(F.struct(*EVENT_FIELDS)).alias("ev"), F.min_by("id", F.col("id.stream_seq")).alias("id"))
     )
+
+
+#: delivery_facts()' rows (with or without ledgers: the same columns); the Java rules
+#: make rows of it (spark/deliveryrules.py; tests/spark/test_delivery_rules.py holds it
+#: to the SQL's).
+FACTS_SCHEMA = (
+    "struct<delivery:string,topic:string,publisher:string,link_name:string,incarnation:string,pub_tag:string,"
+    "stream_seq:bigint,pub_id:string,stream:string,received:boolean,presettled:boolean,origin:bigint,"
+    "origin_epoch:bigint,recv_ts:double,pub:struct<q:bigint,t:double,o:int,r:bigint,e:bigint>,told_accepted:boolean,"
+    "recvs:array<struct<r:bigint,e:bigint,t:double>>,subs:array<struct<s:bigint,owed:boolean,o:int>>,"
+    "first_sends:array<struct<e:bigint,q:bigint,r:bigint,s:bigint,t:double>>,died_with:array<struct<r:bigint,e:bigint>>,"
+    "app:array<struct<s:bigint,n:int,first:struct<fid:bigint,split:bigint,row:bigint,t:double>>>,"
+    "app_missing:array<bigint>,partial:boolean,horizon:boolean,filtered:array<bigint>,alo:boolean,"
+    "alo_dups:array<struct<s:bigint,n:int>>,alo_app_dups:array<struct<s:bigint,n:int>>,"
+    "v:array<struct<check:string,kind:string,router:bigint,epoch:bigint,seq:bigint,ts:double,subscriber:bigint,"
+    "other:bigint,info:string>>>"
+)
+
+
+def rules_vocabulary(ledgers: bool) -> dict:
+    """What the Java rules (spark/deliveryrules.py) need of this module's vocabulary:
+    the kind and outcome codes, the kinds two checks list, the clock slack, the schema."""
+    from pyspark.sql.types import _parse_datatype_string
+
+    return {
+        "kind": KIND,
+        "app": APP_DELIVERED,
+        "accepted": ACC,
+        "expired": EXPIRED,
+        "none": OUTCOME["none"],
+        "not_accepted": [*TERMINAL_NOT_ACCEPTED, EXPIRED],
+        "referencing": list(REFERENCING),
+        "needs_record": list(NEEDS_RECORD),
+        "clock_slack": CLOCK_SLACK,
+        "ledgers": ledgers,
+        "schema": _parse_datatype_string(FACTS_SCHEMA).json(),
+    }
+
+
+def rules_constants(small: dict, missing: list) -> dict:
+    """The small tables the per-delivery rules read (Constants, for the Java rules)."""
+    return {k: small[k] for k in ("ends", "durable", "routes", "gone", "died", "attached")} | {"missing": sorted(missing)}
 
 
 def _sql_const(value, type_: str) -> str:
@@ -1828,7 +1902,7 @@ def prepare(
     """Read the input twice: once for everything about the input itself
     (input_facts), once for the per-delivery facts (not yet computed: compute_facts()),
     with the applications' ``ledgers`` if given."""
-    from spark import linescan
+    from spark import deliveryrules, linescan
 
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -1857,8 +1931,17 @@ def prepare(
     strict = facts_in["bad_count"] == 0
     scanned = facts_in["first_read"] == linescan.JAVA
     facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers, strict=strict, scanned=scanned)
-    t = Tables(facts, facts_in, small, names, sources, partitions, observation, storage=storage)
-    if strict:
+    t = Tables(facts, facts_in, small, names, sources, partitions, observation, storage=storage, missing=missing)
+    if observation is None and deliveryrules.available(spark):
+        t.rules = deliveryrules.JAVA
+        t.sql_rules = lambda: facts_frame(
+            spark, sources, small, missing, partitions, ledgers, strict=strict, scanned=scanned, java_rules=False
+        )
+    elif observation is not None:
+        t.rules = "spark-sql (the reads ran in Spark SQL: the Java rules judge only the Java scan's rows)"
+    else:
+        t.rules = "spark-sql (no Java rules: the jar is not on the class path, or off)"
+    if strict:  # (the SQL read: the SQL rules)
         t.permissive = lambda: facts_frame(spark, sources, small, missing, partitions, ledgers)
     return t
 
@@ -1921,6 +2004,7 @@ def facts_frame(
     ledgers: DataFrame | None = None,
     strict: bool = False,
     scanned: bool = False,
+    java_rules: bool = True,
 ) -> tuple[DataFrame, Observation | None]:
     """The per-delivery facts from a second read of the input (the fields of the
     events about deliveries): unfold, narrow, one shuffle by delivery id, one row
@@ -1930,8 +2014,10 @@ def facts_frame(
     wrong type among its fields), and which subscribers keep a ledger. ``strict``:
     read as load_lines() says (a line Spark cannot read whole fails the job).
     ``scanned``: the first read's Java scan vouched for every line, and the Java
-    delivery scan makes the narrowed rows (no malformed line to count: None)."""
-    from spark import linescan
+    delivery scan makes the narrowed rows (no malformed line to count: None).
+    ``java_rules``: the per-delivery rules in Java (spark/deliveryrules.py) when its
+    class is there and the Java scan made the rows, else in SQL."""
+    from spark import deliveryrules, linescan
     from spark.load import load_lines
 
     observation: Observation | None = None
@@ -1948,6 +2034,12 @@ def facts_frame(
         events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())), small["windows"])
     if ledgers is not None:
         events = events.unionByName(app_events(ledgers))
+    # (over the Java scan's rows only: the SQL read counts its malformed lines in an
+    # Observation, which only a Dataset's own action reports, not the Java pass's job)
+    if java_rules and observation is None and deliveryrules.available(spark):
+        ordered = ordered_deliveries(events, partitions)
+        vocabulary = rules_vocabulary(ledgers is not None)
+        return deliveryrules.facts(spark, ordered, vocabulary, rules_constants(small, missing)), observation
     grouped = group_deliveries(events, partitions)
     return delivery_facts(grouped, Constants(small, missing), ledgers is not None), observation
 
