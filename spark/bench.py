@@ -321,7 +321,7 @@ def _reads(first_read: str | None, rules: str | None = None) -> str:
     reads = "Java scans" if first_read == "java" else "Spark SQL" + first_read.removeprefix("spark-sql")
     if rules is None:
         return reads
-    return reads + (", Java rules" if rules == "java" else ", SQL rules" + rules.removeprefix("spark-sql"))
+    return reads + (", Java rules" if rules == "java" else ", SQL rules")  # (why: report.json ``rules``)
 
 
 def _gb(n: int) -> str:
