@@ -15,9 +15,10 @@ without its subscriber, a list with a null in it, ...), Spark SQL's three-valued
 decides in ways the Java does not follow; the Java pass then fails its job with
 ``UNUSUAL`` and the proof runs the SQL rules instead (``Tables.compute_facts``).
 
-The job runs them over the Java scan's rows (input in the writer's shape). When the
-reads ran in Spark SQL, so do the rules: that read counts its malformed lines in an
-``Observation``, which only a Dataset's own action reports, not this pass's job.
+The job runs them over the Java scan's rows (input in the writer's shape) and over the
+SQL read's when it is strict (no malformed line: Parquet input, say). Over a permissive
+read the SQL rules run: it counts its malformed lines in an ``Observation``, which only
+a Dataset's own action reports, not this pass's job.
 """
 
 from __future__ import annotations

@@ -1938,7 +1938,7 @@ def prepare(
             spark, sources, small, missing, partitions, ledgers, strict=strict, scanned=scanned, java_rules=False
         )
     elif observation is not None:
-        t.rules = "spark-sql (the reads ran in Spark SQL: the Java rules judge only the Java scan's rows)"
+        t.rules = "spark-sql (a malformed line: the SQL read counts them in an Observation the Java pass would not report)"
     else:
         t.rules = "spark-sql (no Java rules: the jar is not on the class path, or off)"
     if strict:  # (the SQL read: the SQL rules)
@@ -2016,7 +2016,7 @@ def facts_frame(
     ``scanned``: the first read's Java scan vouched for every line, and the Java
     delivery scan makes the narrowed rows (no malformed line to count: None).
     ``java_rules``: the per-delivery rules in Java (spark/deliveryrules.py) when its
-    class is there and the Java scan made the rows, else in SQL."""
+    class is there and the read is the Java scan's or strict, else in SQL."""
     from spark import deliveryrules, linescan
     from spark.load import load_lines
 
@@ -2029,13 +2029,17 @@ def facts_frame(
         lines = load_lines(spark, sources, DELIVERY_READ, strict=strict)
         lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
         lines = lines.withColumn("_bad", bad(lines))
-        observation = Observation("deliveries")
-        lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
+        if not strict:
+            # (Read strictly, the count is 0 or the job fails: bad() reads only fields the first
+            # read converted too, and it found none bad; a line of the wrong type here fails
+            # the read, and compute_facts() reads again permissively, counting.)
+            observation = Observation("deliveries")
+            lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
         events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())), small["windows"])
     if ledgers is not None:
         events = events.unionByName(app_events(ledgers))
-    # (over the Java scan's rows only: the SQL read counts its malformed lines in an
-    # Observation, which only a Dataset's own action reports, not the Java pass's job)
+    # (not over a permissive read: it counts its malformed lines in an Observation, which
+    # only a Dataset's own action reports, not the Java pass's job)
     if java_rules and observation is None and deliveryrules.available(spark):
         ordered = ordered_deliveries(events, partitions)
         vocabulary = rules_vocabulary(ledgers is not None)
