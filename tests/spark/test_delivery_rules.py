@@ -82,6 +82,19 @@ def twin(spark, routers: list[str], clients: str | None) -> tuple[dict | None, d
     return java_rows, _rows(sql), t.rules
 
 
+def as_the_job_runs(t) -> tuple[dict, dict]:
+    """The facts compute_facts() keeps (asserting the Java rules made them), and the
+    SQL rules' over the same read."""
+    assert t.rules == deliveryrules.JAVA and t.sql_rules is not None
+    sql_rules = t.sql_rules
+    t.compute_facts()
+    try:
+        assert t.rules == deliveryrules.JAVA
+        return _rows(t.facts), _rows(sql_rules()[0])
+    finally:
+        t.unpersist()
+
+
 def assert_same(java: dict, sql: dict) -> None:
     assert java.keys() == sql.keys()
     differ = [d for d in sql if java[d] != sql[d]]
@@ -112,15 +125,7 @@ def test_a_real_runs_facts_are_the_sql_rules(spark, real_run, ledgers):
     read's rows."""
     sources = load.resolve(real_run["routers"])
     t = reconcile.prepare(spark, sources, ledgers=load.load_ledgers(spark, real_run["clients"]) if ledgers else None)
-    assert t.rules == deliveryrules.JAVA and t.sql_rules is not None
-    sql_rules = t.sql_rules
-    t.compute_facts()
-    try:
-        assert t.rules == deliveryrules.JAVA
-        java = _rows(t.facts)
-        sql = _rows(sql_rules()[0])
-    finally:
-        t.unpersist()
+    java, sql = as_the_job_runs(t)
     assert len(sql) >= 20 and all(r["received"] for r in sql.values())
     assert_same(java, sql)
     java, sql, _ = twin(spark, real_run["routers"], real_run["clients"] if ledgers else None)
@@ -152,17 +157,12 @@ def _histories(base: Path, specs: list[Spec], tries: int = 1) -> tuple[list[str]
     return routers, str(clients)
 
 
-#: Faults that leave every line in the writer's shape (the others make lines the first
-#: read names as malformed: the rules still run, over the well-formed ones).
-SHAPED = tuple(f for f in FAULTS + LEDGER_FAULTS)
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_histories_with_every_fault_are_judged_alike(spark, tmp_path, seed):
     """Every fault the generator injects, two to a history, over restarts, detaches,
     expiries, rejects, refused resends, folded and batched lines and at-least-once
     topics: every per-delivery check but one finds something, and the rows agree."""
-    faults = list(SHAPED)
+    faults = list(FAULTS + LEDGER_FAULTS)  # (the malformed-line ones too: both rules see the same SQL-read rows)
     pairs = [tuple(faults[i : i + 2]) for i in range(0, len(faults), 2)]
     specs = [
         Spec(
@@ -305,14 +305,7 @@ def test_parquet_input_is_judged_by_the_java_rules(spark, real_run, tmp_path):
     compact(spark, real_run["routers"], str(tmp_path / "parquet"))
     t = reconcile.prepare(spark, load.resolve([str(tmp_path / "parquet")]), ledgers=load.load_ledgers(spark, real_run["clients"]))
     assert t.input["first_read"].startswith("spark-sql (Parquet input")
-    assert t.rules == deliveryrules.JAVA and t.bad_in_deliveries is None
-    sql_rules = t.sql_rules
-    t.compute_facts()
-    try:
-        assert t.rules == deliveryrules.JAVA
-        java = _rows(t.facts)
-        sql = _rows(sql_rules()[0])
-    finally:
-        t.unpersist()
+    assert t.bad_in_deliveries is None
+    java, sql = as_the_job_runs(t)
     assert len(sql) >= 20
     assert_same(java, sql)
