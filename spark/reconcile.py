@@ -2202,11 +2202,12 @@ def duplicated_by_publisher(t: Tables) -> DataFrame:
     )
 
 
-def _order_violations(first_seen: DataFrame, partition: list[str], order: list[str]) -> DataFrame:
-    """``first_seen``: one row per (partition..., pub_id) with stream_seq and the
-    order columns. A row whose stream_seq is below the highest one seen before it
-    (in ``order``) in the same partition is out of publisher order."""
-    w = Window.partitionBy(*partition).orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
+def _order_violations(first_seen: DataFrame, order: list[str | Column]) -> DataFrame:
+    """``first_seen`` (_first_per_publisher_delivery()): one row per (partition...,
+    pub_id) with its group ``g``, stream_seq and the ``order`` columns. A row whose
+    stream_seq is below the highest one seen before it (in ``order``) in the same group
+    is out of publisher order."""
+    w = Window.partitionBy("g").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
     before = first_seen.withColumn("prev", F.max(F.struct("stream_seq", "delivery")).over(w))
     return before.where(F.col("prev").isNotNull() & (F.col("stream_seq") < F.col("prev.stream_seq")))
 
@@ -2216,15 +2217,21 @@ def _first_per_publisher_delivery(t: Tables, rows: DataFrame, partition: list[st
     delivery (``pub_id``) and ``partition``: the smallest ``fields`` (in order), so
     that one publisher delivery under two ids counts once. When no publisher delivery
     has two ids (Tables.multiple_ids()) every row is already its own (the usual case:
-    no grouping). Otherwise partitioned by ``partition`` once: the grouping and the
-    window over its rows (_order_violations) then share one shuffle."""
+    no grouping). Each row gets ``g``, the 64-bit hash of its ``partition``: the window
+    over a group (_order_violations) sorts by one long and its order columns instead
+    of by the partition's columns (a stream id is text), ~1.5x faster. Two groups that
+    share a hash are judged as one: their running maximum can only be higher, so that
+    can report an order violation where there is none, never hide one. With several
+    ids, partitioned by ``g`` once: the grouping and the window share one shuffle."""
+    g = F.xxhash64(*partition).alias("g")
     if not t.multiple_ids():
-        return rows.select(*partition, *fields)
+        return rows.select(g, *partition, *fields)
     return (
-        rows.repartition(*partition)
-        .groupBy(*partition, "pub_id")
+        rows.withColumn("g", g)
+        .repartition("g")
+        .groupBy("g", *partition, "pub_id")
         .agg(F.min(F.struct(*fields)).alias("m"))
-        .select(*partition, "m.*")
+        .select("g", *partition, "m.*")
     )
 
 
@@ -2252,7 +2259,6 @@ def out_of_order(t: Tables) -> DataFrame:
         _first_per_publisher_delivery(
             t, sends, ["router", "subscriber", "stream"], ["epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag"]
         ),
-        ["router", "subscriber", "stream"],
         ["epoch", "seq"],
     )
     return violations(
@@ -2359,7 +2365,7 @@ def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
     first = _first_per_publisher_delivery(
         t, firsts, ["subscriber", "fid", "stream"], ["line", "delivery", "stream_seq", "ts", "publisher", "pub_tag"]
     )
-    bad = _order_violations(first, ["subscriber", "fid", "stream"], ["line"])
+    bad = _order_violations(first, [F.col("line.split"), F.col("line.row")])
     rows.append(
         violations(
             bad,

@@ -50,9 +50,89 @@ def _rows(df: DataFrame) -> list[dict]:
     return [row.asDict(recursive=True) for row in df.collect()]
 
 
+#: What a row of the summary's one aggregation (_counted) counts: its ``g``.
+_TOPIC, _SUBSCRIBER, _FILTERED, _COPIES, _DIED_WITH, _SERIES = range(6)
+#: A _TOPIC row's ``b``: which of these its deliveries are (one bit each).
+_ORIGIN, _PRESETTLED, _ALO, _TOLD_ACCEPTED, _ANSWERED = (1 << i for i in range(5))
+_PART = "struct<g:int,topic:string,a:bigint,b:bigint,c:bigint,n:bigint,t:double>"
+
+
+def _part(g: int, topic=None, a=None, b=None, c=None, n=None, t=None) -> Column:
+    """One contribution of a delivery to _counted's aggregation (one shape for all)."""
+
+    def typed(value, type_: str) -> Column:
+        return (value if isinstance(value, Column) else F.lit(value)).cast(type_)
+
+    return F.struct(
+        F.lit(g).alias("g"),
+        typed(topic, "string").alias("topic"),
+        typed(a, "bigint").alias("a"),
+        typed(b, "bigint").alias("b"),
+        typed(c, "bigint").alias("c"),
+        typed(n, "bigint").alias("n"),
+        typed(t, "double").alias("t"),
+    )
+
+
+def _counted(f: DataFrame, t0: float | None, bucket: float | None) -> list[dict]:
+    """Every count the summary shows but latency, in one job: each delivery's facts
+    become rows (``g`` says which count: per topic and outcome; per subscriber, outcome
+    and owed; per subscriber filtered; per subscriber extra copies; per router and
+    epoch records lost with it; and, given a ``bucket``, per router and bucket
+    arrivals), all counted by one aggregation. (Seven jobs over the kept facts before:
+    each job's scheduling and read of the facts cost about as much as its counting.)"""
+
+    def each(column: str, fn) -> Column:
+        return F.transform(F.coalesce(column, F.array()), fn)
+
+    def flag(cond: Column, bit: int) -> Column:
+        return F.when(F.coalesce(cond, F.lit(False)), F.lit(bit)).otherwise(F.lit(0))
+
+    origin = F.col("origin").isNotNull()
+    topic = _part(
+        _TOPIC,
+        topic=F.col("topic"),
+        a=F.col("pub.o"),
+        b=flag(origin, _ORIGIN)
+        + flag(F.col("presettled"), _PRESETTLED)
+        + flag(F.col("alo") & origin, _ALO)
+        + flag(F.col("told_accepted"), _TOLD_ACCEPTED)
+        + flag(F.col("pub").isNotNull(), _ANSWERED),
+        t=F.col("recv_ts"),
+    )
+    parts = [
+        F.array(topic),
+        each("subs", lambda x: _part(_SUBSCRIBER, a=x["s"], b=x["o"], c=x["owed"].cast("int"))),
+        each("filtered", lambda s: _part(_FILTERED, a=s)),
+        # At-least-once topics' extra copies (allowed, counted): accepted again (the
+        # routers' view, c 0) and handed again (its application's ledger, c 1).
+        F.when(
+            F.coalesce(F.col("alo"), F.lit(False)),
+            F.concat(
+                each("alo_dups", lambda d: _part(_COPIES, a=d["s"], c=0, n=d["n"])),
+                each("alo_app_dups", lambda d: _part(_COPIES, a=d["s"], c=1, n=d["n"])),
+            ),
+        ).otherwise(F.array().cast(f"array<{_PART}>")),
+        each("died_with", lambda x: _part(_DIED_WITH, a=x["r"], b=x["e"])),
+    ]
+    if bucket is not None:
+        parts.append(each("recvs", lambda x: _part(_SERIES, a=x["r"], b=F.floor((x["t"] - F.lit(t0)) / F.lit(bucket)))))
+    rows = f.select(F.explode(F.concat(*parts)).alias("x")).select("x.*")
+    return _rows(
+        rows.groupBy("g", "topic", "a", "b", "c").agg(
+            F.count(F.lit(1)).alias("rows"), F.sum("n").alias("n"), F.min("t").alias("t0"), F.max("t").alias("t1")
+        )
+    )
+
+
+def _series(counted: list[dict], names: Names) -> list[dict]:
+    series = [{"router": names.router(r["a"]), "b": r["b"], "n": r["rows"]} for r in counted if r["g"] == _SERIES]
+    return sorted(series, key=lambda r: (r["router"], r["b"]))
+
+
 def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> dict:
     """Everything the report shows besides the violations, as small Python values
-    (a few small jobs over the cached per-delivery facts)."""
+    (two jobs over the cached per-delivery facts: the counts, and the latency)."""
     epochs = [
         {k: e[k] for k in ("router", "epoch", "boot", "first_ts", "last_ts", "started_ts", "stopping_ts", "lines", "stopped")}
         for e in t.epochs
@@ -62,94 +142,70 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
     refused = t.input["refused"]
     names = t.names
     f = t.facts
-    # One job: per topic and outcome, the deliveries and when they arrived.
-    per = _rows(
-        f.groupBy("topic", F.col("pub.o").alias("o")).agg(
-            F.sum(F.col("origin").isNotNull().cast("long")).alias("deliveries"),
-            F.sum(F.col("presettled").cast("long")).alias("presettled"),
-            F.sum((F.col("alo") & F.col("origin").isNotNull()).cast("long")).alias("alo"),
-            F.sum(F.col("told_accepted").cast("long")).alias("accepted"),
-            F.count(F.when(F.col("pub").isNotNull(), F.lit(1))).alias("answered"),
-            F.min("recv_ts").alias("t0"),
-            F.max("recv_ts").alias("t1"),
-        )
-    )
+    starts = [e["first_ts"] for e in epochs if e["first_ts"] is not None]
+    ends = [e["last_ts"] for e in epochs if e["last_ts"] is not None]
+    # The arrivals' buckets span the logs' first to last line (known before the job, from
+    # the first read), or, lacking those, the deliveries' first to last arrival (known after).
+    known = bucket_size(max(ends) - min(starts)) if starts and ends else None
+    counted = _counted(f, min(starts) if starts else None, known)
+    by = {g: [r for r in counted if r["g"] == g] for g in range(_SERIES + 1)}
+
+    def count(rows: list[dict], bit: int) -> int:
+        return sum(r["rows"] for r in rows if r["b"] & bit)
+
+    topic_rows = by[_TOPIC]
+    arrived = [r for r in topic_rows if r["t0"] is not None]
     totals = {
-        "deliveries": sum(r["deliveries"] for r in per),
-        "presettled": sum(r["presettled"] for r in per),
-        "alo": sum(r["alo"] for r in per),
-        "t0": min((r["t0"] for r in per if r["t0"] is not None), default=None),
-        "t1": max((r["t1"] for r in per if r["t1"] is not None), default=None),
+        "deliveries": count(topic_rows, _ORIGIN),
+        "presettled": count(topic_rows, _PRESETTLED),
+        "alo": count(topic_rows, _ALO),
+        "t0": min((r["t0"] for r in arrived), default=None),
+        "t1": max((r["t1"] for r in arrived), default=None),
     }
     outcomes: dict[str, int] = {}
     by_topic: dict = {}
-    for r in per:
-        if r["o"] is not None:
-            name = OUTCOME_NAME.get(r["o"], "?")
-            outcomes[name] = outcomes.get(name, 0) + r["answered"]
+    for r in topic_rows:
+        if r["a"] is not None:
+            name = OUTCOME_NAME.get(r["a"], "?")
+            outcomes[name] = outcomes.get(name, 0) + count([r], _ANSWERED)
         topic = by_topic.setdefault(r["topic"], {"topic": r["topic"], "deliveries": 0, "accepted": 0})
-        topic["deliveries"] += r["deliveries"]
-        topic["accepted"] += r["accepted"]
+        topic["deliveries"] += count([r], _ORIGIN)
+        topic["accepted"] += count([r], _TOLD_ACCEPTED)
     per_topic = sorted((x for x in by_topic.values() if x["deliveries"]), key=lambda x: -x["deliveries"])[:max_rows]
     # Per subscriber, distinct deliveries: owed, and how it answered each.
-    x = f.select(F.explode("subs").alias("x")).select("x.*")
-    per_sub = _rows(
-        x.groupBy(F.col("s").alias("subscriber")).agg(
-            F.sum(F.col("owed").cast("long")).alias("owed"),
-            *[F.sum((F.col("o") == code).cast("long")).alias(name) for name, code in OUTCOME.items()],
-            F.sum((F.col("owed") & (F.col("o") == 0)).cast("long")).alias("unanswered"),
-        )
-    )
+    subs: dict = {}
+    for r in by[_SUBSCRIBER]:
+        row = subs.setdefault(r["a"], {"subscriber": r["a"], "owed": 0, **{name: 0 for name in OUTCOME}, "unanswered": 0})
+        owed = r["c"] == 1
+        row["owed"] += r["rows"] if owed else 0
+        for name, code in OUTCOME.items():
+            row[name] += r["rows"] if r["b"] == code else 0
+        row["unanswered"] += r["rows"] if owed and r["b"] == 0 else 0
+    per_sub = list(subs.values())
     # Distinct deliveries its selector did not select (never owed: not lost), per subscriber.
-    filtered_by = {
-        r["s"]: r["n"] for r in _rows(f.select(F.explode("filtered").alias("s")).groupBy("s").agg(F.count(F.lit(1)).alias("n")))
-    }
-
-    # At-least-once topics' extra copies (allowed, counted): per subscriber, accepted again
-    # (the routers' view) and handed again (its application's ledger).
-    def copies(column: str, app: int) -> Column:
-        kept = F.coalesce(column, F.array())
-        return F.transform(kept, lambda d: F.struct(d["s"].alias("s"), d["n"].alias("n"), F.lit(app).alias("app")))
-
-    dups = f.where(F.col("alo")).select(F.explode(F.concat(copies("alo_dups", 0), copies("alo_app_dups", 1))).alias("d"))
-    dup_rows = _rows(dups.groupBy("d.s", "d.app").agg(F.sum("d.n").alias("n")))
-    duplicated_by = {r["s"]: r["n"] for r in dup_rows if r["app"] == 0}
-    known = {row["subscriber"] for row in per_sub}
-    for s_hash, n in filtered_by.items():
-        if s_hash not in known:  # a subscriber that was never owed anything: only filtered
+    filtered_by = {r["a"]: r["rows"] for r in by[_FILTERED]}
+    copies = {(r["a"], r["c"]): r["n"] for r in by[_COPIES]}
+    duplicated_by = {s: n for (s, app), n in copies.items() if app == 0}
+    for s_hash in filtered_by:
+        if s_hash not in subs:  # a subscriber that was never owed anything: only filtered
             per_sub.append({"subscriber": s_hash, "owed": 0, **{name: 0 for name in OUTCOME}, "unanswered": 0})
     for row in per_sub:
         row["filtered"] = filtered_by.get(row["subscriber"], 0)
         row["duplicated"] = duplicated_by.get(row["subscriber"], 0)
         row["subscriber"] = names.subscriber(row["subscriber"])
     per_sub = sorted(per_sub, key=lambda r: r["subscriber"])[:max_rows]
-    unfinished = _rows(
-        f.where(F.size("died_with") > 0)
-        .select(F.explode("died_with").alias("x"))
-        .groupBy(F.col("x.r").alias("router"), F.col("x.e").alias("epoch"))
-        .agg(F.count(F.lit(1)).alias("records"))
-    )
-    for row in unfinished:
-        row["router"] = names.router(row["router"])
+    unfinished = [{"router": names.router(r["a"]), "epoch": r["b"], "records": r["rows"]} for r in by[_DIED_WITH]]
     unfinished.sort(key=lambda r: (r["router"], r["epoch"]))
 
     series, latency, lat_overall, bucket = [], [], {}, None
-    starts = [e["first_ts"] for e in epochs if e["first_ts"] is not None]
-    ends = [e["last_ts"] for e in epochs if e["last_ts"] is not None]
     t0 = min(starts) if starts else (totals["t0"] or 0.0)
     t1 = max(ends) if ends else (totals["t1"] or t0)
     if totals["t0"] is not None:
         bucket = bucket_size(t1 - t0)
+        if known is None:  # (the logs gave no span: the arrivals' own, counted again)
+            counted = _counted(f, t0, bucket)
+        series = _series(counted, names)
         b = F.floor((F.col("t") - F.lit(t0)) / F.lit(bucket)).cast("long")
-        series = _rows(
-            f.select(F.explode("recvs").alias("x"))
-            .select("x.*")
-            .groupBy(F.col("r").alias("router"), b.alias("b"))
-            .agg(F.count(F.lit(1)).alias("n"))
-        )
-        for row in series:
-            row["router"] = names.router(row["router"])
-        series.sort(key=lambda r: (r["router"], r["b"]))
         lat = f.where(F.col("origin").isNotNull() & F.col("pub").isNotNull() & (F.col("pub.r") == F.col("origin"))).select(
             (F.col("pub.t") - F.col("recv_ts")).alias("lat"), F.col("recv_ts").alias("t")
         )
@@ -185,8 +241,8 @@ def summarize(t: Tables, deliveries: int | None = None, max_rows: int = 200) -> 
         # subscribers accepted (routers' view) and applications were handed (ledgers)
         "at_least_once": {
             "deliveries": totals["alo"] or 0,
-            "duplicates": sum(r["n"] for r in dup_rows if r["app"] == 0),
-            "app_duplicates": sum(r["n"] for r in dup_rows if r["app"] == 1),
+            "duplicates": sum(n for (_, app), n in copies.items() if app == 0),
+            "app_duplicates": sum(n for (_, app), n in copies.items() if app == 1),
         },
         "pub_outcomes": outcomes,
         "refused_before_record": refused,
