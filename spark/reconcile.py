@@ -2420,8 +2420,8 @@ def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
     pub_tag), or (client, link, pub_tag) for a ledger without the incarnation: one
     full outer join, of the publishers that keep a ledger. Columns: delivery,
     publisher, link_name, pub_tag, router (origin), o (routers' outcome), accepted,
-    ts, answered (a router's pub-outcome), owed (the subscribers owed it), owed_accepted
-    (every one of them accepted it), app_outcome, app_ts, message_id. (The routers'
+    ts, owed (the subscribers owed it), owed_accepted (every one of them accepted it),
+    app_outcome, app_ts, message_id. (The routers'
     side carries those few values, not the facts' ``subs`` and ``pub``: its shuffle and
     sort are half as large.)"""
     told = publisher_outcomes(ledgers)
@@ -2444,7 +2444,6 @@ def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
             "told_accepted",
             F.col("pub.o").alias("o"),
             F.col("pub.t").alias("ts"),
-            F.col("pub").isNotNull().alias("answered"),
             F.transform(owed, lambda x: x["s"]).alias("owed"),
             F.forall(owed, lambda x: x["o"] == ACC).alias("owed_accepted"),
             "origin",
@@ -2471,7 +2470,6 @@ def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
             "r.o",
             F.col("r.told_accepted").alias("accepted"),
             "r.ts",
-            "r.answered",
             "r.owed",
             "r.owed_accepted",
             "r.partial",
@@ -2493,7 +2491,7 @@ def app_outcome_disagrees(told: DataFrame) -> DataFrame:
         & ~F.col("horizon")
         & F.col("app_outcome").isNotNull()
         & (F.col("app_outcome") != "accepted")
-        & (~F.col("answered") | (F.col("o") == ACC))
+        & (F.col("o") == ACC)  # (a router's row is one with a pub-outcome)
         & (F.size("owed") > 0)
         & F.col("owed_accepted")
     )
