@@ -728,7 +728,7 @@ class _Read:
     completed_settling: int
 
 
-def input_facts(spark, sources: list) -> dict:
+def input_facts(spark, sources: list, scanned: tuple[dict | None, str] | None = None) -> dict:
     """Everything about the input itself, from one read of it (the common fields,
     the links', peers' and routes' fields, the routers events name):
 
@@ -745,11 +745,12 @@ def input_facts(spark, sources: list) -> dict:
 
     Of JSON lines in the writer's shape, the Java scan (spark/linescan.py) finds the
     same, faster; ``first_read`` says which read ran, and why not the scan.
+    ``scanned``: the scan's answer when it already ran (``linescan.read_once``).
     """
     from spark import linescan
 
-    scanned, how = linescan.scan(spark, sources, line_vocabulary())
-    found = _scanned(scanned) if scanned is not None else _read_facts(spark, sources)
+    scan, how = scanned if scanned is not None else linescan.scan(spark, sources, line_vocabulary())
+    found = _scanned(scan) if scan is not None else _read_facts(spark, sources)
     epochs, kinds = found.epochs, tuple(EVENTS)
     repeats = [key for key, e in epochs.items() if e["lines"] != e["distinct"]]
     repeated = []
@@ -1289,7 +1290,12 @@ def mark_reported(out: DataFrame, windows: dict) -> DataFrame:
 def ordered_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
     """The one shuffle by delivery id (its 64-bit hash, also the sort's cheap prefix),
     each partition sorted: a delivery's events together, in (router, epoch, seq) order."""
-    return narrowed.repartition(partitions, "h").sortWithinPartitions("h", "delivery", "r", "e", "q", "_pos")
+    return narrowed.repartition(partitions, "h").sortWithinPartitions(*DELIVERY_ORDER)
+
+
+#: A partition's order for the per-delivery pass: a delivery's events together (by its hash,
+#: then its id), in (router, epoch, seq, place in the line) order.
+DELIVERY_ORDER = ("h", "delivery", "r", "e", "q", "_pos")
 
 
 def group_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
@@ -1899,14 +1905,29 @@ def prepare(
     storage: StorageLevel = StorageLevel.MEMORY_AND_DISK,
     ledgers: DataFrame | None = None,
 ) -> Tables:
-    """Read the input twice: once for everything about the input itself
-    (input_facts), once for the per-delivery facts (not yet computed: compute_facts()),
-    with the applications' ``ledgers`` if given."""
+    """Read the input for everything about the input itself (input_facts) and for the
+    per-delivery facts (not yet computed: compute_facts()), with the applications'
+    ``ledgers`` if given: one parse for both when the Java scans read it, two reads
+    in Spark SQL otherwise."""
     from spark import deliveryrules, linescan
 
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    facts_in = input_facts(spark, sources)
+    # JSON lines in the writer's shape are parsed once for both reads: the first read's
+    # facts and the per-delivery rows, through the one shuffle's map side (ReadOnce.java).
+    # (whether an answer was reported again is marked after the shuffle, when the resume
+    # windows are known: never for an application's line, ``rep`` false)
+    ledger_events = app_events(ledgers).drop("rep") if ledgers is not None else None
+
+    def shuffle(rows: DataFrame) -> DataFrame:
+        return (rows.unionByName(ledger_events) if ledger_events is not None else rows).repartition(partitions, "h")
+
+    once, how, shuffled = (
+        linescan.read_once(spark, sources, line_vocabulary(), delivery_vocabulary(spark), shuffle)
+        if deliveryrules.available(spark)
+        else (None, "", None)
+    )
+    facts_in = input_facts(spark, sources, (once, how) if once is not None or how else None)
     present = {e["router"] for e in facts_in["epochs"]}
     facts_in["missing_routers"] = sorted(set(facts_in["named_routers"]) - present)
     life = facts_in["life"]
@@ -1927,15 +1948,14 @@ def prepare(
     missing = [known[n] for n in facts_in["missing_routers"]]
     # Input the first read found clean is read again strictly (no corrupt-record column to
     # fill per line); should a field only the second read converts be of the wrong type,
-    # compute_facts() reads it again permissively.
+    # compute_facts() reads it again permissively. (Not read again when parsed once.)
     strict = facts_in["bad_count"] == 0
-    scanned = facts_in["first_read"] == linescan.JAVA
-    facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers, strict=strict, scanned=scanned)
+    facts, observation = facts_frame(spark, sources, small, missing, partitions, ledgers, strict=strict, shuffled=shuffled)
     t = Tables(facts, facts_in, small, names, sources, partitions, observation, storage=storage, missing=missing)
     if observation is None and deliveryrules.available(spark):
         t.rules = deliveryrules.JAVA
         t.sql_rules = lambda: facts_frame(
-            spark, sources, small, missing, partitions, ledgers, strict=strict, scanned=scanned, java_rules=False
+            spark, sources, small, missing, partitions, ledgers, strict=strict, java_rules=False, shuffled=shuffled
         )
     elif observation is not None:
         t.rules = "spark-sql (a malformed line: the SQL read counts them in an Observation the Java pass would not report)"
@@ -2003,39 +2023,42 @@ def facts_frame(
     partitions: int,
     ledgers: DataFrame | None = None,
     strict: bool = False,
-    scanned: bool = False,
     java_rules: bool = True,
+    shuffled: DataFrame | None = None,
 ) -> tuple[DataFrame, Observation | None]:
-    """The per-delivery facts from a second read of the input (the fields of the
-    events about deliveries): unfold, narrow, one shuffle by delivery id, one row
-    per delivery, every per-delivery invariant. With ``ledgers``, the applications'
-    `delivered` lines join the same shuffle (app_events). Also counts (``observe``)
-    the malformed lines among those this read converts differently (a field of the
-    wrong type among its fields), and which subscribers keep a ledger. ``strict``:
-    read as load_lines() says (a line Spark cannot read whole fails the job).
-    ``scanned``: the first read's Java scan vouched for every line, and the Java
-    delivery scan makes the narrowed rows (no malformed line to count: None).
-    ``java_rules``: the per-delivery rules in Java (spark/deliveryrules.py) when its
-    class is there and the read is the Java scan's or strict, else in SQL."""
-    from spark import deliveryrules, linescan
+    """The per-delivery facts from the events about deliveries: unfold, narrow, one
+    shuffle by delivery id, one row per delivery, every per-delivery invariant. With
+    ``ledgers``, the applications' `delivered` lines join the same shuffle (app_events).
+    ``shuffled``: the rows of the one parse (``linescan.read_once``: the Java scan vouched
+    for every line), the ledgers' with them, already in the one shuffle's partitions;
+    without it, a second read of the input in Spark SQL, which also counts (``observe``)
+    the malformed lines among those it converts differently (a field of the wrong type
+    among its fields). ``strict``: read as load_lines() says (a line Spark cannot read
+    whole fails the job). ``java_rules``: the per-delivery rules in Java
+    (spark/deliveryrules.py) when its class is there and the rows are the Java scan's
+    or read strictly, else in SQL."""
+    from spark import deliveryrules
     from spark.load import load_lines
 
+    if shuffled is not None:
+        events = mark_reported(shuffled, small["windows"])
+        if java_rules:
+            ordered = events.sortWithinPartitions(*DELIVERY_ORDER)
+            vocabulary = rules_vocabulary(ledgers is not None)
+            return deliveryrules.facts(spark, ordered, vocabulary, rules_constants(small, missing)), None
+        # (the SQL rules group again: a second shuffle, of rows, not of the files' text)
+        return delivery_facts(group_deliveries(events, partitions), Constants(small, missing), ledgers is not None), None
     observation: Observation | None = None
-    events = None
-    if scanned:
-        jdf = linescan.delivery_events(spark, sources, line_vocabulary(), delivery_vocabulary(spark))
-        events = mark_reported(DataFrame(jdf, spark), small["windows"]) if jdf is not None else None
-    if events is None:
-        lines = load_lines(spark, sources, DELIVERY_READ, strict=strict)
-        lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
-        lines = lines.withColumn("_bad", bad(lines))
-        if not strict:
-            # (Read strictly, the count is 0 or the job fails: bad() reads only fields the first
-            # read converted too, and it found none bad; a line of the wrong type here fails
-            # the read, and compute_facts() reads again permissively, counting.)
-            observation = Observation("deliveries")
-            lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
-        events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())), small["windows"])
+    lines = load_lines(spark, sources, DELIVERY_READ, strict=strict)
+    lines = lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull() | F.col(CORRUPT).isNotNull())
+    lines = lines.withColumn("_bad", bad(lines))
+    if not strict:
+        # (Read strictly, the count is 0 or the job fails: bad() reads only fields the first
+        # read converted too, and it found none bad; a line of the wrong type here fails
+        # the read, and compute_facts() reads again permissively, counting.)
+        observation = Observation("deliveries")
+        lines = lines.observe(observation, F.sum(F.col("_bad").cast("long")).alias("bad"))
+    events = narrow(unfold(lines.where(F.col("delivery").isNotNull() | F.col("deliveries").isNotNull())), small["windows"])
     if ledgers is not None:
         events = events.unionByName(app_events(ledgers))
     # (not over a permissive read: it counts its malformed lines in an Observation, which

@@ -21,14 +21,13 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 
 /**
- * The per-delivery pass's read (spark/reconcile.py: unfold, then narrow) as plain Java: each line of
- * the writer's parsed once (LineScan's parser and checks), a folded line unfolded into the events it
- * stands for, and each event that names a delivery made into the short row the one shuffle by
- * delivery carries (routers and subscribers as Spark's own xxhash64, kinds and outcomes as codes).
+ * The per-delivery pass's rows (spark/reconcile.py: unfold, then narrow) as plain Java: a line the
+ * scan has parsed and found in the writer's shape (LineScan's parser and checks), if folded,
+ * unfolded into the events it stands for, and each event that names a delivery made into the short
+ * row the one shuffle by delivery carries (routers and subscribers as Spark's own xxhash64, kinds and
+ * outcomes as codes). ReadOnce runs it on each line as it parses it for the first read.
  *
- * <p>Run only over input the first read's scan found entirely in the writer's shape; a line that is
- * not (the files changed between the reads) fails the job, and the proof reads in Spark SQL instead.
- * The rows' schema comes from the SQL narrow() it stands for, so the two are one shuffle's input.
+ * <p>The rows' schema comes from the SQL narrow() it stands for, so the two are one shuffle's input.
  */
 public final class DeliveryScan {
     private DeliveryScan() {}
@@ -173,18 +172,8 @@ public final class DeliveryScan {
             }
         }
 
-        /** The rows of one line (appended to ``out``). */
-        void line(byte[] bytes, int offset, int length) {
-            String why;
-            try {
-                why = scanner.parse(bytes, offset, length);
-            } catch (IOException | RuntimeException e) {
-                why = "not the writer's JSON: " + e.getMessage();
-            }
-            if (why == null) why = scanner.problem();
-            if (why != null) {
-                throw new IllegalStateException("eorouter: a line the first read's scan accepted is not in the writer's shape now (" + why + ")");
-            }
+        /** The rows of the line the scanner has just parsed and found in the writer's shape (its kind set). */
+        void parsed() {
             int lineKind = scanner.kind;
             Fold f = v.folds[lineKind];
             if (f == null) {
@@ -305,32 +294,5 @@ public final class DeliveryScan {
                 default: throw new IllegalArgumentException("eorouter: no rule " + rule);
             }
         }
-    }
-
-    /** The per-delivery rows of the files at ``paths`` (JSON lines), as a DataFrame of narrow()'s schema. */
-    public static Dataset<Row> events(SparkSession spark, List<String> paths, String specJson, String deliveryJson, boolean recursive)
-            throws IOException {
-        Vocabulary vocabulary = Vocabulary.parse(specJson, deliveryJson);
-        JavaRDD<InternalRow> rows = LineScan.lines(spark, paths, recursive).mapPartitions((Iterator<InternalRow> it) -> new Iterator<InternalRow>() {
-            final Narrower narrower = new Narrower(vocabulary);
-            int next;
-
-            public boolean hasNext() {
-                while (next >= narrower.out.size()) {
-                    if (!it.hasNext()) return false;
-                    narrower.out.clear();
-                    next = 0;
-                    LineScan.feed(it.next(), narrower::line);
-                }
-                return true;
-            }
-
-            public InternalRow next() {
-                if (!hasNext()) throw new java.util.NoSuchElementException();
-                return narrower.out.get(next++);
-            }
-        });
-        StructType schema = (StructType) DataType.fromJson(vocabulary.schemaJson);
-        return ((org.apache.spark.sql.classic.SparkSession) spark).internalCreateDataFrame(rows.rdd(), schema, false);
     }
 }

@@ -511,6 +511,11 @@ public final class LineScan {
             one.add(scanner.facts);
             return one.iterator();
         }).collect();
+        return merged(spec, parts);
+    }
+
+    /** The partitions' facts, merged in partition order, as JSON for spark/linescan.py. */
+    static String merged(Spec spec, Iterable<Facts> parts) throws IOException {
         Facts all = new Facts(spec.kinds.length);
         for (Facts f : parts) all.merge(f);
         return toJson(spec, all);
