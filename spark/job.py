@@ -52,11 +52,12 @@ def run_reconcile(
     big = estimate is None or estimate > MEMORY_CACHE_EVENTS
     storage = StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK
     ledgers = app = None
+    ledgers_read = None
     if clients:  # read once (only the fields the checks read): by the per-delivery pass and the ledger checks
         # Kept as rows (a local checkpoint), not as a columnar cache: building the
         # columnar cache's compression statistics cost ~1.7x as much, and the checks
         # read most of the columns anyway.
-        ledgers = reconcile.materialize(load.load_ledgers(spark, clients), storage)
+        ledgers, ledgers_read = reconcile.kept_ledgers(spark, clients, storage)
     t = reconcile.prepare(spark, sources, partitions=partitions, storage=storage, ledgers=ledgers)
     phases["partitions"] = partitions
     pool = None
@@ -127,6 +128,8 @@ def run_reconcile(
         "phases_s": phases,
         # Which first read ran: the Java scan, or Spark SQL and why (spark/linescan.py).
         "first_read": t.input.get("first_read"),
+        # And which read made the ledgers' rows (with --clients): Java, or Spark SQL and why.
+        "ledgers_read": ledgers_read,
         "rules": t.rules,
         "out": str(out) if out else None,
     }

@@ -113,3 +113,32 @@ CHANGED = "eorouter: a line the first read's scan accepted is not in the writer'
 
 def is_changed(error: BaseException) -> bool:
     return CHANGED in str(error)
+
+
+#: LedgerScan.UNUSUAL: the ledger scan's error when a ledger line is not in the writer's shape.
+LEDGER_UNUSUAL = "eorouter: a ledger line not in the writer's shape"
+
+
+def is_unusual_ledger(error: BaseException) -> bool:
+    return LEDGER_UNUSUAL in str(error)
+
+
+def unusual_ledger_why(error: BaseException) -> str:
+    """LedgerScan's reason, from its job's error."""
+    text = str(error)
+    at = text.find(LEDGER_UNUSUAL)
+    end = text.find(")", at)
+    return text[at + len("eorouter: ") : end + 1] if at >= 0 and end > at else "a ledger line not in the writer's shape"
+
+
+def ledger_rows(spark, paths: list[str], recursive: bool, schema) -> tuple[DataFrame | None, str]:
+    """The ledgers at ``paths`` as spark/load.py ``load_ledgers`` reads them (its
+    ``schema``: the same rows, over the same splits), by LedgerScan.java, and "java"; or
+    None and why Spark SQL reads them. The scan's job fails with ``LEDGER_UNUSUAL`` at
+    a line not in the writer's shape (the SQL read then reads them all)."""
+    if os.environ.get(jar.ENV, "") == "off":
+        return None, f"spark-sql ({jar.ENV}=off)"
+    scanner = _scanner(spark, "LedgerScan")
+    if scanner is None:
+        return None, "spark-sql (the Java classes are not on the driver's class path)"
+    return DataFrame(scanner.rows(spark._jsparkSession, paths, schema.json(), recursive), spark), JAVA

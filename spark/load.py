@@ -437,6 +437,12 @@ def resolve_ledgers(directory: str) -> list[str]:
 LEDGER_READ = ("ts", "client", "link", "role", "event", "delivery", "pub_tag", "outcome", "incarnation", "message_id")
 
 
+def ledger_read(spark: SparkSession, directory: str) -> tuple[list[str], bool, DataFrame]:
+    """The ledgers' files, whether they are a URI listed recursively, and load_ledgers()'
+    frame (the SQL read; its schema is the Java scan's, spark/linescan.py ``ledger_rows``)."""
+    return resolve_ledgers(directory), _spark_path(directory), load_ledgers(spark, directory)
+
+
 def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
     """The applications' ledgers (docs/ledger.md) with their explicit schema, plus
     ``file`` (which ledger) and ``line``, which orders a file's lines as written:

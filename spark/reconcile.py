@@ -1966,6 +1966,26 @@ def prepare(
     return t
 
 
+def kept_ledgers(spark, directory: str, storage: StorageLevel) -> tuple[DataFrame, str]:
+    """The applications' ledgers (spark/load.py ``load_ledgers``' rows) read now and kept
+    (materialize()), and which read made them: "java" (LedgerScan.java: the same rows, a
+    third of the CPU), or Spark SQL and why. Java reads only ledgers in the writer's shape:
+    a line that is not fails its job, and Spark SQL reads them all."""
+    from spark import linescan
+    from spark.load import ledger_read
+
+    paths, recursive, sql = ledger_read(spark, directory)
+    java, how = linescan.ledger_rows(spark, paths, recursive, sql.schema)
+    if java is not None:
+        try:
+            return materialize(java, storage), how
+        except Exception as error:  # noqa: BLE001 (Py4J's and PySpark's errors both carry Spark's)
+            if not linescan.is_unusual_ledger(error):
+                raise
+            how = f"spark-sql ({linescan.unusual_ledger_why(error)})"
+    return materialize(sql, storage), how
+
+
 def materialize(frame: DataFrame, storage: StorageLevel) -> DataFrame:
     """``frame`` computed now and kept (at ``storage``) as a plain table, its plan
     cut: every later query over it is planned over a scan of the kept rows, not over

@@ -253,6 +253,64 @@ def test_a_lost_shuffle_is_parsed_again(spark, real_run, tmp_path, changed):
 
 
 # ---------------------------------------------------------------------------
+# The applications' ledgers: LedgerScan against load_ledgers()
+# ---------------------------------------------------------------------------
+
+
+def ledger_rows(spark, directory: str) -> tuple[list, list]:
+    """The ledgers' rows by the Java scan and by Spark SQL (load_ledgers)."""
+    paths, recursive, sql = load.ledger_read(spark, directory)
+    java, how = linescan.ledger_rows(spark, paths, recursive, sql.schema)
+    assert how == linescan.JAVA and java is not None and java.schema == sql.schema
+    return sorted(java.collect(), key=str), sorted(sql.collect(), key=str)
+
+
+def test_a_real_runs_ledgers_are_read_to_the_same_rows(spark, real_run):
+    java, sql = ledger_rows(spark, str(real_run["clients"]))
+    assert {r["event"] for r in sql} >= {"sent", "outcome", "delivered"}
+    assert java == sql
+
+
+def test_ledgers_split_and_packed_are_read_to_the_same_rows(spark, tmp_path):
+    """Many files, a file read in several splits and several files in one partition:
+    the rows' file hash, split start and place in the partition are Spark's own."""
+    _histories(tmp_path, [(), ("ledger-twice", "ledger-pub-outcome")], 3, deliveries=120)
+    clients = tmp_path / "clients"
+    for n, history in enumerate(sorted(tmp_path.glob("h*"))):
+        for ledger in (history / "clients").glob("*.jsonl"):
+            clients.mkdir(exist_ok=True)
+            shutil.copy(ledger, clients / f"{n}-{ledger.name}")
+    saved = {k: spark.conf.get(k) for k in ("spark.sql.files.maxPartitionBytes", "spark.sql.files.openCostInBytes")}
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "8192")
+    spark.conf.set("spark.sql.files.openCostInBytes", "0")
+    try:
+        java, sql = ledger_rows(spark, str(clients))
+    finally:
+        for k, v in saved.items():
+            spark.conf.set(k, v)
+    assert len({(r["fid"], r["split"]) for r in sql}) > len({r["fid"] for r in sql})  # some file in several splits
+    assert java == sql
+
+
+def test_a_ledger_line_not_in_the_writers_shape_sends_the_ledgers_to_sql(spark, real_run, tmp_path):
+    from pyspark import StorageLevel
+
+    clients = tmp_path / "clients"
+    shutil.copytree(real_run["clients"], clients)
+    ledger = sorted(clients.glob("*.jsonl"))[0]
+    ledger.write_bytes(ledger.read_bytes() + b'{"ts": "late", "event": "delivered"}\n')
+    kept, how = reconcile.kept_ledgers(spark, str(clients), StorageLevel.MEMORY_AND_DISK)
+    try:
+        assert how == "spark-sql (a ledger line not in the writer's shape (ts is not double))", how
+        assert sorted(kept.collect(), key=str) == sorted(load.load_ledgers(spark, str(clients)).collect(), key=str)
+    finally:
+        reconcile.release(kept)
+    kept, how = reconcile.kept_ledgers(spark, str(real_run["clients"]), StorageLevel.MEMORY_AND_DISK)
+    reconcile.release(kept)
+    assert how == linescan.JAVA
+
+
+# ---------------------------------------------------------------------------
 # Line by line: what the scan accepts, Spark reads whole, to the same values
 # ---------------------------------------------------------------------------
 

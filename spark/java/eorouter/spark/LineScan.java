@@ -54,8 +54,15 @@ public final class LineScan {
         transient Map<String, Integer> fieldIndex;
         transient Map<String, Integer> kindIndex;
 
-        static Spec parse(String json) throws IOException {
-            Map<String, Object> m = parseJson(new JsonFactory().createParser(json));
+        /** Only ``fields`` ([name, type] pairs): what the parser needs, for lines that are not routers' (ledgers). */
+        static Spec fieldsOnly(String json) throws IOException {
+            Spec s = fields(parseJson(new JsonFactory().createParser(json)));
+            s.kinds = new String[0];
+            s.index();
+            return s;
+        }
+
+        private static Spec fields(Map<String, Object> m) {
             Spec s = new Spec();
             List<?> fs = (List<?>) m.get("fields");
             s.fields = new String[fs.size()];
@@ -65,6 +72,12 @@ public final class LineScan {
                 s.fields[i] = (String) f.get(0);
                 s.types[i] = typeCode((String) f.get(1));
             }
+            return s;
+        }
+
+        static Spec parse(String json) throws IOException {
+            Map<String, Object> m = parseJson(new JsonFactory().createParser(json));
+            Spec s = fields(m);
             s.kinds = strings(m.get("kinds"));
             s.index();
             s.common = fieldIndexes(s, strings(m.get("common")));
