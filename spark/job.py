@@ -12,6 +12,10 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def run_reconcile(
@@ -53,15 +57,23 @@ def run_reconcile(
     storage = StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK
     ledgers = app = None
     ledgers_read = None
-    if clients:  # read once (only the fields the checks read): by the per-delivery pass and the ledger checks
-        # Kept as rows (a local checkpoint), not as a columnar cache: building the
-        # columnar cache's compression statistics cost ~1.7x as much, and the checks
-        # read most of the columns anyway.
-        ledgers, ledgers_read = reconcile.kept_ledgers(spark, clients, storage)
-    t = reconcile.prepare(spark, sources, partitions=partitions, storage=storage, ledgers=ledgers)
-    phases["partitions"] = partitions
-    pool = None
+    t = ledger_side = None
+    # Most of a small input's time is the driver planning queries one after the other, on
+    # one core of two: what does not wait on another's result is planned in a second
+    # thread (the vocabularies beside the ledgers' read; the summary, its figures and the
+    # ledgers' proofs beside the routers' proofs).
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="eorouter-proof")
     try:
+        pool.submit(reconcile.plan_vocabularies, spark)  # (prepare() waits for it, or plans them itself)
+        if html and summary:
+            pool.submit(report.load_plotting)
+        if clients:  # read once (only the fields the checks read): by the per-delivery pass and the ledger checks
+            # Kept as rows (a local checkpoint), not as a columnar cache: building the
+            # columnar cache's compression statistics cost ~1.7x as much, and the checks
+            # read most of the columns anyway.
+            ledgers, ledgers_read = reconcile.kept_ledgers(spark, clients, storage)
+        t = reconcile.prepare(spark, sources, partitions=partitions, storage=storage, ledgers=ledgers)
+        phases["partitions"] = partitions
         if not t.epochs:
             bad = t.input["bad_count"]
             listed, _ = reconcile.find_bad_lines(spark, sources, first=1) if bad else ([], 0)
@@ -77,18 +89,29 @@ def run_reconcile(
         lap("read the input, check lines and seq")
         deliveries = t.compute_facts()
         lap("per delivery")
-        # The summary's few jobs run beside the proofs': most of a small input's time
-        # is the driver planning queries one after the other, and there are 2+ cores.
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eorouter-summary")
-        pending = pool.submit(report.summarize, t, deliveries) if summary else None
-        if html:
-            pool.submit(report.load_plotting)
+        tables = t
+        draw = bool(out and html)
+
+        def summary_and_figures() -> tuple[dict, dict | None]:
+            summarized = report.summarize(tables, deliveries)
+            return summarized, report.drawn(summarized) if draw else None
+
+        def ledgers_proofs(ledgers) -> tuple[DataFrame, DataFrame]:
+            # (planned here while the routers' proofs are planned in the caller's thread)
+            told = reconcile.app_outcomes(tables, ledgers).persist(storage)
+            return told, reconcile.union_all(reconcile.ledger_violations(tables, ledgers, told))
+
+        pending = pool.submit(summary_and_figures) if summary else None
+        ledger_side = pool.submit(ledgers_proofs, ledgers) if ledgers is not None else None
         in_deliveries = t.bad_in_deliveries.get if t.bad_in_deliveries is not None else {}
         bad_total = max(t.input["bad_count"], in_deliveries.get("bad") or 0)
         located, bad_total = reconcile.find_bad_lines(spark, sources) if bad_total else ([], 0)
         input_rows, torn = reconcile.input_violations(t, located, bad_total)
-        app = reconcile.app_outcomes(t, ledgers).persist(storage) if ledgers is not None else None
-        found = reconcile.all_violations(t, ledgers, app).persist(StorageLevel.MEMORY_AND_DISK)
+        found = reconcile.union_all(reconcile.delivery_violations(t))
+        if ledger_side is not None:
+            app, also = ledger_side.result()
+            found = found.unionByName(also)
+        found = found.persist(StorageLevel.MEMORY_AND_DISK)  # (few rows, read twice)
         counts, firsts = report.collect_violations(found, input_rows, first, t.names)
         found.unpersist()
         if firsts:
@@ -101,16 +124,17 @@ def run_reconcile(
         for v in firsts:
             v["detail"] = reconcile.describe(v)
         lap("proofs")
-        summarized = pending.result() if pending is not None else None
+        summarized, figs = pending.result() if pending is not None else (None, None)
         lap("summary")
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True)  # before the facts it reads are freed
-        t.unpersist()
+        # (the pool's work done, or failed, before the tables it reads are freed)
+        pool.shutdown(wait=True, cancel_futures=True)
+        if t is not None:
+            t.unpersist()
         if ledgers is not None:
             reconcile.release(ledgers)
-        if app is not None:
-            app.unpersist()
+        if ledger_side is not None and ledger_side.done() and ledger_side.exception() is None:
+            ledger_side.result()[0].unpersist()
     result = {
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "inputs": [str(s) for s in sources] + ([f"ledgers:{clients}"] if clients else []),
@@ -138,7 +162,7 @@ def run_reconcile(
         path.mkdir(parents=True, exist_ok=True)
         report.write_json(result, path / "report.json")
         if html:
-            report.write_html(result, path / "report.html")
+            report.write_html(result, path / "report.html", figs)
             lap("report files")
             result["elapsed_s"] = time.monotonic() - started
             report.write_json(result, path / "report.json")

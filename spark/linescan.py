@@ -131,9 +131,9 @@ def unusual_ledger_why(error: BaseException) -> str:
     return text[at + len("eorouter: ") : end + 1] if at >= 0 and end > at else "a ledger line not in the writer's shape"
 
 
-def ledger_rows(spark, paths: list[str], recursive: bool, schema) -> tuple[DataFrame | None, str]:
-    """The ledgers at ``paths`` as spark/load.py ``load_ledgers`` reads them (its
-    ``schema``: the same rows, over the same splits), by LedgerScan.java, and "java"; or
+def ledger_rows(spark, paths: list[str], recursive: bool, schema: str) -> tuple[DataFrame | None, str]:
+    """The ledgers at ``paths`` as spark/load.py ``load_ledgers`` reads them (``schema``:
+    its rows' as JSON, ``ledger_rows_schema``: the same rows, over the same splits), by LedgerScan.java, and "java"; or
     None and why Spark SQL reads them. The scan's job fails with ``LEDGER_UNUSUAL`` at
     a line not in the writer's shape (the SQL read then reads them all)."""
     if os.environ.get(jar.ENV, "") == "off":
@@ -141,4 +141,4 @@ def ledger_rows(spark, paths: list[str], recursive: bool, schema) -> tuple[DataF
     scanner = _scanner(spark, "LedgerScan")
     if scanner is None:
         return None, "spark-sql (the Java classes are not on the driver's class path)"
-    return DataFrame(scanner.rows(spark._jsparkSession, paths, schema.json(), recursive), spark), JAVA
+    return DataFrame(scanner.rows(spark._jsparkSession, paths, schema, recursive), spark), JAVA

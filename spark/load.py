@@ -25,8 +25,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from spark.schema import CORRUPT, FILE, event_schema, ledger_schema
 
@@ -437,10 +438,10 @@ def resolve_ledgers(directory: str) -> list[str]:
 LEDGER_READ = ("ts", "client", "link", "role", "event", "delivery", "pub_tag", "outcome", "incarnation", "message_id")
 
 
-def ledger_read(spark: SparkSession, directory: str) -> tuple[list[str], bool, DataFrame]:
-    """The ledgers' files, whether they are a URI listed recursively, and load_ledgers()'
-    frame (the SQL read; its schema is the Java scan's, spark/linescan.py ``ledger_rows``)."""
-    return resolve_ledgers(directory), _spark_path(directory), load_ledgers(spark, directory)
+def ledger_read(directory: str) -> tuple[list[str], bool]:
+    """The ledgers' files, and whether they are a URI listed recursively (the Java read
+    of spark/linescan.py ``ledger_rows``; its schema: ledger_rows_schema())."""
+    return resolve_ledgers(directory), _spark_path(directory)
 
 
 def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
@@ -449,14 +450,27 @@ def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
     (the start of the file split a line was read in, its place in that split).
     Only the fields the proof reads are converted."""
     paths = resolve_ledgers(directory)
+    return _ledger_rows(_ledger_reader(spark, recursive=_spark_path(directory)).json(paths))
+
+
+def ledger_rows_schema(spark: SparkSession) -> StructType:
+    """load_ledgers()' schema, planned over no file: the rows' shape is the code's, not
+    the files'."""
+    return _ledger_rows(_ledger_reader(spark, recursive=False).json([])).schema
+
+
+def _ledger_reader(spark: SparkSession, recursive: bool) -> DataFrameReader:
     from pyspark.sql import types as T
 
     full = ledger_schema()
     schema = T.StructType([full[name] for name in LEDGER_READ])
     reader = spark.read.schema(schema).option("mode", "PERMISSIVE")
-    if _spark_path(directory):
+    if recursive:
         reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl")
-    frame = reader.json(paths)
+    return reader
+
+
+def _ledger_rows(frame: DataFrame) -> DataFrame:
     # A large ledger is read in several splits, which Spark may schedule in any
     # order: a line's place is its split's offset in the file, then its position
     # in the split (monotonically_increasing_id grows along a partition's rows).

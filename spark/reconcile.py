@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -620,6 +621,8 @@ class Tables:
     #: Whether some publisher delivery was received under more than one delivery id
     #: (multiple_ids(): asked once, by the first proof that needs it).
     _multiple_ids: bool | None = None
+    #: (the proofs are planned in two threads, spark/job.py: both may ask first)
+    _multiple_ids_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def compute_facts(self) -> int:
         """The per-delivery pass (read, shuffle by delivery, every invariant), run
@@ -655,9 +658,10 @@ class Tables:
         that merge a publisher delivery's ids (duplicates across ids, publisher and
         application order) have nothing to merge and skip their grouping. One small job,
         the first time (its shuffle carries one long per delivery)."""
-        if self._multiple_ids is None:
-            self._multiple_ids = bool(_id_counts(self).limit(1).collect())
-        return self._multiple_ids
+        with self._multiple_ids_lock:
+            if self._multiple_ids is None:
+                self._multiple_ids = bool(_id_counts(self).limit(1).collect())
+            return self._multiple_ids
 
     def unpersist(self) -> None:
         for frame in self.persisted:
@@ -836,14 +840,60 @@ def line_vocabulary() -> dict:
     }
 
 
+def _ledger_rows_schema(spark) -> str:
+    from spark.load import ledger_rows_schema
+
+    return ledger_rows_schema(spark).json()
+
+
+def _narrowed_schema(spark) -> str:
+    from spark.load import line_schema
+
+    empty = spark.createDataFrame([], line_schema(DELIVERY_READ))
+    return _narrowed(unfold(empty.withColumn("_bad", bad(empty)))).schema.json()
+
+
+def _facts_schema(spark) -> str:
+    from pyspark.sql.types import _parse_datatype_string
+
+    return _parse_datatype_string(FACTS_SCHEMA).json()
+
+
+#: What the vocabularies derive by planning, as JSON: the ledgers' rows' schema
+#: (LedgerScan's), narrow()'s (the one parse's rows, planned over an empty frame) and
+#: the facts' (the Java rules'). Planning them is a second of a small input's driver
+#: time; they are the code's, not the input's, so each is made once per process
+#: (_derived()).
+_DERIVATIONS: dict[str, Callable[[Any], str]] = {
+    "ledger_rows": _ledger_rows_schema,
+    "narrowed": _narrowed_schema,
+    "facts": _facts_schema,
+}
+_DERIVED: dict[str, str] = {}
+_DERIVED_LOCKS = {name: threading.Lock() for name in _DERIVATIONS}
+
+
+def _derived(spark, name: str) -> str:
+    """_DERIVATIONS[name] made by whichever thread asks first (spark/job.py asks in a
+    second thread while its first reads); another asker meanwhile waits for it."""
+    with _DERIVED_LOCKS[name]:
+        if name not in _DERIVED:
+            _DERIVED[name] = _DERIVATIONS[name](spark)
+        return _DERIVED[name]
+
+
+def plan_vocabularies(spark) -> None:
+    """Make every _DERIVATIONS now (a caller's second thread)."""
+    for name in _DERIVATIONS:
+        _derived(spark, name)
+
+
 def delivery_vocabulary(spark) -> dict:
     """What the Java delivery scan makes a line's events into (spark/linescan.py): the
     codes of narrow(), the folds, and narrow()'s own schema (the rows are its rows)."""
     from router.eventschema import FOLDS
-    from spark.load import line_schema
 
-    empty = spark.createDataFrame([], line_schema(DELIVERY_READ))
-    schema = _narrowed(unfold(empty.withColumn("_bad", bad(empty)))).schema.json()
+    schema = _derived(spark, "narrowed")
     return {
         "kind_codes": KIND,
         "outcomes": OUTCOME,
@@ -1328,11 +1378,9 @@ FACTS_SCHEMA = (
 )
 
 
-def rules_vocabulary(ledgers: bool) -> dict:
+def rules_vocabulary(spark, ledgers: bool) -> dict:
     """What the Java rules (spark/deliveryrules.py) need of this module's vocabulary:
     the kind and outcome codes, the kinds two checks list, the clock slack, the schema."""
-    from pyspark.sql.types import _parse_datatype_string
-
     return {
         "kind": KIND,
         "app": APP_DELIVERED,
@@ -1344,7 +1392,7 @@ def rules_vocabulary(ledgers: bool) -> dict:
         "needs_record": list(NEEDS_RECORD),
         "clock_slack": CLOCK_SLACK,
         "ledgers": ledgers,
-        "schema": _parse_datatype_string(FACTS_SCHEMA).json(),
+        "schema": _derived(spark, "facts"),
     }
 
 
@@ -1972,10 +2020,10 @@ def kept_ledgers(spark, directory: str, storage: StorageLevel) -> tuple[DataFram
     third of the CPU), or Spark SQL and why. Java reads only ledgers in the writer's shape:
     a line that is not fails its job, and Spark SQL reads them all."""
     from spark import linescan
-    from spark.load import ledger_read
+    from spark.load import ledger_read, load_ledgers
 
-    paths, recursive, sql = ledger_read(spark, directory)
-    java, how = linescan.ledger_rows(spark, paths, recursive, sql.schema)
+    paths, recursive = ledger_read(directory)
+    java, how = linescan.ledger_rows(spark, paths, recursive, _derived(spark, "ledger_rows"))
     if java is not None:
         try:
             return materialize(java, storage), how
@@ -1983,7 +2031,7 @@ def kept_ledgers(spark, directory: str, storage: StorageLevel) -> tuple[DataFram
             if not linescan.is_unusual_ledger(error):
                 raise
             how = f"spark-sql ({linescan.unusual_ledger_why(error)})"
-    return materialize(sql, storage), how
+    return materialize(load_ledgers(spark, directory), storage), how
 
 
 def materialize(frame: DataFrame, storage: StorageLevel) -> DataFrame:
@@ -2064,7 +2112,7 @@ def facts_frame(
         events = mark_reported(shuffled, small["windows"])
         if java_rules:
             ordered = events.sortWithinPartitions(*DELIVERY_ORDER)
-            vocabulary = rules_vocabulary(ledgers is not None)
+            vocabulary = rules_vocabulary(spark, ledgers is not None)
             return deliveryrules.facts(spark, ordered, vocabulary, rules_constants(small, missing)), None
         # (the SQL rules group again: a second shuffle, of rows, not of the files' text)
         return delivery_facts(group_deliveries(events, partitions), Constants(small, missing), ledgers is not None), None
@@ -2085,7 +2133,7 @@ def facts_frame(
     # only a Dataset's own action reports, not the Java pass's job)
     if java_rules and observation is None and deliveryrules.available(spark):
         ordered = ordered_deliveries(events, partitions)
-        vocabulary = rules_vocabulary(ledgers is not None)
+        vocabulary = rules_vocabulary(spark, ledgers is not None)
         return deliveryrules.facts(spark, ordered, vocabulary, rules_constants(small, missing)), observation
     grouped = group_deliveries(events, partitions)
     return delivery_facts(grouped, Constants(small, missing), ledgers is not None), observation
@@ -2585,11 +2633,23 @@ def _publisher_ledger(told: DataFrame, some_log_missing: bool = False) -> DataFr
 def all_violations(t: Tables, ledgers: DataFrame | None = None, told: DataFrame | None = None) -> DataFrame:
     """Every per-delivery and cross-delivery check (the input checks come from
     ``input_violations``), as rows of VIOLATION_SCHEMA. ``told``: app_outcomes()."""
-    frames = [per_delivery(t), duplicated_by_publisher(t), out_of_order(t)]
+    frames = delivery_violations(t)
     if ledgers is not None:
         assert told is not None, "all_violations(t, ledgers, told): told is app_outcomes(t, ledgers)"
-        frames += [ledger_checks(t, ledgers, told), app_outcome_disagrees(told)]
+        frames += ledger_violations(t, ledgers, told)
     return union_all(frames)
+
+
+def delivery_violations(t: Tables) -> list[DataFrame]:
+    """all_violations()' frames from the routers' logs alone."""
+    return [per_delivery(t), duplicated_by_publisher(t), out_of_order(t)]
+
+
+def ledger_violations(t: Tables, ledgers: DataFrame, told: DataFrame) -> list[DataFrame]:
+    """all_violations()' frames that read the applications' ledgers (``told``:
+    app_outcomes()). Planned apart from delivery_violations()' so that a caller can plan
+    both at once (spark/job.py)."""
+    return [ledger_checks(t, ledgers, told), app_outcome_disagrees(told)]
 
 
 def counted(violations_df: DataFrame) -> DataFrame:

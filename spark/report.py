@@ -638,10 +638,18 @@ _TITLES = {
 }
 
 
-def write_html(report: dict, path: Path) -> None:
+def drawn(summary: dict) -> dict[str, str]:
+    """figures() rendered: each a PNG in base64, as write_html() puts it in the page.
+    Only the summary is read, so a caller can draw while the proofs run (spark/job.py)."""
+    return {key: _png(fig) for key, fig in figures({"summary": summary}).items()}
+
+
+def write_html(report: dict, path: Path, figs: dict[str, str] | None = None) -> None:
+    """The report as one HTML page; ``figs``: drawn(report["summary"]), if already drawn."""
     s = report["summary"]
     v = report["verdict"]
-    figs = {key: _png(fig) for key, fig in figures(report).items()}
+    if figs is None:
+        figs = drawn(s)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>eorouter reconciliation</title>"
         f"<style>{_CSS}</style></head><body>",

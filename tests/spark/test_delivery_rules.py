@@ -67,7 +67,7 @@ def twin(spark, routers: list[str], clients: str | None) -> tuple[dict | None, d
     java = deliveryrules.facts(
         spark,
         reconcile.ordered_deliveries(events, 4),
-        reconcile.rules_vocabulary(ledgers is not None),
+        reconcile.rules_vocabulary(spark, ledgers is not None),
         reconcile.rules_constants(t.small, t.missing),
     )
     sql = reconcile.delivery_facts(

@@ -259,8 +259,9 @@ def test_a_lost_shuffle_is_parsed_again(spark, real_run, tmp_path, changed):
 
 def ledger_rows(spark, directory: str) -> tuple[list, list]:
     """The ledgers' rows by the Java scan and by Spark SQL (load_ledgers)."""
-    paths, recursive, sql = load.ledger_read(spark, directory)
-    java, how = linescan.ledger_rows(spark, paths, recursive, sql.schema)
+    paths, recursive = load.ledger_read(directory)
+    sql = load.load_ledgers(spark, directory)
+    java, how = linescan.ledger_rows(spark, paths, recursive, load.ledger_rows_schema(spark).json())
     assert how == linescan.JAVA and java is not None and java.schema == sql.schema
     return sorted(java.collect(), key=str), sorted(sql.collect(), key=str)
 
