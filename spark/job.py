@@ -57,7 +57,7 @@ def run_reconcile(
     storage = StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK
     ledgers = app = None
     ledgers_read = None
-    t = ledger_side = None
+    t = None
     # Most of a small input's time is the driver planning queries one after the other, on
     # one core of two: what does not wait on another's result is planned in a second
     # thread (the vocabularies beside the ledgers' read; the summary, its figures and the
@@ -97,8 +97,9 @@ def run_reconcile(
             return summarized, report.drawn(summarized) if draw else None
 
         def ledgers_proofs(ledgers) -> tuple[DataFrame, DataFrame]:
-            # (planned here while the routers' proofs are planned in the caller's thread)
-            told = reconcile.app_outcomes(tables, ledgers).persist(storage)
+            # (planned here while the routers' proofs are planned in the caller's thread;
+            # the join of what publishers were told is read once, by the proofs: not kept)
+            told = reconcile.app_outcomes(tables, ledgers)
             return told, reconcile.union_all(reconcile.ledger_violations(tables, ledgers, told))
 
         pending = pool.submit(summary_and_figures) if summary else None
@@ -133,8 +134,6 @@ def run_reconcile(
             t.unpersist()
         if ledgers is not None:
             reconcile.release(ledgers)
-        if ledger_side is not None and ledger_side.done() and ledger_side.exception() is None:
-            ledger_side.result()[0].unpersist()
     result = {
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "inputs": [str(s) for s in sources] + ([f"ledgers:{clients}"] if clients else []),

@@ -382,6 +382,12 @@ def _hashes(column: Column) -> Column:
 
 def violations(df: DataFrame, check: str, info: dict | None = None, **cols) -> DataFrame:
     """``df`` as violations of ``check`` (VIOLATION_SCHEMA): one row per row of ``df``."""
+    return df.select(*violation_columns(check, info, **cols))
+
+
+def violation_columns(check: str, info: dict | None = None, **cols) -> list[Column]:
+    """A violation of ``check`` (VIOLATION_SCHEMA's columns) made of ``cols``, each a
+    column name or a Column, and ``info`` (names to columns, kept as JSON)."""
 
     def col(name, type_):
         value = cols.get(name)
@@ -394,9 +400,8 @@ def violations(df: DataFrame, check: str, info: dict | None = None, **cols) -> D
         if info
         else F.lit(None).cast("string")
     )
-    return df.select(
-        F.lit(check).alias("check"), *[col(f.name, f.dataType) for f in VIOLATION_SCHEMA.fields[1:-1]], info_col.alias("info")
-    )
+    fields = [col(f.name, f.dataType) for f in VIOLATION_SCHEMA.fields[1:-1]]
+    return [F.lit(check).alias("check"), *fields, info_col.alias("info")]
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:
@@ -2371,7 +2376,7 @@ def out_of_order(t: Tables) -> DataFrame:
 # ---------------------------------------------------------------------------
 
 
-def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
+def ledger_checks(t: Tables, ledgers: DataFrame) -> DataFrame:
     """Router view against application view (docs/ledger.md), for the links that
     keep a ledger. Decided in the per-delivery pass (the `delivered` lines travel
     with the events, app_events()): an application handed a delivery twice, or one
@@ -2379,9 +2384,8 @@ def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
     application was handed (``app_missing`` of the subscribers that keep a ledger);
     no application was handed one publisher delivery under two ids (the publisher
     deliveries with more than one id, few); each application saw each publisher
-    stream in stream_seq order (one window, as for publisher order); and a
-    publisher's last outcome line says ``accepted`` exactly when a router's
-    ``pub-outcome`` did (``told``: app_outcomes())."""
+    stream in stream_seq order (one window, as for publisher order). (A publisher's
+    last outcome line against its origin's pub-outcome: told_violations().)"""
     keepers = (
         ledgers.where((F.col("role") == "subscriber") & (F.col("event") == "delivered"))
         .select(
@@ -2470,7 +2474,6 @@ def ledger_checks(t: Tables, ledgers: DataFrame, told: DataFrame) -> DataFrame:
             pub_tag="pub_tag",
         )
     )
-    rows.append(_publisher_ledger(told, bool(t.input["missing_routers"])))
     return union_all(rows)
 
 
@@ -2572,11 +2575,21 @@ def app_outcomes(t: Tables, ledgers: DataFrame) -> DataFrame:
     )
 
 
-def app_outcome_disagrees(told: DataFrame) -> DataFrame:
+def told_violations(told: DataFrame, some_log_missing: bool = False) -> DataFrame:
+    """The checks of each row of ``told`` (app_outcomes()), in one pass: a publisher's
+    ledger against its origin's pub-outcome (``ledger``), and outcome-disagrees from
+    the applications' side. One pass, so that the join is neither kept nor made twice."""
+    checks = [_publisher_ledger(some_log_missing), _app_outcome_disagrees()]
+    found = F.array(*[F.when(cond, F.struct(*columns)) for cond, columns in checks])
+    return told.select(F.explode(F.filter(found, lambda x: x.isNotNull())).alias("x")).select("x.*")
+
+
+def _app_outcome_disagrees() -> tuple[Column, list[Column]]:
     """outcome-disagrees from the applications' side: a publisher whose ledger says
     it was told released, rejected or modified although every subscriber owed the
-    delivery accepted it, where its origin router logged accepted."""
-    f = told.where(
+    delivery accepted it, where its origin router logged accepted. (A row of
+    app_outcomes() where the condition holds, and its violation.)"""
+    cond = (
         F.col("delivery").isNotNull()
         & ~F.col("partial")
         & ~F.col("horizon")
@@ -2586,8 +2599,7 @@ def app_outcome_disagrees(told: DataFrame) -> DataFrame:
         & (F.size("owed") > 0)
         & F.col("owed_accepted")
     )
-    return violations(
-        f,
+    return cond, violation_columns(
         "outcome-disagrees",
         {"app_outcome": "app_outcome", "pairs": F.transform("owed", lambda s: F.struct(s.alias("s")))},
         kind=F.lit("ledger"),
@@ -2599,21 +2611,22 @@ def app_outcome_disagrees(told: DataFrame) -> DataFrame:
     )
 
 
-def _publisher_ledger(told: DataFrame, some_log_missing: bool = False) -> DataFrame:
+def _publisher_ledger(some_log_missing: bool = False) -> tuple[Column, list[Column]]:
+    """A publisher's last outcome line says ``accepted`` exactly when its origin's
+    pub-outcome did. (A row of app_outcomes() where it does not, and its violation.)"""
     app_accepted = F.coalesce(F.col("app_outcome") == "accepted", F.lit(False))
     router_accepted = F.coalesce(F.col("accepted"), F.lit(False))
     # (a publisher told rejected beyond the resume horizon was told the truth: "it
     # may have been delivered")
     beyond = F.col("horizon") & (F.col("app_outcome") == "rejected")
-    bad = told.where(
+    cond = (
         (F.col("delivery").isNotNull() | F.col("app_outcome").isNotNull())
         & (app_accepted != router_accepted)
         & ~F.coalesce(beyond, F.lit(False))
     )
     if some_log_missing:  # an outcome no present log records may be in the missing one: reported once, as such
-        bad = bad.where(F.col("delivery").isNotNull())
-    return violations(
-        bad,
+        cond = cond & F.col("delivery").isNotNull()
+    return cond, violation_columns(
         "ledger",
         {"link": "link_name", "outcome": "o", "app_outcome": "app_outcome", "message_id": "message_id"},
         kind=F.concat_ws("|", F.lit("pub"), "publisher", "link_name", "pub_tag"),
@@ -2649,7 +2662,7 @@ def ledger_violations(t: Tables, ledgers: DataFrame, told: DataFrame) -> list[Da
     """all_violations()' frames that read the applications' ledgers (``told``:
     app_outcomes()). Planned apart from delivery_violations()' so that a caller can plan
     both at once (spark/job.py)."""
-    return [ledger_checks(t, ledgers, told), app_outcome_disagrees(told)]
+    return [ledger_checks(t, ledgers), told_violations(told, bool(t.input["missing_routers"]))]
 
 
 def counted(violations_df: DataFrame) -> DataFrame:
