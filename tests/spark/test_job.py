@@ -162,3 +162,32 @@ def test_report_marks_restarts_and_deaths_and_lists_violations(spark, history, t
     assert "died (or still running)" in html and "NOT clean" in html
     (lost,) = bad["truth"]["lost"]
     assert lost in html  # the violations table
+
+
+def test_a_derived_schema_is_made_once_however_many_threads_ask(monkeypatch):
+    """The job asks for the Java passes' schemas in a second thread while its first
+    reads (spark/job.py); whichever asks second waits for the first's answer: one
+    derivation, one answer for all."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spark import reconcile
+
+    made = []
+
+    def slow(spark):
+        made.append(threading.current_thread().name)
+        time.sleep(0.2)  # (long enough that every asker arrives while it runs)
+        return '{"type": "struct", "fields": []}'
+
+    monkeypatch.setitem(reconcile._DERIVATIONS, "narrowed", slow)
+    real = reconcile._DERIVED.pop("narrowed", None)
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            answers = list(pool.map(lambda _: reconcile._derived(None, "narrowed"), range(4)))
+    finally:  # (the real schema, or none, for the tests after this one)
+        reconcile._DERIVED.pop("narrowed", None)
+        if real is not None:
+            reconcile._DERIVED["narrowed"] = real
+    assert len(made) == 1 and set(answers) == {'{"type": "struct", "fields": []}'}
