@@ -88,6 +88,8 @@ static PyObject *last_handle_name;   /* "_last_handle": the engine's last incomi
 static PyObject *small_name;         /* "_small": the engine's last payload known to be small */
 /* the engine's clock, and the event log's buffer state and methods (log_line) */
 static PyObject *append_sub_outcomes_name; /* "append_sub_outcomes": the event log's run of sub-outcome lines */
+static PyObject *received_kind; /* "received": a Received's kind */
+static PyObject *fields_name;   /* "fields": a Received's line fields as a dict (Received.fields) */
 static PyObject *now_name, *ts_name, *run_name, *pieces_name, *seq_name, *write_name, *close_run_name, *append_name,
     *piece_name;
 /* log_line's fields encoded here (json_fields) before they are copied into the line */
@@ -614,6 +616,66 @@ static int seq_head(char *head, long long n)
     return (int)sizeof prefix - 1 + json_decimal(head + sizeof prefix - 1, n);
 }
 
+/* A Received (router/core/commands.py): its 11 values, in its fields' order. */
+#define RECEIVED_VALUES 11
+
+/* n bytes of a literal into b: 0, or -1 with MemoryError set. */
+static inline int json_literal(json_buf *b, const char *s, Py_ssize_t n)
+{
+    if (json_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+/* The fields of a Received's "received" line (Received.fields) into b, as
+ * json_fields(b, cmd.fields) writes them, without making the dict: 1 written, 0 not mine
+ * (b->len as it was), -1 error set. */
+static int json_received(json_buf *b, PyObject *cmd)
+{
+    static const char *const keys[RECEIVED_VALUES] = {
+        "{\"delivery\":", ",\"topic\":", ",\"publisher\":", ",\"link_name\":", ",\"pub_tag\":", ",\"incarnation\":",
+        ",\"stream_seq\":", ",\"size\":", ",\"settled\":false,\"owed\":", ",\"forwarded\":", ",\"routers\":"};
+    static const char hex[] = "0123456789abcdef";
+    Py_ssize_t start = b->len;
+    int r = 1;
+    for (int i = 0; i < RECEIVED_VALUES && r > 0; i++) {
+        PyObject *v = PyTuple_GET_ITEM(cmd, i);
+        if (json_literal(b, keys[i], (Py_ssize_t)strlen(keys[i])) < 0) {
+            r = -1;
+            break;
+        }
+        if (i == 4) { /* the publisher's tag, bytes, in hex as bytes.hex() writes it */
+            if (!PyBytes_CheckExact(v)) {
+                r = 0;
+                break;
+            }
+            Py_ssize_t n = PyBytes_GET_SIZE(v);
+            if (json_reserve(b, 2 * n + 2) < 0) {
+                r = -1;
+                break;
+            }
+            const unsigned char *t = (const unsigned char *)PyBytes_AS_STRING(v);
+            char *o = b->data + b->len;
+            *o++ = '"';
+            for (Py_ssize_t k = 0; k < n; k++) {
+                *o++ = hex[t[k] >> 4];
+                *o++ = hex[t[k] & 15];
+            }
+            *o = '"';
+            b->len += 2 * n + 2;
+        } else {
+            r = i >= 8 ? json_value(b, v) : json_scalar(b, v);
+        }
+    }
+    if (r > 0 && json_literal(b, "}", 1) < 0)
+        r = -1;
+    if (r <= 0)
+        b->len = start;
+    return r;
+}
+
 /* log_line(state, cmd): Engine.CORE_log for a line of a kind operators do not count,
  * with EventLog.append (router/eventlog.py) inlined: the fields encoded, an open run of
  * sub-outcome lines closed first (EventLog._close_run), then '{"seq":N' + the cached
@@ -626,16 +688,21 @@ static int seq_head(char *head, long long n)
 static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 5 || !PyTuple_Check(args[1])
-        || PyTuple_GET_SIZE(args[1]) != 2) {
-        PyErr_SetString(PyExc_TypeError, "log_line(state, cmd): a 5-tuple and a Log");
+        || (PyTuple_GET_SIZE(args[1]) != 2 && PyTuple_GET_SIZE(args[1]) != RECEIVED_VALUES)) {
+        PyErr_SetString(PyExc_TypeError, "log_line(state, cmd): a 5-tuple and a Log or a Received");
         return NULL;
     }
     PyObject *state = args[0], *cmd = args[1];
     PyObject *engine = PyTuple_GET_ITEM(state, 0), *eventlog = PyTuple_GET_ITEM(state, 1);
     PyObject *counted = PyTuple_GET_ITEM(state, 2), *dumps = PyTuple_GET_ITEM(state, 3);
     PyObject *fallback = PyTuple_GET_ITEM(state, 4);
-    PyObject *kind = PyTuple_GET_ITEM(cmd, 0), *fields = PyTuple_GET_ITEM(cmd, 1);
-    if (!PyUnicode_CheckExact(kind) || !PyDict_CheckExact(fields) || PyDict_GET_SIZE(fields) == 0 || !PyDict_Check(counted))
+    /* A Received has no dict of fields: encoded from its values (json_received), its
+     * ``fields`` made only where the log's encoder or append needs them. */
+    int received = PyTuple_GET_SIZE(cmd) == RECEIVED_VALUES;
+    PyObject *kind = received ? received_kind : PyTuple_GET_ITEM(cmd, 0);
+    PyObject *fields = received ? NULL : PyTuple_GET_ITEM(cmd, 1);
+    if (!PyUnicode_CheckExact(kind) || !PyDict_Check(counted) ||
+        (!received && (!PyDict_CheckExact(fields) || PyDict_GET_SIZE(fields) == 0)))
         return PyObject_CallOneArg(fallback, cmd);
     int is_counted = PyDict_Contains(counted, kind);
     if (is_counted != 0)
@@ -652,7 +719,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return PyObject_CallOneArg(fallback, cmd); /* a new timestamp: append makes its pieces */
     }
     PyObject *result = NULL, *body = NULL, *run = NULL, *pieces = NULL, *piece = NULL, *seq = NULL, *next = NULL;
-    PyObject *line = NULL, *write = NULL, *written = NULL;
+    PyObject *line = NULL, *write = NULL, *written = NULL, *made_fields = NULL;
     /* The fields encoded first: an error raises before anything is buffered, as append
      * does. The usual line's fields in C (the same bytes as the log's encoder, which
      * writes any other), into the scratch buffer, held until the line is written: a
@@ -663,7 +730,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int encoded = 0, holding = 0;
     if (!line_scratch_busy) {
         line_scratch.len = 0;
-        encoded = json_fields(&line_scratch, fields);
+        encoded = received ? json_received(&line_scratch, cmd) : json_fields(&line_scratch, fields);
         if (encoded < 0)
             goto done;
         holding = line_scratch_busy = encoded;
@@ -672,6 +739,8 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
         body_bytes = line_scratch.data;
         body_len = line_scratch.len;
     } else {
+        if (received && !(fields = made_fields = PyObject_GetAttr(cmd, fields_name)))
+            goto done;
         body = PyObject_CallOneArg(dumps, fields);
         if (!body)
             goto done;
@@ -696,6 +765,8 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
             goto done;
         Py_DECREF(after);
         if (after != now) { /* the run was another timestamp's: append takes it from here */
+            if (!fields && !(fields = made_fields = PyObject_GetAttr(cmd, fields_name)))
+                goto done;
             result = PyObject_CallMethodObjArgs(eventlog, append_name, kind, now, fields, NULL);
             goto done;
         }
@@ -756,6 +827,7 @@ done:
     Py_XDECREF(line);
     Py_XDECREF(write);
     Py_XDECREF(written);
+    Py_XDECREF(made_fields);
     return result;
 }
 
@@ -1285,6 +1357,10 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     last_handle_name = PyUnicode_InternFromString("_last_handle");
     small_name = PyUnicode_InternFromString("_small");
     append_sub_outcomes_name = PyUnicode_InternFromString("append_sub_outcomes");
+    received_kind = PyUnicode_InternFromString("received");
+    fields_name = PyUnicode_InternFromString("fields");
+    if (!received_kind || !fields_name)
+        return NULL;
     if (!append_sub_outcomes_name || !dead_name || !last_handle_name || !small_name || !one || !out_name || !core_attached_name || !rx_d_name || !max_size_name || !streams_name || !ptr_address_name
         || !address_name || !conn_name || !now_name || !ts_name || !run_name || !pieces_name || !seq_name || !write_name
         || !close_run_name || !append_name || !piece_name)

@@ -83,6 +83,7 @@ from router.core.commands import (
     GrantCredit,
     Log,
     OpenLink,
+    Received,
     SendControl,
     SendData,
     SendOutcome,
@@ -955,6 +956,9 @@ class Engine:
             # an EventLog (its twin: CORE_log).
             Log: (fastpath.log_writer((self, self.eventlog, _COUNTED, encoder, self.CORE_log)) if encoder else None)
             or self.CORE_log,
+            # The usual "received" line, a tuple: the same writer (its twin: CORE_log).
+            Received: (fastpath.log_writer((self, self.eventlog, _COUNTED, encoder, self.CORE_log)) if encoder else None)
+            or self.CORE_log,
             SubOutcomes: self.CORE_sub_outcomes,
             SubOutcome: self.CORE_sub_outcome,
             # A small message's copy by the compiled path, when built (its twin: CORE_forward).
@@ -975,7 +979,7 @@ class Engine:
             ShutdownComplete: self.CORE_shutdown_complete,
         }
 
-    def CORE_log(self, cmd: Log) -> None:
+    def CORE_log(self, cmd: Log | Received) -> None:
         kind = cmd.kind
         if kind in _COUNTED:  # the few kinds operators count (a set lookup per line otherwise)
             self.happened(_COUNTED[kind](cmd.fields))

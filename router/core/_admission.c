@@ -39,19 +39,14 @@ static Py_ssize_t rec_roster, rec_answers, rec_sent_at, rec_waiting, rec_memory,
     rec_order;
 
 static PyTypeObject *PublisherType, *TopicType, *RosterType, *SubscriptionType, *MemoryType, *RecordType;
-static PyTypeObject *ForwardType, *LogType, *TemplateType;
+static PyTypeObject *ForwardType, *ReceivedType, *TemplateType;
 /* sections.py's _EMPTY_HEADER, _EMPTY_PROPERTIES and _DATA: the shape of the usual message */
 static char empty_header[4], empty_properties[4], data_descriptor[3];
 static PyObject *exactly_once, *timer_expiry, *zero;
-/* A "received" line's fields, each None, in the order admission.py writes them: copied
- * per message (a copy of a dict of this size clones its table) and filled in. */
-static PyObject *received_template;
 static long max_inline_tag, uncounted_below;
 static unsigned char answer_unsent;
 static int bound;
 
-static PyObject *s_received, *k_delivery, *k_topic, *k_publisher, *k_link_name, *k_pub_tag, *k_incarnation,
-    *k_stream_seq, *k_size, *k_settled, *k_owed, *k_forwarded, *k_routers;
 static PyObject *a_publishers, *a_topics, *a_draining, *a_stream_seq, *a_records, *a_by_delivery, *a_net, *a_interest,
     *a_lost, *a_order, *a_send_counter, *a_promised, *a_bytes_held, *a_settings, *a_credit_window, *a_max_in_flight, *a_starved,
     *a_pending_refills, *a_shutdown_done;
@@ -123,14 +118,14 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)args[6], &PyTuple_Type) || !PyType_IsSubtype((PyTypeObject *)args[7], &PyTuple_Type) ||
         !PyUnicode_Check(args[8])) {
-        PyErr_SetString(PyExc_TypeError, "bind: Forward and Log are tuples, EXACTLY_ONCE a str");
+        PyErr_SetString(PyExc_TypeError, "bind: Forward and Received are tuples, EXACTLY_ONCE a str");
         return NULL;
     }
     long unsent = PyLong_AsLong(args[9]), inline_tag = PyLong_AsLong(args[10]), uncounted = PyLong_AsLong(args[11]);
     if (PyErr_Occurred())
         return NULL;
     PyTypeObject **types[8] = {&PublisherType, &TopicType, &RosterType, &SubscriptionType,
-                               &MemoryType, &RecordType, &ForwardType, &LogType};
+                               &MemoryType, &RecordType, &ForwardType, &ReceivedType};
     for (int i = 0; i < 8; i++) {
         Py_INCREF(args[i]);
         *types[i] = (PyTypeObject *)args[i];
@@ -588,7 +583,7 @@ static int admit(message_t *m) {
         Py_XDECREF(prepared);
         return prepared == NULL ? -1 : 0;
     }
-    PyObject *record = NULL, *settings = NULL, *fields = NULL, *sent_to = NULL, *answers = NULL, *order = NULL;
+    PyObject *record = NULL, *settings = NULL, *sent_to = NULL, *answers = NULL, *order = NULL;
     int ok = 0;
     if (!PyTuple_Check(prepared) || PyTuple_GET_SIZE(prepared) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(prepared, 0))) {
         PyErr_SetString(PyExc_TypeError, "_prepare_payload gave something else than (bytes, expiry)");
@@ -675,24 +670,16 @@ static int admit(message_t *m) {
     /* _fan_out */
     if (set_int(record, rec_waiting, n) < 0)
         goto done;
-    PyObject *pub_tag = hex_of(ptag);
-    PyObject *size = pub_tag == NULL ? NULL : PyLong_FromSsize_t(PyBytes_GET_SIZE(payload));
-    fields = size == NULL ? NULL : PyDict_Copy(received_template); /* its keys in order: no insertion below */
-    int filled = fields != NULL && PyDict_SetItem(fields, k_delivery, SLOT(record, rec_delivery_id)) == 0 &&
-                 PyDict_SetItem(fields, k_topic, SLOT(topic, top_name)) == 0 &&
-                 PyDict_SetItem(fields, k_publisher, SLOT(pub, pub_container_id)) == 0 &&
-                 PyDict_SetItem(fields, k_link_name, SLOT(pub, pub_name)) == 0 &&
-                 PyDict_SetItem(fields, k_pub_tag, pub_tag) == 0 &&
-                 PyDict_SetItem(fields, k_incarnation, SLOT(pub, pub_incarnation)) == 0 &&
-                 PyDict_SetItem(fields, k_stream_seq, seq) == 0 && PyDict_SetItem(fields, k_size, size) == 0 &&
-                 PyDict_SetItem(fields, k_settled, Py_False) == 0 && PyDict_SetItem(fields, k_owed, keys) == 0 &&
-                 PyDict_SetItem(fields, k_forwarded, sent_to) == 0 && PyDict_SetItem(fields, k_routers, Py_None) == 0;
-    Py_XDECREF(pub_tag);
-    Py_XDECREF(size);
-    if (!filled)
+    /* its "received" line: a Received (commands.py), a tuple the adapter writes without a dict */
+    PyObject *size = PyLong_FromSsize_t(PyBytes_GET_SIZE(payload));
+    if (size == NULL)
         goto done;
-    PyObject *log_items[2] = {s_received, fields};
-    if (append_new(out, command(LogType, 2, log_items)) < 0)
+    PyObject *received_items[11] = {SLOT(record, rec_delivery_id), SLOT(topic, top_name), SLOT(pub, pub_container_id),
+                                    SLOT(pub, pub_name), ptag, SLOT(pub, pub_incarnation), seq, size, keys, sent_to,
+                                    Py_None};
+    int logged = append_new(out, command(ReceivedType, 11, received_items));
+    Py_DECREF(size);
+    if (logged < 0)
         goto done;
     /* kept: by tag, by the publisher's delivery, in the topic's publisher order */
     if (PyDict_SetItem(m->records, m->tag, record) < 0 || PyDict_SetItem(m->by_delivery, delivery, record) < 0 ||
@@ -729,7 +716,6 @@ done:
     Py_DECREF(prepared);
     Py_XDECREF(record);
     Py_XDECREF(settings);
-    Py_XDECREF(fields);
     Py_XDECREF(sent_to);
     Py_XDECREF(answers);
     Py_XDECREF(order);
@@ -874,26 +860,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__admission(void) {
     if ((zero = PyLong_FromLong(0)) == NULL)
         return NULL;
-    INTERN(s_received, "received");
-    INTERN(k_delivery, "delivery");
-    INTERN(k_topic, "topic");
-    INTERN(k_publisher, "publisher");
-    INTERN(k_link_name, "link_name");
-    INTERN(k_pub_tag, "pub_tag");
-    INTERN(k_incarnation, "incarnation");
-    INTERN(k_stream_seq, "stream_seq");
-    INTERN(k_size, "size");
-    INTERN(k_settled, "settled");
-    INTERN(k_owed, "owed");
-    INTERN(k_forwarded, "forwarded");
-    INTERN(k_routers, "routers");
-    PyObject *received_keys[12] = {k_delivery, k_topic,   k_publisher, k_link_name, k_pub_tag,   k_incarnation,
-                                   k_stream_seq, k_size, k_settled,   k_owed,      k_forwarded, k_routers};
-    if ((received_template = PyDict_New()) == NULL)
-        return NULL;
-    for (int i = 0; i < 12; i++)
-        if (PyDict_SetItem(received_template, received_keys[i], Py_None) < 0)
-            return NULL;
     INTERN(a_publishers, "publishers");
     INTERN(a_topics, "topics");
     INTERN(a_draining, "draining");

@@ -13,6 +13,7 @@ from router.core.commands import (
     Drained,
     Forward,
     Log,
+    Received,
     SendOutcome,
     SettleOutgoing,
 )
@@ -333,32 +334,31 @@ class AdmissionMixin(CoreState):
                 remote[router_id] = RouterState()
         # One record for arrival and the immediate sends keeps the log cheap: later
         # sends (from a queue) get "forwarded" events of their own.
-        out.append(
-            _new(
-                Log,
-                (
-                    "received",
-                    {
-                        "delivery": record.delivery_id,
-                        "topic": topic.name,
-                        "publisher": pub.container_id,
-                        "link_name": pub.name,
-                        "pub_tag": ev.tag.hex(),
-                        "incarnation": pub.incarnation,
-                        "stream_seq": record.stream_seq,
-                        "size": size,
-                        "settled": False,
-                        "owed": owed,
-                        "forwarded": sent_to,
-                        "routers": routers,
-                    },
-                ),
-            )
+        received = _new(
+            Received,
+            (
+                record.delivery_id,
+                topic.name,
+                pub.container_id,
+                pub.name,
+                ev.tag,
+                pub.incarnation,
+                record.stream_seq,
+                size,
+                owed,
+                sent_to,
+                routers,
+            ),
         )
-        if record.filtered:  # (only where selectors filter: no key, no bytes otherwise)
-            out[-1].fields["filtered"] = record.filtered  # type: ignore[union-attr]
-        if record.alo:  # (only where a rule relaxes it)
-            out[-1].fields["guarantee"] = AT_LEAST_ONCE  # type: ignore[union-attr]
+        if record.filtered or record.alo:  # (only where selectors filter or a rule relaxes it)
+            fields = received.fields
+            if record.filtered:
+                fields["filtered"] = record.filtered
+            if record.alo:
+                fields["guarantee"] = AT_LEAST_ONCE
+            out.append(_new(Log, ("received", fields)))
+        else:  # the usual line: a tuple, no dict
+            out.append(received)
         tag = record.tag
         self.records[tag] = record
         self.by_delivery[ev.delivery] = record

@@ -87,6 +87,49 @@ class Log(NamedTuple):
     fields: dict[str, Any]
 
 
+class Received(NamedTuple):
+    """``Log("received", {...})`` for a publisher's message the way the usual one is
+    admitted: no remote router's answer awaited or one, no selector filtering it out,
+    exactly-once. Built without a dict (one tuple), the adapter writes the same line
+    (router/adapter/_fastpath.c encodes it from the tuple; ``fields`` is the line's
+    fields, in the line's order, for the Python path and for tests and tools).
+    ``pub_tag`` is the publisher's delivery tag as bytes (its line has it in hex)."""
+
+    delivery: str
+    topic: str
+    publisher: str
+    link_name: str
+    pub_tag: bytes
+    incarnation: str
+    stream_seq: int
+    size: int
+    owed: Any
+    forwarded: Any
+    routers: Any
+
+    @property
+    def kind(self) -> str:
+        return "received"
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The line's fields, as a Log's."""
+        return {
+            "delivery": self.delivery,
+            "topic": self.topic,
+            "publisher": self.publisher,
+            "link_name": self.link_name,
+            "pub_tag": self.pub_tag.hex(),
+            "incarnation": self.incarnation,
+            "stream_seq": self.stream_seq,
+            "size": self.size,
+            "settled": False,
+            "owed": self.owed,
+            "forwarded": self.forwarded,
+            "routers": self.routers,
+        }
+
+
 class SubOutcome(NamedTuple):
     """``Log("sub-outcome", {"delivery", "subscriber", "outcome", "settled"})`` in the
     form the per-copy path builds cheaply (no dict): the adapter writes the same line
@@ -168,6 +211,7 @@ Command = (
     | SettleOutgoing
     | Drained
     | Log
+    | Received
     | SubOutcome
     | SubOutcomes
     | ShutdownComplete

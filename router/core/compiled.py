@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from router.core import outcomes, sections, tags
-from router.core.commands import Forward, Log, SendOutcome, SubOutcomes
+from router.core.commands import Forward, Log, Received, SendOutcome, SubOutcomes
 from router.core.constants import _TIMER_EXPIRY, UNCOUNTED_BELOW
 from router.core.events import MessageReceived
 from router.core.guarantees import EXACTLY_ONCE
@@ -68,7 +68,7 @@ def _load() -> None:
             StreamSettled,
             DeliveryRecord,
             Forward,
-            Log,
+            Received,
             EXACTLY_ONCE,
             ANSWER_UNSENT,
             tags.MAX_INLINE_TAG,

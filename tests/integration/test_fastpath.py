@@ -766,6 +766,16 @@ writing = st.lists(
         # string to escape or not ASCII, an int past 64 bits, a nested dict)
         st.tuples(st.just("line"), st.sampled_from(KINDS), st.integers(0, 3), st.sampled_from(ODD_VALUES)),
         st.tuples(st.just("sub-outcome"), st.sampled_from(["s1", "s2"]), st.booleans()),
+        # the usual "received" line, a Received (no dict): an odd value in one of its places
+        # (which the compiled encoder leaves to orjson), a tag of any bytes, lists of any length
+        st.tuples(
+            st.just("received"),
+            st.integers(0, 10),
+            st.sampled_from(ODD_VALUES),
+            st.binary(max_size=33),
+            st.integers(0, 3),
+            st.booleans(),
+        ),
         st.tuples(st.just("sub-outcomes"), st.sampled_from(["s1", "s2"]), st.integers(1, 3)),
         st.tuples(st.just("tick")),
         st.tuples(st.just("flush")),
@@ -780,7 +790,7 @@ writing = st.lists(
 def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], dict]:
     """The script's commands executed by a real Engine into a real EventLog; the lines
     written after router-started (its boot id made constant) and the events counted."""
-    from router.core.commands import Log, SubOutcome, SubOutcomes
+    from router.core.commands import Log, Received, SubOutcome, SubOutcomes
     from router.eventlog import EventLog
 
     with on_path(compiled, "take_accepted"):
@@ -804,6 +814,16 @@ def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], d
                 if step[1] == "link-attached":
                     fields = {"role": "publisher", "container": "c", "name": f"l{n}"}
                 command = Log(step[1], fields)
+            elif step[0] == "received":
+                owed, forwarded = ["S/in"] * step[4], ["S/in"] * (step[4] // 2)
+                values = [f"{n:04x}", "topic", "P", "P-out", step[3], "inc.1", n, 100, owed, forwarded, None]
+                if step[5]:
+                    values[10] = ["R1", "R2"]
+                if step[1] not in (4, 8, 9):  # (the tag stays bytes; the lists' places take their own odd values)
+                    values[step[1]] = step[2]
+                elif step[1] != 4:
+                    values[step[1]] = [step[2], "x"]
+                command = Received(*values)
             elif step[0] == "sub-outcome":
                 command = SubOutcome(f"{n:04x}", step[1], "accepted", step[2])
             elif step[0] == "sub-outcomes":
@@ -844,7 +864,12 @@ def test_the_compiled_path_appends_the_usual_lines_itself(tmp_path, monkeypatch)
     monkeypatch.setattr(Engine, "CORE_log", counted)
     script = [("line", "received", 1, "x"), ("tick",), ("line", "received", 2, 1.5), ("line", "completed", 0, "é")]
     script += [("line", "link-attached", 0, None), ("sub-outcome", "s1", True), ("line", "completed", 1, "x")]
+    script += [("received", 0, "plain", b"\x01\xfe", 2, True), ("received", 3, "\n", b"", 0, False)]
     lines, happenings = write_lines(script, tmp_path, compiled=True)
-    # each "received" is the first line at its timestamp (router-started's was another)
+    # each "received" Log is the first line at its timestamp (router-started's was another);
+    # a Received is written by the compiled path too, where its values are its to encode
+    # (the second's link name is a character to escape: orjson encodes those fields, the
+    # compiled path still writes the line)
     assert python_logged == ["received", "received", "link-attached"]
-    assert len(lines) == 6 and happenings
+    assert len(lines) == 8 and happenings
+    assert b'"pub_tag":"01fe","incarnation":"inc.1"' in lines[6] and b'"link_name":"\\n"' in lines[7]
