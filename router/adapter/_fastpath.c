@@ -89,6 +89,7 @@ static PyObject *small_name;         /* "_small": the engine's last payload know
 /* the engine's clock, and the event log's buffer state and methods (log_line) */
 static PyObject *append_sub_outcomes_name; /* "append_sub_outcomes": the event log's run of sub-outcome lines */
 static PyObject *received_kind; /* "received": a Received's kind */
+static PyObject *completed_kind; /* "completed": a Completed's kind */
 static PyObject *fields_name;   /* "fields": a Received's line fields as a dict (Received.fields) */
 static PyObject *now_name, *ts_name, *run_name, *pieces_name, *seq_name, *write_name, *close_run_name, *append_name,
     *piece_name;
@@ -676,6 +677,37 @@ static int json_received(json_buf *b, PyObject *cmd)
     return r;
 }
 
+/* A Completed (router/core/commands.py): delivery, subscriber, settled, by, deleted. */
+#define COMPLETED_VALUES 5
+
+/* The fields of a Completed's "completed" line (Completed.fields) into b, as
+ * json_fields(b, cmd.fields) writes them: 1 written, 0 not mine (b->len as it was), -1
+ * error set. */
+static int json_completed(json_buf *b, PyObject *cmd)
+{
+    static const char outcome[] = ",\"outcome\":\"accepted\",\"settled\":";
+    static const char pub_outcome[] = ",\"pub_outcome\":\"accepted\"";
+    PyObject *by = PyTuple_GET_ITEM(cmd, 3);
+    Py_ssize_t start = b->len;
+    int r = json_literal(b, "{\"delivery\":", 12) < 0 ? -1 : json_scalar(b, PyTuple_GET_ITEM(cmd, 0));
+    if (r > 0)
+        r = json_literal(b, ",\"subscriber\":", 14) < 0 ? -1 : json_scalar(b, PyTuple_GET_ITEM(cmd, 1));
+    if (r > 0)
+        r = json_literal(b, outcome, sizeof outcome - 1) < 0 ? -1 : json_scalar(b, PyTuple_GET_ITEM(cmd, 2));
+    if (r > 0 && json_literal(b, pub_outcome, sizeof pub_outcome - 1) < 0)
+        r = -1;
+    if (r > 0 && by != Py_None) {
+        r = json_literal(b, ",\"by\":", 6) < 0 ? -1 : json_scalar(b, by);
+        if (r > 0)
+            r = json_literal(b, ",\"deleted\":", 11) < 0 ? -1 : json_scalar(b, PyTuple_GET_ITEM(cmd, 4));
+    }
+    if (r > 0 && json_literal(b, "}", 1) < 0)
+        r = -1;
+    if (r <= 0)
+        b->len = start;
+    return r;
+}
+
 /* log_line(state, cmd): Engine.CORE_log for a line of a kind operators do not count,
  * with EventLog.append (router/eventlog.py) inlined: the fields encoded, an open run of
  * sub-outcome lines closed first (EventLog._close_run), then '{"seq":N' + the cached
@@ -688,21 +720,24 @@ static int json_received(json_buf *b, PyObject *cmd)
 static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 5 || !PyTuple_Check(args[1])
-        || (PyTuple_GET_SIZE(args[1]) != 2 && PyTuple_GET_SIZE(args[1]) != RECEIVED_VALUES)) {
-        PyErr_SetString(PyExc_TypeError, "log_line(state, cmd): a 5-tuple and a Log or a Received");
+        || (PyTuple_GET_SIZE(args[1]) != 2 && PyTuple_GET_SIZE(args[1]) != RECEIVED_VALUES
+            && PyTuple_GET_SIZE(args[1]) != COMPLETED_VALUES)) {
+        PyErr_SetString(PyExc_TypeError, "log_line(state, cmd): a 5-tuple and a Log, a Received or a Completed");
         return NULL;
     }
     PyObject *state = args[0], *cmd = args[1];
     PyObject *engine = PyTuple_GET_ITEM(state, 0), *eventlog = PyTuple_GET_ITEM(state, 1);
     PyObject *counted = PyTuple_GET_ITEM(state, 2), *dumps = PyTuple_GET_ITEM(state, 3);
     PyObject *fallback = PyTuple_GET_ITEM(state, 4);
-    /* A Received has no dict of fields: encoded from its values (json_received), its
-     * ``fields`` made only where the log's encoder or append needs them. */
-    int received = PyTuple_GET_SIZE(cmd) == RECEIVED_VALUES;
-    PyObject *kind = received ? received_kind : PyTuple_GET_ITEM(cmd, 0);
-    PyObject *fields = received ? NULL : PyTuple_GET_ITEM(cmd, 1);
+    /* A Received or a Completed (the engine's command table gives this writer nothing
+     * else of their sizes) has no dict of fields: encoded from its values, its ``fields``
+     * made only where the log's encoder or append needs them. */
+    Py_ssize_t values = PyTuple_GET_SIZE(cmd);
+    int received = values == RECEIVED_VALUES, completed = values == COMPLETED_VALUES, tuple = received || completed;
+    PyObject *kind = received ? received_kind : completed ? completed_kind : PyTuple_GET_ITEM(cmd, 0);
+    PyObject *fields = tuple ? NULL : PyTuple_GET_ITEM(cmd, 1);
     if (!PyUnicode_CheckExact(kind) || !PyDict_Check(counted) ||
-        (!received && (!PyDict_CheckExact(fields) || PyDict_GET_SIZE(fields) == 0)))
+        (!tuple && (!PyDict_CheckExact(fields) || PyDict_GET_SIZE(fields) == 0)))
         return PyObject_CallOneArg(fallback, cmd);
     int is_counted = PyDict_Contains(counted, kind);
     if (is_counted != 0)
@@ -730,7 +765,9 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int encoded = 0, holding = 0;
     if (!line_scratch_busy) {
         line_scratch.len = 0;
-        encoded = received ? json_received(&line_scratch, cmd) : json_fields(&line_scratch, fields);
+        encoded = received    ? json_received(&line_scratch, cmd)
+                  : completed ? json_completed(&line_scratch, cmd)
+                              : json_fields(&line_scratch, fields);
         if (encoded < 0)
             goto done;
         holding = line_scratch_busy = encoded;
@@ -739,7 +776,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
         body_bytes = line_scratch.data;
         body_len = line_scratch.len;
     } else {
-        if (received && !(fields = made_fields = PyObject_GetAttr(cmd, fields_name)))
+        if (tuple && !(fields = made_fields = PyObject_GetAttr(cmd, fields_name)))
             goto done;
         body = PyObject_CallOneArg(dumps, fields);
         if (!body)
@@ -1358,8 +1395,9 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     small_name = PyUnicode_InternFromString("_small");
     append_sub_outcomes_name = PyUnicode_InternFromString("append_sub_outcomes");
     received_kind = PyUnicode_InternFromString("received");
+    completed_kind = PyUnicode_InternFromString("completed");
     fields_name = PyUnicode_InternFromString("fields");
-    if (!received_kind || !fields_name)
+    if (!received_kind || !completed_kind || !fields_name)
         return NULL;
     if (!append_sub_outcomes_name || !dead_name || !last_handle_name || !small_name || !one || !out_name || !core_attached_name || !rx_d_name || !max_size_name || !streams_name || !ptr_address_name
         || !address_name || !conn_name || !now_name || !ts_name || !run_name || !pieces_name || !seq_name || !write_name

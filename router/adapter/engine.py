@@ -77,6 +77,7 @@ from router.adapter.streaming import STREAM_MIN
 from router.core import outcomes
 from router.core.announcements import SubscriberKey
 from router.core.commands import (
+    Completed,
     DetachLink,
     Drained,
     Forward,
@@ -951,14 +952,16 @@ class Engine:
 
     def _command_table(self) -> dict:
         encoder = getattr(self.eventlog, "encoder", None)  # a router's EventLog (tests may use stand-ins)
+        # A line by the compiled path (EventLog.append inlined), when built and the log is
+        # an EventLog (its twin: CORE_log).
+        log_writer = (
+            fastpath.log_writer((self, self.eventlog, _COUNTED, encoder, self.CORE_log)) if encoder else None
+        ) or self.CORE_log
         return {
-            # A line by the compiled path (EventLog.append inlined), when built and the log is
-            # an EventLog (its twin: CORE_log).
-            Log: (fastpath.log_writer((self, self.eventlog, _COUNTED, encoder, self.CORE_log)) if encoder else None)
-            or self.CORE_log,
-            # The usual "received" line, a tuple: the same writer (its twin: CORE_log).
-            Received: (fastpath.log_writer((self, self.eventlog, _COUNTED, encoder, self.CORE_log)) if encoder else None)
-            or self.CORE_log,
+            Log: log_writer,
+            # The usual "received" and "completed" lines, tuples: the same writer (its twin: CORE_log).
+            Received: log_writer,
+            Completed: log_writer,
             SubOutcomes: self.CORE_sub_outcomes,
             SubOutcome: self.CORE_sub_outcome,
             # A small message's copy by the compiled path, when built (its twin: CORE_forward).
@@ -979,7 +982,7 @@ class Engine:
             ShutdownComplete: self.CORE_shutdown_complete,
         }
 
-    def CORE_log(self, cmd: Log | Received) -> None:
+    def CORE_log(self, cmd: Log | Received | Completed) -> None:
         kind = cmd.kind
         if kind in _COUNTED:  # the few kinds operators count (a set lookup per line otherwise)
             self.happened(_COUNTED[kind](cmd.fields))

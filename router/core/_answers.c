@@ -35,15 +35,14 @@ static Py_ssize_t top_records, top_unsettled, top_bytes, top_publishers, top_out
 static Py_ssize_t mem_current, mem_previous, mem_sweep, mem_partial;
 
 static PyTypeObject *RecordType, *SubscriptionType, *RosterType, *PublisherType, *TopicType, *MemoryType;
-static PyTypeObject *SubOutcomesType, *LogType, *SendOutcomeType;
+static PyTypeObject *SubOutcomesType, *CompletedType, *SendOutcomeType;
 static PyObject *OutcomeAccepted, *AcceptedCode, *zero, *one;
 static int bound;
 
 /* ANSWER_ACCEPTED and ANSWER_DONE (records.py): an accepted copy, and one also settled. */
 static unsigned char answer_accepted, answer_done;
 
-static PyObject *s_accepted, *s_completed, *s_router, *k_delivery, *k_subscriber, *k_outcome, *k_settled,
-    *k_pub_outcome, *k_by, *k_deleted;
+static PyObject *s_accepted, *s_router;
 static PyObject *a_subscribers, *a_records, *a_publishers, *a_topics, *a_by_delivery, *a_settled, *a_sweep_at,
     *a_draining, *a_shutdown_done, *a_pending_refills, *a_starved, *a_settings, *a_sweeps, *a_keep, *a_max_in_flight,
     *a_credit_window;
@@ -84,7 +83,7 @@ static PyTypeObject *a_type(PyObject *o, int tuple_subclass) {
 }
 
 PyDoc_STRVAR(bind_doc,
-             "bind(DeliveryRecord, Subscription, Roster, PublisherLink, Topic, StreamSettled, SubOutcomes, Log,\n"
+             "bind(DeliveryRecord, Subscription, Roster, PublisherLink, Topic, StreamSettled, SubOutcomes, Completed,\n"
              "     SendOutcome, OUTCOME_ACCEPTED, ANSWER_ACCEPTED, ANSWER_DONE)\n\n"
              "The core's classes and constants, once: the slots' offsets are read from the classes\n"
              "(TypeError if one is not a plain slot any more: the core then runs in Python).");
@@ -109,7 +108,7 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (PyErr_Occurred())
         return NULL;
     RecordType = types[0], SubscriptionType = types[1], RosterType = types[2], PublisherType = types[3];
-    TopicType = types[4], MemoryType = types[5], SubOutcomesType = types[6], LogType = types[7];
+    TopicType = types[4], MemoryType = types[5], SubOutcomesType = types[6], CompletedType = types[7];
     SendOutcomeType = types[8];
     Py_INCREF(args[9]);
     OutcomeAccepted = args[9];
@@ -268,26 +267,16 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
     ((unsigned char *)PyByteArray_AS_STRING(answers))[i] = settled_true ? answer_done : answer_accepted;
     set_slot(record, rec_waiting, zero);
     set_slot(record, rec_outcome, OutcomeAccepted);
-    /* sized for the two fields the settlement adds (by, deleted): no resize on the way */
-    PyObject *fields = _PyDict_NewPresized(7);
-    if (fields == NULL)
+    /* its "completed" line, a Completed (commands.py): the settlement below is always the
+     * router's and deletes the record (completes_usually() checked what _settle_record does) */
+    PyObject *completed_items[5] = {SLOT(record, rec_delivery_id), SLOT(sub, sub_key), settled, s_router, Py_True};
+    if (append_new(b->out, command(CompletedType, 5, completed_items)) < 0)
         return -1;
-    if (PyDict_SetItem(fields, k_delivery, SLOT(record, rec_delivery_id)) < 0 ||
-        PyDict_SetItem(fields, k_subscriber, SLOT(sub, sub_key)) < 0 || PyDict_SetItem(fields, k_outcome, s_accepted) < 0 ||
-        PyDict_SetItem(fields, k_settled, settled) < 0 || PyDict_SetItem(fields, k_pub_outcome, s_accepted) < 0) {
-        Py_DECREF(fields);
-        return -1;
-    }
-    PyObject *log_items[2] = {s_completed, fields};
-    if (append_new(b->out, command(LogType, 2, log_items)) < 0) {
-        Py_DECREF(fields);
-        return -1;
-    }
     /* _outcome_to_publisher: accepted, and settled (its publisher settles first) */
     PyObject *outcome_items[7] = {SLOT(record, rec_pub_delivery), AcceptedCode, Py_True, Py_None, Py_None, Py_False, Py_False};
     if (append_new(b->out, command(SendOutcomeType, 7, outcome_items)) < 0)
         goto error;
-    /* _settle_record(record, "router", now, out, fields) */
+    /* _settle_record(record, "router", now, out, fold) */
     set_slot(record, rec_pub_settled, Py_True);
     PyObject *sweep_at = get_attr(b->core, a_sweep_at);
     if (sweep_at == NULL)
@@ -383,18 +372,14 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
         if (left < 0 || (left == 0 && call(b->core, m_drop_topic_if_idle, topic, NULL, NULL, NULL, NULL, NULL) < 0))
             goto done;
     }
-    if (PyDict_SetItem(fields, k_by, s_router) < 0 || PyDict_SetItem(fields, k_deleted, Py_True) < 0)
-        goto done;
     if (refill_bound_only(b, topic) < 0)
         goto done;
     ok = 1;
 done:
     Py_DECREF(topic);
     Py_DECREF(payload);
-    Py_DECREF(fields);
     return ok ? 0 : -1;
 error:
-    Py_DECREF(fields);
     return -1;
 }
 
@@ -621,15 +606,7 @@ PyMODINIT_FUNC PyInit__answers(void) {
     if ((zero = PyLong_FromLong(0)) == NULL || (one = PyLong_FromLong(1)) == NULL)
         return NULL;
     INTERN(s_accepted, "accepted");
-    INTERN(s_completed, "completed");
     INTERN(s_router, "router");
-    INTERN(k_delivery, "delivery");
-    INTERN(k_subscriber, "subscriber");
-    INTERN(k_outcome, "outcome");
-    INTERN(k_settled, "settled");
-    INTERN(k_pub_outcome, "pub_outcome");
-    INTERN(k_by, "by");
-    INTERN(k_deleted, "deleted");
     INTERN(a_subscribers, "subscribers");
     INTERN(a_records, "records");
     INTERN(a_publishers, "publishers");

@@ -130,6 +130,40 @@ class Received(NamedTuple):
         }
 
 
+class Completed(NamedTuple):
+    """``Log("completed", {...})``: the last owed subscriber's accepted answer that
+    completed a delivery, which the line also stands for the accepted pub-outcome and,
+    when the router settled it in the same step, the settlement (``by``, ``deleted``;
+    ``by`` None: not settled then, no such fields). Built without a dict, as
+    SubOutcome is; ``fields`` is the line's fields in the line's order, for the Python
+    path and for tests and tools (docs/event-log.md, "completed")."""
+
+    delivery: str
+    subscriber: str
+    settled: bool
+    by: str | None
+    deleted: bool
+
+    @property
+    def kind(self) -> str:
+        return "completed"
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The line's fields, as a Log's."""
+        fields = {
+            "delivery": self.delivery,
+            "subscriber": self.subscriber,
+            "outcome": "accepted",
+            "settled": self.settled,
+            "pub_outcome": "accepted",
+        }
+        if self.by is not None:
+            fields["by"] = self.by
+            fields["deleted"] = self.deleted
+        return fields
+
+
 class SubOutcome(NamedTuple):
     """``Log("sub-outcome", {"delivery", "subscriber", "outcome", "settled"})`` in the
     form the per-copy path builds cheaply (no dict): the adapter writes the same line
@@ -212,6 +246,7 @@ Command = (
     | Drained
     | Log
     | Received
+    | Completed
     | SubOutcome
     | SubOutcomes
     | ShutdownComplete

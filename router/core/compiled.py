@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from router.core import outcomes, sections, tags
-from router.core.commands import Forward, Log, Received, SendOutcome, SubOutcomes
+from router.core.commands import Completed, Forward, Received, SendOutcome, SubOutcomes
 from router.core.constants import _TIMER_EXPIRY, UNCOUNTED_BELOW
 from router.core.events import MessageReceived
 from router.core.guarantees import EXACTLY_ONCE
@@ -87,7 +87,7 @@ def _load() -> None:
             Topic,
             StreamSettled,
             SubOutcomes,
-            Log,
+            Completed,
             SendOutcome,
             outcomes.OUTCOME_ACCEPTED,
             ANSWER_ACCEPTED,

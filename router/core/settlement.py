@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from router.core import outcomes
 from router.core.commands import (
     Command,
+    Completed,
     Log,
     SendOutcome,
     SettleOutgoing,
@@ -133,15 +134,20 @@ class SettlementMixin(CoreState):
         # The last answer, and (an outcome is only ever accepted in a compact record)
         # all accepted: one "completed" line (docs/event-log.md), as in _on_accepted.
         record.outcome = OUTCOME_ACCEPTED
-        fields = {
-            "delivery": record.delivery_id,
-            "subscriber": sub.key,
-            "outcome": "accepted",
-            "settled": settled,
-            "pub_outcome": "accepted",
-        }
-        out.append(_new(Log, ("completed", fields)))
-        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
+        logged = len(out)
+        out.append(None)  # type: ignore[arg-type]  # its "completed" line's place, filled below
+        self._complete(sub, record, settled, logged, now, out)
+
+    def _complete(
+        self, sub: Subscription, record: DeliveryRecord, settled: bool, logged: int, now: float, out: list[Command]
+    ) -> None:
+        """``sub``'s accepted answer completed ``record``: the publisher is told, and its
+        line at ``out[logged]`` is one "completed" line that also stands for the
+        pub-outcome and, when the router settles now, the settled line
+        (docs/event-log.md, "completed")."""
+        fold: dict[str, Any] = {}  # the settlement's by and deleted, when it happens now
+        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fold)
+        out[logged] = _new(Completed, (record.delivery_id, sub.key, settled, fold.get("by"), fold.get("deleted", False)))
 
     def _on_accepted(
         self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool, now: float, out: list[Command]
@@ -212,18 +218,7 @@ class SettlementMixin(CoreState):
             )
             self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out)
             return True
-        # This outcome completed the delivery: its line is one "completed" line
-        # that also stands for the pub-outcome and (when the router settles now)
-        # the settled line (docs/event-log.md, "completed").
-        fields = {
-            "delivery": record.delivery_id,
-            "subscriber": sub.key,
-            "outcome": "accepted",
-            "settled": settled,
-            "pub_outcome": "accepted",
-        }
-        out[logged] = _new(Log, ("completed", fields))
-        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fields)
+        self._complete(sub, record, settled, logged, now, out)
         return True
 
     def _after_subscriber_outcome(self, record: DeliveryRecord, key: str, now: float, out: list[Command]) -> None:

@@ -776,6 +776,9 @@ writing = st.lists(
             st.integers(0, 3),
             st.booleans(),
         ),
+        # the usual "completed" line, a Completed (no dict): settled by the router now or not,
+        # an odd value in one of its places
+        st.tuples(st.just("completed"), st.integers(0, 4), st.sampled_from(ODD_VALUES), st.sampled_from([None, "router"])),
         st.tuples(st.just("sub-outcomes"), st.sampled_from(["s1", "s2"]), st.integers(1, 3)),
         st.tuples(st.just("tick")),
         st.tuples(st.just("flush")),
@@ -790,7 +793,7 @@ writing = st.lists(
 def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], dict]:
     """The script's commands executed by a real Engine into a real EventLog; the lines
     written after router-started (its boot id made constant) and the events counted."""
-    from router.core.commands import Log, Received, SubOutcome, SubOutcomes
+    from router.core.commands import Completed, Log, Received, SubOutcome, SubOutcomes
     from router.eventlog import EventLog
 
     with on_path(compiled, "take_accepted"):
@@ -824,6 +827,11 @@ def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], d
                 elif step[1] != 4:
                     values[step[1]] = [step[2], "x"]
                 command = Received(*values)
+            elif step[0] == "completed":
+                done = [f"{n:04x}", "S/in", True, step[3], True]
+                if step[1] != 3 or step[3] is not None:  # (by None: no by or deleted in the line)
+                    done[step[1]] = step[2]
+                command = Completed(*done)
             elif step[0] == "sub-outcome":
                 command = SubOutcome(f"{n:04x}", step[1], "accepted", step[2])
             elif step[0] == "sub-outcomes":
@@ -865,11 +873,14 @@ def test_the_compiled_path_appends_the_usual_lines_itself(tmp_path, monkeypatch)
     script = [("line", "received", 1, "x"), ("tick",), ("line", "received", 2, 1.5), ("line", "completed", 0, "é")]
     script += [("line", "link-attached", 0, None), ("sub-outcome", "s1", True), ("line", "completed", 1, "x")]
     script += [("received", 0, "plain", b"\x01\xfe", 2, True), ("received", 3, "\n", b"", 0, False)]
+    script += [("completed", 2, False, "router"), ("completed", 0, "plain", None)]
     lines, happenings = write_lines(script, tmp_path, compiled=True)
     # each "received" Log is the first line at its timestamp (router-started's was another);
     # a Received is written by the compiled path too, where its values are its to encode
     # (the second's link name is a character to escape: orjson encodes those fields, the
     # compiled path still writes the line)
     assert python_logged == ["received", "received", "link-attached"]
-    assert len(lines) == 8 and happenings
+    assert len(lines) == 10 and happenings
     assert b'"pub_tag":"01fe","incarnation":"inc.1"' in lines[6] and b'"link_name":"\\n"' in lines[7]
+    assert lines[8].endswith(b'"settled":false,"pub_outcome":"accepted","by":"router","deleted":true}')
+    assert lines[9].endswith(b'"subscriber":"S/in","outcome":"accepted","settled":true,"pub_outcome":"accepted"}')

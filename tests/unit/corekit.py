@@ -7,7 +7,7 @@ import copy
 from proton import Message
 
 from router.core import outcomes
-from router.core.commands import Log, Received, SubOutcome, SubOutcomes
+from router.core.commands import Completed, Log, Received, SubOutcome, SubOutcomes
 from router.core.events import (
     DURABLE_NONE,
     PUBLISHER,
@@ -30,7 +30,7 @@ from router.core.records import SubscriberState
 from router.core.router import RouterCore
 from router.core.settings import CoreSettings
 
-LOG_KINDS = (Log, Received, SubOutcome, SubOutcomes)  # what the adapter writes to the event log
+LOG_KINDS = (Log, Received, Completed, SubOutcome, SubOutcomes)  # what the adapter writes to the event log
 
 
 def encode(body, **fields) -> bytes:

@@ -17,7 +17,7 @@ import orjson
 from corekit import encode, record_states
 
 from router.core import outcomes
-from router.core.commands import Forward, Log, Received, SendControl, SendData, SendOutcome, SubOutcome
+from router.core.commands import Completed, Forward, Log, Received, SendControl, SendData, SendOutcome, SubOutcome
 from router.core.events import (
     PUBLISHER,
     SND_MIXED,
@@ -78,7 +78,7 @@ class Mesh:
             elif isinstance(c, SendData):
                 header = orjson.loads(orjson.dumps(c.header))
                 self._send(name, c.router_id, lambda conn, c=c, h=header: DataReceived(conn, name, c.tag, h, c.payload))
-            elif isinstance(c, (Log, Received, SubOutcome)):
+            elif isinstance(c, (Log, Received, Completed, SubOutcome)):
                 self.logs[name].append(c)
             else:
                 self.client[name].append(c)
