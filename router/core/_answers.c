@@ -260,6 +260,14 @@ static int refill_bound_only(batch_t *b, PyObject *topic) {
     return call(b->core, m_refill_credit, topic, b->out, Py_True, NULL, NULL, NULL);
 }
 
+/* out[at] = Completed(delivery, subscriber, settled, by, by is not None): the "completed"
+ * line of a record's last answer, settled by ``by`` (None: not in this step). 0, or -1. */
+static int fill_completed(PyObject *out, Py_ssize_t at, PyObject *record, PyObject *sub, PyObject *settled, PyObject *by) {
+    PyObject *items[5] = {SLOT(record, rec_delivery_id), SLOT(sub, sub_key), settled, by, by == Py_None ? Py_False : Py_True};
+    PyObject *line = command(CompletedType, 5, items);
+    return line == NULL ? -1 : PyList_SetItem(out, at, line); /* (steals the line) */
+}
+
 /* The last answer of a compact record that completes_usually(): _on_accepted_compact's
  * last answer, _outcome_to_publisher and _settle_record, in their order. */
 static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, PyObject *settled, int settled_true) {
@@ -267,10 +275,12 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
     ((unsigned char *)PyByteArray_AS_STRING(answers))[i] = settled_true ? answer_done : answer_accepted;
     set_slot(record, rec_waiting, zero);
     set_slot(record, rec_outcome, OutcomeAccepted);
-    /* its "completed" line, a Completed (commands.py): the settlement below is always the
-     * router's and deletes the record (completes_usually() checked what _settle_record does) */
-    PyObject *completed_items[5] = {SLOT(record, rec_delivery_id), SLOT(sub, sub_key), settled, s_router, Py_True};
-    if (append_new(b->out, command(CompletedType, 5, completed_items)) < 0)
+    /* its "completed" line's place, filled once the settlement below is done (always the
+     * router's, deleting the record: completes_usually() checked what _settle_record does),
+     * or without it when something fails on the way (as _complete's ``finally`` does) */
+    Py_ssize_t logged = PyList_GET_SIZE(b->out);
+    int filled = 0;
+    if (PyList_Append(b->out, Py_None) < 0)
         return -1;
     /* _outcome_to_publisher: accepted, and settled (its publisher settles first) */
     PyObject *outcome_items[7] = {SLOT(record, rec_pub_delivery), AcceptedCode, Py_True, Py_None, Py_None, Py_False, Py_False};
@@ -372,14 +382,25 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
         if (left < 0 || (left == 0 && call(b->core, m_drop_topic_if_idle, topic, NULL, NULL, NULL, NULL, NULL) < 0))
             goto done;
     }
+    if (fill_completed(b->out, logged, record, sub, settled, s_router) < 0)
+        goto done;
+    filled = 1;
     if (refill_bound_only(b, topic) < 0)
         goto done;
     ok = 1;
 done:
     Py_DECREF(topic);
     Py_DECREF(payload);
-    return ok ? 0 : -1;
+    if (ok)
+        return 0;
 error:
+    if (!filled) { /* its line all the same, not settled by this step (the error stays the one raised) */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (fill_completed(b->out, logged, record, sub, settled, Py_None) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    }
     return -1;
 }
 

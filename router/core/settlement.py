@@ -146,8 +146,10 @@ class SettlementMixin(CoreState):
         pub-outcome and, when the router settles now, the settled line
         (docs/event-log.md, "completed")."""
         fold: dict[str, Any] = {}  # the settlement's by and deleted, when it happens now
-        self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fold)
-        out[logged] = _new(Completed, (record.delivery_id, sub.key, settled, fold.get("by"), fold.get("deleted", False)))
+        try:
+            self._outcome_to_publisher(record, OUTCOME_ACCEPTED, now, out, fold)
+        finally:  # (on an exception too: the caller executes what ``out`` holds)
+            out[logged] = _new(Completed, (record.delivery_id, sub.key, settled, fold.get("by"), fold.get("deleted", False)))
 
     def _on_accepted(
         self, sub: Subscription, record: DeliveryRecord, state: SubscriberState, settled: bool, now: float, out: list[Command]

@@ -394,6 +394,34 @@ def test_the_usual_last_answer_is_taken_by_the_compiled_twin():
     assert next(iter(core.settled.streams.values())).sweep == core.settled.sweeps - 1
 
 
+def test_a_completing_answer_that_fails_midway_still_leaves_its_line():
+    """The accepted answers' caller executes what ``out`` holds when the core raises
+    (RouterCore.accepted_batch). A failure while the last answer's delivery is being
+    settled (here: arming the settled memory's sweep) leaves, in both twins, the
+    "completed" line in its place (without the settlement it did not finish) and the
+    publisher's outcome after it, and raises the same error."""
+    core, python, both = twin_cores(CoreSettings(router_id="A"))
+    both(LinkAttached(1, 1, "pub", "p", PUBLISHER, "t", snd_settle_mode=SND_MIXED, rcv_settle_mode=RCV_FIRST), 1.0)
+    both(LinkAttached(10, 10, "sub", "s10", SUBSCRIBER, "t", rcv_settle_mode=RCV_FIRST), 1.0)
+    both(CreditChanged(10, 100, False), 1.0)
+    a = both(MessageReceived(1, 1, b"1", encode("m"), False), 1.0)
+    tag = next(c.tag for c in a if type(c).__name__ == "Forward")
+
+    def broken(now):
+        raise RuntimeError("the sweep could not be armed")
+
+    outs: list = []
+    for twin in (core, python):
+        twin._arm_sweep = broken  # type: ignore[method-assign]
+        out: list = []
+        with pytest.raises(RuntimeError, match="could not be armed"):
+            twin.accepted_batch([10, tag, True], 1.0, out)
+        outs.append(commands_as_written(out))
+    assert outs[0] == outs[1]
+    assert outs[0][0] == ("completed", list(Completed(tag.hex(), "sub/s10", True, None, False).fields.items()))
+    assert type(outs[0][1]).__name__ == "SendOutcome" and len(outs[0]) == 2
+
+
 def test_a_credit_check_that_grants_nothing_stays_compiled():
     """The credit check after a delivery completes (room in the topic's bound, so a grant
     may be due) grants nothing while every publisher holds more than half its window: the
