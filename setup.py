@@ -31,7 +31,7 @@ CORE_OBJECTS = ("router/core/_coreobjects.h", *ATTRS)  # what the core's twins s
 
 setup(
     ext_modules=[
-        compiled("router.adapter._fastpath", (*ATTRS, "router/adapter/_jsonfields.h")),
+        compiled("router.adapter._fastpath", (*ATTRS, "router/adapter/_jsonfields.h", "router/adapter/_logbuffer.h")),
         compiled("router.core._admission", CORE_OBJECTS),
         compiled("router.core._answers", CORE_OBJECTS),
         compiled("router.core._msgfields"),

@@ -145,6 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             max_bytes=config.eventlog.max_bytes,
             retention=config.eventlog.retention,
             fsync=config.eventlog.fsync,
+            buffer=fastpath.log_buffer(),
         )
     except (EventLogError, OSError) as exc:
         return _fail(f"cannot open the event log in {config.data_dir}: {exc}", 1)

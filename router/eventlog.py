@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import orjson
 
@@ -135,6 +136,7 @@ class EventLog:
         max_bytes: int = DEFAULT_MAX_BYTES,
         retention: int = DEFAULT_RETENTION,
         fsync: bool = False,
+        buffer: Any = None,
     ) -> None:
         if not isinstance(router_id, str) or not router_id:
             raise ValueError(f"router_id must be a non-empty string, not {router_id!r}")
@@ -157,7 +159,10 @@ class EventLog:
         # two were within the machine's noise; the BytesIO never reallocates once
         # warm). A list of line objects freed together at each flush was much worse
         # (glibc trimmed and regrew its heap every loop iteration: ~3-4 µs per append).
-        self._out = io.BytesIO()
+        # ``buffer``, when given, is an empty object with the same methods used here
+        # (the adapter's compiled LogBuffer, router/adapter/_logbuffer.h, which its
+        # compiled twin of append writes into in place).
+        self._out = io.BytesIO() if buffer is None else buffer
         self._write = self._out.write
         self._seq = 0
         # append() writes each line from pieces: '{"seq":', the seq, the cached

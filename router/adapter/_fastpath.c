@@ -38,6 +38,7 @@
 
 #include "../core/_attrs.h" /* get_attr, set_attr */
 #include "_jsonfields.h"      /* json_fields: a line's fields as orjson writes them */
+#include "_logbuffer.h"       /* LogBuffer: the event log's lines appended in place */
 
 typedef struct { size_t size; const char *start; } pn_bytes_t; /* pn_delivery_tag_t */
 
@@ -635,15 +636,21 @@ static inline int json_literal(json_buf *b, const char *s, Py_ssize_t n)
  * (b->len as it was), -1 error set. */
 static int json_received(json_buf *b, PyObject *cmd)
 {
-    static const char *const keys[RECEIVED_VALUES] = {
-        "{\"delivery\":", ",\"topic\":", ",\"publisher\":", ",\"link_name\":", ",\"pub_tag\":", ",\"incarnation\":",
-        ",\"stream_seq\":", ",\"size\":", ",\"settled\":false,\"owed\":", ",\"forwarded\":", ",\"routers\":"};
+#define KEY(s) {s, sizeof s - 1}
+    static const struct {
+        const char *text;
+        Py_ssize_t len;
+    } keys[RECEIVED_VALUES] = {
+        KEY("{\"delivery\":"), KEY(",\"topic\":"), KEY(",\"publisher\":"), KEY(",\"link_name\":"),
+        KEY(",\"pub_tag\":"), KEY(",\"incarnation\":"), KEY(",\"stream_seq\":"), KEY(",\"size\":"),
+        KEY(",\"settled\":false,\"owed\":"), KEY(",\"forwarded\":"), KEY(",\"routers\":")};
+#undef KEY
     static const char hex[] = "0123456789abcdef";
     Py_ssize_t start = b->len;
     int r = 1;
     for (int i = 0; i < RECEIVED_VALUES && r > 0; i++) {
         PyObject *v = PyTuple_GET_ITEM(cmd, i);
-        if (json_literal(b, keys[i], (Py_ssize_t)strlen(keys[i])) < 0) {
+        if (json_literal(b, keys[i].text, keys[i].len) < 0) {
             r = -1;
             break;
         }
@@ -838,17 +845,31 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     char head[32];
     int nh = seq_head(head, n);
     Py_ssize_t np = PyBytes_GET_SIZE(piece), nb = body_len - 1;
-    line = PyBytes_FromStringAndSize(NULL, nh + np + nb + 1);
-    if (!line)
+    write = get_attr(eventlog, write_name);
+    if (!write)
         goto done;
-    char *o = PyBytes_AS_STRING(line);
+    /* The log's own buffer (router/eventlog.py's EventLog given a LogBuffer): the line copied in
+     * place; any other writer (a BytesIO) is called with the line as bytes. */
+    LogBuffer *buffer = logbuffer_of_write(write);
+    char *o;
+    if (buffer) {
+        if (logbuffer_reserve(buffer, nh + np + nb + 1) < 0)
+            goto done;
+        o = buffer->data + buffer->len;
+    } else {
+        if (!(line = PyBytes_FromStringAndSize(NULL, nh + np + nb + 1)))
+            goto done;
+        o = PyBytes_AS_STRING(line);
+    }
     memcpy(o, head, (size_t)nh);
     memcpy(o + nh, PyBytes_AS_STRING(piece), (size_t)np);
     memcpy(o + nh + np, body_bytes + 1, (size_t)nb);
     o[nh + np + nb] = '\n';
-    write = get_attr(eventlog, write_name);
-    written = write ? PyObject_CallOneArg(write, line) : NULL;
-    if (!written || set_attr(eventlog, seq_name, next) < 0)
+    if (buffer)
+        buffer->len += nh + np + nb + 1;
+    else if (!(written = PyObject_CallOneArg(write, line)))
+        goto done;
+    if (set_attr(eventlog, seq_name, next) < 0)
         goto done;
     result = Py_NewRef(Py_None);
 done:
@@ -884,6 +905,70 @@ static PyObject *encode_fields(PyObject *self, PyObject *fields)
  * (``handlers``, class -> callable; its compiled entries are C calls), in order, the
  * last payload known to be small forgotten first. 0, or -1 with the error set (an
  * unknown command is a TypeError, as execute() raises). */
+typedef PyObject *(*fastcall_fn)(PyObject *, PyObject *const *, Py_ssize_t);
+
+/* The command table's compiled entries are functools.partial(f, state) of this module's
+ * log_line, forward and send_outcome (fastpath.py): called through the partial, each
+ * command paid ~150 instructions of call machinery (the partial's argument array, two
+ * vectorcalls) before f began. The entries met are resolved once, by identity, into f
+ * and state (an entry holds its handler, so the address cannot be another object's
+ * while it is here), and called directly; anything else is called as it is. */
+#define DIRECT_HANDLERS 8
+
+static struct {
+    PyObject *handler; /* held */
+    fastcall_fn fn;    /* NULL: called as it is */
+    PyObject *state;   /* held */
+} direct_handlers[DIRECT_HANDLERS];
+static unsigned direct_next; /* the entry a new handler takes when all are used */
+static PyTypeObject *partial_type; /* functools.partial */
+
+/* The entry for ``handler``, resolved on first sight; NULL with an error set. */
+static int direct_handler(PyObject *handler, fastcall_fn *fn, PyObject **state)
+{
+    for (int i = 0; i < DIRECT_HANDLERS; i++) {
+        if (direct_handlers[i].handler == handler) {
+            *fn = direct_handlers[i].fn;
+            *state = direct_handlers[i].state;
+            return 0;
+        }
+    }
+    fastcall_fn found = NULL;
+    PyObject *bound = NULL;
+    if (Py_TYPE(handler) == partial_type) { /* (a subclass may call otherwise) */
+        PyObject *func = PyObject_GetAttrString(handler, "func");
+        PyObject *args = func ? PyObject_GetAttrString(handler, "args") : NULL;
+        PyObject *kw = args ? PyObject_GetAttrString(handler, "keywords") : NULL;
+        if (!kw) {
+            Py_XDECREF(func);
+            Py_XDECREF(args);
+            return -1;
+        }
+        if (PyCFunction_Check(func) && PyCFunction_GET_FLAGS(func) == METH_FASTCALL && PyTuple_Check(args)
+            && PyTuple_GET_SIZE(args) == 1 && PyDict_Check(kw) && PyDict_GET_SIZE(kw) == 0) {
+            PyCFunction f = PyCFunction_GET_FUNCTION(func);
+            if (f == (PyCFunction)(void (*)(void))log_line || f == (PyCFunction)(void (*)(void))forward
+                || f == (PyCFunction)(void (*)(void))send_outcome) {
+                found = (fastcall_fn)(void (*)(void))f;
+                bound = Py_NewRef(PyTuple_GET_ITEM(args, 0));
+            }
+        }
+        Py_DECREF(func);
+        Py_DECREF(args);
+        Py_DECREF(kw);
+    }
+    unsigned at = direct_next++ % DIRECT_HANDLERS;
+    PyObject *old_handler = direct_handlers[at].handler, *old_state = direct_handlers[at].state;
+    direct_handlers[at].handler = Py_NewRef(handler);
+    direct_handlers[at].fn = found;
+    direct_handlers[at].state = bound;
+    Py_XDECREF(old_handler); /* (last: the entry is whole before any object is freed) */
+    Py_XDECREF(old_state);
+    *fn = found;
+    *state = bound;
+    return 0;
+}
+
 static int execute_commands(PyObject *engine, PyObject *commands, PyObject *handlers)
 {
     if (PyList_GET_SIZE(commands) == 0)
@@ -898,8 +983,23 @@ static int execute_commands(PyObject *engine, PyObject *commands, PyObject *hand
                 PyErr_Format(PyExc_TypeError, "unknown core command %R", cmd);
             return -1;
         }
+        fastcall_fn fn;
+        PyObject *state;
+        Py_INCREF(handler); /* (the table may change while the command runs) */
+        if (direct_handler(handler, &fn, &state) < 0) {
+            Py_DECREF(handler);
+            return -1;
+        }
         Py_INCREF(cmd);
-        PyObject *r = PyObject_CallOneArg(handler, cmd);
+        PyObject *r;
+        if (fn) {
+            PyObject *call_args[2] = {Py_NewRef(state), cmd};
+            r = fn(NULL, call_args, 2); /* (none of the three reads its module) */
+            Py_DECREF(state);
+        } else {
+            r = PyObject_CallOneArg(handler, cmd);
+        }
+        Py_DECREF(handler);
         Py_DECREF(cmd);
         if (!r)
             return -1;
@@ -1403,5 +1503,21 @@ PyMODINIT_FUNC PyInit__fastpath(void)
         || !address_name || !conn_name || !now_name || !ts_name || !run_name || !pieces_name || !seq_name || !write_name
         || !close_run_name || !append_name || !piece_name)
         return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&LogBufferType) < 0)
+        return NULL;
+    PyObject *functools = PyImport_ImportModule("functools");
+    PyObject *partial = functools ? PyObject_GetAttrString(functools, "partial") : NULL;
+    Py_XDECREF(functools);
+    if (!partial)
+        return NULL;
+    if (!PyType_Check(partial)) {
+        Py_DECREF(partial);
+        PyErr_SetString(PyExc_ImportError, "functools.partial is not a type");
+        return NULL;
+    }
+    partial_type = (PyTypeObject *)partial; /* held for good */
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "LogBuffer", (PyObject *)&LogBufferType) < 0)
+        Py_CLEAR(m);
+    return m;
 }

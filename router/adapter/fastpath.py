@@ -45,12 +45,13 @@ read_into: Callable[[int, int, int], int] | None = None
 write_out: Callable[[int, int, int], int] | None = None
 IO_NOTHING, IO_BLOCKED, IO_CLOSED, IO_EOF = 0, 1, -1, -2  # as _fastpath.c defines them
 _set_link_id = None
+_log_buffer_type: Callable[[], Any] | None = None  # LogBuffer(): see log_buffer()
 status = "python"  # what this process uses, for the startup log and the benchmark
 
 
 def _load() -> None:
     global take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers
-    global read_into, write_out, _take_flows, _set_link_id, status
+    global read_into, write_out, _take_flows, _set_link_id, _log_buffer_type, status
     if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "no", "false"):
         status = f"python ({ENV}=0)"
         return
@@ -78,12 +79,13 @@ def _load() -> None:
             _fastpath.read_into,
             _fastpath.write_out,
             _fastpath.take_flows,
+            _fastpath.LogBuffer,
         )
     except (ImportError, AttributeError) as exc:
         status = f"python (compiled fast path unusable: {exc})"
         return
     take_accepted, take_messages, _forward, _send_outcome, _log_line, _deliver_messages, _deliver_answers = compiled[:7]
-    read_into, write_out, _take_flows = compiled[7:]
+    read_into, write_out, _take_flows, _log_buffer_type = compiled[7:]
     _set_link_id = _fastpath.set_link_id
     status = "compiled"
 
@@ -105,6 +107,13 @@ def outcome_sender(state: tuple) -> Callable[[Any], None] | None:
     incoming, outcomes_told, touched, CORE_send_outcome itself for what it does not
     do), or None when the compiled path is not in use."""
     return partial(_send_outcome, state) if _send_outcome is not None else None
+
+
+def log_buffer() -> Any:
+    """A new buffer for an EventLog (its ``buffer``) that the compiled log writer
+    appends lines to in place, or None (the log's own BytesIO) when the compiled path
+    is not in use."""
+    return _log_buffer_type() if _log_buffer_type is not None else None
 
 
 def log_writer(state: tuple) -> Callable[[Any], None] | None:

@@ -325,7 +325,7 @@ def answer_play(script: list, links: int, per_link: int, response_list: list, di
 
     with on_path(compiled, "take_accepted"):
         core = AnswersCore(per_link, response_list)
-        log = EventLog(directory, "R")
+        log = EventLog(directory, "R", buffer=fastpath.log_buffer() if compiled else None)
         engine = Engine(core, log, max_message_size=1 << 20)
         engine.now = 100.0
         conn = _conn(True, "router")
@@ -790,14 +790,15 @@ writing = st.lists(
 )
 
 
-def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], dict]:
+def write_lines(script: list, directory, compiled: bool, in_place: bool = True) -> tuple[list[bytes], dict]:
     """The script's commands executed by a real Engine into a real EventLog; the lines
     written after router-started (its boot id made constant) and the events counted."""
     from router.core.commands import Completed, Log, Received, SubOutcome, SubOutcomes
     from router.eventlog import EventLog
 
     with on_path(compiled, "take_accepted"):
-        log = EventLog(directory, "R")
+        # the compiled path writes into the buffer a router gives its log, or into a BytesIO
+        log = EventLog(directory, "R", buffer=fastpath.log_buffer() if compiled and in_place else None)
         engine = Engine(RecordingCore(), log, max_message_size=1000)
         engine.now = 100.0
         n = 0
@@ -848,12 +849,13 @@ def write_lines(script: list, directory, compiled: bool) -> tuple[list[bytes], d
 
 @compiled_only
 @settings(max_examples=100, deadline=None)
-@given(script=writing)
-def test_the_compiled_path_writes_the_event_log_lines_the_python_path_writes(script, tmp_path_factory):
+@given(script=writing, in_place=st.booleans())
+def test_the_compiled_path_writes_the_event_log_lines_the_python_path_writes(script, in_place, tmp_path_factory):
     """Lines of every kind (with fields, without, counted by the adapter), runs of
     sub-outcome lines before and after them, new timestamps and flushes anywhere: the
-    same bytes in the log, the same counts."""
-    compiled = write_lines(script, tmp_path_factory.mktemp("c"), compiled=True)
+    same bytes in the log, the same counts (the compiled path writing into a router's
+    LogBuffer in place, or into a BytesIO)."""
+    compiled = write_lines(script, tmp_path_factory.mktemp("c"), compiled=True, in_place=in_place)
     python = write_lines(script, tmp_path_factory.mktemp("p"), compiled=False)
     assert compiled == python
 

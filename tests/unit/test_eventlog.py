@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -18,6 +19,17 @@ from router.eventlog import EventLog, EventLogError, read_events
 from router.eventschema import EVENT_SCHEMA, EVENTS, FOLDED, spark_schema_fields, unfold, validate_event
 
 REPO = Path(__file__).resolve().parents[2]
+
+try:  # the adapter's compiled buffer a router's log writes into (router/adapter/_logbuffer.h)
+    LogBuffer = importlib.import_module("router.adapter._fastpath").LogBuffer
+except (ImportError, AttributeError):
+    LogBuffer = None
+
+# An EventLog's buffer: its own BytesIO (None), or the compiled LogBuffer a router gives it.
+BUFFERS = [
+    pytest.param(None, id="BytesIO"),
+    pytest.param(LogBuffer, id="LogBuffer", marks=pytest.mark.skipif(LogBuffer is None, reason="_fastpath not built")),
+]
 
 SAMPLE_FIELDS = {
     "router-started": {"pid": 1234, "version": "0.1.0"},
@@ -401,11 +413,12 @@ def events(draw):
     return kind, ts, fields
 
 
+@pytest.mark.parametrize("buffer", BUFFERS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(st.lists(events(), max_size=8), min_size=1, max_size=6))
-def test_round_trip(tmp_path_factory, batches):
+def test_round_trip(tmp_path_factory, batches, buffer):
     data_dir = tmp_path_factory.mktemp("rt")
-    with EventLog(data_dir, "R", max_bytes=4096) as log:
+    with EventLog(data_dir, "R", max_bytes=4096, buffer=buffer and buffer()) as log:
         for batch in batches:
             for kind, ts, fields in batch:
                 log.append(kind, ts, fields)
@@ -422,7 +435,8 @@ def test_round_trip(tmp_path_factory, batches):
         assert orjson.loads(orjson.dumps(record)) == record
 
 
-def test_failed_write_keeps_the_unwritten_bytes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("buffer", BUFFERS)
+def test_failed_write_keeps_the_unwritten_bytes(tmp_path, monkeypatch, buffer):
     import router.eventlog as module
 
     real_write = os.write
@@ -434,7 +448,7 @@ def test_failed_write_keeps_the_unwritten_bytes(tmp_path, monkeypatch):
             return real_write(fd, bytes(data[:50]))  # a short write...
         raise OSError(28, "No space left on device")  # ...then the disk is full
 
-    with EventLog(tmp_path, "A") as log:
+    with EventLog(tmp_path, "A", buffer=buffer and buffer()) as log:
         log.flush()
         log.append("settled", 1.0, {"delivery": "01", "by": "publisher"})
         log.append("settled", 2.0, {"delivery": "02", "by": "publisher"})
@@ -645,3 +659,27 @@ def test_a_folded_line_unfolds_to_the_events_it_was_folded_from(case):
             k: v for k, v in part.items() if v is not None
         }
         assert all(event[k] == v for k, v in common.items())
+
+
+@pytest.mark.skipif(LogBuffer is None, reason="_fastpath not built")
+def test_the_compiled_buffer_holds_still_while_a_flush_reads_it():
+    """What EventLog.flush relies on from its buffer, as a BytesIO gives it: the bytes
+    written so far in a view, no write or rewind while the view is alive (the bytes a
+    write(2) is reading cannot move), and a rewind only back over what was written."""
+    buffer = LogBuffer()
+    assert buffer.write(b'{"seq":1}\n') == 10 and buffer.write(bytearray(b"ab")) == 2
+    with buffer.getbuffer() as view:
+        assert bytes(view) == b'{"seq":1}\nab' and view.readonly
+        with pytest.raises(BufferError):
+            buffer.write(b"x")
+        with pytest.raises(BufferError):
+            buffer.seek(0)
+    with pytest.raises(ValueError):
+        buffer.seek(13)
+    assert buffer.seek(10) == 10 and buffer.getvalue() == b'{"seq":1}\n'
+    assert buffer.seek(0) == 0 and buffer.tell() == 0 and buffer.write(b"c" * 100_000) == 100_000
+    assert buffer.getvalue() == b"c" * 100_000
+    with pytest.raises(TypeError):
+        buffer.write("text")
+    with pytest.raises(TypeError):
+        LogBuffer(1)
