@@ -408,6 +408,8 @@ class AttachMixin(CoreState):
                 self.streams.pop(pub.stream, None)
                 for key in [k for k in self._last_sent if k[0] == pub.stream]:
                     del self._last_sent[key]
+                for key in [k for k in self.addressed_last if k[0] == pub.stream]:
+                    del self.addressed_last[key]
         self._refill_credit(topic, out)
         self._drop_topic_if_idle(topic)
 

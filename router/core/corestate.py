@@ -72,9 +72,10 @@ class CoreState:
     _awaiting_acks: dict[str, tuple[int, set[str], int]]
     _answered_early: set[str]
     _last_sent: dict[tuple[bytes, str], int]
+    addressed_last: dict[tuple[bytes, str], int]
     _chain_head: dict[bytes, int]
     _chain_start: dict[bytes, tuple[int, str]]
-    _held: dict[bytes, dict[int, tuple[DataReceived, dict[str, Any]]]]
+    _held: dict[bytes, dict[int, list[tuple[DataReceived, dict[str, Any]]]]]
     draining: bool
 
     # The methods one part calls on another: stubs, checked against the definitions

@@ -314,9 +314,35 @@ class MovedSubscribers:
         header["dests"] = [router_id]
         header["for"] = {router_id: keys}
         header["report"] = self.core.settings.router_id
-        header["prev"] = {}
+        prev = self._addressed_prev(record, router_id, keys)
+        header["prev"] = {router_id: prev} if prev >= 0 else {}
         out.append(SendData(hop, record.tag, header, record.payload))
         out.append(Log("forwarded-to-router", {"delivery": record.delivery_id, "to_router": hop, "dests": [router_id]}))
+
+    def _addressed_prev(self, record: DeliveryRecord, router_id: str, keys: list[str]) -> int:
+        """The predecessor a copy addressed to ``keys`` at ``router_id`` names there: the
+        ``stream_seq`` of the delivery of its stream this router addressed to that router
+        before it (fixed at the first copy, as for the copies to interested routers, so a
+        resend names the same). The router there delivers it only after that one (or
+        ``ORDER_HOLD_TIMEOUT``). Without it, addressed copies kept publisher order only by
+        travelling in order: a relay that had no route for #1 and had one again for #2
+        let #2 through first, and #1 came later with its resend (found by the generated
+        network histories, a link cut twice with a subscriber there owed both)."""
+        stream = record.tag[: tags.STREAM_ID_SIZE]
+        chain = self.core.addressed_last
+        last = chain.get((stream, router_id), -1)
+        prev = -1
+        for key in keys:
+            moved = record.moved.get(key)
+            if moved is None:
+                continue
+            if moved.prev is None:
+                # (Addressed out of its stream's order, after a later one: nothing to name.)
+                moved.prev = last if last < record.stream_seq else -1
+            prev = max(prev, moved.prev)
+        if record.stream_seq > last:
+            chain[(stream, router_id)] = record.stream_seq
+        return prev
 
     def on_moved_outcome(
         self, record: DeliveryRecord, key: str, sender: str, message: dict[str, Any], now: float, out: list[Command]
@@ -492,4 +518,6 @@ def _readdress(record: DeliveryRecord, moved: MovedState, router_id: str | None)
         if record.watchers is None:
             record.watchers = set()
         record.watchers.add(moved.router)
+    if moved.router != router_id:
+        moved.prev = None  # its predecessor is named anew for the router it goes to now
     moved.router = router_id

@@ -139,13 +139,16 @@ class RouterState:
 class MovedState:
     """A durable subscriber this router was waiting on through another router (that
     died) or locally (it re-attached elsewhere): owed the delivery wherever it is
-    now. ``router`` is where a copy addressed to it went (None: not re-attached yet)."""
+    now. ``router`` is where a copy addressed to it went (None: not re-attached yet);
+    ``prev`` the ``stream_seq`` that copy names as its predecessor there (``prev`` in the
+    data header, docs/inter-router.md; -1: none; None: not addressed there yet)."""
 
-    __slots__ = ("outcome", "router")
+    __slots__ = ("outcome", "router", "prev")
 
     def __init__(self) -> None:
         self.outcome: Outcome | None = None
         self.router: str | None = None
+        self.prev: int | None = None
 
 
 class DeliveryRecord:

@@ -7,6 +7,7 @@ documented there, and are split out only to keep one concern per module."""
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Any
 
 from router.core import outcomes, tags
@@ -139,21 +140,28 @@ class RelayMixin(CoreState):
         if ev.tag in self.records or prev == -1 or (head is not None and prev <= head):
             self._deliver_chain(stream, ev, header, now, out)
             return
-        self._held.setdefault(stream, {})[prev] = (ev, header)
+        # (A list: two chains may name the same predecessor, the interested routers' and
+        # the addressed copies', and a copy dropped from here is never answered.)
+        self._held.setdefault(stream, {}).setdefault(prev, []).append((ev, header))
         self._add_timer(now + ORDER_HOLD_TIMEOUT, _TIMER_ORDER_GAP, (stream, prev))
 
     def _deliver_chain(self, stream: bytes, ev: DataReceived, header: dict[str, Any], now: float, out: list[Command]) -> None:
-        while True:
+        """Deliver a copy, then the held copies waiting for it and for those: always the
+        lowest stream_seq ready first."""
+        ready = [(header.get("seq", 0), 0, ev, header)]
+        n = 0
+        while ready:
+            seq, _, ev, header = heapq.heappop(ready)
             self._deliver_from_router(ev, header, now, out)
-            seq = header.get("seq", 0)
             if seq > self._chain_head.get(stream, -1):
                 self._chain_head[stream] = seq
             held = self._held.get(stream)
-            if not held or seq not in held:
-                return
-            ev, header = held.pop(seq)
-            if not held:
-                del self._held[stream]
+            if held and seq in held:
+                for ev, header in held.pop(seq):
+                    n += 1
+                    heapq.heappush(ready, (header.get("seq", 0), n, ev, header))
+                if not held:
+                    del self._held[stream]
 
     def _deliver_from_router(self, ev: DataReceived, header: dict[str, Any], now: float, out: list[Command]) -> None:
         """A delivery another router took from its publisher: owe it to our

@@ -148,10 +148,10 @@ class Resumption(MovedSubscribers):
     (each says when). This component reads the core's public state (``records``,
     ``topics``, ``publishers``, ``subscriptions``, ``by_delivery``, ``net``,
     ``settings``, ``epoch``, ``stream_seq``, ``lost``, ``settled``, ``moved_away``,
-    ``moved_via``, ``resumed_at``, ``answers_held``) and calls only the core's services named in ``RouterCore.SERVICES``
-    (router/core/router.py). It keeps no state of its own: what it needs rides on the
-    links (``PublisherLink.resumed_with``, ``Subscription.placeholders``) and in those
-    maps of the core's."""
+    ``moved_via``, ``resumed_at``, ``answers_held``, ``addressed_last``) and calls only the
+    core's services named in ``RouterCore.SERVICES`` (router/core/router.py). It keeps no
+    state of its own: what it needs rides on the links (``PublisherLink.resumed_with``,
+    ``Subscription.placeholders``) and in those maps of the core's."""
 
     # ------------------------------------------------------------ publishers
 

@@ -254,11 +254,15 @@ class RouterCore(
         self.moved_via: dict[bytes, set[str]] = {}
         # Publisher order across routers (docs/inter-router.md, "publisher order"):
         self._last_sent: dict[tuple[bytes, str], int] = {}  # (stream, router) -> last stream_seq sent
+        # (stream, router) -> the last stream_seq of a copy addressed to subscribers there
+        # (router/core/moved.py, their own chain of predecessors)
+        self.addressed_last: dict[tuple[bytes, str], int] = {}
         self._chain_head: dict[bytes, int] = {}  # stream -> last stream_seq delivered here
         # stream -> (stream_seq, origin) of the first delivery its origin sent here (its
         # "prev" for us -1): that origin never sent us anything of the stream before it
         self._chain_start: dict[bytes, tuple[int, str]] = {}
-        self._held: dict[bytes, dict[int, tuple[DataReceived, dict[str, Any]]]] = {}  # stream -> {prev seq: (event, header)}
+        # stream -> {prev seq: [(event, header), ...]}
+        self._held: dict[bytes, dict[int, list[tuple[DataReceived, dict[str, Any]]]]] = {}
         self.draining = False
         self._drain_deadline: float | None = None
         self._shutdown_done = False
@@ -424,11 +428,12 @@ class RouterCore(
                 stream, prev = obj
                 held = self._held.get(stream)
                 if held and prev in held:
-                    data, header = held.pop(prev)
+                    gap = held.pop(prev)
                     if not held:
                         del self._held[stream]
-                    out.append(Log("order-gap", {"delivery": data.tag.hex(), "missing_seq": prev}))
-                    self._deliver_chain(stream, data, header, now, out)
+                    for data, header in sorted(gap, key=lambda item: item[1].get("seq", 0)):
+                        out.append(Log("order-gap", {"delivery": data.tag.hex(), "missing_seq": prev}))
+                        self._deliver_chain(stream, data, header, now, out)
             elif kind == _TIMER_PLACEHOLDER:
                 self.resumption.placeholder_expired(obj[0], obj[1], now, out)
             elif kind == _TIMER_PUBLISHER_GONE:
