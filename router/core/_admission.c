@@ -621,8 +621,14 @@ static int admit(message_t *m) {
     set_slot(record, rec_roster, roster);
     set_slot(record, rec_answers, answers);
     long long send_counter;
-    if (attr_int(core, a_send_counter, &send_counter) < 0 || set_attr_int(core, a_send_counter, send_counter + 1) < 0 ||
-        set_int(record, rec_sent_at, send_counter + 1) < 0)
+    if (attr_int(core, a_send_counter, &send_counter) < 0)
+        goto done;
+    PyObject *sent_at = PyLong_FromLongLong(send_counter + 1); /* (one int for both: they are equal) */
+    int counted = sent_at == NULL ? -1 : set_attr(core, a_send_counter, sent_at);
+    if (counted == 0)
+        set_slot(record, rec_sent_at, sent_at);
+    Py_XDECREF(sent_at);
+    if (counted < 0)
         goto done;
     int unsent = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
