@@ -479,6 +479,10 @@ class RouterCore(
             self.stream_seq.pop(stream, None)
             self._chain_head.pop(stream, None)
             self._chain_start.pop(stream, None)
+        if forgotten and self.addressed_last:  # (a router passing a moved subscriber's copies on)
+            gone = set(forgotten)
+            for key in [k for k in self.addressed_last if k[0] in gone]:
+                del self.addressed_last[key]
         if forgotten:
             out.append(Log("streams-forgotten", {"count": len(forgotten), "remembered": len(self.settled.streams)}))
         horizon = now - self.settled.horizon

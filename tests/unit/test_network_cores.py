@@ -246,6 +246,13 @@ def test_an_addressed_copy_does_not_overtake_an_earlier_one_its_relay_had_no_rou
         mesh.advance(6.0)
     assert [decode(f.payload).body for f in mesh.forwarded("C", sc)] == ["1", "2"]
     assert not any(e.kind == "order-gap" for e in mesh.logs["C"])
+    assert mesh.cores["A"].addressed_last  # its chain of addressed copies to C...
+    for f in mesh.forwarded("C", sc):
+        mesh.answer("C", sc, f.tag)
+    for delivery in (1, 2):
+        mesh.settle_publisher("A", pub, delivery)
+    mesh.detach("A", pub, closed=True)
+    assert mesh.cores["A"].addressed_last == {}  # ...goes with its stream
 
 
 def test_two_copies_naming_the_same_predecessor_are_both_delivered_after_it():
