@@ -855,7 +855,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (buffer) {
         if (logbuffer_reserve(buffer, nh + np + nb + 1) < 0)
             goto done;
-        o = buffer->data + buffer->len;
+        o = buffer->buf.data + buffer->buf.len;
     } else {
         if (!(line = PyBytes_FromStringAndSize(NULL, nh + np + nb + 1)))
             goto done;
@@ -866,7 +866,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     memcpy(o + nh + np, body_bytes + 1, (size_t)nb);
     o[nh + np + nb] = '\n';
     if (buffer)
-        buffer->len += nh + np + nb + 1;
+        buffer->buf.len += nh + np + nb + 1;
     else if (!(written = PyObject_CallOneArg(write, line)))
         goto done;
     if (set_attr(eventlog, seq_name, next) < 0)

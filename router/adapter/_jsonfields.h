@@ -29,6 +29,10 @@ static int json_reserve(json_buf *b, Py_ssize_t n)
 {
     if (b->len + n <= b->cap)
         return 0;
+    if (n > PY_SSIZE_T_MAX / 2 - b->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
     Py_ssize_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + n)
         cap *= 2;

@@ -21,40 +21,25 @@
 #include <Python.h>
 #include <string.h>
 
+#include "_jsonfields.h" /* json_buf, json_reserve */
+
 typedef struct {
     PyObject_HEAD
-    char *data;
-    Py_ssize_t len, cap;
-    Py_ssize_t exports; /* memoryviews alive over data */
+    json_buf buf;       /* the bytes written: buf.data[0:buf.len] */
+    Py_ssize_t exports; /* memoryviews alive over them */
 } LogBuffer;
 
 static PyTypeObject LogBufferType;
 
-/* Room for n more bytes at data + len: 0, or -1 with BufferError (exported) or
- * MemoryError set. */
+/* Room for n more bytes at buf.data + buf.len: 0, or -1 with BufferError (exported)
+ * or MemoryError set. */
 static int logbuffer_reserve(LogBuffer *b, Py_ssize_t n)
 {
     if (b->exports > 0) {
         PyErr_SetString(PyExc_BufferError, "Existing exports of data: object cannot be re-sized");
         return -1;
     }
-    if (n <= b->cap - b->len)
-        return 0;
-    if (n > PY_SSIZE_T_MAX / 2 - b->len) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    Py_ssize_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + n)
-        cap *= 2;
-    char *data = PyMem_Realloc(b->data, (size_t)cap);
-    if (!data) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    b->data = data;
-    b->cap = cap;
-    return 0;
+    return json_reserve(&b->buf, n);
 }
 
 static PyObject *logbuffer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -71,7 +56,7 @@ static PyObject *logbuffer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
 
 static void logbuffer_dealloc(LogBuffer *b)
 {
-    PyMem_Free(b->data);
+    PyMem_Free(b->buf.data);
     Py_TYPE(b)->tp_free((PyObject *)b);
 }
 
@@ -82,8 +67,8 @@ static PyObject *logbuffer_write(LogBuffer *b, PyObject *arg)
         return NULL;
     PyObject *result = NULL;
     if (logbuffer_reserve(b, view.len) == 0) {
-        memcpy(b->data + b->len, view.buf, (size_t)view.len);
-        b->len += view.len;
+        memcpy(b->buf.data + b->buf.len, view.buf, (size_t)view.len);
+        b->buf.len += view.len;
         result = PyLong_FromSsize_t(view.len);
     }
     PyBuffer_Release(&view);
@@ -92,7 +77,7 @@ static PyObject *logbuffer_write(LogBuffer *b, PyObject *arg)
 
 static PyObject *logbuffer_tell(LogBuffer *b, PyObject *unused)
 {
-    return PyLong_FromSsize_t(b->len);
+    return PyLong_FromSsize_t(b->buf.len);
 }
 
 /* seek(pos): only back to a place already written (EventLog rewinds to 0): what follows
@@ -102,15 +87,15 @@ static PyObject *logbuffer_seek(LogBuffer *b, PyObject *arg)
     Py_ssize_t pos = PyLong_AsSsize_t(arg);
     if (pos == -1 && PyErr_Occurred())
         return NULL;
-    if (pos < 0 || pos > b->len) {
-        PyErr_Format(PyExc_ValueError, "LogBuffer.seek(%zd): only back to 0..%zd", pos, b->len);
+    if (pos < 0 || pos > b->buf.len) {
+        PyErr_Format(PyExc_ValueError, "LogBuffer.seek(%zd): only back to 0..%zd", pos, b->buf.len);
         return NULL;
     }
     if (b->exports > 0) {
         PyErr_SetString(PyExc_BufferError, "Existing exports of data: object cannot be re-sized");
         return NULL;
     }
-    b->len = pos;
+    b->buf.len = pos;
     return PyLong_FromSsize_t(pos);
 }
 
@@ -121,12 +106,12 @@ static PyObject *logbuffer_getbuffer(LogBuffer *b, PyObject *unused)
 
 static PyObject *logbuffer_getvalue(LogBuffer *b, PyObject *unused)
 {
-    return PyBytes_FromStringAndSize(b->data, b->len);
+    return PyBytes_FromStringAndSize(b->buf.data, b->buf.len);
 }
 
 static int logbuffer_export(LogBuffer *b, Py_buffer *view, int flags)
 {
-    if (PyBuffer_FillInfo(view, (PyObject *)b, b->data, b->len, 1, flags) < 0)
+    if (PyBuffer_FillInfo(view, (PyObject *)b, b->buf.data, b->buf.len, 1, flags) < 0)
         return -1;
     b->exports++;
     return 0;
