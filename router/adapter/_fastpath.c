@@ -426,6 +426,62 @@ error:
     return NULL;
 }
 
+/* Engine.copies_sent[topic] += 1 per copy made its dict's int anew each time (~0.55 k
+ * instructions a copy). While execute_commands runs a batch (a message's K copies come
+ * as K Forward commands in a row), a run of copies for the same topic (each link's own
+ * str of it, compared by value) is counted here and added once, when the run ends or the
+ * batch does;
+ * outside a batch (Engine.execute in Python) each copy is added at once. So nothing is
+ * pending between calls, and nobody reads the counts during a batch (the metrics and
+ * management read them from the loop, between its iterations). */
+static struct {
+    PyObject *counts;  /* held: the engine's copies_sent (NULL: nothing pending) */
+    PyObject *address; /* held */
+    long long n;
+} pending_copies;
+static int batch_depth; /* execute_commands calls running */
+
+/* Add what is pending: 0, or -1 with the error set (nothing pending after either). */
+static int flush_copies(void)
+{
+    PyObject *counts = pending_copies.counts, *address = pending_copies.address;
+    if (!counts)
+        return 0;
+    long long n = pending_copies.n;
+    pending_copies.counts = pending_copies.address = NULL;
+    pending_copies.n = 0;
+    int r = -1;
+    PyObject *before = PyDict_GetItemWithError(counts, address); /* borrowed */
+    if (before || !PyErr_Occurred()) {
+        PyObject *add = PyLong_FromLongLong(n);
+        PyObject *count = !add ? NULL : before ? PyNumber_Add(before, add) : Py_NewRef(add);
+        r = count && PyDict_SetItem(counts, address, count) == 0 ? 0 : -1;
+        Py_XDECREF(add);
+        Py_XDECREF(count);
+    }
+    Py_DECREF(counts);
+    Py_DECREF(address);
+    return r;
+}
+
+/* One copy for ``address`` in ``counts`` (Engine.copies_sent): 0, or -1 with the error set. */
+static int count_copy(PyObject *counts, PyObject *address)
+{
+    if (batch_depth && pending_copies.counts == counts
+        && (pending_copies.address == address
+            || (PyUnicode_CheckExact(address) && PyUnicode_CheckExact(pending_copies.address)
+                && PyUnicode_Compare(address, pending_copies.address) == 0))) {
+        pending_copies.n++; /* (each subscriber's link has its own str of the topic) */
+        return 0;
+    }
+    if (flush_copies() < 0)
+        return -1;
+    pending_copies.counts = Py_NewRef(counts);
+    pending_copies.address = Py_NewRef(address);
+    pending_copies.n = 1;
+    return batch_depth ? 0 : flush_copies();
+}
+
 /* forward(state, cmd): Engine.CORE_forward, for a message smaller than STREAM_MIN on
  * a link sending no large one: a new delivery under the command's tag, its bytes, the
  * link moved past it; kept in Link.out (by its address) unless pre-settled. ``state``
@@ -459,7 +515,7 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         Py_RETURN_NONE; /* the link went away in this batch; the core hears of it next */
     }
     Py_INCREF(link); /* held across the calls below, which may run Python code */
-    PyObject *result = NULL, *streams = NULL, *ptr = NULL, *address = NULL, *count = NULL, *conn = NULL;
+    PyObject *result = NULL, *streams = NULL, *ptr = NULL, *address = NULL, *conn = NULL;
     if (!PyBytes_CheckExact(tag) || !PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) >= stream_min)
         goto python;
     streams = get_attr(link, streams_name);
@@ -482,11 +538,7 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     address = get_attr(link, address_name);
     if (!address)
         goto done;
-    PyObject *before = PyDict_GetItemWithError(copies_sent, address); /* borrowed */
-    if (!before && PyErr_Occurred())
-        goto done;
-    count = before ? PyNumber_Add(before, one) : Py_NewRef(one);
-    if (!count || PyDict_SetItem(copies_sent, address, count) < 0)
+    if (count_copy(copies_sent, address) < 0)
         goto done;
     pn_bytes_t t = {(size_t)PyBytes_GET_SIZE(tag), PyBytes_AS_STRING(tag)};
     void *d = pn_delivery(lp, t);
@@ -515,7 +567,6 @@ done:
     Py_XDECREF(streams);
     Py_XDECREF(ptr);
     Py_XDECREF(address);
-    Py_XDECREF(count);
     Py_XDECREF(conn);
     return result;
 }
@@ -901,10 +952,6 @@ static PyObject *encode_fields(PyObject *self, PyObject *fields)
     return result;
 }
 
-/* Engine.execute(commands) for a list: each command by the engine's command table
- * (``handlers``, class -> callable; its compiled entries are C calls), in order, the
- * last payload known to be small forgotten first. 0, or -1 with the error set (an
- * unknown command is a TypeError, as execute() raises). */
 typedef PyObject *(*fastcall_fn)(PyObject *, PyObject *const *, Py_ssize_t);
 
 /* The command table's compiled entries are functools.partial(f, state) of this module's
@@ -969,7 +1016,33 @@ static int direct_handler(PyObject *handler, fastcall_fn *fn, PyObject **state)
     return 0;
 }
 
+static int run_commands(PyObject *engine, PyObject *commands, PyObject *handlers);
+
+/* Engine.execute(commands) for a list, as a batch: the copies' counts it leaves pending
+ * (count_copy) added at its end, whatever happened. */
 static int execute_commands(PyObject *engine, PyObject *commands, PyObject *handlers)
+{
+    batch_depth++;
+    int r = run_commands(engine, commands, handlers);
+    if (--batch_depth == 0) {
+        if (r < 0) { /* the commands' error first; the counts are added all the same */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            if (flush_copies() < 0)
+                PyErr_WriteUnraisable(NULL);
+            PyErr_Restore(type, value, tb);
+        } else {
+            r = flush_copies();
+        }
+    }
+    return r;
+}
+
+/* Engine.execute(commands) for a list: each command by the engine's command table
+ * (``handlers``, class -> callable; its compiled entries are C calls), in order, the
+ * last payload known to be small forgotten first. 0, or -1 with the error set (an
+ * unknown command is a TypeError, as execute() raises). */
+static int run_commands(PyObject *engine, PyObject *commands, PyObject *handlers)
 {
     if (PyList_GET_SIZE(commands) == 0)
         return 0;

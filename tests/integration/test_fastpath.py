@@ -733,6 +733,53 @@ def test_copies_go_out_alike_on_either_path(compiled):
         assert engine.copies_sent == {"topic": 3}
 
 
+class CountedCopiesCore(RecordingCore):
+    """Opens the subscriber's two links (one topic); once both have credit, a run of
+    copies to them in turn, one to a link gone in between, and then (``trouble``) a
+    command nobody knows."""
+
+    def __init__(self, trouble: bool):
+        super().__init__()
+        self.trouble = trouble
+        self.credited: list[int] = []
+
+    def handle(self, event, now):
+        self.calls.append(event)
+        if isinstance(event, LinkAttached):
+            return [OpenLink(event.link_id)]
+        if isinstance(event, CreditChanged) and event.link_id not in self.credited:
+            self.credited.append(event.link_id)
+            if len(self.credited) < 2:
+                return []
+            one, two = self.credited
+            out = [Forward(one, b"a", PAYLOAD, False), Forward(two, b"b", PAYLOAD, True), Forward(one, b"c", PAYLOAD, True)]
+            out += [Forward(two + 99, b"gone", PAYLOAD, False), Forward(two, b"d", PAYLOAD, False)]
+            return out + [("not", "a", "command")] if self.trouble else out
+        return []
+
+
+@pytest.mark.parametrize("trouble", [False, True], ids=["usual", "failing"])
+def test_a_batch_of_copies_is_counted_alike_on_either_path(trouble):
+    """The compiled path counts a batch's run of copies per topic once, at the batch's end
+    (execute_commands), across the links of one topic: the same counts as the Python
+    path's one by one, when the batch fails midway too."""
+    counts = {}
+    for compiled in (True, False):
+        if compiled and fastpath._forward is None:
+            pytest.skip(f"compiled fast path not in use: {fastpath.status}")
+        with on_path(compiled, "take_accepted"):
+            engine = Engine(CountedCopiesCore(trouble), FakeLog(1, "boot"), max_message_size=1 << 20)
+            conn = _conn(True, "router")
+            client = Subscriber(2, credit=10)
+            try:
+                serve(engine, conn, client)
+            except TypeError:  # the unknown command stops the loop on either path
+                assert trouble
+            counts[compiled] = dict(engine.copies_sent)
+            assert set(client.bodies) == {b"a", b"b", b"c", b"d"}
+    assert counts[True] == counts[False] == {"topic": 4}
+
+
 def test_an_extension_built_from_an_older_source_leaves_the_router_on_the_python_path(monkeypatch):
     """An editable install whose _fastpath was built before a function was added: the
     router runs every part in Python (and says so) rather than failing at start-up."""
