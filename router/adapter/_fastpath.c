@@ -430,10 +430,9 @@ error:
  * instructions a copy). While execute_commands runs a batch (a message's K copies come
  * as K Forward commands in a row), a run of copies for the same topic (each link's own
  * str of it, compared by value) is counted here and added once, when the run ends or the
- * batch does;
- * outside a batch (Engine.execute in Python) each copy is added at once. So nothing is
- * pending between calls, and nobody reads the counts during a batch (the metrics and
- * management read them from the loop, between its iterations). */
+ * batch does; outside a batch (Engine.execute in Python) each copy is added at once. So
+ * nothing is pending between calls, and nobody reads the counts during a batch (the
+ * metrics and management read them from the loop, between its iterations). */
 static struct {
     PyObject *counts;  /* held: the engine's copies_sent (NULL: nothing pending) */
     PyObject *address; /* held */
@@ -970,7 +969,8 @@ static struct {
 static unsigned direct_next; /* the entry a new handler takes when all are used */
 static PyTypeObject *partial_type; /* functools.partial */
 
-/* The entry for ``handler``, resolved on first sight; NULL with an error set. */
+/* The entry for ``handler`` (its C function and state, or fn NULL: call it as it is),
+ * resolved on first sight: 0, or -1 with an error set. */
 static int direct_handler(PyObject *handler, fastcall_fn *fn, PyObject **state)
 {
     for (int i = 0; i < DIRECT_HANDLERS; i++) {

@@ -255,6 +255,30 @@ def test_an_addressed_copy_does_not_overtake_an_earlier_one_its_relay_had_no_rou
     assert mesh.cores["A"].addressed_last == {}  # ...goes with its stream
 
 
+def test_a_router_that_passed_a_moved_subscribers_copies_on_forgets_their_chain_with_the_stream():
+    """C, not the origin, addresses what it owed a subscriber that moved to B: its chain of
+    those copies (``addressed_last``) goes when the stream is forgotten (the settled sweep,
+    a resume horizon later); the publisher's detach, which ends it at the origin, never
+    happens at C."""
+    from router.core.events import LinkDetached
+
+    mesh = Mesh("ABC", [("A", "B"), ("B", "C")], record_linger=0.5, resume_horizon=40.0)
+    sc = mesh.subscriber("C", "sC", durable=2, timeout=1000)
+    pub = mesh.publisher("A", name="p0")
+    mesh.feed("A", MessageReceived(pub, 1, b"1", encode("1"), False))
+    mesh.feed("C", LinkDetached(sc, False))  # it leaves C holding the copy, and attaches at B
+    mesh.settle()
+    sb = mesh.subscriber("B", "sC", durable=2, timeout=1000)
+    assert list(mesh.cores["C"].addressed_last.values()) == [0]
+    for f in mesh.forwarded("B", sb):
+        mesh.answer("B", sb, f.tag)
+    mesh.settle_publisher("A", pub, 1)
+    for _ in range(8):
+        mesh.advance(10.0)
+    assert any(e.kind == "streams-forgotten" for e in mesh.logs["C"])
+    assert mesh.cores["C"].addressed_last == {}
+
+
 def test_two_copies_naming_the_same_predecessor_are_both_delivered_after_it():
     """A router holds a copy until the one its origin names as its predecessor arrived;
     two chains (the interested routers' copies and the addressed ones) may name the same
