@@ -426,59 +426,94 @@ error:
     return NULL;
 }
 
-/* Engine.copies_sent[topic] += 1 per copy made its dict's int anew each time (~0.55 k
- * instructions a copy). While execute_commands runs a batch (a message's K copies come
- * as K Forward commands in a row), a run of copies for the same topic (each link's own
- * str of it, compared by value) is counted here and added once, when the run ends or the
- * batch does; outside a batch (Engine.execute in Python) each copy is added at once. So
- * nothing is pending between calls, and nobody reads the counts during a batch (the
- * metrics and management read them from the loop, between its iterations). */
-static struct {
-    PyObject *counts;  /* held: the engine's copies_sent (NULL: nothing pending) */
-    PyObject *address; /* held */
+/* Engine.copies_sent[topic] += 1 per copy, and Engine.outcomes_told[(topic, code)] += 1
+ * per outcome told a publisher, made the dict's int anew each time (~0.55 k
+ * instructions a copy, ~0.9 k an outcome with its key's tuple). While execute_commands
+ * or deliver_messages runs a batch (a message's K copies come as K Forward commands in
+ * a row, a run of messages' copies in turn; a batch of answers as a SendOutcome per
+ * publisher delivery), a run of counts for the same key
+ * (each link's own str of the topic, compared by value) is counted here and added once,
+ * when the run ends or the batch does; outside a batch (Engine.execute in Python) each
+ * is added at once. So nothing is pending between calls, and nobody reads the counts
+ * during a batch (the metrics and management read them from the loop, between its
+ * iterations). */
+typedef struct {
+    PyObject *counts;  /* held: the engine's dict (NULL: nothing pending) */
+    PyObject *address; /* held: the topic */
+    PyObject *code;    /* held: the outcome's code, or NULL: the key is the topic alone */
     long long n;
-} pending_copies;
+} pending_count;
+static pending_count pending_copies, pending_told;
 static int batch_depth; /* execute_commands calls running */
 
-/* Add what is pending: 0, or -1 with the error set (nothing pending after either). */
-static int flush_copies(void)
+/* Add what ``p`` holds: 0, or -1 with the error set (nothing pending after either). */
+static int flush_count(pending_count *p)
 {
-    PyObject *counts = pending_copies.counts, *address = pending_copies.address;
+    PyObject *counts = p->counts, *address = p->address, *code = p->code;
     if (!counts)
         return 0;
-    long long n = pending_copies.n;
-    pending_copies.counts = pending_copies.address = NULL;
-    pending_copies.n = 0;
+    long long n = p->n;
+    p->counts = p->address = p->code = NULL;
+    p->n = 0;
     int r = -1;
-    PyObject *before = PyDict_GetItemWithError(counts, address); /* borrowed */
-    if (before || !PyErr_Occurred()) {
+    PyObject *key = code ? PyTuple_Pack(2, address, code) : Py_NewRef(address);
+    PyObject *before = key ? PyDict_GetItemWithError(counts, key) : NULL; /* borrowed */
+    if (key && (before || !PyErr_Occurred())) {
         PyObject *add = PyLong_FromLongLong(n);
         PyObject *count = !add ? NULL : before ? PyNumber_Add(before, add) : Py_NewRef(add);
-        r = count && PyDict_SetItem(counts, address, count) == 0 ? 0 : -1;
+        r = count && PyDict_SetItem(counts, key, count) == 0 ? 0 : -1;
         Py_XDECREF(add);
         Py_XDECREF(count);
     }
+    Py_XDECREF(key);
     Py_DECREF(counts);
     Py_DECREF(address);
+    Py_XDECREF(code);
     return r;
 }
 
-/* One copy for ``address`` in ``counts`` (Engine.copies_sent): 0, or -1 with the error set. */
-static int count_copy(PyObject *counts, PyObject *address)
+/* Both: 0, or -1 with the (first) error set; nothing pending after either. */
+static int flush_counts(void)
 {
-    if (batch_depth && pending_copies.counts == counts
-        && (pending_copies.address == address
-            || (PyUnicode_CheckExact(address) && PyUnicode_CheckExact(pending_copies.address)
-                && PyUnicode_Compare(address, pending_copies.address) == 0))) {
-        pending_copies.n++; /* (each subscriber's link has its own str of the topic) */
+    int r = flush_count(&pending_copies);
+    if (r < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (flush_count(&pending_told) < 0)
+            PyErr_WriteUnraisable(NULL);
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    return flush_count(&pending_told);
+}
+
+/* Whether a and b are the same key part: the same object, or equal strs (or ints). */
+static int same_part(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b))
+        return PyUnicode_Compare(a, b) == 0;
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b))
+        return PyObject_RichCompareBool(a, b, Py_EQ) == 1;
+    return 0;
+}
+
+/* One more for (address[, code]) in ``counts`` through ``p``: 0, or -1 with the error set. */
+static int count_one(pending_count *p, PyObject *counts, PyObject *address, PyObject *code)
+{
+    if (batch_depth && p->counts == counts && same_part(p->address, address)
+        && (code == NULL ? p->code == NULL : p->code != NULL && same_part(p->code, code))) {
+        p->n++; /* (each subscriber's link has its own str of the topic) */
         return 0;
     }
-    if (flush_copies() < 0)
+    if (flush_count(p) < 0)
         return -1;
-    pending_copies.counts = Py_NewRef(counts);
-    pending_copies.address = Py_NewRef(address);
-    pending_copies.n = 1;
-    return batch_depth ? 0 : flush_copies();
+    p->counts = Py_NewRef(counts);
+    p->address = Py_NewRef(address);
+    p->code = Py_XNewRef(code);
+    p->n = 1;
+    return batch_depth ? 0 : flush_count(p);
 }
 
 /* forward(state, cmd): Engine.CORE_forward, for a message smaller than STREAM_MIN on
@@ -537,7 +572,7 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     address = get_attr(link, address_name);
     if (!address)
         goto done;
-    if (count_copy(copies_sent, address) < 0)
+    if (count_one(&pending_copies, copies_sent, address, NULL) < 0)
         goto done;
     pn_bytes_t t = {(size_t)PyBytes_GET_SIZE(tag), PyBytes_AS_STRING(tag)};
     void *d = pn_delivery(lp, t);
@@ -609,7 +644,7 @@ static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t 
         return PyObject_CallOneArg(fallback, cmd);
     Py_INCREF(entry); /* held across the calls below, which may run Python code */
     PyObject *d = PyTuple_GET_ITEM(entry, 0), *link = PyTuple_GET_ITEM(entry, 1);
-    PyObject *result = NULL, *rx_d = NULL, *address = NULL, *key = NULL, *count = NULL, *conn = NULL;
+    PyObject *result = NULL, *rx_d = NULL, *address = NULL, *conn = NULL;
     if (settle == Py_True) {
         rx_d = get_attr(link, rx_d_name);
         if (!rx_d)
@@ -627,14 +662,7 @@ static PyObject *send_outcome(PyObject *self, PyObject *const *args, Py_ssize_t 
         goto done;
     }
     address = get_attr(link, address_name);
-    key = address ? PyTuple_Pack(2, address, code) : NULL;
-    if (!key)
-        goto done;
-    PyObject *before = PyDict_GetItemWithError(told, key); /* borrowed */
-    if (!before && PyErr_Occurred())
-        goto done;
-    count = before ? PyNumber_Add(before, one) : Py_NewRef(one);
-    if (!count || PyDict_SetItem(told, key, count) < 0)
+    if (!address || count_one(&pending_told, told, address, code) < 0)
         goto done;
     pn_delivery_update(dp, accepted_code);
     if (settle == Py_True) {
@@ -654,8 +682,6 @@ done:
     Py_DECREF(entry);
     Py_XDECREF(rx_d);
     Py_XDECREF(address);
-    Py_XDECREF(key);
-    Py_XDECREF(count);
     Py_XDECREF(conn);
     return result;
 }
@@ -1018,24 +1044,29 @@ static int direct_handler(PyObject *handler, fastcall_fn *fn, PyObject **state)
 
 static int run_commands(PyObject *engine, PyObject *commands, PyObject *handlers);
 
-/* Engine.execute(commands) for a list, as a batch: the copies' counts it leaves pending
- * (count_copy) added at its end, whatever happened. */
+/* The end of a batch begun by ``batch_depth++``: at the outermost, the counts left
+ * pending (count_one) added, whatever happened. ``failed``: the batch's error is set,
+ * and stays the one raised. 0, or -1 with the error set. */
+static int batch_end(int failed)
+{
+    if (--batch_depth > 0)
+        return failed ? -1 : 0;
+    if (failed) { /* the batch's error first; the counts are added all the same */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (flush_counts() < 0)
+            PyErr_WriteUnraisable(NULL);
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    return flush_counts();
+}
+
+/* Engine.execute(commands) for a list, as a batch. */
 static int execute_commands(PyObject *engine, PyObject *commands, PyObject *handlers)
 {
     batch_depth++;
-    int r = run_commands(engine, commands, handlers);
-    if (--batch_depth == 0) {
-        if (r < 0) { /* the commands' error first; the counts are added all the same */
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            if (flush_copies() < 0)
-                PyErr_WriteUnraisable(NULL);
-            PyErr_Restore(type, value, tb);
-        } else {
-            r = flush_copies();
-        }
-    }
-    return r;
+    return batch_end(run_commands(engine, commands, handlers) < 0);
 }
 
 /* Engine.execute(commands) for a list: each command by the engine's command table
@@ -1191,8 +1222,20 @@ static int dispatch_message(PyObject *engine, PyObject *event, PyObject *link, P
  * the engine's maps (a delivery kept by its address), the core's handle_message, and the
  * engine's methods for a ProtocolError (``refused(event, link, err)``) and for any
  * other error (``failed(conn, exc)``: logged, the connection closed, the next
- * message handled as the Python loop handles it). ``items`` is left as it was. */
+ * message handled as the Python loop handles it). ``items`` is left as it was. All of
+ * it is one batch (count_one): the run's copies and answers counted once, at its end. */
+static PyObject *deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 static PyObject *deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    batch_depth++;
+    PyObject *result = deliver_run(self, args, nargs);
+    if (batch_end(result == NULL) < 0)
+        Py_CLEAR(result);
+    return result;
+}
+
+static PyObject *deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 10 || !PyList_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "deliver_messages(state, items, conn): a 10-tuple, a list, a Conn");

@@ -780,6 +780,109 @@ def test_a_batch_of_copies_is_counted_alike_on_either_path(trouble):
     assert counts[True] == counts[False] == {"topic": 4}
 
 
+class BatchAnswersCore(PublisherCore):
+    """Holds its answers until the publisher's sixth message, then answers all six in one
+    batch: accepted (settled, and one held for the publisher to settle), one rejected
+    (CORE_send_outcome's part), one to a handle nobody knows, and then (``trouble``) a
+    command nobody knows."""
+
+    def __init__(self, trouble: bool):
+        super().__init__(frozenset(), frozenset())
+        self.batch_trouble = trouble
+        self.held: list[int] = []
+
+    def handle(self, event, now):
+        if not isinstance(event, MessageReceived):
+            return super().handle(event, now)
+        self.calls.append(event)
+        self.held.append(event.delivery)
+        if len(self.held) < 6:
+            return []
+        one, two, three, four, five, six = self.held
+        out = [SendOutcome(one, lib.PN_ACCEPTED, True), SendOutcome(two, lib.PN_ACCEPTED, False)]
+        out += [SendOutcome(three, lib.PN_REJECTED, True), SendOutcome(four, lib.PN_ACCEPTED, True)]
+        out += [SendOutcome(six + 99, lib.PN_ACCEPTED, True), SendOutcome(five, lib.PN_ACCEPTED, True)]
+        out += [SendOutcome(six, lib.PN_ACCEPTED, True)]
+        return out + [("not", "a", "command")] if self.batch_trouble else out
+
+
+@pytest.mark.parametrize("trouble", [False, True], ids=["usual", "failing"])
+def test_a_batch_of_answers_is_counted_alike_on_either_path(trouble):
+    """The compiled path counts a batch's run of outcomes told per (topic, outcome) once,
+    at the batch's end, across the publisher's two links of one topic, with a rejection
+    (told by the Python method) and an unknown handle among them: the same counts as the
+    Python path's one by one, when the batch fails midway too."""
+    told = {}
+    for compiled in (True, False):
+        if compiled and fastpath._send_outcome is None:
+            pytest.skip(f"compiled fast path not in use: {fastpath.status}")
+        with on_path(compiled, "take_messages"):
+            engine = Engine(BatchAnswersCore(trouble), FakeLog(1, "boot"), max_message_size=1000)
+            conn = _conn(True, "router")
+            client = Publisher(2)
+            serve(engine, conn, client)
+            for i in range(6):
+                client.send(i % 2, f"m{i}".encode(), SMALL)
+            serve(engine, conn, client)
+            told[compiled] = dict(engine.outcomes_told)
+            outcomes = client.outcomes()
+            assert outcomes[b"m2"] == (lib.PN_REJECTED, True)
+            assert outcomes[b"m1"] == (lib.PN_ACCEPTED, False)
+            assert all(outcomes[b"m%d" % i] == (lib.PN_ACCEPTED, True) for i in (0, 3, 4, 5))
+    assert told[True] == told[False] == {("topic", lib.PN_ACCEPTED): 5, ("topic", lib.PN_REJECTED): 1}
+
+
+class RelayCore(PublisherCore):
+    """Opens every link, gives publishers credit; each publisher message is copied to
+    every subscriber link (and one to a link gone) and answered accepted at once, except
+    the tags in ``trouble`` (PublisherCore's)."""
+
+    def __init__(self, trouble=None):
+        super().__init__(frozenset(), frozenset(), trouble=trouble)
+        self.subscribers: list[int] = []
+
+    def handle(self, event, now):
+        if isinstance(event, LinkAttached) and event.role == "subscriber":
+            self.calls.append(event)
+            self.subscribers.append(event.link_id)
+            return [OpenLink(event.link_id)]
+        out = super().handle(event, now)
+        if isinstance(event, MessageReceived) and event.tag not in self.trouble:
+            out = [Forward(s, event.tag, PAYLOAD, False) for s in self.subscribers + [max(self.subscribers) + 99]]
+            out.append(SendOutcome(event.delivery, lib.PN_ACCEPTED, True))
+        return out
+
+
+@pytest.mark.parametrize(
+    "trouble, relayed", [({}, 6), ({b"m3": "fail"}, 5), ({b"m2": "refuse"}, 5)], ids=["usual", "failing", "refused"]
+)
+def test_a_run_of_messages_copies_and_answers_are_counted_alike_on_either_path(trouble, relayed):
+    """Messages read together are one batch on the compiled path (deliver_messages): their
+    copies to a subscriber's two links of the topic and their answers are counted once,
+    at the run's end, when the core fails on a message midway or refuses one too (the
+    rest of the run read with it is still relayed): the same counts as the Python path's."""
+    counts = {}
+    for compiled in (True, False):
+        if compiled and fastpath._deliver_messages is None:
+            pytest.skip(f"compiled fast path not in use: {fastpath.status}")
+        with on_path(compiled, "take_messages") as taken:
+            engine = Engine(RelayCore(trouble), FakeLog(1, "boot"), max_message_size=1000)
+            sub_conn, pub_conn = _conn(True, "router"), _conn(True, "router")
+            subscriber, publisher = Subscriber(2, credit=10), Publisher(2)
+            serve(engine, sub_conn, subscriber)
+            serve(engine, pub_conn, publisher)
+            for i in range(6):
+                publisher.send(i % 2, f"m{i}".encode(), SMALL)
+            serve(engine, pub_conn, publisher)
+            # (read before anything else runs: nothing of the run may be left pending)
+            counts[compiled] = (dict(engine.copies_sent), dict(engine.outcomes_told))
+            serve(engine, sub_conn, subscriber)
+            assert len(subscriber.bodies) == relayed
+            if compiled:
+                assert taken[0] == 6  # read together
+    assert counts[True] == counts[False] == ({"topic": 2 * relayed}, {("topic", lib.PN_ACCEPTED): relayed})
+
+
 def test_an_extension_built_from_an_older_source_leaves_the_router_on_the_python_path(monkeypatch):
     """An editable install whose _fastpath was built before a function was added: the
     router runs every part in Python (and says so) rather than failing at start-up."""
