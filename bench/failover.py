@@ -428,6 +428,7 @@ def run(args: argparse.Namespace) -> dict:
                 f"kill {n + 1:2d}/{args.kills} {r['victim']}: publisher {fmt_s(r.get('publisher'))}, new message "
                 f"{fmt_s(r.get('new_message'))}, subscriber moved {fmt_s(r.get('subscriber'))} "
                 f"({', '.join(r['subscribers_on_victim']) or 'none on it'}); restarted in {r['restart_s']:.1f} s"
+                + (f"; after a {stall:.2f} s SIGSTOP, timed from the stop" if stall else "")
                 + (f"; TIMED OUT: {r['timed_out']}" if r["timed_out"] else ""),
                 file=sys.stderr,
                 flush=True,
@@ -449,6 +450,13 @@ def run(args: argparse.Namespace) -> dict:
     else:
         shutil.rmtree(work, ignore_errors=True)
     return doc
+
+
+def _after_kill(r: dict) -> float | None:
+    """A round's slowest measure from its SIGKILL: from the fault, less the stall before
+    it (0 when the clients had moved during the stall)."""
+    measured = [r[k] for k, _ in MEASURES if r.get(k) is not None]
+    return max(0.0, max(measured) - r.get("stall", 0.0)) if measured else None
 
 
 def fmt_s(v) -> str:
@@ -480,11 +488,20 @@ def markdown(doc: dict) -> str:
         f"{proof['seconds']:.0f} s): {proof['verdict']}"
     )
     worst = max((doc[k]["max"] for k, _ in MEASURES if doc[k]["n"]), default=None)
+    # A stalled round is timed from its SIGSTOP (what the clients live through); the target
+    # is about the SIGKILL, which came the stall's seconds later.
+    after_kill = max((w for w in map(_after_kill, doc["rounds"]) if w is not None), default=None)
+    stalled = [r for r in doc["rounds"] if r.get("stall")]
     verdict = (
-        f"**met**: every kill's traffic flowed again within {TARGET_S:.0f} s (worst {worst:.3f} s)"
-        if worst is not None and worst <= TARGET_S and not timed_out
-        else f"**not met** (worst {fmt_s(worst)}, {timed_out} round(s) timed out)"
+        f"**met**: every kill's traffic flowed again within {TARGET_S:.0f} s of the SIGKILL (worst {after_kill:.3f} s)"
+        if after_kill is not None and after_kill <= TARGET_S and not timed_out
+        else f"**not met** (worst {fmt_s(after_kill)} after the SIGKILL, {timed_out} round(s) timed out)"
     )
+    if stalled:
+        verdict += (
+            f"; {len(stalled)} kill(s) came after a SIGSTOP of {min(r['stall'] for r in stalled):.2f}–"
+            f"{max(r['stall'] for r in stalled):.2f} s: timed from the stop, as in the table, the worst is {fmt_s(worst)}"
+        )
     return (
         run_header(doc)
         + f"\nSettings: 3 routers (A, B, C, each linked to the other two), {st['kills']} SIGKILLs, each of "
@@ -494,7 +511,8 @@ def markdown(doc: dict) -> str:
         + f", restarted before the next kill; one resumable publisher (router.client) at {st['rate']:.0f} msgs/s "
         f"on an exactly-once topic, three resumable durable subscribers (one starts on the publisher's router); client "
         f"heartbeat {st['heartbeat']:g} s; {st['settle']:g} s of steady outcomes before each kill.\n\n"
-        "| seconds from the SIGKILL to … | kills | min | p50 | p90 | max | within 1 s |\n"
+        f"| seconds from the {'fault (the SIGSTOP of a stalled kill, else the SIGKILL)' if stalled else 'SIGKILL'} to … "
+        "| kills | min | p50 | p90 | max | within 1 s |\n"
         "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
         f"Routers killed, in order: {victims}. Target (issue 21, at most {TARGET_S:.0f} s after a SIGKILL): {verdict}.\n\n"
         f"End of the run: {end['messages']:,} messages, outcomes {end['outcomes']}; ledgers "

@@ -27,7 +27,7 @@ def test_distribution_uses_measured_values_and_counts_the_target():
     assert failover.distribution([]) == {"n": 0}
 
 
-def _doc(publisher, timed_out=(), problems=(), proven=True):
+def _doc(publisher, timed_out=(), problems=(), proven=True, stalls=()):
     rounds = [
         {
             "victim": "ABC"[i % 3],
@@ -35,6 +35,7 @@ def _doc(publisher, timed_out=(), problems=(), proven=True):
             "new_message": v + 0.01,
             "subscriber": v,
             "timed_out": list(timed_out) if i == 0 else [],
+            "stall": stalls[i] if i < len(stalls) else 0.0,
         }
         for i, v in enumerate(publisher)
     ]
@@ -62,3 +63,18 @@ def test_the_docs_block_says_met_only_when_every_kill_recovered_in_time():
     broken = failover.markdown(_doc([0.03], problems=["sub-A was handed 1 message(s) twice"], proven=False))
     assert "**disagree**" in broken and "**NOT proven clean**" in broken
     json.dumps(_doc([0.1]))  # what --out writes
+
+
+def test_a_kill_after_a_stall_is_judged_from_the_sigkill_and_shown_from_the_stop():
+    """A round stopped (SIGSTOP) for 1.5 s before its SIGKILL is measured from the stop;
+    the target is about the SIGKILL, so the verdict subtracts the stall, and says what
+    the worst was from the stop."""
+    met = failover.markdown(_doc([0.03, 1.8], stalls=[0.0, 1.5]))
+    assert "**met**" in met and "worst 0.310 s" in met  # 1.81 - 1.5
+    assert "1 kill(s) came after a SIGSTOP of 1.50–1.50 s" in met and "the worst is 1.810 s" in met
+    assert "seconds from the fault (the SIGSTOP of a stalled kill, else the SIGKILL)" in met
+    late = failover.markdown(_doc([0.03, 2.8], stalls=[0.0, 1.5]))
+    assert "**not met** (worst 1.310 s after the SIGKILL" in late
+    moved_during = failover.markdown(_doc([0.03, 0.4], stalls=[0.0, 2.0]))  # the clients moved during the stop
+    assert "**met**" in moved_during and "worst 0.040 s" in moved_during
+    assert "seconds from the SIGKILL to" in failover.markdown(_doc([0.03, 0.05]))
