@@ -487,8 +487,9 @@ static int flush_counts(void)
     return flush_count(&pending_told);
 }
 
-/* Whether a and b are the same key part: the same object, or equal strs (or ints). */
-static int same_part(PyObject *a, PyObject *b)
+/* Whether a and b are the same key part: the same object (links' addresses are interned:
+ * router/adapter/endpoints.py), or equal strs (or ints). */
+static inline int same_part(PyObject *a, PyObject *b)
 {
     if (a == b)
         return 1;
@@ -500,7 +501,7 @@ static int same_part(PyObject *a, PyObject *b)
 }
 
 /* One more for (address[, code]) in ``counts`` through ``p``: 0, or -1 with the error set. */
-static int count_one(pending_count *p, PyObject *counts, PyObject *address, PyObject *code)
+static inline int count_one(pending_count *p, PyObject *counts, PyObject *address, PyObject *code)
 {
     if (batch_depth && p->counts == counts && same_part(p->address, address)
         && (code == NULL ? p->code == NULL : p->code != NULL && same_part(p->code, code))) {

@@ -8,6 +8,7 @@ here runs a few times per link or connection, so it may use proton-python's
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from cproton_ffi import ffi, lib
@@ -321,7 +322,11 @@ def attach_event(link: Link, container_id: str, publisher_settle_mode: str = "as
     if lib.pn_terminus_get_type(terminus) == lib.PN_UNSPECIFIED:
         address = None
     else:
+        # Interned: every link of a topic then holds the one str of it, which the core's
+        # maps and the adapter's per-topic counts (fastpath.c count_one) compare by identity.
         address = cstr(lib.pn_terminus_get_address(terminus))
+        if address is not None:
+            address = sys.intern(address)
     if not link.is_receiver:
         link.selector = read_selector(terminus)
     return LinkAttached(
