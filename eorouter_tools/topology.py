@@ -30,7 +30,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eorouter_tools.launcher import RouterError, RouterProcess, read_event_log
+from eorouter_tools.launcher import RouterError, RouterProcess
 from router.config import ROUTER_ID_RE, _describe, _syntax_error
 
 DEFAULT_TOPOLOGY = """\
@@ -208,6 +208,36 @@ def load_topology(path: str | None) -> Topology:
     return parse_topology(text, path)
 
 
+class RoutesTail:
+    """The last ``routes`` event of one epoch of a router, read as its log grows: each
+    call reads only what was appended since the last (wait_converged() polls every
+    router 20 times a second, and reading whole logs, which grow for as long as the
+    network runs, took a benchmark's process a core, starving the clients in it)."""
+
+    def __init__(self, data_dir: Path, epoch: int | None):
+        self.data_dir = data_dir
+        self.epoch = epoch
+        self._offsets: dict[Path, int] = {}
+        self._latest: dict | None = None
+
+    def latest(self) -> dict | None:
+        if self.epoch is None:
+            return None
+        for path in sorted(Path(self.data_dir, "events").glob(f"events-{self.epoch:06d}-*.jsonl")):
+            start = self._offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # (a torn last line is read whole next time)
+            self._offsets[path] = start + end
+            for line in data[:end].splitlines():
+                if b'"routes"' in line:  # (a folded line never stands for a routes event)
+                    event = json.loads(line)
+                    if event.get("event") == "routes" and event.get("epoch") == self.epoch:
+                        self._latest = event
+        return self._latest
+
+
 @dataclass
 class RouterNetwork:
     """Real router processes wired as ``topology`` says."""
@@ -222,6 +252,7 @@ class RouterNetwork:
     def __post_init__(self):
         self.workdir = Path(self.workdir)
         self.secret = self.topology.secret or secrets.token_hex(16)
+        self._routes: dict[str, RoutesTail] = {}  # routes_of()'s reader of each router's log
 
     def _config_for(self, router_id: str) -> dict:
         order = self.topology.routers
@@ -271,10 +302,10 @@ class RouterNetwork:
     def routes_of(self, router_id: str) -> set[str] | None:
         """The routers ``router_id`` last logged it can reach (None before any)."""
         router = self.routers[router_id]
-        latest = None
-        for event in read_event_log(router.data_dir):
-            if event.get("event") == "routes" and event.get("epoch") == router.epoch:
-                latest = event
+        tail = self._routes.get(router_id)
+        if tail is None or tail.data_dir != router.data_dir or tail.epoch != router.epoch:
+            tail = self._routes[router_id] = RoutesTail(router.data_dir, router.epoch)
+        latest = tail.latest()
         return None if latest is None else set(latest.get("reachable") or [])
 
     def wait_converged(self, timeout: float = 30.0, routers=None) -> None:

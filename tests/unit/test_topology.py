@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eorouter_tools.topology import Topology, TopologyError, load_topology, parse_topology
+from eorouter_tools.topology import RoutesTail, Topology, TopologyError, load_topology, parse_topology
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -136,3 +136,24 @@ def test_unreadable_and_not_utf8_files(tmp_path):
     with pytest.raises(TopologyError) as info:
         load_topology(str(latin1))
     assert str(info.value) == f"{latin1}, line 3: not valid UTF-8 (TOML files are UTF-8)"
+
+
+def test_a_routers_last_routes_are_read_as_its_log_grows(tmp_path):
+    """RoutesTail (RouterNetwork.routes_of): the last routes event of the epoch asked for,
+    reading only what was appended since the last call; a torn last line waits until it
+    is whole; another epoch's routes, and a line that only mentions routes, do not count."""
+    events = tmp_path / "events"
+    events.mkdir()
+    older = events / "events-000001-000001.jsonl"
+    current = events / "events-000002-000001.jsonl"
+    older.write_text('{"seq":1,"epoch":1,"event":"routes","reachable":["X"]}\n')
+    tail = RoutesTail(tmp_path, 2)
+    assert tail.latest() is None  # nothing of epoch 2 yet
+    current.write_text('{"seq":1,"epoch":2,"event":"routes","reachable":["B"]}\n{"seq":2,"epoch":2,"event":"rou')
+    assert tail.latest()["reachable"] == ["B"]
+    with open(current, "a") as f:
+        f.write('tes","reachable":["B","C"]}\n{"seq":3,"epoch":2,"event":"peer-lost","reason":"routes"}\n')
+    assert tail.latest()["reachable"] == ["B", "C"]
+    (events / "events-000002-000002.jsonl").write_text('{"seq":4,"epoch":2,"event":"routes","reachable":[]}\n')
+    assert tail.latest()["reachable"] == []  # the epoch's next file
+    assert RoutesTail(tmp_path, None).latest() is None  # not started yet
