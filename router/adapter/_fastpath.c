@@ -431,8 +431,8 @@ error:
  * instructions a copy, ~0.9 k an outcome with its key's tuple). While execute_commands
  * or deliver_messages runs a batch (a message's K copies come as K Forward commands in
  * a row, a run of messages' copies in turn; a batch of answers as a SendOutcome per
- * publisher delivery), a run of counts for the same key
- * (each link's own str of the topic, compared by value) is counted here and added once,
+ * publisher delivery), a run of counts for the same key (the topic's interned str, which
+ * every link of it holds; compared by value all the same) is counted here and added once,
  * when the run ends or the batch does; outside a batch (Engine.execute in Python) each
  * is added at once. So nothing is pending between calls, and nobody reads the counts
  * during a batch (the metrics and management read them from the loop, between its
@@ -444,7 +444,7 @@ typedef struct {
     long long n;
 } pending_count;
 static pending_count pending_copies, pending_told;
-static int batch_depth; /* execute_commands calls running */
+static int batch_depth; /* batches running (execute_commands, deliver_messages) */
 
 /* Add what ``p`` holds: 0, or -1 with the error set (nothing pending after either). */
 static int flush_count(pending_count *p)
@@ -505,7 +505,7 @@ static inline int count_one(pending_count *p, PyObject *counts, PyObject *addres
 {
     if (batch_depth && p->counts == counts && same_part(p->address, address)
         && (code == NULL ? p->code == NULL : p->code != NULL && same_part(p->code, code))) {
-        p->n++; /* (each subscriber's link has its own str of the topic) */
+        p->n++;
         return 0;
     }
     if (flush_count(p) < 0)
