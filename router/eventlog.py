@@ -173,7 +173,10 @@ class EventLog:
         self._ts: float | None = None
         self._ts_piece = b""
         self._heads: dict[str, bytes] = {}
-        self._pieces: dict[str, bytes] = {}  # kind -> ts piece + head, for the timestamp self._ts
+        # kind -> ts piece + head, for the timestamp self._ts. Only ever added to, and replaced
+        # by a new dict when the timestamp changes: the compiled twin keeps what it read from
+        # one dict (a kind's piece there never changes).
+        self._pieces: dict[str, bytes] = {}
         # (subscriber, outcome, settled) -> the end of a "sub-outcome" line (append_sub_outcome)
         self._sub_tails: dict[tuple, bytes] = {}
         # append_sub_outcome's open run: consecutive sub-outcomes of one subscriber with

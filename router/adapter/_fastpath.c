@@ -792,6 +792,59 @@ static int json_completed(json_buf *b, PyObject *cmd)
     return r;
 }
 
+/* Whether the kinds operators count (a frozenset: it cannot change, so the answer for
+ * the two kinds a tuple command carries is kept per set) count "received" (received) or
+ * "completed": 1, 0, or -1 with an error set. */
+static int tuple_kind_counted(PyObject *counted, int received)
+{
+    static PyObject *known_set; /* held: its address cannot be another set's while here */
+    static int counts_received, counts_completed;
+    if (counted != known_set) {
+        int r = PySet_Contains(counted, received_kind), c = r < 0 ? -1 : PySet_Contains(counted, completed_kind);
+        if (c < 0)
+            return -1;
+        Py_INCREF(counted);
+        Py_XSETREF(known_set, counted);
+        counts_received = r;
+        counts_completed = c;
+    }
+    return received ? counts_received : counts_completed;
+}
+
+/* The pieces of the log's current timestamp (EventLog._pieces, kind -> bytes) last read
+ * for the two tuple kinds. A pieces dict only ever gains entries, and the log replaces
+ * the whole dict when its timestamp changes (router/eventlog.py), so a kind's piece read
+ * from the same dict is the same piece: kept here, with the dict held so that its
+ * address stays its own. Saves a dict lookup per line. */
+static PyObject *pieces_known; /* held */
+static PyObject *piece_kinds[2], *piece_values[2]; /* held */
+
+/* The kept piece of ``kind`` in ``pieces`` (borrowed), or NULL (none kept: look it up). */
+static inline PyObject *known_piece(PyObject *pieces, PyObject *kind)
+{
+    if (pieces != pieces_known)
+        return NULL;
+    return kind == piece_kinds[0] ? piece_values[0] : kind == piece_kinds[1] ? piece_values[1] : NULL;
+}
+
+/* Keep ``piece`` as ``kind``'s in ``pieces`` (a dict; kind received_kind or completed_kind). */
+static void keep_piece(PyObject *pieces, PyObject *kind, PyObject *piece)
+{
+    if (pieces != pieces_known) {
+        for (int i = 0; i < 2; i++) {
+            Py_CLEAR(piece_kinds[i]);
+            Py_CLEAR(piece_values[i]);
+        }
+        Py_INCREF(pieces);
+        Py_XSETREF(pieces_known, pieces);
+    }
+    int i = kind == received_kind ? 0 : 1;
+    Py_INCREF(kind);
+    Py_INCREF(piece);
+    Py_XSETREF(piece_kinds[i], kind);
+    Py_XSETREF(piece_values[i], piece);
+}
+
 /* log_line(state, cmd): Engine.CORE_log for a line of a kind operators do not count,
  * with EventLog.append (router/eventlog.py) inlined: the fields encoded, an open run of
  * sub-outcome lines closed first (EventLog._close_run), then '{"seq":N' + the cached
@@ -820,10 +873,10 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int received = values == RECEIVED_VALUES, completed = values == COMPLETED_VALUES, tuple = received || completed;
     PyObject *kind = received ? received_kind : completed ? completed_kind : PyTuple_GET_ITEM(cmd, 0);
     PyObject *fields = tuple ? NULL : PyTuple_GET_ITEM(cmd, 1);
-    if (!PyUnicode_CheckExact(kind) || !PyDict_Check(counted) ||
+    if (!PyUnicode_CheckExact(kind) || !PyFrozenSet_CheckExact(counted) ||
         (!tuple && (!PyDict_CheckExact(fields) || PyDict_GET_SIZE(fields) == 0)))
         return PyObject_CallOneArg(fallback, cmd);
-    int is_counted = PyDict_Contains(counted, kind);
+    int is_counted = tuple ? tuple_kind_counted(counted, received) : PySet_Contains(counted, kind);
     if (is_counted != 0)
         return is_counted < 0 ? NULL : PyObject_CallOneArg(fallback, cmd);
     PyObject *now = get_attr(engine, now_name);
@@ -873,7 +926,7 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
         body_len = PyBytes_GET_SIZE(body);
     }
     run = get_attr(eventlog, run_name);
-    int open_run = run ? PyObject_IsTrue(run) : -1;
+    int open_run = !run ? -1 : PyList_CheckExact(run) ? PyList_GET_SIZE(run) > 0 : PyObject_IsTrue(run);
     if (open_run < 0)
         goto done;
     if (open_run) {
@@ -895,30 +948,41 @@ static PyObject *log_line(PyObject *self, PyObject *const *args, Py_ssize_t narg
     pieces = get_attr(eventlog, pieces_name);
     if (!pieces)
         goto done;
-    piece = PyDict_Check(pieces) ? PyDict_GetItemWithError(pieces, kind) : NULL;
+    piece = known_piece(pieces, kind);
     if (piece) {
         Py_INCREF(piece);
     } else {
-        if (PyErr_Occurred())
-            goto done;
-        piece = PyObject_CallMethodOneArg(eventlog, piece_name, kind); /* made and cached by the log */
-        if (!piece)
-            goto done;
+        piece = PyDict_Check(pieces) ? PyDict_GetItemWithError(pieces, kind) : NULL;
+        if (piece) {
+            Py_INCREF(piece);
+        } else {
+            if (PyErr_Occurred())
+                goto done;
+            piece = PyObject_CallMethodOneArg(eventlog, piece_name, kind); /* made and cached by the log */
+            if (!piece)
+                goto done;
+        }
+        if (tuple && PyDict_CheckExact(pieces))
+            keep_piece(pieces, kind, piece);
     }
     if (!PyBytes_Check(piece)) {
         PyErr_SetString(PyExc_TypeError, "log_line: a kind's piece is not bytes");
         goto done;
     }
     seq = get_attr(eventlog, seq_name);
-    next = seq ? PyNumber_Add(seq, one) : NULL;
     int overflow = 0;
-    long long n = next ? PyLong_AsLongLongAndOverflow(next, &overflow) : -1;
-    if (n == -1 && (!next || PyErr_Occurred()))
+    if (!seq)
         goto done;
-    if (overflow) { /* past 64 bits: append's %d writes it (the run, if any, is closed already) */
+    long long n = PyLong_CheckExact(seq) ? PyLong_AsLongLongAndOverflow(seq, &overflow) : 0;
+    if (n == -1 && PyErr_Occurred())
+        goto done;
+    /* past 64 bits (or not an int): append writes it (the run, if any, is closed already) */
+    if (overflow || n == LLONG_MAX || !PyLong_CheckExact(seq)) {
         result = PyObject_CallOneArg(fallback, cmd);
         goto done;
     }
+    if (!(next = PyLong_FromLongLong(++n)))
+        goto done;
     char head[32];
     int nh = seq_head(head, n);
     Py_ssize_t np = PyBytes_GET_SIZE(piece), nb = body_len - 1;

@@ -123,6 +123,8 @@ _COUNTED = {
     "origin-taken-over": lambda f: ("origin-taken-over",),
     "subscription-expired": lambda f: ("subscription-expired",),
 }
+#: the same kinds, as the compiled log writer takes them (frozen: it keeps its answers per set)
+_COUNTED_KINDS = frozenset(_COUNTED)
 
 ACCEPTED = outcomes.ACCEPTED
 REJECTED = outcomes.REJECTED
@@ -955,7 +957,7 @@ class Engine:
         # A line by the compiled path (EventLog.append inlined), when built and the log is
         # an EventLog (its twin: CORE_log).
         log_writer = (
-            fastpath.log_writer((self, self.eventlog, _COUNTED, encoder, self.CORE_log)) if encoder else None
+            fastpath.log_writer((self, self.eventlog, _COUNTED_KINDS, encoder, self.CORE_log)) if encoder else None
         ) or self.CORE_log
         return {
             Log: log_writer,

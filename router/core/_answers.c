@@ -177,7 +177,12 @@ typedef struct {
  * anything changes (settlement.py: everyone accepted and settled their copies, the
  * publisher attached and settling first, no watcher, remembered in its stream's
  * memory). 0: hand it to Python. */
-static int completes_usually(batch_t *b, PyObject *record, Py_ssize_t i, int settled_true) {
+static inline int same_bytes(PyObject *a, PyObject *b) {
+    return a == b || (PyBytes_CheckExact(a) && PyBytes_CheckExact(b) && PyBytes_GET_SIZE(a) == PyBytes_GET_SIZE(b) &&
+                      memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(a)) == 0);
+}
+
+static int completes_usually(batch_t *b, PyObject *record, PyObject *found_by, Py_ssize_t i, int settled_true) {
     if (SLOT(record, rec_pub_settled) != Py_False || truth(SLOT(record, rec_watchers)) != 0)
         return 0;
     PyObject *memory = SLOT(record, rec_memory);
@@ -204,11 +209,12 @@ static int completes_usually(batch_t *b, PyObject *record, Py_ssize_t i, int set
         if (v != d[j])
             return 0;
     }
+    /* records[record.tag] is the record: the caller found it under ``found_by`` (the
+     * subscriber's tag), so when the two are equal bytes that is known without a lookup */
     PyObject *tag = SLOT(record, rec_tag);
     if (tag == NULL)
         return 0;
-    PyObject *held = PyDict_GetItemWithError(b->records, tag);
-    if (held != record)
+    if (!same_bytes(tag, found_by) && PyDict_GetItemWithError(b->records, tag) != record)
         return 0;
     if (SLOT(record, rec_topic) == NULL || SLOT(record, rec_order) == NULL || SLOT(record, rec_payload) == NULL)
         return 0;
@@ -292,18 +298,21 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
     if (sweep_at == NULL)
         goto error;
     Py_DECREF(sweep_at);
-    if (sweep_at == Py_None && call(b->core, m_arm_sweep, b->now, NULL, NULL, NULL, NULL, NULL) < 0)
+    /* (Python code run on the way may change the core's maps: then records[tag] is asked again below) */
+    int ran_python = sweep_at == Py_None;
+    if (ran_python && call(b->core, m_arm_sweep, b->now, NULL, NULL, NULL, NULL, NULL) < 0)
         goto error;
     PyObject *payload = SLOT(record, rec_payload);
     Py_INCREF(payload);
     set_slot(record, rec_payload, Py_None);
     PyObject *pub_delivery = SLOT(record, rec_pub_delivery);
     if (pub_delivery != Py_None) {
-        PyObject *present = PyDict_GetItemWithError(b->by_delivery, pub_delivery);
-        if ((present == NULL && PyErr_Occurred()) || (present != NULL && PyDict_DelItem(b->by_delivery, pub_delivery) < 0)) {
+        PyObject *present = dict_pop(b->by_delivery, pub_delivery);
+        if (present == NULL && PyErr_Occurred()) {
             Py_DECREF(payload);
             goto error;
         }
+        Py_XDECREF(present);
         set_slot(record, rec_pub_delivery, Py_None);
     }
     PyObject *topic = PyDict_GetItemWithError(b->topics, SLOT(record, rec_topic));
@@ -329,17 +338,25 @@ static int complete(batch_t *b, PyObject *sub, PyObject *record, Py_ssize_t i, P
     int has_bytes = truth(SLOT(topic, top_bytes));
     if (has_bytes < 0)
         goto done;
-    if (has_bytes && payload != Py_None &&
-        call(b->core, m_release_bytes, topic, payload, NULL, NULL, NULL, NULL) < 0)
-        goto done;
-    /* the record forgotten and remembered as settled (self._delete, inlined there too) */
+    if (has_bytes && payload != Py_None) {
+        ran_python = 1;
+        if (call(b->core, m_release_bytes, topic, payload, NULL, NULL, NULL, NULL) < 0)
+            goto done;
+    }
+    /* the record forgotten and remembered as settled (self._delete, inlined there too):
+     * records[tag] is the record (completes_usually) unless Python code ran since */
     PyObject *tag = SLOT(record, rec_tag);
-    PyObject *held = PyDict_GetItemWithError(b->records, tag);
+    PyObject *held = ran_python ? PyDict_GetItemWithError(b->records, tag) : record;
     if (held == NULL && PyErr_Occurred())
         goto done;
     if (held == record) {
-        if (PyDict_DelItem(b->records, tag) < 0)
+        PyObject *popped = dict_pop(b->records, tag);
+        Py_XDECREF(popped); /* (the record: the caller holds it too) */
+        if (popped == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, tag);
             goto done;
+        }
         PyObject *by_order = SLOT(topic, top_records);
         if (PyObject_DelItem(by_order, SLOT(record, rec_order)) < 0)
             goto done;
@@ -555,7 +572,7 @@ static PyObject *accepted_batch(PyObject *mod, PyObject *const *args, Py_ssize_t
                     } else {
                         int done_here = usual && waiting == 1;
                         if (done_here) {
-                            done_here = completes_usually(&b, record, i, settled_true);
+                            done_here = completes_usually(&b, record, tag, i, settled_true);
                             if (PyErr_Occurred())
                                 failed = 1;
                         }

@@ -69,6 +69,21 @@ static int append_new(PyObject *list, PyObject *item) {
     return r;
 }
 
+/* dict.pop(key) for a dict, without the KeyError: its value (a new reference), or NULL,
+ * with an error set only if one happened (not for a missing key). One lookup where a get
+ * and a del take two. */
+static inline PyObject *dict_pop(PyObject *dict, PyObject *key) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *value = NULL;
+    return PyDict_Pop(dict, key, &value) < 0 ? NULL : value;
+#else
+    PyObject *value = _PyDict_Pop(dict, key, NULL);
+    if (value == NULL && PyErr_ExceptionMatches(PyExc_KeyError))
+        PyErr_Clear();
+    return value;
+#endif
+}
+
 /* The end of _refill_credit(topic, out, bound_only=True) (credit.py) once its first
  * test let it through, when it would grant nothing and change nothing: every
  * publisher of the topic is unsettled and still holds more than half its window
