@@ -27,11 +27,12 @@ def compiled(module: str, depends: tuple[str, ...] = ()) -> Extension:
 
 
 ATTRS = ("router/core/_attrs.h",)  # attributes by name, shared by every compiled part but _msgfields
-CORE_OBJECTS = ("router/core/_coreobjects.h", *ATTRS)  # what the core's twins share
+RECYCLE = ("router/core/_recycle.h",)  # commands and events kept for reuse
+CORE_OBJECTS = ("router/core/_coreobjects.h", *ATTRS, *RECYCLE)  # what the core's twins share
 
 setup(
     ext_modules=[
-        compiled("router.adapter._fastpath", (*ATTRS, "router/adapter/_jsonfields.h", "router/adapter/_logbuffer.h")),
+        compiled("router.adapter._fastpath", (*ATTRS, *RECYCLE, "router/adapter/_jsonfields.h", "router/adapter/_logbuffer.h")),
         compiled("router.core._admission", CORE_OBJECTS),
         compiled("router.core._answers", CORE_OBJECTS),
         compiled("router.core._msgfields"),

@@ -37,6 +37,7 @@
 #include <sys/types.h>  /* ssize_t */
 
 #include "../core/_attrs.h" /* get_attr, set_attr */
+#include "../core/_recycle.h" /* recycled_new: MessageReceived events kept for reuse */
 #include "_jsonfields.h"      /* json_fields: a line's fields as orjson writes them */
 #include "_logbuffer.h"       /* LogBuffer: the event log's lines appended in place */
 
@@ -1319,6 +1320,8 @@ static PyObject *deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "deliver_messages: state's maps are dicts, MessageReceived a tuple type");
         return NULL;
     }
+    if (recycle_install((PyTypeObject *)message_type, 5) < 0) /* (once: installed, it does nothing) */
+        return NULL;
     for (Py_ssize_t i = 0; i + 5 <= PyList_GET_SIZE(items); i += 5) {
         PyObject *dead = get_attr(conn, dead_name);
         int is_dead = dead ? PyObject_IsTrue(dead) : -1;
@@ -1366,7 +1369,7 @@ static PyObject *deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t n
             return NULL;
         }
         /* From here as the Python loop's try: an error is this message's, and fails the connection. */
-        PyObject *event = ((PyTypeObject *)message_type)->tp_alloc((PyTypeObject *)message_type, 5);
+        PyObject *event = recycled_new((PyTypeObject *)message_type, 5);
         if (event) {
             PyTuple_SET_ITEM(event, 0, Py_NewRef(link_id));
             PyTuple_SET_ITEM(event, 1, Py_NewRef(handle));

@@ -137,7 +137,7 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     answer_unsent = (unsigned char)unsent;
     max_inline_tag = inline_tag;
     uncounted_below = uncounted;
-    if (learn_record() < 0)
+    if (learn_record() < 0 || recycle_install(ForwardType, 4) < 0 || recycle_install(ReceivedType, 11) < 0)
         return NULL;
     bound = 1;
     Py_RETURN_NONE;

@@ -13,6 +13,7 @@
 #include <structmember.h>
 
 #include "_attrs.h"
+#include "_recycle.h"
 
 
 typedef struct {
@@ -48,9 +49,10 @@ static inline int truth(PyObject *o) {
     return PyObject_IsTrue(o);
 }
 
-/* An instance of a NamedTuple command, as tuple.__new__ makes it. */
+/* An instance of a NamedTuple command, as tuple.__new__ makes it (a kept one when its
+ * type is installed for reuse: _recycle.h). */
 static PyObject *command(PyTypeObject *type, Py_ssize_t n, PyObject **items) {
-    PyObject *t = type->tp_alloc(type, n);
+    PyObject *t = recycled_new(type, n);
     if (t == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {

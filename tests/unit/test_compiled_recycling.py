@@ -1,0 +1,62 @@
+"""The commands the compiled core keeps for reuse when they die (router/core/_recycle.h):
+Forward and Received (router/core/_admission.c), Completed, SendOutcome and SubOutcomes
+(router/core/_answers.c). Whoever made an instance (the compiled core, or Python code),
+its death must free its items at once, leave no reference to its class behind beyond the
+few instances kept, and a subclass's instances must be torn down as before. (That a kept
+instance comes back with the right values: tests/unit/test_core_compiled.py, whose twin
+cores compare every command.)"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import pytest
+
+from router.core import compiled
+from router.core.commands import Completed, Forward, Received, SendOutcome, SubOutcomes
+
+pytestmark = pytest.mark.skipif(compiled.on_message is None, reason=f"compiled core: {compiled.status}")
+
+KEPT_AT_MOST = 256  # RECYCLE_KEEP
+
+
+class Item:
+    """An item whose end can be watched (a weak reference)."""
+
+
+def _make(cls, item):
+    return cls(*([item] + [None] * (len(cls._fields) - 1)))
+
+
+@pytest.mark.parametrize("cls", [Forward, Received, Completed, SendOutcome, SubOutcomes])
+def test_a_dead_command_frees_its_items_and_keeps_at_most_a_few_class_references(cls):
+    gc.collect()
+    before = sys.getrefcount(cls)
+    for _round in range(3):
+        items = [Item() for _ in range(1000)]
+        watched = [weakref.ref(i) for i in items]
+        commands = [_make(cls, i) for i in items]
+        del items
+        assert all(w() is not None for w in watched)
+        del commands  # every one dies: kept or freed, its item goes with it
+        assert all(w() is None for w in watched)
+        # The kept instances hold their class (up to the limit), nothing more piles up.
+        assert 0 <= sys.getrefcount(cls) - before <= KEPT_AT_MOST
+    gc.collect()  # the kept instances are out of the collector's sight, and harmless to it
+
+
+def test_a_subclass_of_a_kept_command_dies_as_before():
+    class Mine(Forward):
+        __slots__ = ()
+
+    gc.collect()
+    before = sys.getrefcount(Mine), sys.getrefcount(Forward)
+    item = Item()
+    watched = weakref.ref(item)
+    for _ in range(2000):
+        Mine(item, b"t", b"p", False)
+    del item
+    assert watched() is None
+    assert (sys.getrefcount(Mine), sys.getrefcount(Forward)) == before
