@@ -1320,7 +1320,7 @@ static PyObject *deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "deliver_messages: state's maps are dicts, MessageReceived a tuple type");
         return NULL;
     }
-    if (recycle_install((PyTypeObject *)message_type, 5) < 0) /* (once: installed, it does nothing) */
+    if (recycle_install((PyTypeObject *)message_type, 0, 5) < 0) /* (once: installed, it does nothing) */
         return NULL;
     for (Py_ssize_t i = 0; i + 5 <= PyList_GET_SIZE(items); i += 5) {
         PyObject *dead = get_attr(conn, dead_name);

@@ -137,7 +137,8 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     answer_unsent = (unsigned char)unsent;
     max_inline_tag = inline_tag;
     uncounted_below = uncounted;
-    if (learn_record() < 0 || recycle_install(ForwardType, 4) < 0 || recycle_install(ReceivedType, 11) < 0)
+    if (learn_record() < 0 || recycle_install(ForwardType, 0, 4) < 0 || recycle_install(ReceivedType, 0, 11) < 0 ||
+        recycle_install(RecordType, 1, 0) < 0)
         return NULL;
     bound = 1;
     Py_RETURN_NONE;
@@ -300,7 +301,7 @@ static PyObject *new_record(PyObject *const *args) {
     PyObject *id = hex_of(args[0]);
     if (id == NULL)
         return NULL;
-    PyObject *record = RecordType->tp_alloc(RecordType, 0);
+    PyObject *record = recycled_new(RecordType, 0);
     if (record == NULL) {
         Py_DECREF(id);
         return NULL;

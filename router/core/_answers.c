@@ -115,8 +115,8 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     AcceptedCode = code;
     answer_accepted = (unsigned char)accepted;
     answer_done = (unsigned char)done;
-    if (recycle_install(CompletedType, 5) < 0 || recycle_install(SendOutcomeType, 7) < 0 ||
-        recycle_install(SubOutcomesType, 4) < 0)
+    if (recycle_install(CompletedType, 0, 5) < 0 || recycle_install(SendOutcomeType, 0, 7) < 0 ||
+        recycle_install(SubOutcomesType, 0, 4) < 0)
         return NULL;
     bound = 1;
     Py_RETURN_NONE;

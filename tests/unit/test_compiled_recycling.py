@@ -1,10 +1,10 @@
-"""The commands the compiled core keeps for reuse when they die (router/core/_recycle.h):
-Forward and Received (router/core/_admission.c), Completed, SendOutcome and SubOutcomes
-(router/core/_answers.c). Whoever made an instance (the compiled core, or Python code),
-its death must free its items at once, leave no reference to its class behind beyond the
-few instances kept, and a subclass's instances must be torn down as before. (That a kept
-instance comes back with the right values: tests/unit/test_core_compiled.py, whose twin
-cores compare every command.)"""
+"""What the compiled core keeps for reuse when it dies (router/core/_recycle.h): the
+commands Forward and Received and the delivery records (router/core/_admission.c),
+Completed, SendOutcome and SubOutcomes (router/core/_answers.c). Whoever made an instance
+(the compiled core, or Python code), its death must free what it holds at once, leave no
+reference to its class behind beyond the few instances kept, and a subclass's instances
+must be torn down as before. (That a kept instance comes back with the right values:
+tests/unit/test_core_compiled.py, whose twin cores compare every command and record.)"""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from router.core import compiled
 from router.core.commands import Completed, Forward, Received, SendOutcome, SubOutcomes
+from router.core.records import DeliveryRecord
 
 pytestmark = pytest.mark.skipif(compiled.on_message is None, reason=f"compiled core: {compiled.status}")
 
@@ -27,10 +28,14 @@ class Item:
 
 
 def _make(cls, item):
+    if cls is DeliveryRecord:
+        record = DeliveryRecord(b"t", "topic", 1, b"p", "pub", "link", b"t", "inc", 0, 1, 1, None)
+        record.payload = item  # (a slot, as every field)
+        return record
     return cls(*([item] + [None] * (len(cls._fields) - 1)))
 
 
-@pytest.mark.parametrize("cls", [Forward, Received, Completed, SendOutcome, SubOutcomes])
+@pytest.mark.parametrize("cls", [Forward, Received, Completed, SendOutcome, SubOutcomes, DeliveryRecord])
 def test_a_dead_command_frees_its_items_and_keeps_at_most_a_few_class_references(cls):
     gc.collect()
     before = sys.getrefcount(cls)
@@ -60,3 +65,19 @@ def test_a_subclass_of_a_kept_command_dies_as_before():
     del item
     assert watched() is None
     assert (sys.getrefcount(Mine), sys.getrefcount(Forward)) == before
+
+
+def test_a_subclass_of_the_kept_records_dies_as_before():
+    class Mine(DeliveryRecord):
+        __slots__ = ("mine",)
+
+    gc.collect()
+    before = sys.getrefcount(Mine), sys.getrefcount(DeliveryRecord)
+    theirs, mine = Item(), Item()
+    watched = weakref.ref(theirs), weakref.ref(mine)
+    for _ in range(2000):
+        record = Mine(b"t", "topic", 1, theirs, "pub", "link", b"t", "inc", 0, 1, 1, None)
+        record.mine = mine
+    del record, theirs, mine
+    assert [w() for w in watched] == [None, None]  # the base's slots and its own freed
+    assert (sys.getrefcount(Mine), sys.getrefcount(DeliveryRecord)) == before
