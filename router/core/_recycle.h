@@ -1,20 +1,21 @@
 /* Instances of the core's commands and events (NamedTuple classes: tuples of a fixed
- * size) kept for reuse when they die, as CPython keeps its own tuples, instead of
- * freed and allocated again: the relay path makes four or five of them per message
- * (Received, Forward, Completed, SendOutcome, MessageReceived), and a heap type's
- * allocation (GC-tracked, the type's reference) and its deallocation (subtype_dealloc)
- * cost ~400 instructions each time (bench/callgrind.py, issue 21).
+ * size) and of its delivery records (a class of __slots__ only) kept for reuse when they
+ * die, as CPython keeps its own tuples, instead of freed and allocated again: the relay
+ * path makes four or five commands and events per message (MessageReceived, Received,
+ * Forward, Completed, SendOutcome) and a record, and a heap type's allocation
+ * (GC-tracked, the type's reference) and its deallocation (subtype_dealloc) cost ~400
+ * instructions each time (bench/callgrind.py, issue 21).
  *
- * recycle_install(type, n) replaces the type's tp_dealloc by one that, for the
- * instances of that very type and of size n, clears the items, untracks the instance
- * and keeps it (up to RECYCLE_KEEP); anything else (a subclass's instance, another
- * size, a full list) is torn down as subtype_dealloc would. recycled_new(type, n) takes a kept instance or
- * allocates one. A kept instance holds no items and no references but its type's (which
- * it held alive: it is given back with it), and Python code never sees it: only a dead
- * instance is kept. Each module that includes this header keeps its own lists; a type
- * is installed by the module that makes its instances (it may die anywhere). Not in a
- * build where reference counts are traced or the GIL is off: there, installing does
- * nothing and recycled_new allocates. */
+ * recycle_install(type, slotted, n) replaces the type's tp_dealloc by one that, for the
+ * instances of that very type (and of size n, a NamedTuple's), clears their items or
+ * slots, untracks them and keeps them (up to RECYCLE_KEEP); anything else (a subclass's
+ * instance, another size, a full list) is torn down as subtype_dealloc would.
+ * recycled_new(type, n) takes a kept instance or allocates one. A kept instance holds
+ * no references but its type's (which it held alive: it is given back with it), and
+ * Python code never sees it: only a dead instance is kept. Each module that includes
+ * this header keeps its own lists; a type is installed by the module that makes its
+ * instances (they may die anywhere). Not in a build where reference counts are traced
+ * or the GIL is off: there, installing does nothing and recycled_new allocates. */
 
 #ifndef EOROUTER_RECYCLE_H
 #define EOROUTER_RECYCLE_H
@@ -84,9 +85,8 @@ static void recycling_dealloc(PyObject *op) {
         PyTypeObject *base = Py_TYPE(op)->tp_base;
         while (base != NULL && (r = recycler_of(base)) == NULL)
             base = base->tp_base;
-        if (r == NULL) { /* (cannot be: some base installed this) */
+        if (r == NULL) /* (cannot be: some base installed this) */
             Py_FatalError("_recycle.h: an instance of no recycled class");
-        }
         recycle_teardown(op, r);
         return;
     }
