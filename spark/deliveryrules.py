@@ -46,11 +46,12 @@ def available(spark) -> bool:
     return os.environ.get(jar.ENV, "") != "off" and _scanner(spark, "DeliveryRules") is not None
 
 
-def facts(spark, ordered: DataFrame, vocabulary: dict, constants: dict) -> DataFrame:
-    """delivery_facts()' rows from ``ordered`` (narrow()'s rows in the one shuffle's
-    partitions and order: reconcile.ordered_deliveries), made by DeliveryRules.java.
+def facts(spark, hashed: DataFrame, vocabulary: dict, constants: dict) -> DataFrame:
+    """delivery_facts()' rows from ``hashed`` (narrow()'s rows in the one shuffle's
+    partitions, sorted by the delivery id's hash: reconcile.hashed_deliveries), made by
+    DeliveryRules.java.
     ``vocabulary``: reconcile.rules_vocabulary(); ``constants``: the small tables."""
     from spark.linescan import _scanner
 
     rules = _scanner(spark, "DeliveryRules")
-    return DataFrame(rules.facts(spark._jsparkSession, ordered._jdf, json.dumps(vocabulary), json.dumps(constants)), spark)
+    return DataFrame(rules.facts(spark._jsparkSession, hashed._jdf, json.dumps(vocabulary), json.dumps(constants)), spark)

@@ -1353,6 +1353,14 @@ def ordered_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
 DELIVERY_ORDER = ("h", "delivery", "r", "e", "q", "_pos")
 
 
+def hashed_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
+    """The one shuffle by delivery id for the Java rules: each partition sorted by the id's
+    hash alone, which Spark sorts by radix, ~6x faster than by DELIVERY_ORDER's six columns
+    (at 10 M events ~9 s of task time, a quarter of the pass). The Java pass puts the few
+    events that share a hash in the rest of DELIVERY_ORDER itself (DeliveryRules.EVENT_ORDER)."""
+    return narrowed.repartition(partitions, "h").sortWithinPartitions("h")
+
+
 def group_deliveries(narrowed: DataFrame, partitions: int) -> DataFrame:
     """ordered_deliveries(), then one row per delivery: ``ev`` (its events in (router,
     epoch, seq) order) and ``id`` (who published it: the `received` with the smallest
@@ -2116,9 +2124,9 @@ def facts_frame(
     if shuffled is not None:
         events = mark_reported(shuffled, small["windows"])
         if java_rules:
-            ordered = events.sortWithinPartitions(*DELIVERY_ORDER)
+            hashed = events.sortWithinPartitions("h")  # (hashed_deliveries(), already partitioned)
             vocabulary = rules_vocabulary(spark, ledgers is not None)
-            return deliveryrules.facts(spark, ordered, vocabulary, rules_constants(small, missing)), None
+            return deliveryrules.facts(spark, hashed, vocabulary, rules_constants(small, missing)), None
         # (the SQL rules group again: a second shuffle, of rows, not of the files' text)
         return delivery_facts(group_deliveries(events, partitions), Constants(small, missing), ledgers is not None), None
     observation: Observation | None = None
@@ -2137,9 +2145,9 @@ def facts_frame(
     # (not over a permissive read: it counts its malformed lines in an Observation, which
     # only a Dataset's own action reports, not the Java pass's job)
     if java_rules and observation is None and deliveryrules.available(spark):
-        ordered = ordered_deliveries(events, partitions)
+        hashed = hashed_deliveries(events, partitions)
         vocabulary = rules_vocabulary(spark, ledgers is not None)
-        return deliveryrules.facts(spark, ordered, vocabulary, rules_constants(small, missing)), observation
+        return deliveryrules.facts(spark, hashed, vocabulary, rules_constants(small, missing)), observation
     grouped = group_deliveries(events, partitions)
     return delivery_facts(grouped, Constants(small, missing), ledgers is not None), observation
 

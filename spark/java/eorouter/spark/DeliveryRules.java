@@ -212,6 +212,9 @@ public final class DeliveryRules {
         boolean rep;
         InternalRow id;
         Long streamSeq;
+        /** Its delivery id and place in its line: the pass orders a hash's events by them (Reader.event). */
+        UTF8String d;
+        long pos;
     }
 
     static boolean eq(Long a, Long b) {
@@ -1104,7 +1107,7 @@ public final class DeliveryRules {
     /** Reads narrow()'s rows (and app_events()'), by the input's own column names and types. */
     static final class Reader implements Serializable {
         private static final long serialVersionUID = 1L;
-        final int h, delivery, r, e, q, t, k, s, o, p, l, f, x, b, y, fl, id, rep;
+        final int h, delivery, r, e, q, t, k, s, o, p, l, f, x, b, y, fl, id, rep, pos;
         final DataType[] types;
         final int idFields;
 
@@ -1129,6 +1132,7 @@ public final class DeliveryRules {
             fl = schema.fieldIndex("fl");
             id = schema.fieldIndex("id");
             rep = schema.fieldIndex("rep");
+            pos = schema.fieldIndex("_pos");
             StructType idType = (StructType) types[id];
             idFields = idType.fields().length;
             String[] expected = {"topic", "publisher", "link_name", "incarnation", "pub_tag", "stream_seq"};
@@ -1178,59 +1182,111 @@ public final class DeliveryRules {
                 ev.id = row.getStruct(id, idFields).copy();
                 ev.streamSeq = ev.id.isNullAt(5) ? null : ev.id.getLong(5);
             }
+            ev.d = delivery;
+            Long place = longOf(row, pos);
+            ev.pos = place == null ? Long.MIN_VALUE : place;
             return ev;
         }
     }
 
     /**
-     * The facts of every delivery of ``sorted`` (narrow()'s rows, repartitioned by ``h`` and sorted by
-     * (h, delivery, r, e, q, _pos)), as a DataFrame of delivery_facts()' schema.
+     * A delivery's events in the order the rules read them: Spark's ascending order (nulls first) of
+     * (delivery, r, e, q, _pos), the order of reconcile.DELIVERY_ORDER after its hash.
      */
-    public static Dataset<Row> facts(SparkSession spark, Dataset<Row> sorted, String vocabularyJson, String constantsJson) throws IOException {
+    static final java.util.Comparator<Ev> EVENT_ORDER = (a, b) -> {
+        int c = a.d == b.d ? 0 : a.d.compareTo(b.d);
+        if (c == 0) c = cmp(a.r, b.r);
+        if (c == 0) c = cmp(a.e, b.e);
+        if (c == 0) c = cmp(a.q, b.q);
+        if (c == 0) c = Long.compare(a.pos, b.pos);
+        return c;
+    };
+
+    /**
+     * The facts of every delivery of ``hashed`` (narrow()'s rows, repartitioned and sorted by ``h``
+     * alone: reconcile.hashed_deliveries), as a DataFrame of delivery_facts()' schema. A sort by one
+     * long is Spark's radix sort; the events that share a hash (a delivery's, a dozen or so, and
+     * another delivery's when two ids share a hash) are put in EVENT_ORDER here, where comparing
+     * them costs a few field reads instead of Spark's comparison of whole rows.
+     */
+    public static Dataset<Row> facts(SparkSession spark, Dataset<Row> hashed, String vocabularyJson, String constantsJson) throws IOException {
         Vocabulary vocabulary = Vocabulary.parse(vocabularyJson);
         Constants constants = Constants.parse(constantsJson);
-        Reader reader = new Reader(sorted.schema());
+        Reader reader = new Reader(hashed.schema());
         // Without adaptive execution for this plan: an adaptive plan runs its shuffle's map side
         // when asked for its RDD, here; the one repartition by delivery gains nothing from it.
         String adaptive = spark.conf().get("spark.sql.adaptive.enabled");
         org.apache.spark.rdd.RDD<InternalRow> input;
         try {
             spark.conf().set("spark.sql.adaptive.enabled", "false");
-            input = sorted.queryExecution().toRdd();
+            input = hashed.queryExecution().toRdd();
         } finally {
             spark.conf().set("spark.sql.adaptive.enabled", adaptive);
         }
         JavaRDD<InternalRow> rows = input.toJavaRDD().mapPartitions((Iterator<InternalRow> it) -> new Iterator<InternalRow>() {
             final Judge judge = new Judge(vocabulary, constants);
-            final List<Ev> events = new ArrayList<>();
-            long h;
+            /** The events of one hash, in EVENT_ORDER once read whole. */
+            final List<Ev> run = new ArrayList<>();
+            long runH;
+            /** Where the next delivery of ``run`` begins (-1: ``run`` is still being read). */
+            int from = -1;
+            /** The last delivery id read (its events share this one object while it repeats). */
             UTF8String delivery;
-            InternalRow next;
+            /** The row read past the end of ``run``: the first of the next hash. */
+            InternalRow held;
+            InternalRow pending;
 
             public boolean hasNext() {
-                if (next != null) return true;
-                while (it.hasNext()) {
-                    InternalRow row = it.next();
-                    long rowH = row.getLong(reader.h);
-                    UTF8String rowDelivery = row.getUTF8String(reader.delivery);
-                    if (delivery != null && (rowH != h || !rowDelivery.equals(delivery))) {
-                        next = finish();
+                while (pending == null) {
+                    if (from >= 0 && from < run.size()) {
+                        pending = nextDelivery();
+                        break;
                     }
-                    if (delivery == null) {
-                        h = rowH;
-                        delivery = rowDelivery.clone();
+                    run.clear();
+                    from = -1;
+                    if (held != null) {
+                        take(held);
+                        held = null;
                     }
-                    events.add(reader.event(row, delivery));
-                    if (next != null) return true;
+                    while (it.hasNext()) {
+                        InternalRow row = it.next();
+                        if (!run.isEmpty() && row.getLong(reader.h) != runH) {
+                            held = row; // (the sorted iterator's row stays valid until its next())
+                            break;
+                        }
+                        take(row);
+                    }
+                    if (run.isEmpty()) return false;
+                    for (int i = 1; i < run.size(); i++) {
+                        if (EVENT_ORDER.compare(run.get(i - 1), run.get(i)) > 0) {
+                            run.sort(EVENT_ORDER); // (stable: equal keys stay in the order read)
+                            break;
+                        }
+                    }
+                    from = 0;
                 }
-                if (delivery != null) next = finish();
-                return next != null;
+                return true;
             }
 
-            InternalRow finish() {
-                Object[] values = judge.judge(events, delivery);
-                events.clear();
-                delivery = null;
+            void take(InternalRow row) {
+                UTF8String rowDelivery = row.getUTF8String(reader.delivery);
+                if (delivery == null || !rowDelivery.equals(delivery)) delivery = rowDelivery.clone();
+                runH = row.getLong(reader.h);
+                run.add(reader.event(row, delivery));
+            }
+
+            /** The facts of the delivery that begins at ``from`` in ``run``. */
+            InternalRow nextDelivery() {
+                UTF8String id = run.get(from).d;
+                int to = from + 1;
+                while (to < run.size() && run.get(to).d.equals(id)) to++;
+                List<Ev> one = run.subList(from, to);
+                from = to;
+                return facts(one, id);
+            }
+
+            InternalRow facts(List<Ev> events, UTF8String id) {
+                Object[] values = judge.judge(events, id);
                 StructField[] fields = judge.schema.fields();
                 Object[] out = new Object[fields.length];
                 for (int i = 0; i < out.length; i++) out[i] = internal(values[i], fields[i].dataType());
@@ -1239,8 +1295,8 @@ public final class DeliveryRules {
 
             public InternalRow next() {
                 if (!hasNext()) throw new NoSuchElementException();
-                InternalRow out = next;
-                next = null;
+                InternalRow out = pending;
+                pending = null;
                 return out;
             }
         });
