@@ -33,6 +33,8 @@ from spark.schema import CORRUPT, FILE, event_schema, ledger_schema
 
 _LOG_FILE = re.compile(r"^events-(\d{6,})-(\d{6,})\.jsonl$")
 _LOG4J = Path(__file__).with_name("log4j2.properties")
+#: HotSpot compiler directives for a large input's JVM (java_options).
+JIT_DIRECTIVES = Path(__file__).with_name("jit-directives.json")
 
 #: The writer's fields the proof reads (router/eventschema.py has a few more:
 #: pid, version, size, conn, ...). The JSON reader converts only these: a pruned
@@ -114,6 +116,13 @@ def java_options(small: bool, quiet: bool = True) -> list[str]:
         # generation stays on: the proof's expressions are large enough that even
         # for a few thousand rows, interpreting them costs more than compiling.)
         java.append("-XX:TieredStopAtLevel=1")
+    elif JIT_DIRECTIVES.exists():
+        # A large one: C2, HotSpot's optimizing compiler, spent ~50 of its ~220 CPU seconds
+        # at 10 M events, a fifth of it on code the driver runs once per query (Spark's
+        # SQL parser, the code generator's own compiler, Java serialization of tasks, the
+        # planner's rules). Left to C1 they run a little slower and C2 compiles what the
+        # rows run through (docs/reconcile.md, "Speed").
+        java += ["-XX:+UnlockDiagnosticVMOptions", f"-XX:CompilerDirectivesFile={JIT_DIRECTIVES}"]
     return java + jvm.java_options()
 
 

@@ -100,3 +100,34 @@ def test_the_collector_names_the_archive_and_runs_every_proof(monkeypatch, defau
     assert jvm.COLLECTOR in load.java_options(small=True) and jvm.COLLECTOR in load.java_options(small=False)
     monkeypatch.setattr(jvm, "COLLECTOR", "-XX:+UseSerialGC")
     assert jvm.archive_path() != path
+
+
+def test_a_large_inputs_jvm_leaves_the_drivers_code_to_c1():
+    """spark/jit-directives.json: a large input's JVM is given it (a small one's compiles
+    with C1 only anyway), and this Java reads every pattern of it with C2 excluded (the
+    JVM takes some mistakes in a directive in silence: the test reads what it printed)."""
+    import json
+    import shutil
+    import subprocess
+
+    from spark import load
+
+    option = f"-XX:CompilerDirectivesFile={load.JIT_DIRECTIVES}"
+    assert option in load.java_options(small=False) and "-XX:+UnlockDiagnosticVMOptions" in load.java_options(small=False)
+    assert option not in load.java_options(small=True)
+    java = shutil.which("java")
+    if java is None:
+        pytest.skip("no java on PATH")
+    printed = subprocess.run(
+        [java, "-XX:+UnlockDiagnosticVMOptions", option, "-XX:+CompilerDirectivesPrint", "-version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert printed.returncode == 0, printed.stderr
+    out = printed.stdout + printed.stderr
+    (directive,) = json.loads(load.JIT_DIRECTIVES.read_text())
+    matching = next(line for line in out.splitlines() if line.strip().startswith("matching:"))
+    assert set(matching.split(":", 1)[1].replace(" ", "").split(",")) == set(directive["match"])
+    c2 = out.split("c2 directives:", 1)[1]
+    assert "Exclude:true" in c2.split("\n\n", 1)[0]
