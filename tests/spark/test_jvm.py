@@ -107,7 +107,6 @@ def test_a_large_inputs_jvm_leaves_the_drivers_code_to_c1():
     with C1 only anyway), and this Java reads every pattern of it with C2 excluded (the
     JVM takes some mistakes in a directive in silence: the test reads what it printed)."""
     import json
-    import shutil
     import subprocess
 
     from spark import load
@@ -115,11 +114,11 @@ def test_a_large_inputs_jvm_leaves_the_drivers_code_to_c1():
     option = f"-XX:CompilerDirectivesFile={load.JIT_DIRECTIVES}"
     assert option in load.java_options(small=False) and "-XX:+UnlockDiagnosticVMOptions" in load.java_options(small=False)
     assert option not in load.java_options(small=True)
-    java = shutil.which("java")
+    java = jvm._java()  # (the one Spark's launcher runs: $JAVA_HOME's, else PATH's)
     if java is None:
-        pytest.skip("no java on PATH")
+        pytest.skip("no java ($JAVA_HOME or PATH)")
     printed = subprocess.run(
-        [java, "-XX:+UnlockDiagnosticVMOptions", option, "-XX:+CompilerDirectivesPrint", "-version"],
+        [str(java), "-XX:+UnlockDiagnosticVMOptions", option, "-XX:+CompilerDirectivesPrint", "-version"],
         capture_output=True,
         text=True,
         timeout=60,
