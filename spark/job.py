@@ -36,7 +36,7 @@ def run_reconcile(
     inputs hold no event at all."""
     from pyspark import StorageLevel
 
-    from spark import load, reconcile, report
+    from spark import load, reconcile, report, streamorder
 
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -73,6 +73,8 @@ def run_reconcile(
             # read most of the columns anyway.
             ledgers, ledgers_read = reconcile.kept_ledgers(spark, clients, storage)
         t = reconcile.prepare(spark, sources, partitions=partitions, storage=storage, ledgers=ledgers)
+        if clients:
+            t.ledger_bytes = load.largest_ledger(clients)
         phases["partitions"] = partitions
         if not t.epochs:
             bad = t.input["bad_count"]
@@ -112,9 +114,16 @@ def run_reconcile(
         if ledger_side is not None:
             app, also = ledger_side.result()
             found = found.unionByName(also)
-        found = found.persist(StorageLevel.MEMORY_AND_DISK)  # (few rows, read twice)
-        counts, firsts = report.collect_violations(found, input_rows, first, t.names)
-        found.unpersist()
+        try:
+            counts, firsts = _collected(found, input_rows, first, t.names)
+        except Exception as error:  # noqa: BLE001 (Py4J's and PySpark's errors both carry Spark's)
+            if not (t.java_order and streamorder.is_out_of_range(error)):
+                raise
+            t.java_order = False  # (publisher order by the SQL window: spark/streamorder.py)
+            found = reconcile.union_all(reconcile.delivery_violations(t))
+            if ledgers is not None and app is not None:
+                found = found.unionByName(reconcile.union_all(reconcile.ledger_violations(t, ledgers, app)))
+            counts, firsts = _collected(found, input_rows, first, t.names)
         if firsts:
             unknown = {v["subscriber"] for v in firsts if v.get("subscriber") is not None} - set(t.names.subscribers)
             if unknown:  # a subscriber no router saw attach: read its name (cold path)
@@ -154,6 +163,8 @@ def run_reconcile(
         # And which read made the ledgers' rows (with --clients): Java, or Spark SQL and why.
         "ledgers_read": ledgers_read,
         "rules": t.rules,
+        # And which judged publisher order: Java after a radix sort, or Spark SQL's window and why.
+        "order_rules": streamorder.which(spark, t.java_order),
         "out": str(out) if out else None,
     }
     if out and summarized is not None:
@@ -166,6 +177,18 @@ def run_reconcile(
             result["elapsed_s"] = time.monotonic() - started
             report.write_json(result, path / "report.json")
     return result
+
+
+def _collected(found: DataFrame, input_rows: list[dict], first: int | None, names) -> tuple[dict, list[dict]]:
+    from pyspark import StorageLevel
+
+    from spark import report
+
+    found = found.persist(StorageLevel.MEMORY_AND_DISK)  # (few rows, read twice)
+    try:
+        return report.collect_violations(found, input_rows, first, names)
+    finally:
+        found.unpersist()
 
 
 #: About this many events per partition of delivery ids (sorted in memory by one

@@ -453,6 +453,12 @@ def ledger_read(directory: str) -> tuple[list[str], bool]:
     return resolve_ledgers(directory), _spark_path(directory)
 
 
+def largest_ledger(directory: str) -> int | None:
+    """The largest ledger file's size in bytes (None for a URI: not listed here)."""
+    paths, remote = ledger_read(directory)
+    return None if remote else max(os.path.getsize(p) for p in paths)
+
+
 def load_ledgers(spark: SparkSession, directory: str) -> DataFrame:
     """The applications' ledgers (docs/ledger.md) with their explicit schema, plus
     ``file`` (which ledger) and ``line``, which orders a file's lines as written:

@@ -623,6 +623,12 @@ class Tables:
     sql_rules: Callable[[], tuple[DataFrame, Observation | None]] | None = None
     #: Which per-delivery rules made the facts: "java", or why Spark SQL's (report.json).
     rules: str = ""
+    #: The largest ledger file's size in bytes, when known (local ledgers; spark/job.py):
+    #: the application-order check's sort key fits one long with it (_ledger_key).
+    ledger_bytes: int | None = None
+    #: Whether the publisher-order checks may run in Java (spark/streamorder.py); the
+    #: tests set it False to run their SQL twin.
+    java_order: bool = True
     #: Whether some publisher delivery was received under more than one delivery id
     #: (multiple_ids(): asked once, by the first proof that needs it).
     _multiple_ids: bool | None = None
@@ -2306,11 +2312,22 @@ def duplicated_by_publisher(t: Tables) -> DataFrame:
     )
 
 
-def _order_violations(first_seen: DataFrame, order: list[str | Column]) -> DataFrame:
+def _order_violations(
+    first_seen: DataFrame, order: list[str | Column], key: Column | None = None, *, java: bool = False, by_g: bool = False
+) -> DataFrame:
     """``first_seen`` (_first_per_publisher_delivery()): one row per (partition...,
     pub_id) with its group ``g``, stream_seq and the ``order`` columns. A row whose
     stream_seq is below the highest one seen before it (in ``order``) in the same group
-    is out of publisher order."""
+    is out of publisher order. ``key``: the ``order`` columns packed into one long that
+    sorts as they do (None: they do not fit one; _packed()), with which StreamOrder.java
+    judges the rows in one pass after a radix sort (spark/streamorder.py) when ``java``
+    and its class is there; else the SQL window, its specification. ``by_g``: the rows
+    are already partitioned by ``g``."""
+    from spark import streamorder
+
+    if key is not None and java and streamorder.available(first_seen.sparkSession):
+        keyed = first_seen.withColumn("k", key)
+        return streamorder.violations(keyed if by_g else keyed.repartition("g"))
     w = Window.partitionBy("g").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
     before = first_seen.withColumn("prev", F.max(F.struct("stream_seq", "delivery")).over(w))
     return before.where(F.col("prev").isNotNull() & (F.col("stream_seq") < F.col("prev.stream_seq")))
@@ -2339,6 +2356,45 @@ def _first_per_publisher_delivery(t: Tables, rows: DataFrame, partition: list[st
     )
 
 
+def _packed(high: Column, low: Column, high_max: int, low_max: int) -> Column | None:
+    """(high, low), each between 0 and its maximum, as one long that sorts as the pair
+    does, or None when the two do not fit 63 bits. A value outside its range (which the
+    callers' bounds exclude) makes the key null, and StreamOrder fails its job on it
+    rather than judge rows out of order."""
+    bits = max(low_max, 0).bit_length()
+    if max(high_max, 0).bit_length() + bits > 63:
+        return None
+    inside = high.between(0, high_max) & low.between(0, low_max)
+    return F.when(inside, F.shiftleft(high, bits).bitwiseOR(low))
+
+
+def _send_key(t: Tables) -> Column | None:
+    """A send's (epoch, seq) as one long (_packed): every event the facts hold is of a
+    line the read counted in its epoch (seq and epoch at least 1), so the epochs'
+    highest epoch and seq bound them."""
+    if not t.epochs:
+        return None
+    return _packed(
+        F.col("epoch"),
+        F.col("seq"),
+        max(e["epoch"] for e in t.epochs),
+        max(e["last_seq"] or 0 for e in t.epochs),
+    )
+
+
+#: load.py _ledger_rows: a ledger line's place in its split is below 2^33.
+_LEDGER_ROWS = (1 << 33) - 1
+
+
+def _ledger_key(t: Tables) -> Column | None:
+    """A ledger line's place (its split's start in the file, its row in the split) as
+    one long (_packed), when the largest ledger file's size is known (local files):
+    a split starts inside its file."""
+    if t.ledger_bytes is None:
+        return None
+    return _packed(F.col("line.split"), F.col("line.row"), t.ledger_bytes, _LEDGER_ROWS)
+
+
 def out_of_order(t: Tables) -> DataFrame:
     """Per router, subscriber and publisher stream, the deliveries were sent to the
     subscriber in stream_seq order (each at its first send; one publisher delivery
@@ -2364,6 +2420,9 @@ def out_of_order(t: Tables) -> DataFrame:
             t, sends, ["router", "subscriber", "stream"], ["epoch", "seq", "delivery", "stream_seq", "publisher", "pub_tag"]
         ),
         ["epoch", "seq"],
+        _send_key(t),
+        java=t.java_order,
+        by_g=t.multiple_ids(),  # (the grouping of several ids partitioned the rows by g)
     )
     return violations(
         bad,
@@ -2468,7 +2527,9 @@ def ledger_checks(t: Tables, ledgers: DataFrame) -> DataFrame:
     first = _first_per_publisher_delivery(
         t, firsts, ["subscriber", "fid", "stream"], ["line", "delivery", "stream_seq", "ts", "publisher", "pub_tag"]
     )
-    bad = _order_violations(first, [F.col("line.split"), F.col("line.row")])
+    bad = _order_violations(
+        first, [F.col("line.split"), F.col("line.row")], _ledger_key(t), java=t.java_order, by_g=t.multiple_ids()
+    )
     rows.append(
         violations(
             bad,
