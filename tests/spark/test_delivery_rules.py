@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from java_classes import require
 from mutations import MUTATIONS, Copy
 from test_histories import specs as history_specs  # (its generated histories' strategy)
 
@@ -33,12 +34,7 @@ CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 
 @pytest.fixture(scope="module", autouse=True)
 def rules(spark):
-    if os.environ.get(jar.ENV, "") == "off":
-        pytest.skip(f"the proof's Java passes are switched off ({jar.ENV}=off)")
-    if not deliveryrules.available(spark):
-        if jar.compiler() is None:
-            pytest.skip("no javac (a JDK) to build the proof's Java classes: spark/jar.py")
-        pytest.fail("javac is here but the tests' Spark session has no DeliveryRules class")
+    require(spark, "DeliveryRules")
 
 
 def _rows(frame) -> dict:

@@ -23,6 +23,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from java_classes import require
 from mutations import MUTATIONS, Copy
 
 from spark import jar, linescan, load, reconcile
@@ -34,12 +35,7 @@ CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 
 @pytest.fixture(scope="module", autouse=True)
 def scanner(spark):
-    if os.environ.get(jar.ENV, "") == "off":
-        pytest.skip(f"the proof's Java scans are switched off ({jar.ENV}=off)")
-    if linescan._scanner(spark) is None:
-        if jar.compiler() is None:
-            pytest.skip("no javac (a JDK) to build the proof's Java classes: spark/jar.py")
-        pytest.fail("javac is here but the tests' Spark session has no LineScan class")
+    require(spark, "LineScan")
 
 
 def read_once(spark, sources: list, partitions: int = 3):

@@ -17,11 +17,12 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from java_classes import require
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from test_delivery_rules import _histories
 
-from spark import jar, load, reconcile, streamorder
+from spark import load, reconcile
 from spark.generate import Spec
 from spark.job import run_reconcile
 
@@ -30,12 +31,7 @@ CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 
 @pytest.fixture(scope="module", autouse=True)
 def java(spark):
-    if os.environ.get(jar.ENV, "") == "off":
-        pytest.skip(f"the proof's Java passes are switched off ({jar.ENV}=off)")
-    if not streamorder.available(spark):
-        if jar.compiler() is None:
-            pytest.skip("no javac (a JDK) to build the proof's Java classes: spark/jar.py")
-        pytest.fail("javac is here but the tests' Spark session has no StreamOrder class")
+    require(spark, "StreamOrder")
 
 
 SCHEMA = T.StructType(
@@ -118,6 +114,12 @@ def test_a_key_packs_its_pair_in_order_or_does_not_fit():
     assert reconcile._packed(F.col("a"), F.col("b"), 1 << 30, (1 << 33) - 1) is None  # (64 bits)
 
 
+def _spec(seed: int, prefix: str, faults: tuple) -> Spec:
+    return Spec(
+        routers=3, publishers=2, subscribers=3, topics=2, deliveries=40, round_size=8, seed=seed, prefix=prefix, faults=faults
+    )
+
+
 def _as_the_job(spark, routers: list[str], clients: str, java: bool) -> tuple[list, list]:
     t = reconcile.prepare(spark, load.resolve(routers), ledgers=load.load_ledgers(spark, clients))
     t.ledger_bytes = load.largest_ledger(clients)
@@ -131,20 +133,7 @@ def _as_the_job(spark, routers: list[str], clients: str, java: bool) -> tuple[li
 
 @pytest.mark.parametrize("faults", [("reorder",), ("reorder", "dup-tag")], ids=["one-id", "several-ids"])
 def test_reordered_histories_are_judged_alike(spark, tmp_path, faults):
-    specs = [
-        Spec(
-            routers=3,
-            publishers=2,
-            subscribers=3,
-            topics=2,
-            deliveries=40,
-            round_size=8,
-            seed=n + 7,
-            prefix=f"h{n}.",
-            faults=faults,
-        )
-        for n in range(3)
-    ]
+    specs = [_spec(n + 7, f"h{n}.", faults) for n in range(3)]
     routers, clients = _histories(tmp_path, specs, tries=10)
     assert all(spec.faults for spec in specs)
     java = _as_the_job(spark, routers, clients, java=True)
@@ -159,19 +148,7 @@ def test_a_row_outside_its_keys_bounds_leaves_publisher_order_to_the_window(spar
     """A key's bound that a row exceeds (here: a ledger line's place in its split, said
     to be below 4): the Java pass fails its job, and the proof judges publisher order
     with the window, to the same verdict."""
-    specs = [
-        Spec(
-            routers=3,
-            publishers=2,
-            subscribers=3,
-            topics=2,
-            deliveries=40,
-            round_size=8,
-            seed=11,
-            prefix="h0.",
-            faults=("reorder",),
-        )
-    ]
+    specs = [_spec(11, "h0.", ("reorder",))]
     routers, clients = _histories(tmp_path, specs, tries=10)
     whole = run_reconcile(spark, routers, clients=clients, out=tmp_path / "whole", html=False, summary=False)
     assert whole["order_rules"] == "java"
