@@ -549,3 +549,122 @@ def test_the_jar_is_rebuilt_when_a_source_changes(tmp_path, monkeypatch):
     broken = jar.jar_path()
     assert broken is not None and jar.failed(broken).is_file() and not broken.is_file()
     assert jar.available() is None  # remembered: not compiled again, quietly
+
+
+# ---------------------------------------------------------------------------
+# The writer's shape parsed without Jackson (WriterLine.java) against Jackson's parse
+# ---------------------------------------------------------------------------
+
+
+def _both_parses(spark, lines: list[bytes]) -> tuple[list[dict], list[dict]]:
+    """Each line judged with the writer's-shape parse first (as the scans run) and with
+    Jackson's parse alone."""
+    scanner, spec = linescan._scanner(spark), json.dumps(reconcile.line_vocabulary())
+    given_lines = [bytearray(x) for x in lines]
+    # (each double as its text: -0.0 is not 0.0 here)
+    fast, jackson = (json.loads(scanner.judgeLines(given_lines, spec, w), parse_float=str) for w in (True, False))
+    return fast, jackson
+
+
+def _taken(spark, lines: list[bytes]) -> list[bool]:
+    scanner = linescan._scanner(spark)
+    return list(scanner.writerShapeTakes([bytearray(x) for x in lines], json.dumps(reconcile.line_vocabulary())))
+
+
+def test_the_writers_own_lines_are_parsed_without_jackson_to_the_same_values(spark, real_run):
+    """Every line a real run's routers wrote takes the writer's-shape parse, and it reads
+    each to what Jackson's parse reads. (The clients' ledgers are read alike by LedgerScan:
+    test_a_real_runs_ledgers_are_read_to_the_same_rows.)"""
+    lines = [
+        line for path in real_run["routers"] for f in sorted(Path(path).rglob("*.jsonl")) for line in f.read_bytes().splitlines()
+    ]
+    assert len(lines) > 500
+    assert all(_taken(spark, lines))
+    fast, jackson = _both_parses(spark, lines)
+    assert fast == jackson
+    assert all("values" in v for v in fast)
+
+
+# Number texts: JSON's grammar at every length and exponent, and texts just outside it.
+_NUMBER_EDGES = [
+        "-0", "-0.0", "0.0", "9223372036854775807", "-9223372036854775808", "999999999999999999", "1000000000000000000",
+        "9223372036854775808", "9999999999999999999", "-9999999999999999999",
+        "1763785200.1027236", "1763785200.0", "17637852001027236", "4.9e-324", "1.7976931348623157e308", "1e400",
+        "01", "1.", ".5", "+1", "1e", "--1", "0x10", "1.5.2", "Infinity", "-Infinity", "NaN", "1 ", " 1", "1e+", "-",
+]  # fmt: skip
+_numbers = st.from_regex(r"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,24})?([eE][+-]?[0-9]{1,3})?", fullmatch=True) | st.sampled_from(
+    _NUMBER_EDGES
+)
+_raw_strings = st.text(st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=8).map(
+    lambda t: b'"' + t.encode() + b'"'
+) | st.text(max_size=6).map(lambda t: json.dumps(t, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+_raw_values = (
+    _numbers.map(str.encode)
+    | _raw_strings
+    | st.sampled_from([b"null", b"true", b"false", b"nul", b"truex", b"[]", b"{}", b'["a"]', b'["a",1,null]', b"[[]]"])
+    | st.lists(_raw_strings | _numbers.map(str.encode) | st.just(b"null"), max_size=3).map(lambda xs: b"[" + b",".join(xs) + b"]")
+)
+# Names of every type of the schema's fields, a few it lacks, and one in another letter case.
+_raw_names = st.sampled_from(
+    ["seq", "epoch", "stream_seq", "ts", "topic", "router", "settled", "owed", "routers", "size", "x", "Topic"]
+)
+
+
+@st.composite
+def raw_lines(draw) -> bytes:
+    """A line of the writer's (parsed by json.dumps's reading) with a few fields set to raw
+    value texts, some in JSON's grammar and some not: every type against every value."""
+    record = dict(draw(st.sampled_from(_BASE)))
+    parts = [json.dumps(k).encode() + b":" + orjson.dumps(v) for k, v in record.items()]
+    for _ in range(draw(st.integers(1, 3))):
+        name, value = draw(_raw_names), draw(_raw_values)
+        part = json.dumps(name).encode() + b":" + value
+        keys = [p.split(b":", 1)[0] for p in parts]
+        key = json.dumps(name).encode()
+        if key in keys and draw(st.booleans()):
+            parts[keys.index(key)] = part
+        else:
+            parts.insert(draw(st.integers(0, len(parts))), part)
+    line = b"{" + b",".join(parts) + b"}"
+    return line + draw(st.sampled_from([b""] * 8 + [b" ", b"x", b"}", b",", b"\t"]))
+
+
+@settings(
+    max_examples=20 if CI else 60,
+    deadline=None,
+    derandomize=CI,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(lines=st.lists(raw_lines() | odd_lines(), min_size=100, max_size=100))
+def test_the_writers_shape_parse_agrees_with_jacksons_on_any_line(spark, lines):
+    """Whatever the line, the scan's verdict and values are Jackson's: the writer's-shape
+    parse either reads a line to Jackson's values or leaves it to Jackson."""
+    fast, jackson = _both_parses(spark, lines)
+    for line, a, b in zip(lines, fast, jackson, strict=True):
+        assert a == b, line
+
+
+_EDGE_VALUES = [
+    *(n.encode() for n in _NUMBER_EDGES),
+    b"0", b"7", b"-7", b"1.5", b"-1.5e-3", b"1E5", b"12345678901234567890123456789", b"0.30000000000000004",
+    b'"a"', b'""', b'"a\\"b"', b'"\\u00e9"', b'"t\\u00f6"', b'"\\n"', b'"a\\\\"', b'"\\/"', b'"a\x01"', b'"a\x7f"',
+    "\"t\u00f6\"".encode(), b'"\xff"', b"null", b"true", b"false", b"nul", b"True", b"[]", b"{}", b'["a"]', b'["a","b"]',
+    b'["a",1]', b'["a",null]', b"[[]]", b'[{"a":1}]', b"[1,2.5,true,null]", b'["a" ]', b"[,]", b'["a",]',
+]  # fmt: skip
+
+
+def test_the_writers_shape_parse_agrees_with_jacksons_on_each_edge(spark):
+    """Every value text above in every type of field (and a field the schema lacks, and one
+    in another letter case), first, in the middle and last: the same verdict and values."""
+    lines = []
+    for name in ["seq", "ts", "topic", "settled", "owed", "size", "Topic"]:
+        base = orjson.dumps({k: v for k, v in _BASE[0].items() if k != name})
+        for value in _EDGE_VALUES:
+            part = json.dumps(name).encode() + b":" + value
+            lines += [b"{" + part + b"," + base[1:], base[:-1] + b"," + part + b"}"]
+            lines.append(base.replace(b'"event":', part + b',"event":', 1))
+    fast, jackson = _both_parses(spark, lines)
+    for line, a, b in zip(lines, fast, jackson, strict=True):
+        assert a == b, line
+    taken = _taken(spark, lines)
+    assert 0.1 < sum(taken) / len(taken) < 0.9  # (both parses had their share of the lines)

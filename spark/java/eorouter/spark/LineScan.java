@@ -315,10 +315,18 @@ public final class LineScan {
         long lastEpoch;
         Epoch lastEpochFacts;
 
+        /** The parse of the writer's own shape, tried first (null: Jackson's parse only, for the tests). */
+        final WriterLine writer;
+
         Scanner(Spec s) {
+            this(s, true);
+        }
+
+        Scanner(Spec s, boolean writerShape) {
             this.s = s;
             this.line = new Line(s.fields.length);
             this.facts = new Facts(s.kinds.length);
+            this.writer = writerShape ? new WriterLine(s, line) : null;
         }
 
         void scan(byte[] bytes, int offset, int length) {
@@ -348,6 +356,8 @@ public final class LineScan {
             if (start >= end || bytes[start] != '{') return "not a JSON object";
             Line l = line;
             l.generation++;
+            if (writer != null && writer.parse(bytes, start, end)) return null;
+            l.generation++; // (what the writer's-shape parse set, forgotten)
             // Jackson's byte parser, as Spark's JSON reader uses it (a field's text is what Spark reads,
             // and a line that is not UTF-8 fails here as it fails there).
             try (JsonParser p = json.createParser(bytes, start, end - start)) {
@@ -539,12 +549,30 @@ public final class LineScan {
      * the scan declines, else {"values": [...]}, the line's fields in the schema's order.
      */
     public static String judgeLines(List<byte[]> lines, String specJson) throws IOException {
+        return judgeLines(lines, specJson, true);
+    }
+
+    /** For the tests: which of ``lines`` the writer's-shape parse takes (the others go to Jackson's). */
+    public static boolean[] writerShapeTakes(List<byte[]> lines, String specJson) throws IOException {
+        Spec spec = Spec.parse(specJson);
+        boolean[] taken = new boolean[lines.size()];
+        for (int i = 0; i < taken.length; i++) {
+            byte[] line = lines.get(i);
+            Scanner scanner = new Scanner(spec);
+            scanner.line.generation++;
+            taken[i] = line.length > 0 && line[0] == '{' && scanner.writer.parse(line, 0, line.length);
+        }
+        return taken;
+    }
+
+    /** As above; ``writerShape`` false: with Jackson's parse only (what the writer's-shape parse must agree with). */
+    public static String judgeLines(List<byte[]> lines, String specJson, boolean writerShape) throws IOException {
         Spec spec = Spec.parse(specJson);
         StringWriter out = new StringWriter();
         try (JsonGenerator g = new JsonFactory().createGenerator(out)) {
             g.writeStartArray();
             for (byte[] line : lines) {
-                Scanner scanner = new Scanner(spec);
+                Scanner scanner = new Scanner(spec, writerShape);
                 String why = scanner.judge(line, 0, line.length);
                 g.writeStartObject();
                 if (why != null) g.writeStringField("why", why);
