@@ -107,6 +107,12 @@ public final class LineScan {
             for (int i = 0; i < kinds.length; i++) kindIndex.put(kinds[i], i);
         }
 
+        /** Whether a name the schema lacks is one of its names in other letter case (Spark may match names so). */
+        boolean inOtherCase(String name) {
+            for (String f : fields) if (f.equalsIgnoreCase(name)) return true;
+            return false;
+        }
+
         int field(String name) {
             Integer i = fieldIndex.get(name);
             if (i == null) throw new IllegalArgumentException("no field " + name + " in the scan's schema");
@@ -426,8 +432,7 @@ public final class LineScan {
         boolean otherCase(String name) {
             Boolean known = unknown.get(name);
             if (known == null) {
-                known = false;
-                for (String f : s.fields) known |= f.equalsIgnoreCase(name);
+                known = s.inOtherCase(name);
                 unknown.put(name, known);
             }
             return known;
@@ -552,19 +557,6 @@ public final class LineScan {
         return judgeLines(lines, specJson, true);
     }
 
-    /** For the tests: which of ``lines`` the writer's-shape parse takes (the others go to Jackson's). */
-    public static boolean[] writerShapeTakes(List<byte[]> lines, String specJson) throws IOException {
-        Spec spec = Spec.parse(specJson);
-        boolean[] taken = new boolean[lines.size()];
-        for (int i = 0; i < taken.length; i++) {
-            byte[] line = lines.get(i);
-            Scanner scanner = new Scanner(spec);
-            scanner.line.generation++;
-            taken[i] = line.length > 0 && line[0] == '{' && scanner.writer.parse(line, 0, line.length);
-        }
-        return taken;
-    }
-
     /** As above; ``writerShape`` false: with Jackson's parse only (what the writer's-shape parse must agree with). */
     public static String judgeLines(List<byte[]> lines, String specJson, boolean writerShape) throws IOException {
         Spec spec = Spec.parse(specJson);
@@ -586,6 +578,19 @@ public final class LineScan {
             g.writeEndArray();
         }
         return out.toString();
+    }
+
+    /** For the tests: which of ``lines`` the writer's-shape parse takes (the others go to Jackson's). */
+    public static boolean[] writerShapeTakes(List<byte[]> lines, String specJson) throws IOException {
+        Spec spec = Spec.parse(specJson);
+        boolean[] taken = new boolean[lines.size()];
+        for (int i = 0; i < taken.length; i++) {
+            byte[] line = lines.get(i);
+            Scanner scanner = new Scanner(spec);
+            scanner.line.generation++;
+            taken[i] = line.length > 0 && line[0] == '{' && scanner.writer.parse(line, 0, line.length);
+        }
+        return taken;
     }
 
     static String toJson(Spec s, Facts f) throws IOException {

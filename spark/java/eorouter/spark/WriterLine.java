@@ -302,8 +302,7 @@ final class WriterLine {
             }
             String name = new String(b, from, length, StandardCharsets.ISO_8859_1);
             Integer f = s.fieldIndex.get(name);
-            int code = f != null ? f : IGNORED;
-            if (f == null) for (String known : s.fields) if (known.equalsIgnoreCase(name)) code = OTHER_CASE;
+            int code = f != null ? f : s.inOtherCase(name) ? OTHER_CASE : IGNORED;
             if (filled < SIZE / 2) { // (past that, a name is looked up each time: still right)
                 keys[slot] = java.util.Arrays.copyOfRange(b, from, from + length);
                 codes[slot] = code;
